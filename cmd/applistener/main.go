@@ -1,0 +1,86 @@
+// Command applistener is the sandbox application listener: a TLS listener
+// that routes each connection by SNI to one sandbox instance's loopback
+// app, with routes that are valid only while the control plane keeps them
+// fresh.
+//
+//	applistener serve   the supervisor's listener
+//	applistener dev     a self-contained demo on loopback
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// errUsage marks a command-line error: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+const topUsage = `usage: applistener <command> [flags]
+
+commands:
+  serve   run the application listener of a supervisor
+  dev     run a self-contained demo (certificate, app and route) on loopback
+
+Run 'applistener <command> -h' for the flags of a command.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, topUsage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serveCommand(args[1:], stderr)
+	case "dev":
+		err = devCommand(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, topUsage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "applistener: unknown command %q\n%s", args[0], topUsage)
+		return 2
+	}
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "applistener %s: %s\n", args[0], ue.msg)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "applistener %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+// parseFlags parses fs and turns flag errors into one-line usage errors.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			return err
+		}
+		return usagef("%v (see -h)", err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (see -h)", fs.Arg(0))
+	}
+	return nil
+}

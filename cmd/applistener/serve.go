@@ -1,0 +1,353 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/applistener/applistener/admin"
+	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/dispatch"
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
+)
+
+// serveOptions are the flags of `applistener serve`.
+type serveOptions struct {
+	mode              string
+	appListener       bool
+	appDomain         string
+	appAddress        string
+	appTLSDir         string
+	routesFile        string
+	adminAddress      string
+	healthAddress     string
+	freshness         time.Duration
+	logFormat         string
+	logLevel          string
+	preserveHost      bool
+	trustedProxies    string
+	maxHeaderBytes    int
+	headerTimeout     time.Duration
+	idleTimeout       time.Duration
+	bodyTimeout       time.Duration
+	dialTimeout       time.Duration
+	responseTimeout   time.Duration
+	backendIdle       time.Duration
+	handshakeTimeout  time.Duration
+	drainTimeout      time.Duration
+	defaultMaxStreams int
+	maxConnections    int
+	certPoll          time.Duration
+
+	trusted []netip.Prefix
+}
+
+func (o *serveOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.mode, "mode", "dedicated", "supervisor mode: dedicated or shared")
+	fs.BoolVar(&o.appListener, "app-listener", false, "enable the TLS application listener (off unless given)")
+	fs.StringVar(&o.appDomain, "app-domain", "", "application domain: routes are WORKSPACE--SANDBOX[--SERVICE].DOMAIN")
+	fs.StringVar(&o.appAddress, "app-address", "0.0.0.0:8443", "address of the application listener")
+	fs.StringVar(&o.appTLSDir, "app-tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume)")
+	fs.StringVar(&o.routesFile, "routes-file", "", "configuration document to read routes from")
+	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.StringVar(&o.healthAddress, "address", "", "health TCP listener, open only while ready (kubelet tcpSocket probes)")
+	fs.DurationVar(&o.freshness, "route-freshness", routes.DefaultFreshness, "how long a delivered route stays valid without renewal")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&o.preserveHost, "app-preserve-host", false, "forward the public Host to the app instead of 127.0.0.1:PORT")
+	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-*/Forwarded headers are kept")
+	fs.IntVar(&o.maxHeaderBytes, "app-max-header-bytes", dispatch.DefaultMaxHeaderBytes, "largest request head accepted (431 beyond)")
+	fs.DurationVar(&o.headerTimeout, "app-header-timeout", dispatch.DefaultHeaderTimeout, "time allowed to send a request head")
+	fs.DurationVar(&o.idleTimeout, "app-idle-timeout", dispatch.DefaultIdleTimeout, "keep-alive idle timeout of client connections")
+	fs.DurationVar(&o.bodyTimeout, "app-body-timeout", dispatch.DefaultBodyTimeout, "longest wait for progress reading a request body or writing to a client")
+	fs.DurationVar(&o.dialTimeout, "app-dial-timeout", dispatch.DefaultDialTimeout, "timeout connecting to an app (504 beyond)")
+	fs.DurationVar(&o.responseTimeout, "app-response-header-timeout", dispatch.DefaultResponseHeaderTimeout, "timeout for an app's response head (504 beyond)")
+	fs.DurationVar(&o.backendIdle, "app-backend-idle-timeout", dispatch.DefaultBackendIdleTimeout, "idle app connections are closed after this (keep below the app's keep-alive timeout)")
+	fs.DurationVar(&o.handshakeTimeout, "app-handshake-timeout", listener.DefaultHandshakeTimeout, "time allowed for the ClientHello and TLS handshake")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	fs.IntVar(&o.defaultMaxStreams, "default-max-streams", 1024, "stream limit of instances whose limits.max_streams is 0 (0: none)")
+	fs.IntVar(&o.maxConnections, "app-max-connections", 100000, "concurrent client connections accepted (0: no bound)")
+	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
+}
+
+// validate checks the flags together; every problem is a usage error.
+func (o *serveOptions) validate() error {
+	switch o.mode {
+	case "dedicated", "shared":
+	default:
+		return usagef("--mode must be dedicated or shared, not %q", o.mode)
+	}
+	if o.routesFile == "" {
+		return usagef("a configuration source is required: --routes-file")
+	}
+	if o.appListener {
+		if o.appDomain == "" {
+			return usagef("--app-listener requires --app-domain")
+		}
+		if o.appTLSDir == "" {
+			return usagef("--app-listener requires --app-tls-dir")
+		}
+		d, ok := routes.NormalizeHost(o.appDomain)
+		if !ok || routes.ValidDomain(d) != nil || d != o.appDomain {
+			return usagef("--app-domain %q is not a lower-case DNS name", o.appDomain)
+		}
+		if _, _, err := net.SplitHostPort(o.appAddress); err != nil {
+			return usagef("--app-address %q: %v", o.appAddress, err)
+		}
+	} else {
+		for _, f := range []struct{ name, v string }{{"--app-domain", o.appDomain}, {"--app-tls-dir", o.appTLSDir}} {
+			if f.v != "" {
+				return usagef("%s requires --app-listener", f.name)
+			}
+		}
+	}
+	if o.freshness < time.Second {
+		return usagef("--route-freshness must be at least 1s")
+	}
+	switch o.logFormat {
+	case "text", "json":
+	default:
+		return usagef("--log-format must be text or json, not %q", o.logFormat)
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return usagef("%v", err)
+	}
+	if o.trustedProxies != "" {
+		for _, s := range strings.Split(o.trustedProxies, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err != nil {
+				return usagef("--trusted-proxies: %v", err)
+			}
+			o.trusted = append(o.trusted, p.Masked())
+		}
+	}
+	if o.maxHeaderBytes < 1024 || o.maxHeaderBytes > 1<<20 {
+		return usagef("--app-max-header-bytes must be between 1024 and 1048576")
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func newLogger(format, level string, w io.Writer) *slog.Logger {
+	lvl, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func serveCommand(args []string, stderr io.Writer) error {
+	var o serveOptions
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	logger := newLogger(o.logFormat, o.logLevel, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	return runSupervisor(ctx, &o, logger, hup, nil)
+}
+
+// started is told the bound addresses once everything listens.
+type started func(app, admin string)
+
+// runSupervisor wires the supervisor and runs it until ctx ends, then
+// drains. hup triggers a certificate reload.
+func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, hup <-chan os.Signal, onStart started) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	table := routes.NewTable(routes.Options{
+		Domain:            o.appDomain,
+		Freshness:         o.freshness,
+		DefaultMaxStreams: o.defaultMaxStreams,
+		Logger:            logger,
+		Registerer:        reg,
+	})
+	defer table.Close()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bg, cancelBG := context.WithCancel(context.Background())
+	defer cancelBG()
+
+	var store *tlsconf.Store
+	var appLn *listener.Listener
+	if o.appListener {
+		var err error
+		store, err = tlsconf.NewStore(o.appTLSDir, logger)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() { store.Watch(bg, o.certPoll) })
+		wg.Go(func() {
+			for {
+				select {
+				case <-bg.Done():
+					return
+				case <-hup:
+					logger.Info("SIGHUP: reloading certificates")
+					_ = store.Reload()
+				}
+			}
+		})
+		tlsCfg := tlsconf.ServerConfig(store.GetCertificate, []string{"http/1.1"})
+		rot := tlsconf.NewTicketKeyRotator(tlsCfg, time.Hour)
+		wg.Go(func() { rot.Run(bg) })
+		disp := dispatch.New(dispatch.Config{
+			PreserveHost:          o.preserveHost,
+			TrustedProxies:        o.trusted,
+			MaxHeaderBytes:        o.maxHeaderBytes,
+			HeaderTimeout:         o.headerTimeout,
+			IdleTimeout:           o.idleTimeout,
+			BodyTimeout:           o.bodyTimeout,
+			DialTimeout:           o.dialTimeout,
+			ResponseHeaderTimeout: o.responseTimeout,
+			BackendIdleTimeout:    o.backendIdle,
+			Logger:                logger,
+			Registerer:            reg,
+		})
+		ln, err := net.Listen("tcp", o.appAddress)
+		if err != nil {
+			return fmt.Errorf("app listener: %w", err)
+		}
+		appLn = listener.New(ln, listener.Config{
+			TLS:              tlsCfg,
+			Routes:           table,
+			Handler:          disp,
+			HandshakeTimeout: o.handshakeTimeout,
+			MaxConnections:   o.maxConnections,
+			Logger:           logger,
+			Registerer:       reg,
+		})
+	}
+
+	ready := func() (bool, string) {
+		switch {
+		case !table.Accepted():
+			return false, "no configuration accepted yet"
+		case !table.Fresh():
+			return false, "routes are stale: no delivery within the freshness window"
+		}
+		return true, ""
+	}
+	var adm *admin.Server
+	if o.adminAddress != "" {
+		var err error
+		adm, err = admin.New(o.adminAddress, reg, ready, logger)
+		if err != nil {
+			if appLn != nil {
+				_ = appLn.Shutdown(context.Background())
+			}
+			return err
+		}
+		wg.Go(func() {
+			if err := adm.Serve(); err != nil {
+				logger.Error("admin server stopped", "err", err)
+			}
+		})
+	}
+	var health *admin.HealthListener
+	if o.healthAddress != "" {
+		health = admin.NewHealthListener(o.healthAddress, logger)
+		wg.Go(func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				ok, _ := ready()
+				if err := health.SetReady(ok); err != nil {
+					logger.Error("health listener", "err", err)
+				}
+				select {
+				case <-bg.Done():
+					health.Close()
+					return
+				case <-t.C:
+				}
+			}
+		})
+	}
+
+	src := &control.FileSource{
+		Path:    o.routesFile,
+		Sink:    table,
+		Refresh: o.freshness / 3,
+		Logger:  logger,
+		Metrics: control.NewMetrics(reg),
+	}
+	wg.Go(func() { _ = src.Run(bg) })
+
+	serveErr := make(chan error, 1)
+	if appLn != nil {
+		wg.Go(func() { serveErr <- appLn.Serve() })
+	}
+	appAddr, admAddr := "", ""
+	if appLn != nil {
+		appAddr = appLn.Addr().String()
+	}
+	if adm != nil {
+		admAddr = adm.Addr().String()
+	}
+	logger.Info("applistener started", "mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
+		"admin_address", admAddr, "domain", o.appDomain, "route_freshness", o.freshness)
+	if onStart != nil {
+		onStart(appAddr, admAddr)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down: draining", "drain_timeout", o.drainTimeout)
+	case err := <-serveErr:
+		runErr = fmt.Errorf("app listener: %w", err)
+	}
+	if health != nil {
+		health.Close()
+	}
+	if appLn != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
+		if err := appLn.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			logger.Warn("drain", "err", err)
+		}
+		cancel()
+	}
+	cancelBG()
+	if adm != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = adm.Shutdown(sctx)
+		cancel()
+	}
+	logger.Info("stopped")
+	return runErr
+}

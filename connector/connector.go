@@ -1,0 +1,71 @@
+// Package connector dials a loopback port of one sandbox instance. Each
+// kind reaches the sandbox's own loopback a different way: tcp (the
+// supervisor shares the sandbox's network namespace), netns (enter the
+// sandbox's namespace to create the socket) and unix (a per-instance Unix
+// socket relay). A connector knows nothing about HTTP.
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Connector dials a port on one sandbox instance's loopback.
+type Connector interface {
+	// Dial connects to port. Errors wrap ErrUnavailable when the instance
+	// itself is gone (its namespace or socket directory disappeared).
+	Dial(ctx context.Context, port int) (net.Conn, error)
+	// String describes the connector for logs.
+	String() string
+}
+
+// ErrUnavailable marks a dial failure caused by the instance being gone
+// rather than the app not listening.
+var ErrUnavailable = errors.New("sandbox instance unavailable")
+
+// TCP dials host:port in the supervisor's own network namespace. Host must
+// be a loopback address; the configuration validator guarantees it.
+type TCP struct {
+	Host string
+}
+
+// Dial connects with TCP_NODELAY (Go's default for TCP).
+func (c TCP) Dial(ctx context.Context, port int) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("tcp connector: %w", err)
+	}
+	return conn, nil
+}
+
+// String returns "tcp:HOST".
+func (c TCP) String() string { return "tcp:" + c.Host }
+
+// Unix dials a per-port Unix socket: PathTemplate with "{port}" replaced by
+// the port number, such as /run/sbx/demo/{port}.sock.
+type Unix struct {
+	PathTemplate string
+}
+
+// Path returns the socket path for port.
+func (c Unix) Path(port int) string {
+	return strings.ReplaceAll(c.PathTemplate, "{port}", strconv.Itoa(port))
+}
+
+// Dial connects to the port's socket.
+func (c Unix) Dial(ctx context.Context, port int) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.Path(port))
+	if err != nil {
+		return nil, fmt.Errorf("unix connector: %w", err)
+	}
+	return conn, nil
+}
+
+// String returns "unix:TEMPLATE".
+func (c Unix) String() string { return "unix:" + c.PathTemplate }

@@ -1,0 +1,151 @@
+package dispatch
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/routes"
+)
+
+// backendConn is one connection to an app, reusable for keep-alive.
+type backendConn struct {
+	conn      net.Conn
+	in        inbuf
+	idleSince time.Time
+	reused    bool
+}
+
+func (b *backendConn) close() {
+	_ = b.conn.Close()
+	b.in.r = b.in.w // drop unread bytes so the buffer can go back
+	b.in.release()
+}
+
+// backendPool keeps idle keep-alive connections to one route's target. It
+// is attached to the route's lease: revoking the route closes them all.
+// Connections idle longer than idleTimeout are retired before the app's own
+// keep-alive timeout can race a reuse.
+type backendPool struct {
+	connector   connector.Connector
+	port        int
+	maxIdle     int
+	idleTimeout time.Duration
+	bufPool     *sync.Pool
+
+	mu     sync.Mutex
+	idle   []*backendConn
+	closed bool
+	timer  *time.Timer
+}
+
+func newBackendPool(c connector.Connector, port, maxIdle int, idleTimeout time.Duration, bufPool *sync.Pool, lease *routes.Lease) *backendPool {
+	p := &backendPool{connector: c, port: port, maxIdle: maxIdle, idleTimeout: idleTimeout, bufPool: bufPool}
+	if !lease.Attach(p) {
+		p.closed = true
+	}
+	return p
+}
+
+// get returns an idle connection, or nil.
+func (p *backendPool) get() *backendConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for len(p.idle) > 0 {
+		bc := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if now.Sub(bc.idleSince) < p.idleTimeout {
+			bc.reused = true
+			return bc
+		}
+		bc.close()
+	}
+	return nil
+}
+
+// dial opens a new connection.
+func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
+	conn, err := p.connector.Dial(ctx, p.port)
+	if err != nil {
+		return nil, err
+	}
+	return &backendConn{conn: conn, in: inbuf{src: conn, pool: p.bufPool}}, nil
+}
+
+// put returns a connection for reuse, or closes it when the pool is closed
+// or full.
+func (p *backendPool) put(bc *backendConn) {
+	if bc.in.buffered() > 0 {
+		// The app sent bytes beyond the response: it cannot be trusted.
+		bc.close()
+		return
+	}
+	bc.in.release()
+	bc.idleSince = time.Now()
+	p.mu.Lock()
+	if p.closed || len(p.idle) >= p.maxIdle {
+		p.mu.Unlock()
+		bc.close()
+		return
+	}
+	p.idle = append(p.idle, bc)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(p.idleTimeout, p.reap)
+	}
+	p.mu.Unlock()
+}
+
+// reap closes connections idle longer than idleTimeout.
+func (p *backendPool) reap() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.timer = nil
+	if p.closed {
+		return
+	}
+	now := time.Now()
+	keep := p.idle[:0]
+	var next time.Duration
+	for _, bc := range p.idle {
+		age := now.Sub(bc.idleSince)
+		if age >= p.idleTimeout {
+			bc.close()
+			continue
+		}
+		if left := p.idleTimeout - age; next == 0 || left < next {
+			next = left
+		}
+		keep = append(keep, bc)
+	}
+	clear(p.idle[len(keep):])
+	p.idle = keep
+	if len(p.idle) > 0 {
+		p.timer = time.AfterFunc(next, p.reap)
+	}
+}
+
+// Revoke closes every idle connection and refuses further reuse.
+func (p *backendPool) Revoke(error) {
+	p.mu.Lock()
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.mu.Unlock()
+	for _, bc := range idle {
+		bc.close()
+	}
+}
+
+// idleCount returns the number of idle connections.
+func (p *backendPool) idleCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}

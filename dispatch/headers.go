@@ -1,0 +1,314 @@
+package dispatch
+
+import (
+	"bytes"
+	"net/netip"
+	"strconv"
+)
+
+// hopByHop reports whether a header (any case) is removed in both directions
+// regardless of the Connection header: RFC 9110 §7.6.1 plus the framing
+// headers that the listener re-creates itself.
+func hopByHop(name []byte) bool {
+	switch len(name) {
+	case 2:
+		return asciiEqualFold(name, "te")
+	case 7:
+		return asciiEqualFold(name, "trailer") || asciiEqualFold(name, "upgrade")
+	case 10:
+		return asciiEqualFold(name, "connection") || asciiEqualFold(name, "keep-alive")
+	case 14:
+		return asciiEqualFold(name, "content-length")
+	case 16:
+		return asciiEqualFold(name, "proxy-connection")
+	case 17:
+		return asciiEqualFold(name, "transfer-encoding")
+	case 18:
+		return asciiEqualFold(name, "proxy-authenticate")
+	case 19:
+		return asciiEqualFold(name, "proxy-authorization")
+	}
+	return false
+}
+
+// forwardingHeader reports whether a request header carries forwarding or
+// client-identity claims that only a trusted proxy may send.
+func forwardingHeader(name []byte) bool {
+	switch {
+	case asciiEqualFold(name, "x-forwarded-for"),
+		asciiEqualFold(name, "x-forwarded-proto"),
+		asciiEqualFold(name, "x-forwarded-host"),
+		asciiEqualFold(name, "forwarded"),
+		asciiEqualFold(name, "x-real-ip"),
+		asciiEqualFold(name, "x-forwarded-client-cert"),
+		asciiEqualFold(name, "x-ssl-client-cert"),
+		asciiEqualFold(name, "x-client-cert"):
+		return true
+	}
+	return len(name) >= len("x-applistener-") && asciiEqualFold(name[:len("x-applistener-")], "x-applistener-")
+}
+
+func connectionNamed(name []byte, tokens [][]byte) bool {
+	for _, t := range tokens {
+		if bytes.EqualFold(name, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardInfo is what the listener adds to a forwarded request.
+type forwardInfo struct {
+	client      netip.Addr
+	trusted     bool   // the peer is a trusted proxy: keep its forwarding headers
+	publicHost  string // the SNI, normalized
+	backendHost string // Host sent to the app unless preserveHost
+	preserve    bool
+}
+
+// appendRequestHead writes the request head sent to the app.
+func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
+	dst = append(dst, r.method...)
+	dst = append(dst, ' ')
+	dst = append(dst, r.path...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	if fi.preserve {
+		dst = append(dst, fi.publicHost...)
+	} else {
+		dst = append(dst, fi.backendHost...)
+	}
+	dst = append(dst, "\r\n"...)
+	var priorXFF, priorFwd []byte
+	var haveProto, haveXFHost bool
+	for i := range r.fields {
+		f := &r.fields[i]
+		if asciiEqualFold(f.name, "host") || hopByHop(f.name) || connectionNamed(f.name, r.connTokens) {
+			continue
+		}
+		if forwardingHeader(f.name) {
+			if !fi.trusted {
+				continue
+			}
+			switch {
+			case asciiEqualFold(f.name, "x-forwarded-for"):
+				priorXFF = joinList(priorXFF, f.value)
+				continue
+			case asciiEqualFold(f.name, "forwarded"):
+				priorFwd = joinList(priorFwd, f.value)
+				continue
+			case asciiEqualFold(f.name, "x-forwarded-proto"):
+				haveProto = true
+			case asciiEqualFold(f.name, "x-forwarded-host"):
+				haveXFHost = true
+			}
+		}
+		dst = appendField(dst, f.name, f.value)
+	}
+	switch r.body {
+	case bodyLength:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, r.length, 10)
+		dst = append(dst, "\r\n"...)
+	case bodyChunked:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	if r.upgrade {
+		dst = append(dst, "Connection: Upgrade\r\nUpgrade: websocket\r\n"...)
+	}
+	dst = append(dst, "X-Forwarded-For: "...)
+	if len(priorXFF) > 0 {
+		dst = append(dst, priorXFF...)
+		dst = append(dst, ", "...)
+	}
+	dst = fi.client.AppendTo(dst)
+	if !haveProto {
+		dst = append(dst, "\r\nX-Forwarded-Proto: https"...)
+	}
+	if !haveXFHost {
+		dst = append(dst, "\r\nX-Forwarded-Host: "...)
+		dst = append(dst, fi.publicHost...)
+	}
+	dst = append(dst, "\r\nForwarded: "...)
+	if len(priorFwd) > 0 {
+		dst = append(dst, priorFwd...)
+		dst = append(dst, ", "...)
+	}
+	dst = append(dst, "for="...)
+	if fi.client.Is6() {
+		dst = append(dst, `"[`...)
+		dst = fi.client.AppendTo(dst)
+		dst = append(dst, `]"`...)
+	} else {
+		dst = fi.client.AppendTo(dst)
+	}
+	dst = append(dst, ";host="...)
+	dst = append(dst, fi.publicHost...)
+	dst = append(dst, ";proto=https\r\n\r\n"...)
+	return dst
+}
+
+func joinList(prior, v []byte) []byte {
+	if len(prior) == 0 {
+		return v
+	}
+	out := make([]byte, 0, len(prior)+2+len(v))
+	out = append(out, prior...)
+	out = append(out, ", "...)
+	return append(out, v...)
+}
+
+func appendField(dst, name, value []byte) []byte {
+	dst = append(dst, name...)
+	dst = append(dst, ": "...)
+	dst = append(dst, value...)
+	return append(dst, "\r\n"...)
+}
+
+// response is one parsed response head from the app.
+type response struct {
+	status     int
+	reason     []byte
+	fields     []headField
+	body       bodyKind
+	length     int64
+	close      bool
+	upgradeWS  bool
+	connTokens [][]byte
+}
+
+func (r *response) reset() {
+	fields := r.fields[:0]
+	tokens := r.connTokens[:0]
+	*r = response{fields: fields, connTokens: tokens}
+}
+
+// parseResponseHead parses an app's response head. method is the request
+// method (HEAD responses carry no body).
+func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int) error {
+	r.reset()
+	lineEnd := bytes.Index(head, crlf)
+	line := head[:lineEnd]
+	if len(line) < 12 || (string(line[:9]) != "HTTP/1.1 " && string(line[:9]) != "HTTP/1.0 ") {
+		return badRequest("malformed status line")
+	}
+	http10 := line[7] == '0'
+	code := line[9:12]
+	if code[0] < '1' || code[0] > '5' || code[1] < '0' || code[1] > '9' || code[2] < '0' || code[2] > '9' {
+		return badRequest("malformed status code")
+	}
+	r.status = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
+	if len(line) > 12 {
+		if line[12] != ' ' || !validFieldValue(line[13:]) {
+			return badRequest("malformed status line")
+		}
+		r.reason = line[13:]
+	}
+	var err error
+	r.fields, err = parseFields(r.fields, head[lineEnd+2:len(head)-2], maxFields)
+	if err != nil {
+		return err
+	}
+	var lengths int
+	var chunked, badTE bool
+	var upgrade bool
+	r.close = http10
+	for i := range r.fields {
+		f := &r.fields[i]
+		switch {
+		case asciiEqualFold(f.name, "content-length"):
+			n, ok := parseContentLength(f.value)
+			if !ok || (lengths > 0 && n != r.length) {
+				return badRequest("invalid Content-Length from the app")
+			}
+			lengths++
+			r.length = n
+		case asciiEqualFold(f.name, "transfer-encoding"):
+			if asciiEqualFold(f.value, "chunked") && !chunked {
+				chunked = true
+			} else {
+				badTE = true
+			}
+		case asciiEqualFold(f.name, "connection"):
+			for v := f.value; len(v) > 0; {
+				var part []byte
+				if j := bytes.IndexByte(v, ','); j >= 0 {
+					part, v = trimOWS(v[:j]), v[j+1:]
+				} else {
+					part, v = trimOWS(v), nil
+				}
+				switch {
+				case len(part) == 0:
+				case asciiEqualFold(part, "close"):
+					r.close = true
+				case asciiEqualFold(part, "keep-alive"):
+					if http10 {
+						r.close = false
+					}
+				case asciiEqualFold(part, "upgrade"):
+				default:
+					r.connTokens = append(r.connTokens, part)
+				}
+			}
+		case asciiEqualFold(f.name, "upgrade"):
+			upgrade = hasToken(f.value, "websocket")
+		}
+	}
+	switch {
+	case r.status < 200 || r.status == 204 || r.status == 304 || headRequest:
+		r.body = bodyNone
+	case badTE:
+		// Unknown codings: the body is delimited by the connection close.
+		r.body = bodyUntilClose
+		r.close = true
+	case chunked:
+		r.body = bodyChunked
+		if lengths > 0 {
+			// RFC 9112 §6.3: Transfer-Encoding wins; the connection is not reused.
+			r.close = true
+		}
+	case lengths > 0:
+		r.body = bodyLength
+	default:
+		r.body = bodyUntilClose
+		r.close = true
+	}
+	r.upgradeWS = r.status == 101 && upgrade
+	return nil
+}
+
+// appendResponseHead writes the response head sent to the client. bodyOut
+// is how the listener frames the body towards the client.
+func appendResponseHead(dst []byte, r *response, bodyOut bodyKind, closeConn bool, headRequest bool) []byte {
+	dst = append(dst, "HTTP/1.1 "...)
+	dst = strconv.AppendInt(dst, int64(r.status), 10)
+	dst = append(dst, ' ')
+	dst = append(dst, r.reason...)
+	dst = append(dst, "\r\n"...)
+	for i := range r.fields {
+		f := &r.fields[i]
+		if hopByHop(f.name) || connectionNamed(f.name, r.connTokens) {
+			// Keep the app's Content-Length on HEAD and 304 answers: it
+			// describes the representation, not this message's body.
+			if (headRequest || r.status == 304) && asciiEqualFold(f.name, "content-length") {
+				dst = appendField(dst, f.name, f.value)
+			}
+			continue
+		}
+		dst = appendField(dst, f.name, f.value)
+	}
+	switch bodyOut {
+	case bodyLength:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, r.length, 10)
+		dst = append(dst, "\r\n"...)
+	case bodyChunked:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	switch {
+	case r.upgradeWS:
+		dst = append(dst, "Connection: Upgrade\r\nUpgrade: websocket\r\n"...)
+	case closeConn:
+		dst = append(dst, "Connection: close\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}

@@ -1,0 +1,60 @@
+package dispatch
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	requests         *prometheus.CounterVec
+	denials          *prometheus.CounterVec
+	connsActive      prometheus.Gauge
+	streamsActive    prometheus.Gauge
+	websocketsActive prometheus.Gauge
+	bytesToClient    prometheus.Counter
+	bytesToApp       prometheus.Counter
+	dials            *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "applistener_bytes_total", Help: "Body and stream bytes relayed, by direction.",
+	}, []string{"direction"})
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_requests_total", Help: "Requests answered, by status class.",
+		}, []string{"code"}),
+		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_request_denials_total", Help: "Requests refused by the listener itself, by status code.",
+		}, []string{"status"}),
+		connsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_client_connections_active", Help: "Client connections being served.",
+		}),
+		streamsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_streams_active", Help: "Requests in flight and open WebSockets.",
+		}),
+		websocketsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_websockets_active", Help: "Open proxied WebSockets.",
+		}),
+		bytesToClient: bytes.WithLabelValues("to_client"),
+		bytesToApp:    bytes.WithLabelValues("to_app"),
+		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_connector_dials_total", Help: "Connections opened to apps, by result.",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials)
+	}
+	return m
+}
+
+func statusClass(code int) string {
+	switch code / 100 {
+	case 1:
+		return "1xx"
+	case 2:
+		return "2xx"
+	case 3:
+		return "3xx"
+	case 4:
+		return "4xx"
+	}
+	return "5xx"
+}

@@ -1,0 +1,228 @@
+package dispatch
+
+import (
+	"bytes"
+)
+
+// bodyKind is how a message body is delimited.
+type bodyKind uint8
+
+const (
+	bodyNone bodyKind = iota
+	bodyLength
+	bodyChunked
+	bodyUntilClose // responses only
+)
+
+// request is one parsed request head. Every slice points into the client
+// connection's buffer and is valid until the head is consumed.
+type request struct {
+	method  []byte
+	target  []byte // as sent
+	path    []byte // origin-form target forwarded to the app
+	http10  bool
+	host    []byte // Host header, or the absolute-form authority
+	fields  []headField
+	body    bodyKind
+	length  int64
+	close   bool // client asked to close, or HTTP/1.0 without keep-alive
+	upgrade bool // a WebSocket upgrade
+	expect  bool // Expect: 100-continue
+	accept  []byte
+	// connTokens are header names listed in Connection, removed as hop-by-hop.
+	connTokens [][]byte
+}
+
+func (r *request) reset() {
+	fields := r.fields[:0]
+	tokens := r.connTokens[:0]
+	*r = request{fields: fields, connTokens: tokens}
+}
+
+// parseRequestHead parses head (which ends with CRLFCRLF) into r.
+// Semantics checked here are the ones that make a request unsafe to
+// forward at all: framing (smuggling), syntax, method.
+func parseRequestHead(r *request, head []byte, maxFields int) error {
+	r.reset()
+	lineEnd := bytes.Index(head, crlf)
+	line := head[:lineEnd]
+	sp1 := bytes.IndexByte(line, ' ')
+	if sp1 <= 0 {
+		return badRequest("malformed request line")
+	}
+	r.method = line[:sp1]
+	rest := line[sp1+1:]
+	sp2 := bytes.IndexByte(rest, ' ')
+	if sp2 <= 0 {
+		return badRequest("malformed request line")
+	}
+	r.target = rest[:sp2]
+	proto := rest[sp2+1:]
+	if !isToken(r.method) || !validTarget(r.target) {
+		return badRequest("malformed request line")
+	}
+	switch string(proto) {
+	case "HTTP/1.1":
+	case "HTTP/1.0":
+		r.http10 = true
+		r.close = true
+	default:
+		if len(proto) == 8 && bytes.HasPrefix(proto, []byte("HTTP/")) {
+			return &parseError{505, "HTTP version not supported"}
+		}
+		return badRequest("malformed request line")
+	}
+	var err error
+	r.fields, err = parseFields(r.fields, head[lineEnd+2:len(head)-2], maxFields)
+	if err != nil {
+		return err
+	}
+	var hosts, lengths, encodings int
+	var upgradeWS, connUpgrade bool
+	for i := range r.fields {
+		f := &r.fields[i]
+		switch {
+		case asciiEqualFold(f.name, "host"):
+			hosts++
+			r.host = f.value
+		case asciiEqualFold(f.name, "content-length"):
+			lengths++
+			n, ok := parseContentLength(f.value)
+			if !ok {
+				return badRequest("invalid Content-Length")
+			}
+			r.length = n
+		case asciiEqualFold(f.name, "transfer-encoding"):
+			encodings++
+			if !asciiEqualFold(f.value, "chunked") {
+				return badRequest("unsupported Transfer-Encoding")
+			}
+		case asciiEqualFold(f.name, "connection"):
+			for v := f.value; len(v) > 0; {
+				var part []byte
+				if j := bytes.IndexByte(v, ','); j >= 0 {
+					part, v = trimOWS(v[:j]), v[j+1:]
+				} else {
+					part, v = trimOWS(v), nil
+				}
+				switch {
+				case len(part) == 0:
+				case asciiEqualFold(part, "close"):
+					r.close = true
+				case asciiEqualFold(part, "keep-alive"):
+					if r.http10 {
+						r.close = false
+					}
+				case asciiEqualFold(part, "upgrade"):
+					connUpgrade = true
+				default:
+					if !isToken(part) {
+						return badRequest("invalid Connection header")
+					}
+					r.connTokens = append(r.connTokens, part)
+				}
+			}
+		case asciiEqualFold(f.name, "upgrade"):
+			if hasToken(f.value, "websocket") {
+				upgradeWS = true
+			}
+		case asciiEqualFold(f.name, "expect"):
+			if asciiEqualFold(f.value, "100-continue") {
+				r.expect = true
+			}
+		case asciiEqualFold(f.name, "accept"):
+			r.accept = f.value
+		}
+	}
+	switch {
+	case lengths > 1:
+		return badRequest("multiple Content-Length headers")
+	case encodings > 1:
+		return badRequest("multiple Transfer-Encoding headers")
+	case encodings == 1 && lengths == 1:
+		return badRequest("both Content-Length and Transfer-Encoding")
+	case encodings == 1 && r.http10:
+		return badRequest("Transfer-Encoding in an HTTP/1.0 request")
+	case encodings == 1:
+		r.body = bodyChunked
+	case lengths == 1 && r.length > 0:
+		r.body = bodyLength
+	}
+	if hosts != 1 {
+		return badRequest("exactly one Host header is required")
+	}
+	// Request target forms (RFC 9112 §3.2).
+	switch {
+	case r.target[0] == '/':
+		r.path = r.target
+	case len(r.target) == 1 && r.target[0] == '*':
+		if !asciiEqualFold(r.method, "options") {
+			return badRequest("asterisk-form target is only valid for OPTIONS")
+		}
+		r.path = r.target
+	default:
+		authority, path, ok := splitAbsolute(r.target)
+		if !ok {
+			return badRequest("malformed request target")
+		}
+		if !hostMatchesBytes(authority, r.host) {
+			return &parseError{421, "request target authority does not match Host"}
+		}
+		r.path = path
+	}
+	r.upgrade = upgradeWS && connUpgrade && string(r.method) == "GET"
+	return nil
+}
+
+// splitAbsolute splits an absolute-form http(s) target into authority and
+// origin-form path ("/" when empty).
+func splitAbsolute(t []byte) (authority, path []byte, ok bool) {
+	var rest []byte
+	switch {
+	case len(t) > 7 && asciiEqualFold(t[:7], "http://"):
+		rest = t[7:]
+	case len(t) > 8 && asciiEqualFold(t[:8], "https://"):
+		rest = t[8:]
+	default:
+		return nil, nil, false
+	}
+	end := len(rest)
+	if i := bytes.IndexAny(rest, "/?#"); i >= 0 {
+		end = i
+	}
+	authority = rest[:end]
+	if len(authority) == 0 || bytes.IndexByte(authority, '@') >= 0 {
+		return nil, nil, false
+	}
+	path = rest[end:]
+	if len(path) == 0 {
+		return authority, []byte("/"), true
+	}
+	if path[0] == '?' {
+		// "http://h?q" means "/?q"; forwarded as such.
+		return authority, append([]byte("/"), path...), true
+	}
+	if path[0] != '/' {
+		return nil, nil, false
+	}
+	return authority, path, true
+}
+
+// hostMatchesBytes compares two host[:port] values after normalisation.
+func hostMatchesBytes(a, b []byte) bool {
+	na, ok := normalizeHostBytes(a)
+	if !ok {
+		return false
+	}
+	return hostMatches(b, string(na))
+}
+
+func normalizeHostBytes(h []byte) ([]byte, bool) {
+	if i := bytes.LastIndexByte(h, ':'); i >= 0 && bytes.IndexByte(h, ']') < 0 {
+		h = h[:i]
+	}
+	if n := len(h); n > 0 && h[n-1] == '.' {
+		h = h[:n-1]
+	}
+	return bytes.ToLower(h), len(h) > 0
+}

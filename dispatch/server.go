@@ -1,0 +1,896 @@
+// Package dispatch serves HTTP/1.1 on a TLS connection that the listener
+// has bound to one route: it checks every request (Host equals SNI, the
+// route is still installed and fresh, the instance is under its stream
+// limit), sanitises headers, forwards the request to the route's connector
+// over reused keep-alive connections, and turns accepted WebSocket upgrades
+// into raw byte streams that end when the route is revoked. It knows
+// nothing of how configuration arrives.
+package dispatch
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/routes"
+)
+
+// Config configures a Server. Zero durations and sizes take the defaults.
+type Config struct {
+	// PreserveHost forwards the public Host instead of 127.0.0.1:PORT.
+	PreserveHost bool
+	// TrustedProxies may send X-Forwarded-*, Forwarded and client identity headers.
+	TrustedProxies []netip.Prefix
+	// MaxHeaderBytes bounds a request head (request line and fields); 431 beyond it.
+	MaxHeaderBytes int
+	// MaxHeaderFields bounds the number of request header fields; 431 beyond it.
+	MaxHeaderFields int
+	// HeaderTimeout bounds reading one request head once its first byte arrived.
+	HeaderTimeout time.Duration
+	// IdleTimeout closes a keep-alive client connection with no request.
+	IdleTimeout time.Duration
+	// BodyTimeout bounds each read of a request body and each write to the client.
+	BodyTimeout time.Duration
+	// DialTimeout bounds connecting to the app (504 beyond it).
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds waiting for the app's response head (504).
+	ResponseHeaderTimeout time.Duration
+	// BackendIdleTimeout retires idle app connections; keep it below the
+	// app's own keep-alive timeout (Node.js: 5 s).
+	BackendIdleTimeout time.Duration
+	// MaxIdlePerRoute bounds idle app connections kept per route.
+	MaxIdlePerRoute int
+	// WebSocketCloseGrace is how long a revoked WebSocket may take to reach
+	// a frame boundary before it is closed anyway.
+	WebSocketCloseGrace time.Duration
+	// NewConnector builds the connector of a route.
+	NewConnector func(routes.ConnectorSpec) (connector.Connector, error)
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
+}
+
+// Defaults.
+const (
+	DefaultMaxHeaderBytes        = 16 << 10
+	DefaultMaxHeaderFields       = 100
+	DefaultHeaderTimeout         = 10 * time.Second
+	DefaultIdleTimeout           = 120 * time.Second
+	DefaultBodyTimeout           = 60 * time.Second
+	DefaultDialTimeout           = 5 * time.Second
+	DefaultResponseHeaderTimeout = 60 * time.Second
+	DefaultBackendIdleTimeout    = 4 * time.Second
+	DefaultMaxIdlePerRoute       = 64
+	DefaultWebSocketCloseGrace   = 50 * time.Millisecond
+)
+
+// NewConnector is the default connector factory: tcp and unix.
+func NewConnector(spec routes.ConnectorSpec) (connector.Connector, error) {
+	switch spec.Type {
+	case "tcp", "":
+		host := spec.Host
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		return connector.TCP{Host: host}, nil
+	case "unix":
+		return connector.Unix{PathTemplate: spec.Path}, nil
+	}
+	return nil, fmt.Errorf("connector type %q is not supported by this build", spec.Type)
+}
+
+// Server serves client connections. It is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	bufPool sync.Pool // *[]byte read buffers, client and app side
+	bwPool  sync.Pool // *bufio.Writer towards clients
+
+	mu       sync.Mutex
+	conns    map[*clientConn]struct{}
+	draining atomic.Bool
+	idleCh   chan struct{} // signalled when a connection ends during drain
+}
+
+// New returns a Server.
+func New(cfg Config) *Server {
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if cfg.MaxHeaderFields <= 0 {
+		cfg.MaxHeaderFields = DefaultMaxHeaderFields
+	}
+	setDefault(&cfg.HeaderTimeout, DefaultHeaderTimeout)
+	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&cfg.BodyTimeout, DefaultBodyTimeout)
+	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
+	setDefault(&cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	setDefault(&cfg.BackendIdleTimeout, DefaultBackendIdleTimeout)
+	setDefault(&cfg.WebSocketCloseGrace, DefaultWebSocketCloseGrace)
+	if cfg.MaxIdlePerRoute <= 0 {
+		cfg.MaxIdlePerRoute = DefaultMaxIdlePerRoute
+	}
+	if cfg.NewConnector == nil {
+		cfg.NewConnector = NewConnector
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	bufSize := max(cfg.MaxHeaderBytes+1024, 16<<10)
+	s := &Server{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		m:      newMetrics(cfg.Registerer),
+		conns:  make(map[*clientConn]struct{}),
+		idleCh: make(chan struct{}, 1),
+	}
+	s.bufPool.New = func() any { b := make([]byte, bufSize); return &b }
+	s.bwPool.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
+	return s
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d <= 0 {
+		*d = v
+	}
+}
+
+// ServeConn serves HTTP/1.1 on conn, a TLS connection whose handshake is
+// complete and whose SNI named route. raw is the underlying TCP connection
+// (closed to revoke without waiting on TLS). It returns when the connection
+// is closed; it closes conn.
+func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route) {
+	c := &clientConn{
+		s:     s,
+		conn:  conn,
+		raw:   raw,
+		sni:   sni,
+		route: route,
+		in:    inbuf{src: conn, pool: &s.bufPool},
+	}
+	if ap, err := netip.ParseAddrPort(raw.RemoteAddr().String()); err == nil {
+		c.peer = ap.Addr().Unmap()
+	}
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(c.peer) {
+			c.trusted = true
+			break
+		}
+	}
+	if !s.track(c) {
+		_ = raw.Close()
+		return
+	}
+	defer s.untrack(c)
+	if !route.Lease.Attach(c) {
+		// Revoked between the handshake and now.
+		_ = raw.Close()
+		return
+	}
+	defer route.Lease.Detach(c)
+	s.m.connsActive.Inc()
+	defer s.m.connsActive.Dec()
+	c.serve()
+}
+
+func (s *Server) track(c *clientConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(c *clientConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	n := len(s.conns)
+	s.mu.Unlock()
+	if n == 0 && s.draining.Load() {
+		select {
+		case s.idleCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Connections returns the number of client connections being served.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Shutdown drains: idle keep-alive connections are closed at once, requests
+// in flight may finish (their responses carry Connection: close) until ctx
+// ends, then everything left, WebSockets included (close code 1001), is
+// closed. It returns when every connection has ended.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.mu.Lock()
+	for c := range s.conns {
+		c.closeIfIdle()
+	}
+	n := len(s.conns)
+	s.mu.Unlock()
+	for n > 0 {
+		select {
+		case <-s.idleCh:
+		case <-ctx.Done():
+			s.mu.Lock()
+			for c := range s.conns {
+				go c.Revoke(routes.ErrShutdown)
+			}
+			s.mu.Unlock()
+			s.waitEmpty(5 * time.Second)
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+			// Re-check: a WebSocket or a request may have ended without
+			// winning the race for idleCh.
+		}
+		s.mu.Lock()
+		for c := range s.conns {
+			c.closeIfIdle()
+		}
+		n = len(s.conns)
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *Server) waitEmpty(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if s.Connections() == 0 {
+			return
+		}
+		select {
+		case <-s.idleCh:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// clientConn is one client connection bound to one route.
+type clientConn struct {
+	s       *Server
+	conn    net.Conn // TLS
+	raw     net.Conn
+	sni     string
+	route   *routes.Route
+	peer    netip.Addr
+	trusted bool
+	in      inbuf
+	bw      *bufio.Writer
+	req     request
+	resp    response
+	out     []byte // scratch for heads
+	body    deadlineReader
+	one     [1]byte
+
+	mu      sync.Mutex
+	idle    bool
+	revoked error
+	backend *backendConn
+	ws      *wsSplice
+}
+
+// Revoke closes the connection because its route was revoked (or the
+// server is shutting down). A WebSocket gets close frames first.
+func (c *clientConn) Revoke(cause error) {
+	c.mu.Lock()
+	if c.revoked != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.revoked = cause
+	ws, be := c.ws, c.backend
+	c.mu.Unlock()
+	if ws != nil {
+		ws.revoke(cause)
+		return
+	}
+	_ = c.raw.Close()
+	if be != nil {
+		_ = be.conn.Close()
+	}
+}
+
+func (c *clientConn) closeIfIdle() {
+	c.mu.Lock()
+	idle := c.idle
+	c.mu.Unlock()
+	if idle {
+		_ = c.raw.Close()
+	}
+}
+
+func (c *clientConn) setIdle(v bool) {
+	c.mu.Lock()
+	c.idle = v
+	c.mu.Unlock()
+}
+
+func (c *clientConn) revokedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.revoked
+}
+
+func (c *clientConn) serve() {
+	defer func() {
+		_ = c.raw.Close()
+		c.in.r = c.in.w
+		c.in.release()
+		c.releaseWriter()
+	}()
+	for {
+		head, ok := c.readHead()
+		if !ok {
+			return
+		}
+		if !c.handle(head) {
+			return
+		}
+		if c.s.draining.Load() {
+			return
+		}
+	}
+}
+
+// readHead waits for the next request and returns its head (ending with
+// CRLFCRLF), or false when the connection should end.
+func (c *clientConn) readHead() ([]byte, bool) {
+	if c.in.buffered() == 0 {
+		// Park without a buffer: read one byte into the connection itself.
+		c.in.release()
+		c.releaseWriter()
+		c.setIdle(true)
+		if c.s.draining.Load() {
+			return nil, false
+		}
+		_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+		n, err := c.conn.Read(c.one[:])
+		c.setIdle(false)
+		if n == 0 || err != nil && n == 0 {
+			return nil, false
+		}
+		c.in.acquire()
+		c.in.buf[0] = c.one[0]
+		c.in.r, c.in.w = 0, 1
+	}
+	_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.HeaderTimeout))
+	max := c.s.cfg.MaxHeaderBytes
+	for {
+		p := c.in.bytes()
+		// Ignore empty lines before a request line (RFC 9112 §2.2).
+		for len(p) >= 2 && p[0] == '\r' && p[1] == '\n' {
+			c.in.r += 2
+			p = p[2:]
+		}
+		if end := findHeadEnd(p); end >= 0 {
+			if end > max {
+				c.reject(errHeadTooLarge)
+				return nil, false
+			}
+			c.in.r += end
+			return p[:end], true
+		}
+		if len(p) > max {
+			c.reject(errHeadTooLarge)
+			return nil, false
+		}
+		err := c.in.fill()
+		if errors.Is(err, errBufferFull) {
+			c.in.compact()
+			err = c.in.fill()
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && c.in.buffered() > 0 {
+				c.reject(&parseError{408, reasonReqTimeout})
+			}
+			return nil, false
+		}
+	}
+}
+
+// reject answers a request that cannot be processed and closes.
+func (c *clientConn) reject(pe *parseError) {
+	c.s.m.requests.WithLabelValues(statusClass(pe.status)).Inc()
+	c.s.m.denials.WithLabelValues(strconv.Itoa(pe.status)).Inc()
+	c.logDenial(pe.status, pe.reason)
+	c.writeErrorNow(pe.status, pe.reason, true, false)
+}
+
+func (c *clientConn) writeErrorNow(status int, reason string, closeConn, retryAfter bool) {
+	c.out = appendErrorResponse(c.out[:0], status, reason, c.req.accept, closeConn, retryAfter, status == 405)
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	_, _ = c.conn.Write(c.out)
+}
+
+// deny answers a well-formed request the listener refuses; it reports
+// whether the connection may continue.
+func (c *clientConn) deny(status int, reason string, closeConn, retryAfter bool) bool {
+	if c.req.body != bodyNone {
+		// The body was not read: the connection cannot be reused.
+		closeConn = true
+	}
+	c.s.m.requests.WithLabelValues(statusClass(status)).Inc()
+	c.s.m.denials.WithLabelValues(strconv.Itoa(status)).Inc()
+	c.logDenial(status, reason)
+	c.writeErrorNow(status, reason, closeConn || c.req.close, retryAfter)
+	return !closeConn && !c.req.close
+}
+
+func (c *clientConn) logDenial(status int, reason string) {
+	if !c.s.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.Int("class_uid", 4002),
+		slog.String("rule", "app-listener"),
+		slog.Int("status", status),
+		slog.String("reason", reason),
+		slog.String("sni", c.sni),
+		slog.String("src", c.peer.String()),
+	}
+	if len(c.req.method) > 0 {
+		attrs = append(attrs, slog.String("method", string(c.req.method)), slog.String("path", pathOnly(c.req.path)))
+	}
+	c.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied", attrs...)
+}
+
+// pathOnly drops the query string: logs never carry it.
+func pathOnly(p []byte) string {
+	for i, b := range p {
+		if b == '?' || b == '#' {
+			return string(p[:i])
+		}
+	}
+	return string(p)
+}
+
+// handle processes one request; it reports whether the connection continues.
+func (c *clientConn) handle(head []byte) bool {
+	if err := parseRequestHead(&c.req, head, c.s.cfg.MaxHeaderFields); err != nil {
+		var pe *parseError
+		if errors.As(err, &pe) {
+			if pe.status == 421 {
+				return c.deny(421, reasonMisdirected, false, false)
+			}
+			c.reject(pe)
+		}
+		return false
+	}
+	if c.revokedErr() != nil || !c.route.Usable() {
+		c.deny(503, reasonRevoked, true, false)
+		return false
+	}
+	if !hostMatches(c.req.host, c.sni) {
+		return c.deny(421, reasonMisdirected, false, false)
+	}
+	if string(c.req.method) == "CONNECT" || string(c.req.method) == "TRACE" {
+		return c.deny(405, reasonMethod, false, false)
+	}
+	inst := c.route.Instance
+	if !inst.Acquire() {
+		return c.deny(503, reasonLimit, false, true)
+	}
+	c.s.m.streamsActive.Inc()
+	keep := c.proxy()
+	c.s.m.streamsActive.Dec()
+	inst.Release()
+	return keep
+}
+
+func (c *clientConn) pool() *backendPool {
+	return c.route.Data(func() any {
+		conn, err := c.s.cfg.NewConnector(c.route.Connector)
+		if err != nil {
+			c.s.log.Error("connector unavailable", "host", c.route.Host, "err", err)
+			conn = failingConnector{err}
+		}
+		return newBackendPool(conn, c.route.Port, c.s.cfg.MaxIdlePerRoute, c.s.cfg.BackendIdleTimeout, &c.s.bufPool, c.route.Lease)
+	}).(*backendPool)
+}
+
+type failingConnector struct{ err error }
+
+func (f failingConnector) Dial(context.Context, int) (net.Conn, error) { return nil, f.err }
+func (f failingConnector) String() string                              { return "unavailable" }
+
+func (c *clientConn) setBackend(bc *backendConn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backend = bc
+	return c.revoked == nil
+}
+
+func (c *clientConn) writer() *bufio.Writer {
+	if c.bw == nil {
+		c.bw = c.s.bwPool.Get().(*bufio.Writer)
+		c.bw.Reset(c.conn)
+	}
+	return c.bw
+}
+
+func (c *clientConn) releaseWriter() {
+	if c.bw != nil {
+		c.bw.Reset(nil)
+		c.s.bwPool.Put(c.bw)
+		c.bw = nil
+	}
+}
+
+func (c *clientConn) flush() error {
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	return c.bw.Flush()
+}
+
+// proxy forwards the parsed request and relays the response; it reports
+// whether the client connection continues.
+func (c *clientConn) proxy() bool {
+	req := &c.req
+	pool := c.pool()
+	fi := forwardInfo{
+		client:      c.peer,
+		trusted:     c.trusted,
+		publicHost:  c.sni,
+		backendHost: "127.0.0.1:" + strconv.Itoa(c.route.Port),
+		preserve:    c.s.cfg.PreserveHost,
+	}
+	if c.route.Connector.Type == "tcp" && c.route.Connector.Host != "" && c.route.Connector.Host != "127.0.0.1" {
+		fi.backendHost = net.JoinHostPort(c.route.Connector.Host, strconv.Itoa(c.route.Port))
+	}
+	c.out = appendRequestHead(c.out[:0], req, &fi)
+	// A small body that has fully arrived goes out with the head.
+	inline := req.body == bodyNone
+	if req.body == bodyLength && req.length <= int64(c.in.buffered()) && req.length <= 64<<10 {
+		c.out = append(c.out, c.in.bytes()[:req.length]...)
+		c.in.r += int(req.length)
+		inline = true
+	}
+
+	var bc *backendConn
+	for attempt := 0; ; attempt++ {
+		bc = pool.get()
+		fresh := bc == nil
+		if fresh {
+			ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.DialTimeout)
+			var err error
+			bc, err = pool.dial(ctx)
+			cancel()
+			c.s.m.dials.WithLabelValues(dialResult(err)).Inc()
+			if err != nil {
+				return c.dialFailed(err)
+			}
+		}
+		if !c.setBackend(bc) {
+			bc.close()
+			c.deny(503, reasonRevoked, true, false)
+			return false
+		}
+		_ = bc.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+		_, err := bc.conn.Write(c.out)
+		if err == nil && inline {
+			// Wait for the response head here so that a stale pooled
+			// connection can be retried on a fresh one.
+			_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
+			err = bc.in.fill()
+			if err == nil {
+				break
+			}
+		}
+		if err == nil {
+			break
+		}
+		bc.close()
+		c.setBackend(nil)
+		if fresh || attempt > 0 || !inline {
+			return c.backendFailed(err, false)
+		}
+		// A reused connection the app had closed: retry once on a new one.
+	}
+	defer c.setBackend(nil)
+
+	// Stream the request body, if any, alongside reading the response.
+	var bodyDone chan error
+	if !inline {
+		bodyDone = make(chan error, 1)
+		go func() { bodyDone <- c.copyRequestBody(bc) }()
+	}
+	stopBody := func() error {
+		if bodyDone == nil {
+			return nil
+		}
+		err := <-bodyDone
+		bodyDone = nil
+		return err
+	}
+	abortBody := func() {
+		if bodyDone != nil {
+			c.body.abort()
+			_ = bc.conn.Close()
+			<-bodyDone
+			bodyDone = nil
+		}
+	}
+
+	wroteHead := false
+	for {
+		_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
+		head, err := c.readResponseHead(bc)
+		if err != nil {
+			abortBody()
+			bc.close()
+			if wroteHead {
+				return false
+			}
+			return c.backendFailed(err, true)
+		}
+		if err := parseResponseHead(&c.resp, head, string(req.method) == "HEAD", 200); err != nil {
+			abortBody()
+			bc.close()
+			if wroteHead {
+				return false
+			}
+			c.s.log.Warn("invalid response from app", "class_uid", 4001, "host", c.route.Host, "err", err)
+			return c.deny(502, reasonBadResponse, true, false)
+		}
+		resp := &c.resp
+		if resp.status == 101 {
+			if !req.upgrade || !resp.upgradeWS {
+				abortBody()
+				bc.close()
+				return c.deny(502, reasonBadResponse, true, false)
+			}
+			return c.websocket(bc)
+		}
+		if resp.status >= 100 && resp.status < 200 {
+			// 100 Continue, 103 Early Hints: relay to HTTP/1.1 clients.
+			if !req.http10 {
+				w := c.writer()
+				c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+				_, _ = w.Write(c.out)
+				if err := c.flush(); err != nil {
+					abortBody()
+					bc.close()
+					return false
+				}
+				wroteHead = true
+			}
+			continue
+		}
+		break
+	}
+	resp := &c.resp
+	// Frame the body towards the client.
+	out := resp.body
+	closeClient := req.close || c.s.draining.Load()
+	if out == bodyChunked && req.http10 {
+		out = bodyUntilClose
+	}
+	if out == bodyUntilClose {
+		closeClient = true
+	}
+	w := c.writer()
+	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, string(req.method) == "HEAD")
+	_, _ = w.Write(c.out)
+	_ = bc.conn.SetReadDeadline(time.Time{})
+	var n int64
+	var err error
+	switch resp.body {
+	case bodyLength:
+		n, err = copyN(w, &bc.in, resp.length, c.flush)
+	case bodyChunked:
+		n, err = copyChunked(w, &bc.in, out == bodyChunked, c.flush)
+	case bodyUntilClose:
+		n, err = copyUntilEOF(w, &bc.in, c.flush)
+	}
+	if err == nil {
+		err = c.flush()
+	}
+	c.s.m.bytesToClient.Add(float64(n))
+	c.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
+	if err != nil {
+		abortBody()
+		bc.close()
+		return false
+	}
+	reusable := !resp.close && resp.body != bodyUntilClose
+	if bodyDone != nil {
+		// The app answered before the request body was complete: the rest
+		// of it is never read, so neither connection can be reused.
+		select {
+		case berr := <-bodyDone:
+			bodyDone = nil
+			if berr != nil {
+				bc.close()
+				return false
+			}
+		default:
+			abortBody()
+			bc.close()
+			return false
+		}
+	}
+	_ = stopBody()
+	if reusable {
+		_ = bc.conn.SetDeadline(time.Time{})
+		pool.put(bc)
+	} else {
+		bc.close()
+	}
+	return !closeClient
+}
+
+// copyRequestBody streams the request body to the app.
+func (c *clientConn) copyRequestBody(bc *backendConn) error {
+	c.body = deadlineReader{conn: c.conn, timeout: c.s.cfg.BodyTimeout}
+	c.in.src = &c.body
+	defer func() { c.in.src = c.conn }()
+	var n int64
+	var err error
+	switch c.req.body {
+	case bodyLength:
+		n, err = copyN(bc.conn, &c.in, c.req.length, nil)
+	case bodyChunked:
+		n, err = copyChunked(bc.conn, &c.in, true, nil)
+	}
+	c.s.m.bytesToApp.Add(float64(n))
+	return err
+}
+
+// deadlineReader sets a read deadline before each read of a request body;
+// abort makes the body copy stop at once.
+type deadlineReader struct {
+	conn    net.Conn
+	timeout time.Duration
+	mu      sync.Mutex
+	aborted bool
+}
+
+var errBodyAborted = errors.New("request body aborted")
+
+func (d *deadlineReader) Read(p []byte) (int, error) {
+	d.mu.Lock()
+	if d.aborted {
+		d.mu.Unlock()
+		return 0, errBodyAborted
+	}
+	_ = d.conn.SetReadDeadline(time.Now().Add(d.timeout))
+	d.mu.Unlock()
+	return d.conn.Read(p)
+}
+
+func (d *deadlineReader) abort() {
+	d.mu.Lock()
+	d.aborted = true
+	_ = d.conn.SetReadDeadline(time.Now())
+	d.mu.Unlock()
+}
+
+func (c *clientConn) readResponseHead(bc *backendConn) ([]byte, error) {
+	const maxResponseHead = 64 << 10
+	for {
+		p := bc.in.bytes()
+		if end := findHeadEnd(p); end >= 0 {
+			bc.in.r += end
+			return p[:end], nil
+		}
+		if len(p) > maxResponseHead {
+			return nil, errors.New("response head too large")
+		}
+		err := bc.in.fill()
+		if errors.Is(err, errBufferFull) {
+			bc.in.compact()
+			err = bc.in.fill()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+func dialResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case isTimeout(err):
+		return "timeout"
+	}
+	return "error"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func (c *clientConn) dialFailed(err error) bool {
+	c.s.log.Warn("connector dial failed", "class_uid", 4001, "host", c.route.Host, "port", c.route.Port, "err", err)
+	if isTimeout(err) {
+		return c.deny(504, reasonDialTimeout, false, false)
+	}
+	return c.deny(502, reasonDialRefused, false, false)
+}
+
+func (c *clientConn) backendFailed(err error, afterWrite bool) bool {
+	if c.revokedErr() != nil {
+		return false
+	}
+	c.s.log.Warn("app connection failed", "class_uid", 4001, "host", c.route.Host, "port", c.route.Port, "err", err)
+	if afterWrite && isTimeout(err) {
+		return c.deny(504, reasonRespTimeout, true, false)
+	}
+	return c.deny(502, reasonBadResponse, true, false)
+}
+
+// websocket relays the 101 response and splices the two connections until
+// either side closes or the route is revoked.
+func (c *clientConn) websocket(bc *backendConn) bool {
+	w := c.writer()
+	c.out = appendResponseHead(c.out[:0], &c.resp, bodyNone, false, false)
+	_, _ = w.Write(c.out)
+	if err := c.flush(); err != nil {
+		bc.close()
+		return false
+	}
+	c.releaseWriter()
+	_ = c.conn.SetDeadline(time.Time{})
+	_ = bc.conn.SetDeadline(time.Time{})
+	sp := newWSSplice(c.conn, bc.conn, c.s.cfg.WebSocketCloseGrace)
+	c.mu.Lock()
+	revoked := c.revoked
+	c.ws = sp
+	c.mu.Unlock()
+	if revoked != nil {
+		sp.revoke(revoked)
+	}
+	c.s.m.websocketsActive.Inc()
+	defer c.s.m.websocketsActive.Dec()
+
+	// Bytes that arrived with the heads belong to the stream.
+	clientPending := append([]byte(nil), c.in.bytes()...)
+	c.in.r = c.in.w
+	c.in.release()
+	appPending := append([]byte(nil), bc.in.bytes()...)
+	bc.in.r = bc.in.w
+	bc.in.release()
+
+	done := make(chan int64, 1)
+	go func() {
+		buf := c.s.bufPool.Get().(*[]byte)
+		n, _ := sp.pump(bc.conn, &sp.toClient, appPending, *buf)
+		c.s.bufPool.Put(buf)
+		sp.closeBoth()
+		done <- n
+	}()
+	buf := c.s.bufPool.Get().(*[]byte)
+	up, _ := sp.pump(c.conn, &sp.toApp, clientPending, *buf)
+	c.s.bufPool.Put(buf)
+	sp.closeBoth()
+	downN := <-done
+	c.s.m.bytesToApp.Add(float64(up))
+	c.s.m.bytesToClient.Add(float64(downN))
+	c.s.m.requests.WithLabelValues("1xx").Inc()
+	return false
+}
+
+var _ io.Reader = (*inbuf)(nil)

@@ -1,0 +1,246 @@
+package dispatch
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// frameTracker follows WebSocket frame boundaries in a byte stream by
+// reading only the 2–14 byte frame headers; payload bytes are skipped.
+type frameTracker struct {
+	hdr     [14]byte
+	hdrLen  int    // header bytes collected so far
+	need    int    // header bytes needed (2 until the second byte is known)
+	payload uint64 // payload bytes left in the current frame
+}
+
+// atBoundary reports whether the stream is between two frames.
+func (t *frameTracker) atBoundary() bool { return t.hdrLen == 0 && t.payload == 0 }
+
+// feed advances the tracker over p.
+func (t *frameTracker) feed(p []byte) {
+	for len(p) > 0 {
+		if t.payload > 0 {
+			if uint64(len(p)) <= t.payload {
+				t.payload -= uint64(len(p))
+				return
+			}
+			p = p[t.payload:]
+			t.payload = 0
+			continue
+		}
+		if t.hdrLen == 0 {
+			t.need = 2
+		}
+		for t.hdrLen < t.need && len(p) > 0 {
+			t.hdr[t.hdrLen] = p[0]
+			t.hdrLen++
+			p = p[1:]
+			if t.hdrLen == 2 {
+				need := 2
+				switch t.hdr[1] & 0x7f {
+				case 126:
+					need += 2
+				case 127:
+					need += 8
+				}
+				if t.hdr[1]&0x80 != 0 {
+					need += 4
+				}
+				t.need = need
+			}
+		}
+		if t.hdrLen < t.need {
+			return
+		}
+		var n uint64
+		switch l := t.hdr[1] & 0x7f; l {
+		case 126:
+			n = uint64(binary.BigEndian.Uint16(t.hdr[2:4]))
+		case 127:
+			n = binary.BigEndian.Uint64(t.hdr[2:10])
+		default:
+			n = uint64(l)
+		}
+		t.payload = n
+		t.hdrLen = 0
+	}
+}
+
+// closeFrame builds a close frame with code and reason; masked frames are
+// for the client-to-app direction.
+func closeFrame(code uint16, reason string, masked bool) []byte {
+	if len(reason) > 123 {
+		reason = reason[:123]
+	}
+	payload := make([]byte, 2+len(reason))
+	binary.BigEndian.PutUint16(payload, code)
+	copy(payload[2:], reason)
+	f := []byte{0x88, byte(len(payload))}
+	if masked {
+		f[1] |= 0x80
+		var key [4]byte
+		binary.LittleEndian.PutUint32(key[:], rand.Uint32())
+		f = append(f, key[:]...)
+		for i := range payload {
+			payload[i] ^= key[i%4]
+		}
+	}
+	return append(f, payload...)
+}
+
+// wsDirection copies one direction of an upgraded connection and can end
+// it with a close frame at a frame boundary. The copier holds writeMu while
+// it writes; revocation never waits for it (a stalled peer cannot stall a
+// revocation): it sends the close frame itself only when the stream is at a
+// boundary and no write is in progress, and otherwise leaves it pending for
+// the copier, with the splice's grace timer as the backstop.
+type wsDirection struct {
+	dst     net.Conn
+	masked  bool // frames written to dst must be masked (towards the app)
+	writeMu sync.Mutex
+	mu      sync.Mutex // guards tracker, closing, done
+	tracker frameTracker
+	closing []byte // close frame to send at the next boundary
+	done    bool   // a close frame was sent or the copy ended
+}
+
+// write forwards p and, when a close is pending and p ends at a frame
+// boundary, sends it. It reports whether the direction is finished.
+func (d *wsDirection) write(p []byte) (bool, error) {
+	d.writeMu.Lock()
+	defer d.writeMu.Unlock()
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	if done {
+		return true, nil
+	}
+	_, err := d.dst.Write(p)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.done = true
+		return true, err
+	}
+	d.tracker.feed(p)
+	if d.closing != nil && d.tracker.atBoundary() {
+		d.sendCloseLocked()
+		return true, nil
+	}
+	return false, nil
+}
+
+// sendCloseLocked writes the pending close frame; the caller holds mu and writeMu.
+func (d *wsDirection) sendCloseLocked() {
+	_ = d.dst.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	_, _ = d.dst.Write(d.closing)
+	d.done = true
+}
+
+// requestClose asks for a close frame; it is sent at once when the stream
+// is at a boundary and idle. It reports whether the close frame was sent
+// (or the direction had already finished).
+func (d *wsDirection) requestClose(frame []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		return true
+	}
+	d.closing = frame
+	if d.tracker.atBoundary() && d.writeMu.TryLock() {
+		d.sendCloseLocked()
+		d.writeMu.Unlock()
+		return true
+	}
+	return false
+}
+
+// wsSplice is an upgraded WebSocket between a client and an app.
+type wsSplice struct {
+	client, app net.Conn
+	toApp       wsDirection
+	toClient    wsDirection
+	grace       time.Duration
+	closeOnce   sync.Once
+	timerMu     sync.Mutex
+	timer       *time.Timer
+}
+
+func newWSSplice(client, app net.Conn, grace time.Duration) *wsSplice {
+	return &wsSplice{
+		client:   client,
+		app:      app,
+		toApp:    wsDirection{dst: app, masked: true},
+		toClient: wsDirection{dst: client},
+		grace:    grace,
+	}
+}
+
+func (w *wsSplice) closeBoth() {
+	w.closeOnce.Do(func() {
+		_ = w.client.Close()
+		_ = w.app.Close()
+		w.timerMu.Lock()
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		w.timerMu.Unlock()
+	})
+}
+
+// revoke ends the WebSocket: 1008 (policy) for a revoked route, 1001 on
+// shutdown, sent to each side at its next frame boundary; whatever has not
+// reached a boundary within the grace period is closed anyway.
+func (w *wsSplice) revoke(cause error) {
+	code, reason := uint16(1008), "route revoked: "+routes.CauseLabel(cause)
+	if errors.Is(cause, routes.ErrShutdown) {
+		code, reason = 1001, "going away"
+	}
+	a := w.toClient.requestClose(closeFrame(code, reason, false))
+	b := w.toApp.requestClose(closeFrame(code, reason, true))
+	if a && b {
+		w.closeBoth()
+		return
+	}
+	w.timerMu.Lock()
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.grace, w.closeBoth)
+	}
+	w.timerMu.Unlock()
+}
+
+// pump copies src to d until src ends or d finishes, using buf.
+func (w *wsSplice) pump(src io.Reader, d *wsDirection, pending []byte, buf []byte) (int64, error) {
+	var total int64
+	if len(pending) > 0 {
+		finished, err := d.write(pending)
+		total += int64(len(pending))
+		if finished || err != nil {
+			return total, err
+		}
+	}
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			finished, werr := d.write(buf[:n])
+			total += int64(n)
+			if finished || werr != nil {
+				return total, werr
+			}
+		}
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return total, err
+		}
+	}
+}

@@ -1,0 +1,249 @@
+// Package listener accepts TCP connections for the application listener,
+// reads each ClientHello before any handshake, refuses names that are not
+// installed and fresh routes with the TLS alert unrecognized_name (no
+// certificate is ever sent for them), terminates TLS for the others, and
+// hands each connection, bound to the route its SNI named, to dispatch.
+package listener
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// Handler serves one connection after its handshake; it must close conn
+// before returning. dispatch.Server implements it.
+type Handler interface {
+	ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route)
+	Shutdown(ctx context.Context) error
+}
+
+// Config configures a Listener.
+type Config struct {
+	// TLS is the server configuration (certificates, ALPN, tickets).
+	TLS *tls.Config
+	// Routes is the route table the SNI is looked up in.
+	Routes *routes.Table
+	// Handler serves connections after the handshake.
+	Handler Handler
+	// HandshakeTimeout bounds reading the ClientHello and the handshake.
+	HandshakeTimeout time.Duration
+	// MaxConnections bounds concurrent client connections (0: no bound);
+	// beyond it new connections are closed at once.
+	MaxConnections int
+	Logger         *slog.Logger
+	Registerer     prometheus.Registerer
+}
+
+// DefaultHandshakeTimeout bounds the ClientHello read and TLS handshake.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// Listener is the application listener.
+type Listener struct {
+	cfg Config
+	ln  net.Listener
+	log *slog.Logger
+	m   *metrics
+
+	mu          sync.Mutex
+	closed      bool
+	handshaking map[net.Conn]struct{}
+	active      int
+	wg          sync.WaitGroup
+}
+
+// New wraps a bound TCP listener.
+func New(ln net.Listener, cfg Config) *Listener {
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Listener{
+		cfg:         cfg,
+		ln:          ln,
+		log:         cfg.Logger,
+		m:           newMetrics(cfg.Registerer),
+		handshaking: make(map[net.Conn]struct{}),
+	}
+}
+
+// Addr returns the listening address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Serve accepts connections until Shutdown; it then returns nil.
+func (l *Listener) Serve() error {
+	var backoff time.Duration
+	for {
+		raw, err := l.ln.Accept()
+		if err != nil {
+			l.mu.Lock()
+			closed := l.closed
+			l.mu.Unlock()
+			if closed {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of file descriptors or a transient error: back off, retry.
+			backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
+			l.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			_ = raw.Close()
+			return nil
+		}
+		if l.cfg.MaxConnections > 0 && l.active >= l.cfg.MaxConnections {
+			l.mu.Unlock()
+			l.m.rejections.WithLabelValues("max_connections").Inc()
+			_ = raw.Close()
+			continue
+		}
+		l.active++
+		l.handshaking[raw] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.serveConn(raw)
+	}
+}
+
+func (l *Listener) serveConn(raw net.Conn) {
+	handedOff := false
+	defer func() {
+		l.mu.Lock()
+		l.active--
+		if !handedOff {
+			delete(l.handshaking, raw)
+		}
+		l.mu.Unlock()
+		l.wg.Done()
+	}()
+	l.m.accepted.Inc()
+	_ = raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
+	hello, err := ReadClientHello(raw, DefaultMaxClientHelloBytes)
+	if err != nil {
+		l.refuseHello(raw, err)
+		_ = raw.Close()
+		return
+	}
+	host, ok := routes.NormalizeHost(hello.ServerName)
+	var route *routes.Route
+	if ok {
+		route = l.cfg.Routes.Lookup(host)
+	}
+	if route == nil {
+		reason := "unknown_sni"
+		if hello.ServerName == "" {
+			reason = "no_sni"
+		}
+		l.m.rejections.WithLabelValues(reason).Inc()
+		l.log.Info("handshake refused", "class_uid", 4001, "rule", "app-listener-sni",
+			"reason", reason, "sni", truncate(hello.ServerName, 255), "src", raw.RemoteAddr().String())
+		_ = WriteAlert(raw, AlertUnrecognizedName)
+		_ = raw.Close()
+		return
+	}
+	tc := tls.Server(NewPrefixConn(raw, hello.Raw), l.cfg.TLS)
+	if err := tc.Handshake(); err != nil {
+		l.m.rejections.WithLabelValues("handshake").Inc()
+		l.log.Debug("handshake failed", "sni", host, "src", raw.RemoteAddr().String(), "err", err)
+		_ = raw.Close()
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	l.m.handshakes.Inc()
+	l.mu.Lock()
+	delete(l.handshaking, raw)
+	handedOff = true
+	l.mu.Unlock()
+	l.cfg.Handler.ServeConn(tc, raw, host, route)
+}
+
+func (l *Listener) refuseHello(raw net.Conn, err error) {
+	var che *ClientHelloError
+	switch {
+	case errors.Is(err, ErrNotTLS):
+		l.m.rejections.WithLabelValues("not_tls").Inc()
+		_, _ = io.WriteString(raw, plainHTTPAnswer)
+	case errors.As(err, &che):
+		l.m.rejections.WithLabelValues("malformed_hello").Inc()
+		_ = WriteAlert(raw, che.Alert)
+	default:
+		l.m.rejections.WithLabelValues("hello_read").Inc()
+	}
+	l.log.Debug("client hello refused", "src", raw.RemoteAddr().String(), "err", err)
+}
+
+const plainHTTPBody = "400 Bad Request: this port only speaks HTTPS\n"
+
+// plainHTTPAnswer is written to a client that sent plain HTTP to the TLS port.
+var plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+	strconv.Itoa(len(plainHTTPBody)) + "\r\n\r\n" + plainHTTPBody
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// Shutdown stops accepting, aborts handshakes in progress, and drains the
+// handler until ctx ends. It returns when every connection goroutine is done.
+func (l *Listener) Shutdown(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.handshaking {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	if herr := l.cfg.Handler.Shutdown(ctx); herr != nil && !errors.Is(herr, context.DeadlineExceeded) && !errors.Is(herr, context.Canceled) {
+		err = herr
+	}
+	l.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+type metrics struct {
+	accepted   prometheus.Counter
+	handshakes prometheus.Counter
+	rejections *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_connections_accepted_total", Help: "TCP connections accepted by the app listener.",
+		}),
+		handshakes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_tls_handshakes_total", Help: "Completed TLS handshakes.",
+		}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_handshake_rejections_total", Help: "Connections refused before or during the TLS handshake, by reason.",
+		}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.accepted, m.handshakes, m.rejections)
+	}
+	return m
+}

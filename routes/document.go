@@ -1,0 +1,752 @@
+package routes
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxDocumentBytes is the largest configuration document ParseDocument
+// accepts.
+const MaxDocumentBytes = 8 << 20
+
+// Limits on the contents of one instance entry.
+const (
+	// MaxServices is the largest number of services of one instance.
+	MaxServices = 64
+	// MaxStreamsLimit is the largest accepted limits.max_streams.
+	MaxStreamsLimit = 1_000_000
+	// MaxGenerationLen is the longest accepted generation.
+	MaxGenerationLen = 64
+	// maxUnixPathLen is the size of sun_path on Linux: the longest Unix
+	// socket path once "{port}" is replaced by a 5-digit port.
+	maxUnixPathLen = 108
+	// maxNetnsPathLen is PATH_MAX on Linux, less the terminating NUL.
+	maxNetnsPathLen = 4095
+	// maxReasonLen bounds RejectedInstance.Reason.
+	maxReasonLen = 300
+	// maxLogNameLen bounds RejectedInstance.Workspace and .Sandbox.
+	maxLogNameLen = 64
+)
+
+// Connector types.
+const (
+	// ConnectorTCP dials the loopback address in Host, in the supervisor's
+	// own network namespace.
+	ConnectorTCP = "tcp"
+	// ConnectorNetns enters the network namespace at Path and dials its
+	// loopback.
+	ConnectorNetns = "netns"
+	// ConnectorUnix dials the Unix socket at Path, with every "{port}"
+	// replaced by the service port.
+	ConnectorUnix = "unix"
+)
+
+// PortPlaceholder is the text in a unix connector's path that is replaced by
+// the service port.
+const PortPlaceholder = "{port}"
+
+// DefaultConnectorHost is the host of a tcp connector that names none, and
+// the address "localhost" is normalized to.
+const DefaultConnectorHost = "127.0.0.1"
+
+// Document is a parsed configuration document: the complete desired state of
+// one supervisor. Instances holds the entries that passed validation and
+// Rejected those that did not; together they account for every entry of the
+// document's "instances" array.
+type Document struct {
+	// Revision is the top-level "revision" (may be empty).
+	Revision string
+	// Instances are the entries that passed validation, in document order,
+	// normalized (see ParseDocument).
+	Instances []InstanceSpec
+	// Rejected are the entries that failed validation, in document order.
+	Rejected []RejectedInstance
+}
+
+// InstanceKey identifies a sandbox instance: a workspace and a sandbox.
+type InstanceKey struct {
+	Workspace string
+	Sandbox   string
+}
+
+// String returns "workspace/sandbox".
+func (k InstanceKey) String() string {
+	return k.Workspace + "/" + k.Sandbox
+}
+
+// InstanceSpec is one validated instance entry of a configuration document.
+type InstanceSpec struct {
+	// Workspace and Sandbox identify the instance (see ValidName).
+	Workspace string `json:"workspace"`
+	Sandbox   string `json:"sandbox"`
+	// Generation changes when the sandbox is recreated: up to 64 printable
+	// ASCII characters without spaces, possibly empty.
+	Generation string `json:"generation"`
+	// Connector says how to reach the instance's loopback ports.
+	Connector ConnectorSpec `json:"connector"`
+	// Limits are the per-instance limits.
+	Limits Limits `json:"limits"`
+	// Services are the routed ports of the instance: 1 to 64, with distinct
+	// names.
+	Services []ServiceSpec `json:"services"`
+}
+
+// Key returns the instance's workspace and sandbox.
+func (s *InstanceSpec) Key() InstanceKey {
+	return InstanceKey{Workspace: s.Workspace, Sandbox: s.Sandbox}
+}
+
+// ConnectorSpec says how the supervisor reaches an instance.
+type ConnectorSpec struct {
+	// Type is ConnectorTCP, ConnectorNetns or ConnectorUnix.
+	Type string `json:"type"`
+	// Host is the loopback IP address of a tcp connector, in canonical form.
+	Host string `json:"host,omitempty"`
+	// Path is the network namespace file of a netns connector, or the socket
+	// path template (containing PortPlaceholder) of a unix connector.
+	Path string `json:"path,omitempty"`
+}
+
+// Limits are per-instance limits.
+type Limits struct {
+	// MaxStreams is the most concurrent streams of the instance; 0 means the
+	// supervisor's default.
+	MaxStreams int `json:"max_streams,omitempty"`
+}
+
+// ServiceSpec is one routed port of an instance.
+type ServiceSpec struct {
+	// Name is the service name; "" is the unnamed (default) service.
+	Name string `json:"name"`
+	// Port is the loopback port of the app, 1 to 65535.
+	Port int `json:"port"`
+	// Revision is the declaration revision (≥ 0).
+	Revision int64 `json:"revision"`
+}
+
+// RejectedInstance is an instance entry that failed validation. Its routes
+// are withdrawn at once.
+type RejectedInstance struct {
+	// Index is the entry's position in "instances".
+	Index int
+	// Workspace and Sandbox are as found in the entry, possibly empty or
+	// invalid, cut to 64 bytes; for logs only.
+	Workspace string
+	Sandbox   string
+	// Reason is one line saying why the entry was rejected.
+	Reason string
+}
+
+// ParseDocument decodes and validates a configuration document.
+//
+// It returns an error, and the caller applies nothing, when the document is
+// larger than MaxDocumentBytes, is not valid UTF-8 or JSON, has data after
+// the top-level object, or when the top level is not an object whose keys are
+// exactly "instances" (an array, required) and "revision" (a string,
+// optional), each at most once.
+//
+// Each entry of "instances" is then decoded strictly on its own: unknown,
+// duplicated or non-lower-case field names (also in nested objects) and
+// values of the wrong type reject the entry. A decoded entry is validated and
+// normalized: a missing connector becomes tcp to 127.0.0.1, a tcp host
+// "localhost" becomes 127.0.0.1 and IPv6 loopback addresses are written
+// canonically. An entry that fails goes to Rejected with a one-line reason;
+// when two or more entries name the same workspace/sandbox, all of them are
+// rejected.
+func ParseDocument(data []byte) (*Document, error) {
+	revision, entries, err := parseTopLevel(data)
+	if err != nil {
+		return nil, err
+	}
+	doc := &Document{Revision: revision}
+	if len(entries) == 0 {
+		return doc, nil
+	}
+
+	type result struct {
+		key    InstanceKey
+		spec   InstanceSpec
+		reason string // "" when valid
+	}
+	results := make([]result, len(entries))
+	counts := make(map[InstanceKey]int, len(entries))
+	for i, raw := range entries {
+		r := &results[i]
+		spec, err := parseInstance(raw)
+		if err != nil {
+			r.reason = oneLine(err.Error())
+			r.key = lenientKey(raw)
+		} else {
+			r.spec = spec
+			r.key = spec.Key()
+		}
+		if r.key != (InstanceKey{}) {
+			counts[r.key]++
+		}
+	}
+	for i := range results {
+		r := &results[i]
+		if r.reason == "" && counts[r.key] > 1 {
+			r.reason = oneLine("duplicate instance " + r.key.String())
+		}
+		if r.reason == "" {
+			doc.Instances = append(doc.Instances, r.spec)
+			continue
+		}
+		doc.Rejected = append(doc.Rejected, RejectedInstance{
+			Index:     i,
+			Workspace: cutString(r.key.Workspace, maxLogNameLen),
+			Sandbox:   cutString(r.key.Sandbox, maxLogNameLen),
+			Reason:    r.reason,
+		})
+	}
+	return doc, nil
+}
+
+// parseTopLevel checks the document's top level and returns its revision and
+// its instance entries (sub-slices of data).
+func parseTopLevel(data []byte) (string, [][]byte, error) {
+	if len(data) > MaxDocumentBytes {
+		return "", nil, fmt.Errorf("document: %d bytes, larger than the limit of %d", len(data), MaxDocumentBytes)
+	}
+	if !utf8.Valid(data) {
+		return "", nil, errors.New("document: not valid UTF-8")
+	}
+	if !json.Valid(data) {
+		return "", nil, invalidJSON(data)
+	}
+	// data is one valid JSON value from here on.
+	s := keyScanner{data: data}
+	s.skipSpace()
+	if s.peek() != '{' {
+		return "", nil, errors.New("document: top level must be a JSON object")
+	}
+	s.pos++
+	var (
+		revision     string
+		entries      [][]byte
+		seenRevision bool
+		seenEntries  bool
+	)
+	for {
+		s.skipSpace()
+		if s.peek() == '}' {
+			break
+		}
+		start, end, _ := s.str()
+		key := string(data[start:end])
+		s.skipSpace()
+		s.pos++ // ':'
+		s.skipSpace()
+		switch key {
+		case "revision":
+			if seenRevision {
+				return "", nil, errors.New(`document: duplicate field "revision"`)
+			}
+			seenRevision = true
+			if s.peek() != '"' {
+				return "", nil, errors.New(`document: "revision" must be a string`)
+			}
+			vstart := s.pos
+			s.skipValue()
+			if err := json.Unmarshal(data[vstart:s.pos], &revision); err != nil {
+				return "", nil, fmt.Errorf("document: revision: %w", err)
+			}
+		case "instances":
+			if seenEntries {
+				return "", nil, errors.New(`document: duplicate field "instances"`)
+			}
+			seenEntries = true
+			if s.peek() != '[' {
+				return "", nil, errors.New(`document: "instances" must be an array`)
+			}
+			s.pos++
+			for {
+				s.skipSpace()
+				if s.peek() == ']' {
+					s.pos++
+					break
+				}
+				vstart := s.pos
+				s.skipValue()
+				entries = append(entries, data[vstart:s.pos])
+				s.skipSpace()
+				if s.peek() == ',' {
+					s.pos++
+				}
+			}
+		default:
+			return "", nil, fmt.Errorf("document: unknown field %s", quoteShort(key))
+		}
+		s.skipSpace()
+		if s.peek() == ',' {
+			s.pos++
+		}
+	}
+	if !seenEntries {
+		return "", nil, errors.New(`document: "instances" is missing`)
+	}
+	return revision, entries, nil
+}
+
+// invalidJSON explains why data is not one valid JSON value.
+func invalidJSON(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("document: %w", jsonErr(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("document: data after the top-level object")
+	}
+	return errors.New("document: invalid JSON") // not reached: json.Valid and Decoder agree
+}
+
+// jsonErr turns an unexpected end of input into a readable error.
+func jsonErr(err error) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return errors.New("unexpected end of JSON input")
+	}
+	return err
+}
+
+// parseInstance decodes one instance entry strictly, validates it and
+// returns it normalized.
+func parseInstance(raw []byte) (InstanceSpec, error) {
+	var spec InstanceSpec
+	if first := firstByte(raw); first != '{' {
+		return spec, fmt.Errorf("entry is %s, not an object", jsonKind(first))
+	}
+	if err := checkKeys(raw); err != nil {
+		return spec, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		return InstanceSpec{}, fmt.Errorf("invalid entry: %s", strings.TrimPrefix(jsonErr(err).Error(), "json: "))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return InstanceSpec{}, errors.New("invalid entry: data after the object")
+	}
+	if err := spec.validate(); err != nil {
+		return InstanceSpec{}, err
+	}
+	return spec, nil
+}
+
+// validate checks a decoded entry and normalizes its connector.
+func (s *InstanceSpec) validate() error {
+	if err := ValidName(s.Workspace); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if err := ValidName(s.Sandbox); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if len(s.Generation) > MaxGenerationLen {
+		return fmt.Errorf("generation: longer than %d characters", MaxGenerationLen)
+	}
+	for i := 0; i < len(s.Generation); i++ {
+		if c := s.Generation[i]; c <= ' ' || c >= 0x7f {
+			return fmt.Errorf("generation: %s not allowed (use printable ASCII without spaces)", describeByte(c))
+		}
+	}
+	c, err := normalizeConnector(s.Connector)
+	if err != nil {
+		return fmt.Errorf("connector: %w", err)
+	}
+	s.Connector = c
+	if s.Limits.MaxStreams < 0 || s.Limits.MaxStreams > MaxStreamsLimit {
+		return fmt.Errorf("limits: max_streams %d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
+	}
+	if len(s.Services) == 0 {
+		return errors.New("services: at least one service is required")
+	}
+	if len(s.Services) > MaxServices {
+		return fmt.Errorf("services: %d services, more than %d", len(s.Services), MaxServices)
+	}
+	for i := range s.Services {
+		svc := &s.Services[i]
+		what := "unnamed service"
+		if svc.Name != "" {
+			if err := ValidName(svc.Name); err != nil {
+				return fmt.Errorf("services[%d]: %w", i, err)
+			}
+			what = "service " + strconv.Quote(svc.Name)
+		}
+		for j := 0; j < i; j++ {
+			if s.Services[j].Name == svc.Name {
+				if svc.Name == "" {
+					return fmt.Errorf("services[%d]: more than one unnamed service", i)
+				}
+				return fmt.Errorf("services[%d]: duplicate %s", i, what)
+			}
+		}
+		if svc.Port < 1 || svc.Port > 65535 {
+			return fmt.Errorf("services[%d]: %s: port %d out of range 1..65535", i, what, svc.Port)
+		}
+		if svc.Revision < 0 {
+			return fmt.Errorf("services[%d]: %s: revision %d is negative", i, what, svc.Revision)
+		}
+		label := len(s.Workspace) + 2 + len(s.Sandbox)
+		if svc.Name != "" {
+			label += 2 + len(svc.Name)
+		}
+		if label > maxLabelLen {
+			return fmt.Errorf("services[%d]: %s: hostname label longer than %d characters", i, what, maxLabelLen)
+		}
+	}
+	return nil
+}
+
+// normalizeConnector validates a connector and returns it in canonical form.
+func normalizeConnector(c ConnectorSpec) (ConnectorSpec, error) {
+	switch c.Type {
+	case "":
+		if c.Host != "" || c.Path != "" {
+			return c, errors.New(`"type" is missing (use tcp, netns or unix)`)
+		}
+		return ConnectorSpec{Type: ConnectorTCP, Host: DefaultConnectorHost}, nil
+	case ConnectorTCP:
+		if c.Path != "" {
+			return c, errors.New("tcp connector takes no path")
+		}
+		switch c.Host {
+		case "", "localhost":
+			c.Host = DefaultConnectorHost
+			return c, nil
+		}
+		ip, err := netip.ParseAddr(c.Host)
+		if err != nil || ip.Zone() != "" || ip.Is4In6() {
+			return c, fmt.Errorf("tcp host %s is not an IP address or localhost", quoteShort(c.Host))
+		}
+		if !ip.IsLoopback() {
+			return c, fmt.Errorf("tcp host %s is not a loopback address", quoteShort(c.Host))
+		}
+		c.Host = ip.String()
+		return c, nil
+	case ConnectorNetns:
+		if c.Host != "" {
+			return c, errors.New("netns connector takes no host")
+		}
+		if err := checkPath(c.Path, maxNetnsPathLen); err != nil {
+			return c, fmt.Errorf("netns %w", err)
+		}
+		return c, nil
+	case ConnectorUnix:
+		if c.Host != "" {
+			return c, errors.New("unix connector takes no host")
+		}
+		n := strings.Count(c.Path, PortPlaceholder)
+		if n == 0 {
+			return c, fmt.Errorf("unix path %s does not contain %s", quoteShort(c.Path), PortPlaceholder)
+		}
+		// The longest socket path is the one with 5-digit ports.
+		maxLen := maxUnixPathLen + n*(len(PortPlaceholder)-5)
+		if err := checkPath(c.Path, maxLen); err != nil {
+			return c, fmt.Errorf("unix %w", err)
+		}
+		return c, nil
+	default:
+		return c, fmt.Errorf("type %s not supported (use tcp, netns or unix)", quoteShort(c.Type))
+	}
+}
+
+// checkPath checks a connector path: absolute, clean, without control
+// characters and at most maxLen bytes.
+func checkPath(p string, maxLen int) error {
+	switch {
+	case p == "":
+		return errors.New("path is missing")
+	case !filepath.IsAbs(p):
+		return fmt.Errorf("path %s is not absolute", quoteShort(p))
+	case filepath.Clean(p) != p:
+		return fmt.Errorf("path %s is not clean (want %s)", quoteShort(p), quoteShort(filepath.Clean(p)))
+	case len(p) > maxLen:
+		return fmt.Errorf("path %s is too long", quoteShort(p))
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < ' ' || c == 0x7f {
+			return fmt.Errorf("path %s contains a control character", quoteShort(p))
+		}
+	}
+	return nil
+}
+
+// lenientKey makes a best effort to read the workspace and sandbox of an
+// entry that failed validation, for logs and duplicate detection.
+func lenientKey(raw []byte) InstanceKey {
+	if firstByte(raw) != '{' {
+		return InstanceKey{}
+	}
+	var k struct {
+		Workspace any `json:"workspace"`
+		Sandbox   any `json:"sandbox"`
+	}
+	_ = json.Unmarshal(raw, &k) // fields decoded before an error are kept
+	ws, _ := k.Workspace.(string)
+	sb, _ := k.Sandbox.(string)
+	return InstanceKey{Workspace: ws, Sandbox: sb}
+}
+
+// firstByte returns the first non-space byte of a JSON value, or 0.
+func firstByte(raw []byte) byte {
+	for _, c := range raw {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		return c
+	}
+	return 0
+}
+
+// jsonKind names the kind of JSON value that starts with c.
+func jsonKind(c byte) string {
+	switch c {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "a boolean"
+	case 0:
+		return "empty"
+	default:
+		return "a number"
+	}
+}
+
+// oneLine makes s safe as a one-line log field: control characters become
+// spaces and the text is cut to maxReasonLen bytes.
+func oneLine(s string) string {
+	s = cutString(s, maxReasonLen)
+	if strings.IndexFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f || r == '\u2028' || r == '\u2029' || r == '\u0085' }) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f || r == '\u2028' || r == '\u2029' || r == '\u0085' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// cutString cuts s to at most n bytes without splitting a UTF-8 sequence.
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// maxKeyDepth bounds the nesting checkKeys follows; the schema needs 3.
+const maxKeyDepth = 16
+
+// maxObjectKeys bounds the fields of one object; the schema needs 6.
+const maxObjectKeys = 16
+
+// checkKeys walks a JSON value (already known to be valid JSON) and reports
+// an object field name that is not made of [a-z0-9_] only, or that appears
+// twice in one object. encoding/json matches field names case-insensitively
+// (with Unicode folding) and lets a repeated field silently replace the
+// earlier one; both would let a document mean something other than it says.
+func checkKeys(data []byte) error {
+	s := keyScanner{data: data}
+	if err := s.value(0); err != nil {
+		return err
+	}
+	return nil
+}
+
+// keyScanner is the state of checkKeys.
+type keyScanner struct {
+	data []byte
+	pos  int
+}
+
+var errBadJSON = errors.New("invalid JSON")
+
+func (s *keyScanner) skipSpace() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\r', '\n':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (s *keyScanner) peek() byte {
+	if s.pos < len(s.data) {
+		return s.data[s.pos]
+	}
+	return 0
+}
+
+func (s *keyScanner) value(depth int) error {
+	if depth > maxKeyDepth {
+		return errors.New("invalid entry: nested too deeply")
+	}
+	s.skipSpace()
+	switch s.peek() {
+	case '{':
+		return s.object(depth)
+	case '[':
+		s.pos++
+		s.skipSpace()
+		if s.peek() == ']' {
+			s.pos++
+			return nil
+		}
+		for {
+			if err := s.value(depth + 1); err != nil {
+				return err
+			}
+			s.skipSpace()
+			switch s.peek() {
+			case ',':
+				s.pos++
+			case ']':
+				s.pos++
+				return nil
+			default:
+				return errBadJSON
+			}
+		}
+	case '"':
+		_, _, err := s.str()
+		return err
+	case 0:
+		return errBadJSON
+	default: // number, true, false, null
+		for s.pos < len(s.data) {
+			switch s.data[s.pos] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				return nil
+			}
+			s.pos++
+		}
+		return nil
+	}
+}
+
+func (s *keyScanner) object(depth int) error {
+	s.pos++ // '{'
+	var spans [maxObjectKeys][2]int
+	n := 0
+	s.skipSpace()
+	if s.peek() == '}' {
+		s.pos++
+		return nil
+	}
+	for {
+		s.skipSpace()
+		if s.peek() != '"' {
+			return errBadJSON
+		}
+		start, end, err := s.str()
+		if err != nil {
+			return err
+		}
+		key := s.data[start:end]
+		for _, c := range key {
+			if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
+				return fmt.Errorf("invalid entry: field name %s not allowed (field names are lower case)", quoteShort(string(key)))
+			}
+		}
+		for _, sp := range spans[:n] {
+			if bytes.Equal(s.data[sp[0]:sp[1]], key) {
+				return fmt.Errorf("invalid entry: duplicate field %s", quoteShort(string(key)))
+			}
+		}
+		if n == len(spans) {
+			return fmt.Errorf("invalid entry: object with more than %d fields", maxObjectKeys)
+		}
+		spans[n] = [2]int{start, end}
+		n++
+		s.skipSpace()
+		if s.peek() != ':' {
+			return errBadJSON
+		}
+		s.pos++
+		if err := s.value(depth + 1); err != nil {
+			return err
+		}
+		s.skipSpace()
+		switch s.peek() {
+		case ',':
+			s.pos++
+		case '}':
+			s.pos++
+			return nil
+		default:
+			return errBadJSON
+		}
+	}
+}
+
+// skipValue consumes one JSON value (with no key checks) starting at the
+// current position, which must not be white space.
+func (s *keyScanner) skipValue() {
+	depth := 0
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case '"':
+			_, _, _ = s.str()
+			if depth == 0 {
+				return
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return // the end of the enclosing value: a scalar ended
+			}
+			depth--
+			if depth == 0 {
+				s.pos++
+				return
+			}
+		case ',', ':', ' ', '\t', '\r', '\n':
+			if depth == 0 {
+				return
+			}
+		}
+		s.pos++
+	}
+}
+
+// str consumes a string starting at the opening quote and returns the span
+// of its raw contents.
+func (s *keyScanner) str() (start, end int, err error) {
+	s.pos++ // opening quote
+	start = s.pos
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case '\\':
+			s.pos += 2
+		case '"':
+			end = s.pos
+			s.pos++
+			return start, end, nil
+		default:
+			s.pos++
+		}
+	}
+	return 0, 0, errBadJSON
+}

@@ -1,0 +1,303 @@
+package routes
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestNormalizeHost(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{"team--demo--web.apps.example.com", "team--demo--web.apps.example.com", true},
+		{"team--demo--web.apps.example.com:8443", "team--demo--web.apps.example.com", true},
+		{"team--demo--web.apps.example.com.", "team--demo--web.apps.example.com", true},
+		{"team--demo--web.apps.example.com.:8443", "team--demo--web.apps.example.com", true},
+		{"Team--Demo--WEB.Apps.Example.COM", "team--demo--web.apps.example.com", true},
+		{"TEAM--DEMO.APPS.EXAMPLE.COM.:443", "team--demo.apps.example.com", true},
+		{"localhost", "localhost", true},
+		{"a:1", "a", true},
+		{"a:12345", "a", true},
+		{"a:0", "a", true},
+		{"[::1]", "[::1]", true},
+		{"[::1]:8443", "[::1]", true},
+		{"[FE80::1]:80", "[fe80::1]", true},
+		{"127.0.0.1:8080", "127.0.0.1", true},
+
+		{"", "", false},
+		{".", "", false},
+		{":8443", "", false},
+		{".:8443", "", false},
+		{"host..", "", false},
+		{"host..:80", "", false},
+		{"host:", "", false},
+		{"host:123456", "", false},
+		{"host:80a", "", false},
+		{"host:+80", "", false},
+		{"host:-1", "", false},
+		{"host:8443.", "", false},
+		{"a:b:80", "", false},
+		{"::1", "", false},
+		{"[::1", "", false},
+		{"[]", "", false},
+		{"[]:80", "", false},
+		{"[::1]x", "", false},
+		{"[::1]:", "", false},
+		{"[::1]:123456", "", false},
+		{"[::1]]", "", false},
+		{"team demo.example.com", "", false},
+		{"team\tdemo.example.com", "", false},
+		{" team.example.com", "", false},
+		{"team.example.com\n", "", false},
+		{"team\x00.example.com", "", false},
+		{"team\x7f.example.com", "", false},
+		{"tëam.example.com", "", false}, // UTF-8
+		{"xn--tam-epa.example.com", "xn--tam-epa.example.com", true}, // its IDN A-label is plain ASCII
+		{"team\xff.example.com", "", false},
+		{"TEAM\u212a.example.com", "", false}, // Kelvin sign folds to k in Unicode, not here
+	}
+	for _, tt := range tests {
+		got, ok := NormalizeHost(tt.in)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("NormalizeHost(%q) = %q, %v; want %q, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestNormalizeHostAllocs(t *testing.T) {
+	for _, in := range []string{
+		"team--demo--web.apps.example.com",
+		"team--demo--web.apps.example.com:8443",
+		"team--demo--web.apps.example.com.",
+		"team--demo--web.apps.example.com.:8443",
+		"[::1]:8443",
+	} {
+		var out string
+		allocs := testing.AllocsPerRun(100, func() {
+			out, _ = NormalizeHost(in)
+		})
+		if allocs != 0 {
+			t.Errorf("NormalizeHost(%q) allocates %v times, want 0", in, allocs)
+		}
+		if !strings.HasPrefix(in, out) {
+			t.Errorf("NormalizeHost(%q) = %q, not a prefix of the input", in, out)
+		}
+	}
+}
+
+func TestValidName(t *testing.T) {
+	tests := []struct {
+		name    string
+		wantErr string // "" = valid; else a substring of the error
+	}{
+		{"team", ""},
+		{"a", ""},
+		{"0", ""},
+		{"web-1", ""},
+		{"a-b-c", ""},
+		{"1234567890123456789", ""}, // 19
+		{"abcdefghijklmnopqrs", ""},
+
+		{"", "empty"},
+		{"12345678901234567890", "longer than 19"}, // 20
+		{"Team", `name "Team": character 'T' not allowed (use [a-z0-9-])`},
+		{"teaM", "character 'M' not allowed"},
+		{"te_am", "character '_' not allowed"},
+		{"te.am", "character '.' not allowed"},
+		{"te am", "byte 0x20 not allowed"},
+		{"tëam", "byte 0xc3 not allowed"},
+		{"-team", "must start with a letter or digit"},
+		{"team-", "must end with a letter or digit"},
+		{"-", "must start"},
+		{"a--b", `must not contain "--"`},
+		{"a---b", `must not contain "--"`},
+	}
+	for _, tt := range tests {
+		err := ValidName(tt.name)
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("ValidName(%q) = %v, want nil", tt.name, err)
+		case tt.wantErr != "" && err == nil:
+			t.Errorf("ValidName(%q) = nil, want error containing %q", tt.name, tt.wantErr)
+		case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+			t.Errorf("ValidName(%q) = %q, want error containing %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestValidNameLongInputErrorIsBounded(t *testing.T) {
+	err := ValidName(strings.Repeat("a", 1<<20))
+	if err == nil || len(err.Error()) > 200 {
+		t.Fatalf("ValidName(1 MiB) error = %.300v", err)
+	}
+}
+
+func TestValidDomain(t *testing.T) {
+	tests := []struct {
+		domain  string
+		wantErr string
+	}{
+		{"apps.example.com", ""},
+		{"example.com", ""},
+		{"a.b", ""},
+		{"x-1.example.io", ""},
+		{"1.example.com", ""},
+		{strings.Repeat("a", 63) + ".com", ""},
+		{strings.Repeat("a.", 125) + "abc", ""}, // 253
+
+		{"", "empty"},
+		{"localhost", "at least two labels"},
+		{"com", "at least two labels"},
+		{"apps.example.com.", "must not end with a dot"},
+		{"Apps.example.com", "lower case"},
+		{"apps..example.com", "empty label"},
+		{".example.com", "empty label"},
+		{"-apps.example.com", "starts or ends with '-'"},
+		{"apps-.example.com", "starts or ends with '-'"},
+		{strings.Repeat("a", 64) + ".com", "label longer than 63"},
+		{strings.Repeat("a.", 126) + "ab", "longer than 253"}, // 254
+		{"127.0.0.1", "IP address"},
+		{"10.1", "all digits"},
+		{"example.123", "all digits"},
+		{"::1", "IP address"},
+		{"apps.example.com:8443", "character ':' not allowed"},
+		{"apps_x.example.com", "character '_' not allowed"},
+		{"*.example.com", "character '*' not allowed"},
+		{"bücher.example", "byte 0xc3"},
+	}
+	for _, tt := range tests {
+		err := ValidDomain(tt.domain)
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("ValidDomain(%q) = %v, want nil", tt.domain, err)
+		case tt.wantErr != "" && err == nil:
+			t.Errorf("ValidDomain(%q) = nil, want error containing %q", tt.domain, tt.wantErr)
+		case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+			t.Errorf("ValidDomain(%q) = %q, want error containing %q", tt.domain, err, tt.wantErr)
+		}
+	}
+}
+
+func TestHostname(t *testing.T) {
+	tests := []struct {
+		ws, sb, svc, domain, want string
+	}{
+		{"team", "demo", "web", "apps.example.com", "team--demo--web.apps.example.com"},
+		{"team", "demo", "", "apps.example.com", "team--demo.apps.example.com"},
+	}
+	for _, tt := range tests {
+		if got := Hostname(tt.ws, tt.sb, tt.svc, tt.domain); got != tt.want {
+			t.Errorf("Hostname(%q, %q, %q, %q) = %q, want %q", tt.ws, tt.sb, tt.svc, tt.domain, got, tt.want)
+		}
+	}
+}
+
+func TestParseHostname(t *testing.T) {
+	const domain = "apps.example.com"
+	long := strings.Repeat("a", 19)
+	tests := []struct {
+		host    string
+		want    HostParts
+		wantErr error // nil = success
+	}{
+		{"team--demo--web.apps.example.com", HostParts{"team", "demo", "web"}, nil},
+		{"team--demo.apps.example.com", HostParts{"team", "demo", ""}, nil},
+		{"t--d--s.apps.example.com", HostParts{"t", "d", "s"}, nil},
+		{"team-1--demo-2--web-3.apps.example.com", HostParts{"team-1", "demo-2", "web-3"}, nil},
+		{long + "--" + long + "--" + long + ".apps.example.com", HostParts{long, long, long}, nil},
+
+		// Other domains.
+		{"team--demo.apps.example.com.evil.com", HostParts{}, ErrOtherDomain},
+		{"team--demo.example.com", HostParts{}, ErrOtherDomain},
+		{"team--demo.xapps.example.com", HostParts{}, ErrOtherDomain},
+		{"team--demoapps.example.com", HostParts{}, ErrOtherDomain},
+		{"apps.example.com", HostParts{}, ErrOtherDomain},
+		{".apps.example.com", HostParts{}, ErrOtherDomain},
+		{"", HostParts{}, ErrOtherDomain},
+		{"evil.com", HostParts{}, ErrOtherDomain},
+		// Extra labels before the domain.
+		{"a.b--c--d.apps.example.com", HostParts{}, ErrOtherDomain},
+		{"team--demo.x.apps.example.com", HostParts{}, ErrOtherDomain},
+		// Not normalized: the caller must normalize first.
+		{"team--demo.apps.example.com.", HostParts{}, ErrOtherDomain},
+		{"team--demo.apps.example.com:443", HostParts{}, ErrOtherDomain},
+		{"team--demo.APPS.example.com", HostParts{}, ErrOtherDomain},
+		// Wrong number of parts.
+		{"team.apps.example.com", HostParts{}, ErrHostParts},
+		{"a--b--c--d.apps.example.com", HostParts{}, ErrHostParts},
+		{"a--b--c--d--e.apps.example.com", HostParts{}, ErrHostParts},
+		{"team----web.apps.example.com", HostParts{}, ErrHostName}, // team, "" (empty sandbox), web
+		{strings.Repeat("a", 64) + "--b.apps.example.com", HostParts{}, ErrHostParts},
+		// Invalid names.
+		{"team--demo--.apps.example.com", HostParts{}, ErrHostName},
+		{"--demo.apps.example.com", HostParts{}, ErrHostName},
+		{"team--.apps.example.com", HostParts{}, ErrHostName},
+		{"team---demo.apps.example.com", HostParts{}, ErrHostName},
+		{"team--demo---web.apps.example.com", HostParts{}, ErrHostName},
+		{"team--demo--web-.apps.example.com", HostParts{}, ErrHostName},
+		{"-team--demo.apps.example.com", HostParts{}, ErrHostName},
+		{"Team--demo.apps.example.com", HostParts{}, ErrHostName},
+		{"te_am--demo.apps.example.com", HostParts{}, ErrHostName},
+		{"t\xc3\xabam--demo.apps.example.com", HostParts{}, ErrHostName},
+		{long + "a--demo.apps.example.com", HostParts{}, ErrHostName},
+		{"team--" + long + "a.apps.example.com", HostParts{}, ErrHostName},
+	}
+	for _, tt := range tests {
+		got, err := ParseHostname(tt.host, domain)
+		if tt.wantErr == nil {
+			if err != nil || got != tt.want {
+				t.Errorf("ParseHostname(%q) = %+v, %v; want %+v", tt.host, got, err, tt.want)
+				continue
+			}
+			if back := Hostname(got.Workspace, got.Sandbox, got.Service, domain); back != tt.host {
+				t.Errorf("Hostname(ParseHostname(%q)) = %q", tt.host, back)
+			}
+			continue
+		}
+		if !errors.Is(err, tt.wantErr) {
+			t.Errorf("ParseHostname(%q) error = %v, want %v", tt.host, err, tt.wantErr)
+		}
+		if got != (HostParts{}) {
+			t.Errorf("ParseHostname(%q) = %+v with an error, want zero parts", tt.host, got)
+		}
+	}
+}
+
+func TestParseHostnameNormalized(t *testing.T) {
+	// Upper case, a trailing dot and a port are accepted once normalized.
+	for _, in := range []string{
+		"TEAM--Demo--Web.Apps.Example.Com",
+		"team--demo--web.apps.example.com.",
+		"team--demo--web.apps.example.com:8443",
+		"Team--Demo--Web.apps.example.com.:443",
+	} {
+		host, ok := NormalizeHost(in)
+		if !ok {
+			t.Errorf("NormalizeHost(%q) failed", in)
+			continue
+		}
+		got, err := ParseHostname(host, "apps.example.com")
+		if err != nil || got != (HostParts{"team", "demo", "web"}) {
+			t.Errorf("ParseHostname(NormalizeHost(%q)) = %+v, %v", in, got, err)
+		}
+	}
+}
+
+func TestParseHostnameAllocs(t *testing.T) {
+	allocs := testing.AllocsPerRun(100, func() {
+		_, _ = ParseHostname("team--demo--web.apps.example.com", "apps.example.com")
+	})
+	if allocs != 0 {
+		t.Errorf("ParseHostname allocates %v times, want 0", allocs)
+	}
+}
+
+func BenchmarkNormalizeHost(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		NormalizeHost("team--demo--web.apps.example.com:8443")
+	}
+}

@@ -1,0 +1,542 @@
+package routes
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Clock is the table's source of time; tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d, like time.AfterFunc.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is the part of *time.Timer the table uses.
+type Timer interface {
+	Stop() bool
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// AfterFunc wraps time.AfterFunc.
+func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// DefaultFreshness is how long a delivered route stays valid without renewal.
+const DefaultFreshness = 30 * time.Second
+
+// Instance is the per-sandbox-instance state shared by all of its routes:
+// its stream limit and its count of active streams. One Instance exists per
+// workspace/sandbox for as long as the instance has routes.
+type Instance struct {
+	Key        InstanceKey
+	maxStreams atomic.Int64
+	active     atomic.Int64
+}
+
+// Acquire takes one stream slot; it returns false when the instance is at
+// its max_streams limit.
+func (i *Instance) Acquire() bool {
+	limit := i.maxStreams.Load()
+	for {
+		n := i.active.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if i.active.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// Release gives back a slot taken by Acquire.
+func (i *Instance) Release() { i.active.Add(-1) }
+
+// Active returns the number of streams currently holding a slot.
+func (i *Instance) Active() int64 { return i.active.Load() }
+
+// MaxStreams returns the instance's current stream limit (0: none).
+func (i *Instance) MaxStreams() int64 { return i.maxStreams.Load() }
+
+// Route is one installed hostname. The identity fields never change while
+// the route is installed; a change of target installs a new Route.
+type Route struct {
+	Host                string
+	Workspace           string
+	Sandbox             string
+	Service             string // "" for the unnamed service
+	Port                int
+	Generation          string
+	Connector           ConnectorSpec
+	InstallationVersion uint64
+	Instance            *Instance
+	Lease               *Lease
+
+	table       *Table
+	declaration atomic.Int64
+	dataMu      sync.Mutex
+	data        any
+}
+
+// DeclarationRevision is the service's declaration revision from the last
+// delivered document; it may change without reinstalling the route.
+func (r *Route) DeclarationRevision() int64 { return r.declaration.Load() }
+
+// Usable reports whether the route may carry new traffic: its lease is live
+// and the table is fresh.
+func (r *Route) Usable() bool {
+	return r.Lease.Live() && r.table.Fresh()
+}
+
+// FreshUntil is when the route expires unless renewed.
+func (r *Route) FreshUntil() time.Time { return time.Unix(0, r.table.freshUntil.Load()) }
+
+// Data returns the data plane's per-route state, creating it with create on
+// first use. create runs at most once per route.
+func (r *Route) Data(create func() any) any {
+	r.dataMu.Lock()
+	defer r.dataMu.Unlock()
+	if r.data == nil {
+		r.data = create()
+	}
+	return r.data
+}
+
+func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
+	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector
+}
+
+// Snapshot is an immutable view of the installed routes.
+type Snapshot struct {
+	byHost   map[string]*Route
+	Revision string // the document revision it was built from
+}
+
+// Len returns the number of routes.
+func (s *Snapshot) Len() int { return len(s.byHost) }
+
+// Routes returns the routes sorted by hostname.
+func (s *Snapshot) Routes() []*Route {
+	out := make([]*Route, 0, len(s.byHost))
+	for _, r := range s.byHost {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *Route) int {
+		switch {
+		case a.Host < b.Host:
+			return -1
+		case a.Host > b.Host:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Event describes one change to the table, for logs.
+type Event struct {
+	Kind    string // "installed", "changed", "withdrawn", "rejected", "expired", "stopped", "shutdown"
+	Host    string
+	Port    int
+	Version uint64
+	Streams int    // streams revoked
+	Reason  string // for rejections
+}
+
+// Options configure a Table.
+type Options struct {
+	Domain            string
+	Freshness         time.Duration // DefaultFreshness when 0
+	DefaultMaxStreams int           // limit for instances that set none; 0: unlimited
+	Clock             Clock         // SystemClock when nil
+	Logger            *slog.Logger  // slog.Default() when nil
+	Registerer        prometheus.Registerer
+}
+
+// Table is the route table. Lookups are lock-free loads of an immutable
+// snapshot; changes are serialised by a mutex and never block lookups.
+type Table struct {
+	opts    Options
+	clock   Clock
+	log     *slog.Logger
+	metrics *tableMetrics
+
+	snap       atomic.Pointer[Snapshot]
+	freshUntil atomic.Int64 // unix nanos
+	accepted   atomic.Bool
+
+	mu        sync.Mutex
+	closed    bool
+	version   uint64
+	instances map[InstanceKey]*Instance
+	lastDoc   *Document
+	timer     Timer
+}
+
+// NewTable returns an empty table.
+func NewTable(opts Options) *Table {
+	if opts.Freshness <= 0 {
+		opts.Freshness = DefaultFreshness
+	}
+	if opts.Clock == nil {
+		opts.Clock = SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	t := &Table{
+		opts:      opts,
+		clock:     opts.Clock,
+		log:       opts.Logger,
+		metrics:   newTableMetrics(opts.Registerer),
+		instances: make(map[InstanceKey]*Instance),
+	}
+	t.snap.Store(&Snapshot{byHost: map[string]*Route{}})
+	return t
+}
+
+// Domain returns the application domain the table builds hostnames under.
+func (t *Table) Domain() string { return t.opts.Domain }
+
+// Freshness returns the freshness window.
+func (t *Table) Freshness() time.Duration { return t.opts.Freshness }
+
+// Lookup returns the usable route for a normalized hostname, or nil. It does
+// not allocate.
+func (t *Table) Lookup(host string) *Route {
+	r := t.snap.Load().byHost[host]
+	if r == nil || !t.Fresh() || !r.Lease.Live() {
+		return nil
+	}
+	return r
+}
+
+// Snapshot returns the current snapshot (which may contain routes whose
+// freshness has just passed and whose expiry timer has not yet run).
+func (t *Table) Snapshot() *Snapshot { return t.snap.Load() }
+
+// Fresh reports whether the installed routes are within their freshness window.
+func (t *Table) Fresh() bool {
+	return t.clock.Now().UnixNano() < t.freshUntil.Load()
+}
+
+// Accepted reports whether a configuration has ever been applied.
+func (t *Table) Accepted() bool { return t.accepted.Load() }
+
+// ApplyResult summarises one Apply.
+type ApplyResult struct {
+	Installed, Changed, Withdrawn, Rejected, Kept int
+}
+
+type revocation struct {
+	route *Route
+	cause error
+}
+
+// Apply makes doc the desired state: new or re-targeted services are
+// installed with a new installation version, missing ones are withdrawn,
+// rejected instances' routes are withdrawn, and every delivered route is
+// renewed. Streams of revoked routes are closed before Apply returns.
+func (t *Table) Apply(doc *Document) ApplyResult {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ApplyResult{}
+	}
+	res, revs, events := t.applyLocked(doc)
+	t.mu.Unlock()
+	t.finish(revs, events)
+	return res
+}
+
+// Renew renews the installed routes after a successful delivery that carried
+// no new document (a 304, a keepalive). If routes expired since the last
+// document, the last document is applied again.
+func (t *Table) Renew() {
+	t.mu.Lock()
+	if t.closed || t.lastDoc == nil {
+		t.mu.Unlock()
+		return
+	}
+	if t.Fresh() {
+		t.renewLocked()
+		t.mu.Unlock()
+		return
+	}
+	_, revs, events := t.applyLocked(t.lastDoc)
+	t.mu.Unlock()
+	t.finish(revs, events)
+}
+
+// StopInstance revokes every stream of one instance (its connector is gone)
+// and reinstalls its routes with new installation versions, so new requests
+// see the connector's own error. It returns the number of streams closed.
+func (t *Table) StopInstance(key InstanceKey) int {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return 0
+	}
+	old := t.snap.Load()
+	next := make(map[string]*Route, len(old.byHost))
+	var revs []revocation
+	var events []Event
+	for host, r := range old.byHost {
+		if r.Instance.Key != key {
+			next[host] = r
+			continue
+		}
+		nr := t.newRoute(r)
+		next[host] = nr
+		revs = append(revs, revocation{r, ErrStopped})
+		events = append(events, Event{Kind: "stopped", Host: host, Port: r.Port, Version: r.InstallationVersion})
+	}
+	t.snap.Store(&Snapshot{byHost: next, Revision: old.Revision})
+	t.mu.Unlock()
+	return t.finish(revs, events)
+}
+
+// Close stops the expiry timer and revokes every route with ErrShutdown.
+func (t *Table) Close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	old := t.snap.Load()
+	t.snap.Store(&Snapshot{byHost: map[string]*Route{}})
+	t.mu.Unlock()
+	var revs []revocation
+	for _, r := range old.byHost {
+		revs = append(revs, revocation{r, ErrShutdown})
+	}
+	t.finish(revs, nil)
+}
+
+func (t *Table) newRoute(from *Route) *Route {
+	t.version++
+	r := &Route{
+		Host: from.Host, Workspace: from.Workspace, Sandbox: from.Sandbox, Service: from.Service,
+		Port: from.Port, Generation: from.Generation, Connector: from.Connector,
+		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
+	}
+	r.declaration.Store(from.declaration.Load())
+	return r
+}
+
+func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) {
+	var res ApplyResult
+	var revs []revocation
+	var events []Event
+	old := t.snap.Load()
+	fresh := t.Fresh()
+	next := make(map[string]*Route, len(old.byHost))
+	seenInstances := make(map[InstanceKey]bool, len(doc.Instances))
+	for i := range doc.Instances {
+		spec := &doc.Instances[i]
+		key := spec.Key()
+		seenInstances[key] = true
+		inst := t.instances[key]
+		if inst == nil {
+			inst = &Instance{Key: key}
+			t.instances[key] = inst
+		}
+		limit := spec.Limits.MaxStreams
+		if limit == 0 {
+			limit = t.opts.DefaultMaxStreams
+		}
+		inst.maxStreams.Store(int64(limit))
+		for j := range spec.Services {
+			svc := &spec.Services[j]
+			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)
+			prev := old.byHost[host]
+			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) {
+				prev.declaration.Store(svc.Revision)
+				next[host] = prev
+				res.Kept++
+				continue
+			}
+			t.version++
+			r := &Route{
+				Host: host, Workspace: spec.Workspace, Sandbox: spec.Sandbox, Service: svc.Name,
+				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector,
+				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
+			}
+			r.declaration.Store(svc.Revision)
+			next[host] = r
+			kind := "installed"
+			if prev != nil {
+				kind = "changed"
+				revs = append(revs, revocation{prev, ErrChanged})
+				res.Changed++
+			} else {
+				res.Installed++
+			}
+			events = append(events, Event{Kind: kind, Host: host, Port: svc.Port, Version: r.InstallationVersion})
+		}
+	}
+	rejected := make(map[InstanceKey]string, len(doc.Rejected))
+	for _, rj := range doc.Rejected {
+		rejected[InstanceKey{rj.Workspace, rj.Sandbox}] = rj.Reason
+	}
+	for host, r := range old.byHost {
+		if _, ok := next[host]; ok {
+			continue
+		}
+		cause, kind := ErrWithdrawn, "withdrawn"
+		reason, isRejected := rejected[r.Instance.Key]
+		if isRejected {
+			cause, kind = ErrRejected, "rejected"
+			res.Rejected++
+		} else {
+			res.Withdrawn++
+		}
+		revs = append(revs, revocation{r, cause})
+		events = append(events, Event{Kind: kind, Host: host, Port: r.Port, Version: r.InstallationVersion, Reason: reason})
+	}
+	for key := range t.instances {
+		if !seenInstances[key] {
+			delete(t.instances, key)
+		}
+	}
+	t.snap.Store(&Snapshot{byHost: next, Revision: doc.Revision})
+	t.lastDoc = doc
+	t.accepted.Store(true)
+	t.renewLocked()
+	return res, revs, events
+}
+
+func (t *Table) renewLocked() {
+	deadline := t.clock.Now().Add(t.opts.Freshness)
+	t.freshUntil.Store(deadline.UnixNano())
+	t.metrics.renewals.Inc()
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.timer = t.clock.AfterFunc(t.opts.Freshness, t.expire)
+}
+
+// expire runs from the freshness timer.
+func (t *Table) expire() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	now := t.clock.Now()
+	if until := time.Unix(0, t.freshUntil.Load()); now.Before(until) {
+		// Renewed meanwhile; a newer timer is pending.
+		t.mu.Unlock()
+		return
+	}
+	old := t.snap.Load()
+	t.snap.Store(&Snapshot{byHost: map[string]*Route{}, Revision: old.Revision})
+	t.mu.Unlock()
+	var revs []revocation
+	var events []Event
+	for host, r := range old.byHost {
+		revs = append(revs, revocation{r, ErrExpired})
+		events = append(events, Event{Kind: "expired", Host: host, Port: r.Port, Version: r.InstallationVersion})
+	}
+	t.finish(revs, events)
+}
+
+// finish publishes metrics, cancels leases and logs events, outside the lock.
+func (t *Table) finish(revs []revocation, events []Event) int {
+	t.metrics.routes.Set(float64(t.snap.Load().Len()))
+	total := 0
+	start := time.Now()
+	for _, rv := range revs {
+		n := rv.route.Lease.Cancel(rv.cause)
+		total += n
+		t.metrics.revocations.WithLabelValues(CauseLabel(rv.cause)).Inc()
+		for j := range events {
+			if events[j].Host == rv.route.Host && events[j].Version == rv.route.InstallationVersion {
+				events[j].Streams = n
+			}
+		}
+	}
+	if len(revs) > 0 {
+		t.metrics.revocationSeconds.Observe(time.Since(start).Seconds())
+	}
+	for _, e := range events {
+		t.logEvent(e)
+	}
+	return total
+}
+
+func (t *Table) logEvent(e Event) {
+	level := slog.LevelInfo
+	msg := "route " + e.Kind
+	if e.Kind == "rejected" || e.Kind == "expired" || e.Kind == "stopped" {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.Int("class_uid", 5019),
+		slog.String("activity", activityName(e.Kind)),
+		slog.String("host", e.Host),
+		slog.Int("port", e.Port),
+		slog.Uint64("installation_version", e.Version),
+	}
+	if e.Streams > 0 {
+		attrs = append(attrs, slog.Int("streams_closed", e.Streams))
+	}
+	if e.Reason != "" {
+		attrs = append(attrs, slog.String("reason", e.Reason))
+	}
+	t.log.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
+func activityName(kind string) string {
+	switch kind {
+	case "installed":
+		return "created"
+	case "changed":
+		return "updated"
+	}
+	return "deleted"
+}
+
+type tableMetrics struct {
+	routes            prometheus.Gauge
+	renewals          prometheus.Counter
+	revocations       *prometheus.CounterVec
+	revocationSeconds prometheus.Histogram
+}
+
+func newTableMetrics(reg prometheus.Registerer) *tableMetrics {
+	m := &tableMetrics{
+		routes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_routes", Help: "Installed routes.",
+		}),
+		renewals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_route_renewals_total", Help: "Freshness renewals of the route table.",
+		}),
+		revocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_route_revocations_total", Help: "Routes revoked, by cause.",
+		}, []string{"cause"}),
+		revocationSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "applistener_revocation_close_seconds",
+			Help:    "Time from a route change to the last of its revoked streams being closed.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.routes, m.renewals, m.revocations, m.revocationSeconds)
+	}
+	return m
+}
