@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-const goodDocument = `{
+const docGood = `{
   "revision": "r42",
   "instances": [
     {
@@ -42,7 +42,7 @@ const goodDocument = `{
 }`
 
 func TestParseDocumentGood(t *testing.T) {
-	doc, err := ParseDocument([]byte(goodDocument))
+	doc, err := ParseDocument([]byte(docGood))
 	if err != nil {
 		t.Fatalf("ParseDocument: %v", err)
 	}
@@ -96,14 +96,14 @@ func TestParseDocumentGood(t *testing.T) {
 	}
 }
 
-// documentWith returns a document whose instances are the given entries.
-func documentWith(entries ...string) []byte {
+// docWith returns a document whose instances are the given entries.
+func docWith(entries ...string) []byte {
 	return []byte(`{"revision":"r1","instances":[` + strings.Join(entries, ",") + `]}`)
 }
 
-// entry returns an instance entry for team/<sandbox> with the given extra
+// docEntry returns an instance entry for team/<sandbox> with the given extra
 // fields; fields overrides the defaults by name.
-func entry(sandbox string, fields map[string]string) string {
+func docEntry(sandbox string, fields map[string]string) string {
 	f := map[string]string{
 		"workspace":  `"team"`,
 		"sandbox":    fmt.Sprintf("%q", sandbox),
@@ -275,14 +275,14 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "generation number", fields: map[string]string{"generation": `3`}, wantReason: "cannot unmarshal number"},
 
 		// Connector.
-		{name: "connector missing", fields: map[string]string{"connector": ""}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
-		{name: "connector empty", fields: map[string]string{"connector": `{}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
-		{name: "connector null", fields: map[string]string{"connector": `null`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
-		{name: "tcp without host", fields: map[string]string{"connector": `{"type":"tcp"}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
-		{name: "tcp localhost", fields: map[string]string{"connector": `{"type":"tcp","host":"localhost"}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
-		{name: "tcp 127.1.2.3", fields: map[string]string{"connector": `{"type":"tcp","host":"127.1.2.3"}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "127.1.2.3"})},
-		{name: "tcp ::1", fields: map[string]string{"connector": `{"type":"tcp","host":"::1"}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
-		{name: "tcp ::1 long form", fields: map[string]string{"connector": `{"type":"tcp","host":"0:0:0:0:0:0:0:1"}`}, check: wantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
+		{name: "connector missing", fields: map[string]string{"connector": ""}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
+		{name: "connector empty", fields: map[string]string{"connector": `{}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
+		{name: "connector null", fields: map[string]string{"connector": `null`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
+		{name: "tcp without host", fields: map[string]string{"connector": `{"type":"tcp"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
+		{name: "tcp localhost", fields: map[string]string{"connector": `{"type":"tcp","host":"localhost"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
+		{name: "tcp 127.1.2.3", fields: map[string]string{"connector": `{"type":"tcp","host":"127.1.2.3"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.1.2.3"})},
+		{name: "tcp ::1", fields: map[string]string{"connector": `{"type":"tcp","host":"::1"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
+		{name: "tcp ::1 long form", fields: map[string]string{"connector": `{"type":"tcp","host":"0:0:0:0:0:0:0:1"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
 		{name: "tcp 10.0.0.1", fields: map[string]string{"connector": `{"type":"tcp","host":"10.0.0.1"}`}, wantReason: `connector: tcp host "10.0.0.1" is not a loopback address`},
 		{name: "tcp 0.0.0.0", fields: map[string]string{"connector": `{"type":"tcp","host":"0.0.0.0"}`}, wantReason: "not a loopback address"},
 		{name: "tcp ::", fields: map[string]string{"connector": `{"type":"tcp","host":"::"}`}, wantReason: "not a loopback address"},
@@ -296,14 +296,14 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "type missing with host", fields: map[string]string{"connector": `{"host":"127.0.0.1"}`}, wantReason: `"type" is missing`},
 		{name: "type unknown", fields: map[string]string{"connector": `{"type":"udp"}`}, wantReason: `type "udp" not supported`},
 		{name: "type upper case", fields: map[string]string{"connector": `{"type":"TCP"}`}, wantReason: `type "TCP" not supported`},
-		{name: "netns", fields: map[string]string{"connector": `{"type":"netns","path":"/var/run/netns/x"}`}, check: wantConnector(ConnectorSpec{Type: "netns", Path: "/var/run/netns/x"})},
+		{name: "netns", fields: map[string]string{"connector": `{"type":"netns","path":"/var/run/netns/x"}`}, check: docWantConnector(ConnectorSpec{Type: "netns", Path: "/var/run/netns/x"})},
 		{name: "netns relative", fields: map[string]string{"connector": `{"type":"netns","path":"run/netns/x"}`}, wantReason: `netns path "run/netns/x" is not absolute`},
 		{name: "netns unclean", fields: map[string]string{"connector": `{"type":"netns","path":"/run/netns/../x"}`}, wantReason: "is not clean"},
 		{name: "netns trailing slash", fields: map[string]string{"connector": `{"type":"netns","path":"/run/netns/x/"}`}, wantReason: "is not clean"},
 		{name: "netns no path", fields: map[string]string{"connector": `{"type":"netns"}`}, wantReason: "netns path is missing"},
 		{name: "netns with host", fields: map[string]string{"connector": `{"type":"netns","host":"127.0.0.1","path":"/run/netns/x"}`}, wantReason: "netns connector takes no host"},
 		{name: "netns control char", fields: map[string]string{"connector": `{"type":"netns","path":"/run/netns/x\u0000"}`}, wantReason: "control character"},
-		{name: "unix", fields: map[string]string{"connector": `{"type":"unix","path":"/run/sbx/{port}.sock"}`}, check: wantConnector(ConnectorSpec{Type: "unix", Path: "/run/sbx/{port}.sock"})},
+		{name: "unix", fields: map[string]string{"connector": `{"type":"unix","path":"/run/sbx/{port}.sock"}`}, check: docWantConnector(ConnectorSpec{Type: "unix", Path: "/run/sbx/{port}.sock"})},
 		{name: "unix twice", fields: map[string]string{"connector": `{"type":"unix","path":"/run/{port}/{port}.sock"}`}},
 		{name: "unix without {port}", fields: map[string]string{"connector": `{"type":"unix","path":"/run/sbx/app.sock"}`}, wantReason: `does not contain {port}`},
 		{name: "unix {PORT}", fields: map[string]string{"connector": `{"type":"unix","path":"/run/sbx/{PORT}.sock"}`}, wantReason: `does not contain {port}`},
@@ -329,8 +329,8 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "services null", fields: map[string]string{"services": `null`}, wantReason: "at least one service"},
 		{name: "services object", fields: map[string]string{"services": `{"name":"web","port":1}`}, wantReason: "cannot unmarshal object"},
 		{name: "service not an object", fields: map[string]string{"services": `[5]`}, wantReason: "cannot unmarshal number"},
-		{name: "64 services", fields: map[string]string{"services": services(64)}},
-		{name: "65 services", fields: map[string]string{"services": services(65)}, wantReason: "65 services, more than 64"},
+		{name: "64 services", fields: map[string]string{"services": docServices(64)}},
+		{name: "65 services", fields: map[string]string{"services": docServices(65)}, wantReason: "65 services, more than 64"},
 		{name: "unnamed only", fields: map[string]string{"services": `[{"name":"","port":8080}]`}},
 		{name: "name missing is unnamed", fields: map[string]string{"services": `[{"port":8080}]`}},
 		{name: "duplicate names", fields: map[string]string{"services": `[{"name":"web","port":8080},{"name":"web","port":8081}]`}, wantReason: `services[1]: duplicate service "web"`},
@@ -360,8 +360,8 @@ func TestParseDocumentInstances(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := entry("demo", tt.fields)
-			doc, err := ParseDocument(documentWith(entry("ok", nil), e))
+			e := docEntry("demo", tt.fields)
+			doc, err := ParseDocument(docWith(docEntry("ok", nil), e))
 			if err != nil {
 				t.Fatalf("ParseDocument: %v\nentry: %s", err, e)
 			}
@@ -397,8 +397,8 @@ func TestParseDocumentInstances(t *testing.T) {
 	}
 }
 
-// services returns a services array of n named services.
-func services(n int) string {
+// docServices returns a services array of n named services.
+func docServices(n int) string {
 	s := make([]string, n)
 	for i := range s {
 		s[i] = fmt.Sprintf(`{"name":"s%d","port":%d}`, i, 8000+i)
@@ -406,7 +406,7 @@ func services(n int) string {
 	return "[" + strings.Join(s, ",") + "]"
 }
 
-func wantConnector(want ConnectorSpec) func(t *testing.T, s InstanceSpec) {
+func docWantConnector(want ConnectorSpec) func(t *testing.T, s InstanceSpec) {
 	return func(t *testing.T, s InstanceSpec) {
 		t.Helper()
 		if s.Connector != want {
@@ -424,7 +424,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 	}{
 		{
 			name:    "not objects",
-			entries: []string{`5`, entry("a", nil), `"team/demo"`, `null`, `[]`, `true`},
+			entries: []string{`5`, docEntry("a", nil), `"team/demo"`, `null`, `[]`, `true`},
 			want: []RejectedInstance{
 				{Index: 0, Reason: "entry is a number, not an object"},
 				{Index: 2, Reason: "entry is a string, not an object"},
@@ -436,7 +436,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 		},
 		{
 			name:    "duplicate instances",
-			entries: []string{entry("demo", nil), entry("b", nil), entry("demo", map[string]string{"generation": `"2"`})},
+			entries: []string{docEntry("demo", nil), docEntry("b", nil), docEntry("demo", map[string]string{"generation": `"2"`})},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
 				{Index: 2, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
@@ -445,7 +445,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 		},
 		{
 			name:    "identical duplicates",
-			entries: []string{entry("demo", nil), entry("demo", nil)},
+			entries: []string{docEntry("demo", nil), docEntry("demo", nil)},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
 				{Index: 1, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
@@ -454,8 +454,8 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 		{
 			name: "duplicate of an invalid entry",
 			entries: []string{
-				entry("demo", map[string]string{"services": `[{"name":"web","port":0}]`}),
-				entry("demo", nil),
+				docEntry("demo", map[string]string{"services": `[{"name":"web","port":0}]`}),
+				docEntry("demo", nil),
 			},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "team", Sandbox: "demo", Reason: "port 0 out of range"},
@@ -465,8 +465,8 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 		{
 			name: "duplicate of an entry with an unknown field",
 			entries: []string{
-				entry("demo", nil),
-				entry("demo", map[string]string{"extra": `{}`}),
+				docEntry("demo", nil),
+				docEntry("demo", map[string]string{"extra": `{}`}),
 			},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
@@ -475,7 +475,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 		},
 		{
 			name:    "same sandbox in other workspaces",
-			entries: []string{entry("demo", nil), entry("demo", map[string]string{"workspace": `"ops"`})},
+			entries: []string{docEntry("demo", nil), docEntry("demo", map[string]string{"workspace": `"ops"`})},
 			valid:   []string{"demo", "demo"},
 		},
 		{
@@ -499,7 +499,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			doc, err := ParseDocument(documentWith(tt.entries...))
+			doc, err := ParseDocument(docWith(tt.entries...))
 			if err != nil {
 				t.Fatalf("ParseDocument: %v", err)
 			}
@@ -565,7 +565,7 @@ func BenchmarkParseDocument10000(b *testing.B) {
 	for i := range entries {
 		entries[i] = fmt.Sprintf(`{"workspace":"team","sandbox":"sb-%d","generation":"1","connector":{"type":"tcp","host":"127.0.0.1"},"limits":{"max_streams":256},"services":[{"name":"web","port":8080,"revision":1}]}`, i)
 	}
-	data := documentWith(entries...)
+	data := docWith(entries...)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,0 +1,57 @@
+# applistener — see README.md.
+GO        ?= go
+BIN       ?= bin/applistener
+FUZZTIME  ?= 3s
+LONGFUZZ  ?= 2m
+
+# package:target pairs run by `make fuzz` (and briefly by `make test`).
+FUZZ_TARGETS = \
+	./listener:FuzzReadClientHello \
+	./routes:FuzzNormalizeHost \
+	./routes:FuzzParseHostname \
+	./routes:FuzzParseDocument \
+	./dispatch:FuzzParseRequestHead \
+	./dispatch:FuzzCopyChunked \
+	./dispatch:FuzzParseResponseHead
+
+.PHONY: all build run test vet unit fuzz-brief fuzz bench lint clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/applistener
+
+## run: a working demo on loopback (certificate, demo app, route, listener).
+run:
+	$(GO) run ./cmd/applistener dev
+
+## test: vet, every test with the race detector, and a short fuzz pass.
+test: vet unit fuzz-brief
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+fuzz-brief:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg > /tmp/fuzz.$$$$.log 2>&1 || { cat /tmp/fuzz.$$$$.log; rm -f /tmp/fuzz.$$$$.log; exit 1; }; \
+		rm -f /tmp/fuzz.$$$$.log; \
+	done
+
+## fuzz: every fuzz target for $(LONGFUZZ).
+fuzz:
+	$(MAKE) fuzz-brief FUZZTIME=$(LONGFUZZ)
+
+## bench: the Go micro-benchmarks (route table, parser, handshake).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./listener ./tlsconf
+
+lint:
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.6.2 run ./...
+
+clean:
+	rm -rf bin
