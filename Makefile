@@ -51,7 +51,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./listener ./tlsconf
 
 lint:
-	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.6.2 run ./...
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 run ./...
 
 clean:
 	rm -rf bin

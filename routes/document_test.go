@@ -529,7 +529,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 	}
 }
 
-func TestCheckKeys(t *testing.T) {
+func TestDocumentCheckKeys(t *testing.T) {
 	tests := []struct {
 		in      string
 		wantErr string

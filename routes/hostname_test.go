@@ -229,7 +229,8 @@ func TestParseHostname(t *testing.T) {
 		{"team.apps.example.com", HostParts{}, ErrHostParts},
 		{"a--b--c--d.apps.example.com", HostParts{}, ErrHostParts},
 		{"a--b--c--d--e.apps.example.com", HostParts{}, ErrHostParts},
-		{"team----web.apps.example.com", HostParts{}, ErrHostName}, // team, "" (empty sandbox), web
+		{"team------web.apps.example.com", HostParts{}, ErrHostParts}, // team, "", "", web
+		{"team----web.apps.example.com", HostParts{}, ErrHostName},    // team, "" (empty sandbox), web
 		{strings.Repeat("a", 64) + "--b.apps.example.com", HostParts{}, ErrHostParts},
 		// Invalid names.
 		{"team--demo--.apps.example.com", HostParts{}, ErrHostName},

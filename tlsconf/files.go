@@ -53,7 +53,7 @@ func WriteKeyPair(dir string, certPEM, keyPEM []byte) error {
 //  4. the previous timestamped directory is removed.
 //
 // dir is created if needed.
-func WriteSecretDir(dir string, certPEM, keyPEM []byte) (err error) {
+func WriteSecretDir(dir string, certPEM, keyPEM []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("tlsconf: write secret dir: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/internal/demoapp"
+	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -117,11 +118,13 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	logger := newLogger(o.logFormat, o.logLevel, stderr)
+	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
+	defer sink.Close(2 * time.Second)
+	logger := newLogger(o.logFormat, o.logLevel, sink)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	host := routes.Hostname("team", "demo", "web", *domain)
-	return runSupervisor(ctx, &o, logger, nil, func(appAddr, admAddr string) {
+	return runSupervisor(ctx, &o, logger, sink, nil, func(appAddr, admAddr string) {
 		_, port, _ := net.SplitHostPort(appAddr)
 		ip, _, _ := net.SplitHostPort(appAddr)
 		if ip == "0.0.0.0" || ip == "::" {

@@ -22,6 +22,7 @@ import (
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control"
 	"github.com/applistener/applistener/dispatch"
+	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -35,6 +36,13 @@ type serveOptions struct {
 	appAddress        string
 	appTLSDir         string
 	routesFile        string
+	gatewayEndpoint   string
+	gatewayTokenFile  string
+	gatewayCAFile     string
+	supervisorID      string
+	gatewayPoll       time.Duration
+	gatewayStreamIdle time.Duration
+	parentLiveness    bool
 	adminAddress      string
 	healthAddress     string
 	freshness         time.Duration
@@ -65,6 +73,13 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appAddress, "app-address", "0.0.0.0:8443", "address of the application listener")
 	fs.StringVar(&o.appTLSDir, "app-tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume)")
 	fs.StringVar(&o.routesFile, "routes-file", "", "configuration document to read routes from")
+	fs.StringVar(&o.gatewayEndpoint, "gateway-endpoint", "", "gateway URL to hold the configuration session with (https://gateway:8080)")
+	fs.StringVar(&o.gatewayTokenFile, "gateway-token-file", "", "file holding the bearer token for the gateway (re-read on every request)")
+	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
+	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", control.DefaultPollInterval, "poll interval while the push session is down")
+	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", control.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
+	fs.BoolVar(&o.parentLiveness, "parent-liveness-stdin", false, "exit cleanly when stdin reaches EOF (the parent process died)")
 	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
 	fs.StringVar(&o.healthAddress, "address", "", "health TCP listener, open only while ready (kubelet tcpSocket probes)")
 	fs.DurationVar(&o.freshness, "route-freshness", routes.DefaultFreshness, "how long a delivered route stays valid without renewal")
@@ -93,8 +108,29 @@ func (o *serveOptions) validate() error {
 	default:
 		return usagef("--mode must be dedicated or shared, not %q", o.mode)
 	}
-	if o.routesFile == "" {
-		return usagef("a configuration source is required: --routes-file")
+	switch {
+	case o.routesFile == "" && o.gatewayEndpoint == "":
+		return usagef("a configuration source is required: --routes-file or --gateway-endpoint")
+	case o.routesFile != "" && o.gatewayEndpoint != "":
+		return usagef("--routes-file and --gateway-endpoint are exclusive: choose one configuration source")
+	case o.gatewayEndpoint != "":
+		if o.supervisorID == "" {
+			// In Kubernetes the hostname is the Pod name.
+			h, err := os.Hostname()
+			if err != nil || h == "" {
+				return usagef("--gateway-endpoint requires --supervisor-id (the hostname is unknown)")
+			}
+			o.supervisorID = h
+		}
+		if o.gatewayPoll <= 0 || o.gatewayPoll >= o.freshness {
+			return usagef("--gateway-poll-interval must be positive and shorter than --route-freshness")
+		}
+	default:
+		for _, f := range []struct{ name, v string }{{"--gateway-token-file", o.gatewayTokenFile}, {"--gateway-ca-file", o.gatewayCAFile}, {"--supervisor-id", o.supervisorID}} {
+			if f.v != "" {
+				return usagef("%s requires --gateway-endpoint", f.name)
+			}
+		}
 	}
 	if o.appListener {
 		if o.appDomain == "" {
@@ -151,6 +187,7 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
+// newLogger returns a logger writing through w.
 func newLogger(format, level string, w io.Writer) *slog.Logger {
 	lvl, _ := parseLevel(level)
 	opts := &slog.HandlerOptions{Level: lvl}
@@ -170,13 +207,31 @@ func serveCommand(args []string, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	logger := newLogger(o.logFormat, o.logLevel, stderr)
+	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
+	defer sink.Close(2 * time.Second)
+	logger := newLogger(o.logFormat, o.logLevel, sink)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if o.parentLiveness {
+		ctx = watchParentLiveness(ctx, os.Stdin, logger)
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	return runSupervisor(ctx, &o, logger, hup, nil)
+	return runSupervisor(ctx, &o, logger, sink, hup, nil)
+}
+
+// watchParentLiveness returns a context that ends when stdin reaches EOF:
+// the parent holds the pipe's write end, so EOF means the parent is gone.
+// The reader goroutine is owned by the process (stdin cannot be unblocked).
+func watchParentLiveness(ctx context.Context, stdin io.Reader, logger *slog.Logger) context.Context {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		_, err := io.Copy(io.Discard, stdin)
+		logger.Warn("parent liveness: stdin closed; shutting down", "err", err)
+		cancel()
+	}()
+	return ctx
 }
 
 // started is told the bound addresses once everything listens.
@@ -184,9 +239,14 @@ type started func(app, admin string)
 
 // runSupervisor wires the supervisor and runs it until ctx ends, then
 // drains. hup triggers a certificate reload.
-func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, hup <-chan os.Signal, onStart started) error {
+func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, sink *logsink.Writer, hup <-chan os.Signal, onStart started) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if sink != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",
+		}, func() float64 { return float64(sink.Dropped()) }))
+	}
 
 	table := routes.NewTable(routes.Options{
 		Domain:            o.appDomain,
@@ -253,10 +313,43 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, hu
 		})
 	}
 
+	metrics := control.NewMetrics(reg)
+	var src control.Source
+	var gw *control.GatewayClient
+	if o.gatewayEndpoint != "" {
+		gw = &control.GatewayClient{
+			Endpoint:          o.gatewayEndpoint,
+			SupervisorID:      o.supervisorID,
+			TokenFile:         o.gatewayTokenFile,
+			CAFile:            o.gatewayCAFile,
+			Sink:              table,
+			PollInterval:      o.gatewayPoll,
+			StreamIdleTimeout: o.gatewayStreamIdle,
+			Logger:            logger,
+			Metrics:           metrics,
+		}
+		if err := gw.Init(); err != nil {
+			if appLn != nil {
+				_ = appLn.Shutdown(context.Background())
+			}
+			return err
+		}
+		src = gw
+	} else {
+		src = &control.FileSource{
+			Path:    o.routesFile,
+			Sink:    table,
+			Refresh: o.freshness / 3,
+			Logger:  logger,
+			Metrics: metrics,
+		}
+	}
 	ready := func() (bool, string) {
 		switch {
 		case !table.Accepted():
 			return false, "no configuration accepted yet"
+		case gw != nil && !gw.Connected():
+			return false, "no gateway session"
 		case !table.Fresh():
 			return false, "routes are stale: no delivery within the freshness window"
 		}
@@ -299,14 +392,11 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, hu
 		})
 	}
 
-	src := &control.FileSource{
-		Path:    o.routesFile,
-		Sink:    table,
-		Refresh: o.freshness / 3,
-		Logger:  logger,
-		Metrics: control.NewMetrics(reg),
-	}
-	wg.Go(func() { _ = src.Run(bg) })
+	wg.Go(func() {
+		if err := src.Run(bg); err != nil {
+			logger.Error("configuration source stopped", "err", err)
+		}
+	})
 
 	serveErr := make(chan error, 1)
 	if appLn != nil {

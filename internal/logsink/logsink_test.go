@@ -1,0 +1,131 @@
+package logsink
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestWholeLinesInOrder(t *testing.T) {
+	var out lockedBuffer
+	w := New(&out, 16, time.Hour, false)
+	for i := range 10 {
+		buf := []byte("line " + string(rune('0'+i)) + "\n")
+		_, _ = w.Write(buf)
+		copy(buf, "XXXXXX") // the writer must have copied the line
+	}
+	w.Close(time.Second)
+	want := "line 0\nline 1\nline 2\nline 3\nline 4\nline 5\nline 6\nline 7\nline 8\nline 9\n"
+	if got := out.String(); got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// A destination nobody reads (a full pipe) must not block writers: lines
+// beyond the queue are dropped and counted, and a summary line follows once
+// the destination drains.
+func TestBlockedDestinationDropsAndCounts(t *testing.T) {
+	r, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w := New(wr, 8, 10*time.Millisecond, true)
+	line := []byte(strings.Repeat("x", 4095) + "\n")
+	start := time.Now()
+	for range 200 { // 800 KiB: far more than a pipe buffer plus the queue
+		_, _ = w.Write(line)
+	}
+	if w.Dropped() == 0 {
+		t.Fatalf("nothing dropped although the pipe is not read (took %v)", time.Since(start))
+	}
+	// Drain the pipe and look for the summary line.
+	var got bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := r.Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				return
+			}
+			if bytes.Contains(got.Bytes(), []byte(`"msg":"log lines dropped"`)) {
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no summary line within 5s")
+	}
+	if !bytes.Contains(got.Bytes(), []byte(`"total_dropped":`)) {
+		t.Fatalf("summary line missing its count")
+	}
+	go func() { _, _ = r.Read(make([]byte, 1<<20)) }()
+	w.Close(time.Second)
+	wr.Close()
+}
+
+func TestConcurrentWritersNeverInterleave(t *testing.T) {
+	var out lockedBuffer
+	w := New(&out, 4096, time.Hour, false)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			line := []byte(strings.Repeat(string(rune('a'+g)), 100) + "\n")
+			for range 100 {
+				_, _ = w.Write(line)
+			}
+		})
+	}
+	wg.Wait()
+	w.Close(time.Second)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 800 {
+		t.Fatalf("got %d lines, want 800", len(lines))
+	}
+	for _, l := range lines {
+		if len(l) != 100 || strings.Count(l, l[:1]) != 100 {
+			t.Fatalf("interleaved line %q", l)
+		}
+	}
+	waitFor(t, func() bool { return w.Dropped() == 0 })
+}
