@@ -334,6 +334,12 @@ func (c *clientConn) revokedErr() error {
 
 func (c *clientConn) serve() {
 	defer func() {
+		if c.revokedErr() == nil {
+			// A normal end sends close_notify, so that a client can tell a
+			// close-delimited response from a truncated one.
+			_ = c.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = c.conn.Close()
+		}
 		_ = c.raw.Close()
 		c.in.r = c.in.w
 		c.in.release()
@@ -365,9 +371,9 @@ func (c *clientConn) readHead() ([]byte, bool) {
 			return nil, false
 		}
 		_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
-		n, err := c.conn.Read(c.one[:])
+		n, _ := c.conn.Read(c.one[:])
 		c.setIdle(false)
-		if n == 0 || err != nil && n == 0 {
+		if n == 0 {
 			return nil, false
 		}
 		c.in.acquire()
@@ -588,24 +594,24 @@ func (c *clientConn) proxy() bool {
 		}
 		_ = bc.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 		_, err := bc.conn.Write(c.out)
-		if err == nil && inline {
-			// Wait for the response head here so that a stale pooled
-			// connection can be retried on a fresh one.
+		wrote := err == nil
+		if wrote && inline {
+			// Wait for the first response bytes here so that a stale
+			// pooled connection can be retried on a fresh one.
 			_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
 			err = bc.in.fill()
-			if err == nil {
-				break
-			}
 		}
 		if err == nil {
 			break
 		}
 		bc.close()
 		c.setBackend(nil)
-		if fresh || attempt > 0 || !inline {
-			return c.backendFailed(err, false)
+		// Only a reused connection that the app had already closed (EOF or
+		// reset before any response byte) is retried, once, on a new one;
+		// a slow app is not asked twice.
+		if fresh || attempt > 0 || !inline || isTimeout(err) {
+			return c.backendFailed(err, wrote)
 		}
-		// A reused connection the app had closed: retry once on a new one.
 	}
 	defer c.setBackend(nil)
 
@@ -855,7 +861,7 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	c.releaseWriter()
 	_ = c.conn.SetDeadline(time.Time{})
 	_ = bc.conn.SetDeadline(time.Time{})
-	sp := newWSSplice(c.conn, bc.conn, c.s.cfg.WebSocketCloseGrace)
+	sp := newWSSplice(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
 	c.mu.Lock()
 	revoked := c.revoked
 	c.ws = sp

@@ -165,28 +165,31 @@ func (d *wsDirection) requestClose(frame []byte) bool {
 
 // wsSplice is an upgraded WebSocket between a client and an app.
 type wsSplice struct {
-	client, app net.Conn
-	toApp       wsDirection
-	toClient    wsDirection
-	grace       time.Duration
-	closeOnce   sync.Once
-	timerMu     sync.Mutex
-	timer       *time.Timer
+	client    net.Conn // what frames are written to (TLS)
+	clientRaw net.Conn // what is closed: closing TLS could wait on a stalled peer
+	app       net.Conn
+	toApp     wsDirection
+	toClient  wsDirection
+	grace     time.Duration
+	closeOnce sync.Once
+	timerMu   sync.Mutex
+	timer     *time.Timer
 }
 
-func newWSSplice(client, app net.Conn, grace time.Duration) *wsSplice {
+func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
 	return &wsSplice{
-		client:   client,
-		app:      app,
-		toApp:    wsDirection{dst: app, masked: true},
-		toClient: wsDirection{dst: client},
-		grace:    grace,
+		client:    client,
+		clientRaw: clientRaw,
+		app:       app,
+		toApp:     wsDirection{dst: app, masked: true},
+		toClient:  wsDirection{dst: client},
+		grace:     grace,
 	}
 }
 
 func (w *wsSplice) closeBoth() {
 	w.closeOnce.Do(func() {
-		_ = w.client.Close()
+		_ = w.clientRaw.Close()
 		_ = w.app.Close()
 		w.timerMu.Lock()
 		if w.timer != nil {

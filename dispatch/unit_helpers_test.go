@@ -1,0 +1,181 @@
+package dispatch
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testHost is the public hostname (SNI) used throughout the unit tests.
+const testHost = "team--demo--web.apps.test"
+
+// head builds a request or response head from lines: each line gets CRLF and
+// an empty line ends the head.
+func head(lines ...string) []byte {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteString("\r\n")
+	}
+	b.WriteString("\r\n")
+	return []byte(b.String())
+}
+
+// get is a minimal valid request head with extra header lines.
+func get(extra ...string) []byte {
+	return head(append([]string{"GET / HTTP/1.1", "Host: " + testHost}, extra...)...)
+}
+
+// newTestPool returns a buffer pool of size-byte buffers.
+func newTestPool(size int) *sync.Pool {
+	return &sync.Pool{New: func() any { b := make([]byte, size); return &b }}
+}
+
+// newInbuf returns an inbuf over r with size-byte buffers.
+func newInbuf(r io.Reader, size int) *inbuf {
+	return &inbuf{src: r, pool: newTestPool(size)}
+}
+
+// asParseError returns the *parseError in err, or fails the test.
+func asParseError(t *testing.T, err error) *parseError {
+	t.Helper()
+	var pe *parseError
+	if !errors.As(err, &pe) {
+		t.Fatalf("error %v (%T) is not a *parseError", err, err)
+	}
+	return pe
+}
+
+// headerLines splits a produced head into its start line and its field
+// lines, failing the test when the head is not CRLF-framed or a field line
+// is not "Name: value".
+func headerLines(t testing.TB, out []byte) (start string, fields [][2]string) {
+	t.Helper()
+	s := string(out)
+	if !strings.HasSuffix(s, "\r\n\r\n") {
+		t.Fatalf("head does not end with CRLFCRLF: %q", s)
+	}
+	s = strings.TrimSuffix(s, "\r\n\r\n")
+	lines := strings.Split(s, "\r\n")
+	for _, l := range lines {
+		if strings.ContainsAny(l, "\r\n") {
+			t.Fatalf("bare CR or LF in produced line %q", l)
+		}
+	}
+	start = lines[0]
+	for _, l := range lines[1:] {
+		name, value, ok := strings.Cut(l, ": ")
+		if !ok || name == "" || !isToken([]byte(name)) {
+			t.Fatalf("malformed produced field line %q in %q", l, out)
+		}
+		fields = append(fields, [2]string{name, value})
+	}
+	return start, fields
+}
+
+// values returns every value of the field name (any case) in fields.
+func values(fields [][2]string, name string) []string {
+	var vs []string
+	for _, f := range fields {
+		if strings.EqualFold(f[0], name) {
+			vs = append(vs, f[1])
+		}
+	}
+	return vs
+}
+
+// errAfterReader returns the bytes of data, then err.
+type errAfterReader struct {
+	data []byte
+	err  error
+}
+
+func (r *errAfterReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, r.err
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+var errMidway = errors.New("connection reset midway")
+
+// recConn is a net.Conn that records writes; Read blocks until Close.
+type recConn struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	closed   bool
+	closedCh chan struct{}
+	writeErr error
+}
+
+func newRecConn() *recConn { return &recConn{closedCh: make(chan struct{})} }
+
+func (c *recConn) Read([]byte) (int, error) {
+	<-c.closedCh
+	return 0, io.EOF
+}
+
+func (c *recConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, net.ErrClosed
+	}
+	if c.writeErr != nil {
+		return 0, c.writeErr
+	}
+	return c.buf.Write(p)
+}
+
+func (c *recConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		close(c.closedCh)
+	}
+	return nil
+}
+
+func (c *recConn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *recConn) written() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]byte(nil), c.buf.Bytes()...)
+}
+
+func (c *recConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *recConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *recConn) SetDeadline(time.Time) error      { return nil }
+func (c *recConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *recConn) SetWriteDeadline(time.Time) error { return nil }
+
+func (c *recConn) reset() {
+	c.mu.Lock()
+	c.buf.Reset()
+	c.mu.Unlock()
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
