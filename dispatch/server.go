@@ -76,9 +76,11 @@ const (
 	DefaultWebSocketCloseGrace   = 50 * time.Millisecond
 )
 
-// NewConnector is the default connector factory: tcp and unix.
+// NewConnector is the default connector factory: tcp, unix and netns.
 func NewConnector(spec routes.ConnectorSpec) (connector.Connector, error) {
 	switch spec.Type {
+	case "netns":
+		return connector.NetNS{Path: spec.Path}, nil
 	case "tcp", "":
 		host := spec.Host
 		if host == "" {

@@ -298,6 +298,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Logger:                logger,
 			Registerer:            reg,
 		})
+		wg.Go(func() { dispatch.WatchConnectors(bg, table, time.Second, logger) })
 		ln, err := net.Listen("tcp", o.appAddress)
 		if err != nil {
 			return fmt.Errorf("app listener: %w", err)
