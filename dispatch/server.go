@@ -372,7 +372,11 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		if c.s.draining.Load() {
 			return nil, false
 		}
-		_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+		idle := c.s.cfg.IdleTimeout
+		if d := c.route.Instance.IdleTimeout(); d > 0 {
+			idle = d
+		}
+		_ = c.conn.SetReadDeadline(time.Now().Add(idle))
 		n, _ := c.conn.Read(c.one[:])
 		c.setIdle(false)
 		if n == 0 {
@@ -500,6 +504,7 @@ func (c *clientConn) handle(head []byte) bool {
 	if !inst.Acquire() {
 		return c.deny(503, reasonLimit, false, true)
 	}
+	inst.CountRequest()
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()
 	c.s.m.streamsActive.Dec()
@@ -870,6 +875,9 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	c.mu.Unlock()
 	if revoked != nil {
 		sp.revoke(revoked)
+	}
+	if d := c.route.Instance.IdleTimeout(); d > 0 {
+		sp.startIdleTimer(d)
 	}
 	c.s.m.websocketsActive.Inc()
 	defer c.s.m.websocketsActive.Dec()

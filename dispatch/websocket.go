@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/applistener/applistener/routes"
@@ -171,9 +172,12 @@ type wsSplice struct {
 	toApp     wsDirection
 	toClient  wsDirection
 	grace     time.Duration
+	activity  atomic.Int64 // unix nanos of the last read in either direction
+	closed    atomic.Bool
 	closeOnce sync.Once
 	timerMu   sync.Mutex
-	timer     *time.Timer
+	timer     *time.Timer // the grace backstop after a revocation
+	idleTimer *time.Timer
 }
 
 func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
@@ -189,11 +193,15 @@ func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice
 
 func (w *wsSplice) closeBoth() {
 	w.closeOnce.Do(func() {
+		w.closed.Store(true)
 		_ = w.clientRaw.Close()
 		_ = w.app.Close()
 		w.timerMu.Lock()
 		if w.timer != nil {
 			w.timer.Stop()
+		}
+		if w.idleTimer != nil {
+			w.idleTimer.Stop()
 		}
 		w.timerMu.Unlock()
 	})
@@ -204,8 +212,11 @@ func (w *wsSplice) closeBoth() {
 // reached a boundary within the grace period is closed anyway.
 func (w *wsSplice) revoke(cause error) {
 	code, reason := uint16(1008), "route revoked: "+routes.CauseLabel(cause)
-	if errors.Is(cause, routes.ErrShutdown) {
+	switch {
+	case errors.Is(cause, routes.ErrShutdown):
 		code, reason = 1001, "going away"
+	case errors.Is(cause, errIdle):
+		code, reason = 1001, "idle timeout"
 	}
 	a := w.toClient.requestClose(closeFrame(code, reason, false))
 	b := w.toApp.requestClose(closeFrame(code, reason, true))
@@ -217,6 +228,32 @@ func (w *wsSplice) revoke(cause error) {
 	if w.timer == nil {
 		w.timer = time.AfterFunc(w.grace, w.closeBoth)
 	}
+	w.timerMu.Unlock()
+}
+
+// errIdle is the revocation cause of a WebSocket idle past its instance's
+// idle timeout.
+var errIdle = errors.New("idle timeout")
+
+// startIdleTimer ends the WebSocket after d without a read in either
+// direction (a close frame 1001 at the next boundary, as on shutdown).
+func (w *wsSplice) startIdleTimer(d time.Duration) {
+	w.activity.Store(time.Now().UnixNano())
+	var check func()
+	check = func() {
+		idle := time.Since(time.Unix(0, w.activity.Load()))
+		if idle >= d {
+			w.revoke(errIdle)
+			return
+		}
+		w.timerMu.Lock()
+		if !w.closed.Load() {
+			w.idleTimer = time.AfterFunc(d-idle, check)
+		}
+		w.timerMu.Unlock()
+	}
+	w.timerMu.Lock()
+	w.idleTimer = time.AfterFunc(d, check)
 	w.timerMu.Unlock()
 }
 
@@ -233,6 +270,7 @@ func (w *wsSplice) pump(src io.Reader, d *wsDirection, pending []byte, buf []byt
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			w.activity.Store(time.Now().UnixNano())
 			finished, werr := d.write(buf[:n])
 			total += int64(n)
 			if finished || werr != nil {

@@ -23,6 +23,8 @@ const (
 	MaxServices = 64
 	// MaxStreamsLimit is the largest accepted limits.max_streams.
 	MaxStreamsLimit = 1_000_000
+	// MaxIdleTimeoutSeconds is the largest accepted limits.idle_timeout_seconds (one day).
+	MaxIdleTimeoutSeconds = 86400
 	// MaxGenerationLen is the longest accepted generation.
 	MaxGenerationLen = 64
 	// maxUnixPathLen is the size of sun_path on Linux: the longest Unix
@@ -120,6 +122,10 @@ type Limits struct {
 	// MaxStreams is the most concurrent streams of the instance; 0 means the
 	// supervisor's default.
 	MaxStreams int `json:"max_streams,omitempty"`
+	// IdleTimeoutSeconds closes the instance's client connections and
+	// WebSockets after this long without traffic; 0 means the supervisor's
+	// default (no limit for WebSockets).
+	IdleTimeoutSeconds int `json:"idle_timeout_seconds,omitempty"`
 }
 
 // ServiceSpec is one routed port of an instance.
@@ -363,6 +369,9 @@ func (s *InstanceSpec) validate() error {
 		return fmt.Errorf("connector: %w", err)
 	}
 	s.Connector = c
+	if s.Limits.IdleTimeoutSeconds < 0 || s.Limits.IdleTimeoutSeconds > MaxIdleTimeoutSeconds {
+		return fmt.Errorf("limits: idle_timeout_seconds %d out of range 0..%d", s.Limits.IdleTimeoutSeconds, MaxIdleTimeoutSeconds)
+	}
 	if s.Limits.MaxStreams < 0 || s.Limits.MaxStreams > MaxStreamsLimit {
 		return fmt.Errorf("limits: max_streams %d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
 	}

@@ -39,10 +39,20 @@ const DefaultFreshness = 30 * time.Second
 // its stream limit and its count of active streams. One Instance exists per
 // workspace/sandbox for as long as the instance has routes.
 type Instance struct {
-	Key        InstanceKey
-	maxStreams atomic.Int64
-	active     atomic.Int64
+	Key         InstanceKey
+	maxStreams  atomic.Int64
+	active      atomic.Int64
+	idleTimeout atomic.Int64 // nanoseconds; 0: the supervisor's default
+	requests    atomic.Uint64
+	limited     atomic.Uint64
 }
+
+// IdleTimeout is the instance's idle timeout for client connections and
+// WebSockets (0: the supervisor's default).
+func (i *Instance) IdleTimeout() time.Duration { return time.Duration(i.idleTimeout.Load()) }
+
+// CountRequest counts one request answered for the instance.
+func (i *Instance) CountRequest() { i.requests.Add(1) }
 
 // Acquire takes one stream slot; it returns false when the instance is at
 // its max_streams limit.
@@ -51,6 +61,7 @@ func (i *Instance) Acquire() bool {
 	for {
 		n := i.active.Load()
 		if limit > 0 && n >= limit {
+			i.limited.Add(1)
 			return false
 		}
 		if i.active.CompareAndSwap(n, n+1) {
@@ -158,6 +169,9 @@ type Options struct {
 	Domain            string
 	Freshness         time.Duration // DefaultFreshness when 0
 	DefaultMaxStreams int           // limit for instances that set none; 0: unlimited
+	// MaxInstanceLabels bounds the per-instance metric series: instances
+	// beyond it are summed under workspace="_other" (default 1000).
+	MaxInstanceLabels int
 	Clock             Clock         // SystemClock when nil
 	Logger            *slog.Logger  // slog.Default() when nil
 	Registerer        prometheus.Registerer
@@ -200,6 +214,12 @@ func NewTable(opts Options) *Table {
 		log:       opts.Logger,
 		metrics:   newTableMetrics(opts.Registerer),
 		instances: make(map[InstanceKey]*Instance),
+	}
+	if opts.MaxInstanceLabels <= 0 {
+		t.opts.MaxInstanceLabels = 1000
+	}
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(newInstanceCollector(t))
 	}
 	t.snap.Store(&Snapshot{byHost: map[string]*Route{}})
 	return t
@@ -360,6 +380,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			limit = t.opts.DefaultMaxStreams
 		}
 		inst.maxStreams.Store(int64(limit))
+		inst.idleTimeout.Store(int64(time.Duration(spec.Limits.IdleTimeoutSeconds) * time.Second))
 		for j := range spec.Services {
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)

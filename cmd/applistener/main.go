@@ -4,6 +4,7 @@
 // fresh.
 //
 //	applistener serve   the supervisor's listener
+//	applistener gateway the reference gateway
 //	applistener dev     a self-contained demo on loopback
 package main
 
@@ -26,6 +27,7 @@ const topUsage = `usage: applistener <command> [flags]
 
 commands:
   serve   run the application listener of a supervisor
+  gateway run the reference gateway (configuration for supervisors)
   dev     run a self-contained demo (certificate, app and route) on loopback
 
 Run 'applistener <command> -h' for the flags of a command.
@@ -46,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serveCommand(args[1:], stderr)
 	case "dev":
 		err = devCommand(args[1:], stdout, stderr)
+	case "gateway":
+		err = gatewayCommand(args[1:], stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, topUsage)
 		return 0

@@ -1,0 +1,79 @@
+package routes
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// otherLabel names the series that sums instances beyond MaxInstanceLabels.
+const otherLabel = "_other"
+
+// instanceCollector exports per-instance series, labelled by workspace and
+// sandbox, for at most MaxInstanceLabels instances (in key order); the rest
+// are summed under workspace="_other", sandbox="_other", so a shared host
+// with many sandboxes cannot blow up the metric cardinality.
+type instanceCollector struct {
+	t        *Table
+	active   *prometheus.Desc
+	max      *prometheus.Desc
+	requests *prometheus.Desc
+	limited  *prometheus.Desc
+}
+
+func newInstanceCollector(t *Table) *instanceCollector {
+	labels := []string{"workspace", "sandbox"}
+	return &instanceCollector{
+		t:        t,
+		active:   prometheus.NewDesc("applistener_instance_streams_active", "Requests in flight and open WebSockets of an instance.", labels, nil),
+		max:      prometheus.NewDesc("applistener_instance_max_streams", "Stream limit of an instance (0: none).", labels, nil),
+		requests: prometheus.NewDesc("applistener_instance_requests_total", "Requests admitted for an instance.", labels, nil),
+		limited:  prometheus.NewDesc("applistener_instance_limit_rejections_total", "Requests refused with 503 because the instance was at max_streams.", labels, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.active
+	ch <- c.max
+	ch <- c.requests
+	ch <- c.limited
+}
+
+// Collect implements prometheus.Collector.
+func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
+	c.t.mu.Lock()
+	list := make([]*Instance, 0, len(c.t.instances))
+	for _, i := range c.t.instances {
+		list = append(list, i)
+	}
+	c.t.mu.Unlock()
+	slices.SortFunc(list, func(a, b *Instance) int {
+		if n := strings.Compare(a.Key.Workspace, b.Key.Workspace); n != 0 {
+			return n
+		}
+		return strings.Compare(a.Key.Sandbox, b.Key.Sandbox)
+	})
+	limit := c.t.opts.MaxInstanceLabels
+	var oActive, oMax, oReq, oLim float64
+	for n, i := range list {
+		active, max := float64(i.active.Load()), float64(i.maxStreams.Load())
+		req, lim := float64(i.requests.Load()), float64(i.limited.Load())
+		if n >= limit {
+			oActive, oMax, oReq, oLim = oActive+active, oMax+max, oReq+req, oLim+lim
+			continue
+		}
+		ws, sb := i.Key.Workspace, i.Key.Sandbox
+		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, active, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, max, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, req, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, lim, ws, sb)
+	}
+	if len(list) > limit {
+		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, oActive, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, oMax, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, oReq, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, oLim, otherLabel, otherLabel)
+	}
+}
