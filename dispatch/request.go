@@ -170,7 +170,8 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 		}
 		r.path = path
 	}
-	r.upgrade = upgradeWS && connUpgrade && string(r.method) == "GET"
+	// A WebSocket handshake has no body; with one it is a plain request.
+	r.upgrade = upgradeWS && connUpgrade && string(r.method) == "GET" && r.body == bodyNone
 	return nil
 }
 

@@ -282,8 +282,11 @@ type clientConn struct {
 	req     request
 	resp    response
 	out     []byte // scratch for heads
-	body    deadlineReader
-	one     [1]byte
+	// detached holds what is still needed of a request head once its body
+	// is being streamed (the body copy overwrites the head's buffer).
+	detached *detachedHead
+	body     deadlineReader
+	one      [1]byte
 
 	mu      sync.Mutex
 	idle    bool
@@ -431,7 +434,11 @@ func (c *clientConn) reject(pe *parseError) {
 }
 
 func (c *clientConn) writeErrorNow(status int, reason string, closeConn, retryAfter bool) {
-	c.out = appendErrorResponse(c.out[:0], status, reason, c.req.accept, closeConn, retryAfter, status == 405)
+	accept := c.req.accept
+	if c.detached != nil {
+		accept = c.detached.accept
+	}
+	c.out = appendErrorResponse(c.out[:0], status, reason, accept, closeConn, retryAfter, status == 405)
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	_, _ = c.conn.Write(c.out)
 }
@@ -462,7 +469,10 @@ func (c *clientConn) logDenial(status int, reason string) {
 		slog.String("sni", c.sni),
 		slog.String("src", c.peer.String()),
 	}
-	if len(c.req.method) > 0 {
+	switch {
+	case c.detached != nil:
+		attrs = append(attrs, slog.String("method", c.detached.method), slog.String("path", c.detached.path))
+	case len(c.req.method) > 0:
 		attrs = append(attrs, slog.String("method", string(c.req.method)), slog.String("path", pathOnly(c.req.path)))
 	}
 	c.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied", attrs...)
@@ -560,6 +570,7 @@ func (c *clientConn) flush() error {
 // whether the client connection continues.
 func (c *clientConn) proxy() bool {
 	req := &c.req
+	isHead := string(req.method) == "HEAD"
 	pool := c.pool()
 	fi := forwardInfo{
 		client:      c.peer,
@@ -623,8 +634,16 @@ func (c *clientConn) proxy() bool {
 	defer c.setBackend(nil)
 
 	// Stream the request body, if any, alongside reading the response.
+	// From here on the body copy reuses the buffer that holds the request
+	// head: what is still needed of the head is copied out first.
 	var bodyDone chan error
 	if !inline {
+		c.detached = &detachedHead{
+			accept: append([]byte(nil), req.accept...),
+			method: string(req.method),
+			path:   pathOnly(req.path),
+		}
+		defer func() { c.detached = nil }()
 		bodyDone = make(chan error, 1)
 		go func() { bodyDone <- c.copyRequestBody(bc) }()
 	}
@@ -657,7 +676,7 @@ func (c *clientConn) proxy() bool {
 			}
 			return c.backendFailed(err, true)
 		}
-		if err := parseResponseHead(&c.resp, head, string(req.method) == "HEAD", 200); err != nil {
+		if err := parseResponseHead(&c.resp, head, isHead, 200); err != nil {
 			abortBody()
 			bc.close()
 			if wroteHead {
@@ -703,7 +722,7 @@ func (c *clientConn) proxy() bool {
 		closeClient = true
 	}
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, string(req.method) == "HEAD")
+	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, isHead)
 	_, _ = w.Write(c.out)
 	_ = bc.conn.SetReadDeadline(time.Time{})
 	var n int64
@@ -768,6 +787,14 @@ func (c *clientConn) copyRequestBody(bc *backendConn) error {
 	}
 	c.s.m.bytesToApp.Add(float64(n))
 	return err
+}
+
+// detachedHead is a copy of the parts of a request head needed after its
+// buffer has been handed to the body copy.
+type detachedHead struct {
+	accept []byte
+	method string
+	path   string
 }
 
 // deadlineReader sets a read deadline before each read of a request body;

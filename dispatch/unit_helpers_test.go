@@ -162,6 +162,12 @@ func (c *recConn) SetDeadline(time.Time) error      { return nil }
 func (c *recConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *recConn) SetWriteDeadline(time.Time) error { return nil }
 
+func (c *recConn) setWriteErr(err error) {
+	c.mu.Lock()
+	c.writeErr = err
+	c.mu.Unlock()
+}
+
 func (c *recConn) reset() {
 	c.mu.Lock()
 	c.buf.Reset()

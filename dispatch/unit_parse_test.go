@@ -326,6 +326,18 @@ func TestUnitParseRequestHeadHTTP10ConnectionClose(t *testing.T) {
 					t.Errorf("%s with %q: close = false; the client asked to close", proto, tc.lines)
 				}
 			})
+			t.Run(proto+" response "+tc.name, func(t *testing.T) {
+				// The same rule for the app's response: a backend connection
+				// the app announced it will close must not be pooled.
+				var r response
+				lines := append([]string{proto + " 200 OK", "Content-Length: 0"}, tc.lines...)
+				if err := parseResponseHead(&r, head(lines...), false, 100); err != nil {
+					t.Fatal(err)
+				}
+				if !r.close {
+					t.Errorf("%s response with %q: close = false; the app announced close", proto, tc.lines)
+				}
+			})
 		}
 	}
 }

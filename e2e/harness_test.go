@@ -203,23 +203,50 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// freeAddr returns a loopback address that was free a moment ago.
+var (
+	portsMu   sync.Mutex
+	portsUsed = map[string]bool{}
+)
+
+// freeAddr returns a loopback address that was free a moment ago and that
+// no other caller in this test binary has been given.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		portsMu.Lock()
+		used := portsUsed[addr]
+		portsUsed[addr] = true
+		portsMu.Unlock()
+		if !used {
+			return addr
+		}
+	}
+}
+
+// deadPort returns a loopback port nothing listens on: a socket is bound to
+// it (without SO_REUSEADDR, so no parallel test can take the port) but never
+// listens, so connecting to it is refused. It is released on cleanup.
+func deadPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// deadPort returns a loopback port nothing listens on.
-func deadPort(t testing.TB) int {
-	_, p, _ := net.SplitHostPort(freeAddr(t))
-	n, _ := strconv.Atoi(p)
-	return n
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
 
 func writeAtomic(t testing.TB, path string, data []byte) {
@@ -406,6 +433,12 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
 		return
+	case r.URL.Path == "/hop":
+		// Hop-by-hop response headers the listener must not pass on.
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-Hop", "secret")
+		w.Header().Set("Proxy-Authenticate", `Basic realm="app"`)
+		w.Header().Set("Keep-Alive", "timeout=99")
 	case r.URL.Path == "/slow":
 		b.record(r, nil, nil)
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
@@ -599,14 +632,18 @@ func (p *proc) waitReady(timeout time.Duration) (ok, exited bool) {
 	return false, false
 }
 
-// readyz returns the status of GET /readyz, or 0 on a transport error.
+// readyz returns the status of GET /readyz, or 0 on a transport error or
+// an answer that is not from an applistener admin endpoint.
 func (p *proc) readyz() int {
 	resp, err := adminClient.Get("http://" + p.adminAddr + "/readyz")
 	if err != nil {
 		return 0
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
+	if !strings.HasPrefix(string(body), "ready") && !strings.HasPrefix(string(body), "not ready") {
+		return 0
+	}
 	return resp.StatusCode
 }
 
@@ -943,4 +980,11 @@ func get(t testing.TB, c *http.Client, url string) (*http.Response, []byte) {
 		t.Fatalf("GET %s: reading body: %v", url, err)
 	}
 	return resp, body
+}
+
+func deadline() time.Time { return time.Now().Add(waitTimeout) }
+
+// until returns the time left before t, at least 50 ms.
+func until(t time.Time) time.Duration {
+	return max(time.Until(t), 50*time.Millisecond)
 }

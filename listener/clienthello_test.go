@@ -562,6 +562,7 @@ func TestReadClientHelloRejects(t *testing.T) {
 		{"hello length over maxBytes, header split", frame(msg, 2, 100), len(msg) - 5, ErrClientHelloTooLarge, AlertHandshakeFailure, 112},
 		{"hello length 2^24-1", frame([]byte{1, 0xff, 0xff, 0xff, 0, 0}), 0, ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
 		{"record overhead over limit (1-byte records)", frame(msg, 1), len(msg), ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
+		{"record overhead over limit at the last record", frame(msg, append(slices.Repeat([]int{1}, 256), 16384)...), len(msg) - 4, ErrClientHelloTooLarge, AlertHandshakeFailure, 256*6 + 5},
 		{"data after the hello in its last record", frame(append(slices.Clone(msg), 20, 0, 0, 0)), 0, ErrMalformedClientHello, AlertUnexpectedMessage, -1},
 		{"data after the hello, next record", frame(append(slices.Clone(msg), 20, 0, 0, 0), len(msg)-2), 0, ErrMalformedClientHello, AlertUnexpectedMessage, len(msg) - 2 + 10},
 		{"duplicate SNI extension", helloRecords(sniExt(testSNI), alpnExt("h2"), sniExt(testSNI)), 0, ErrMalformedClientHello, AlertDecodeError, -1},
