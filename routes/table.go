@@ -172,8 +172,8 @@ type Options struct {
 	// MaxInstanceLabels bounds the per-instance metric series: instances
 	// beyond it are summed under workspace="_other" (default 1000).
 	MaxInstanceLabels int
-	Clock             Clock         // SystemClock when nil
-	Logger            *slog.Logger  // slog.Default() when nil
+	Clock             Clock        // SystemClock when nil
+	Logger            *slog.Logger // slog.Default() when nil
 	Registerer        prometheus.Registerer
 }
 
@@ -235,7 +235,13 @@ func (t *Table) Freshness() time.Duration { return t.opts.Freshness }
 // not allocate.
 func (t *Table) Lookup(host string) *Route {
 	r := t.snap.Load().byHost[host]
-	if r == nil || !t.Fresh() || !r.Lease.Live() {
+	if r != nil && !r.Lease.Live() {
+		// A change raced this lookup: its replacement, if any, is already
+		// in the newer snapshot (snapshots are stored before leases are
+		// cancelled).
+		r = t.snap.Load().byHost[host]
+	}
+	if r == nil || !r.Lease.Live() || !t.Fresh() {
 		return nil
 	}
 	return r
@@ -261,6 +267,7 @@ type ApplyResult struct {
 type revocation struct {
 	route *Route
 	cause error
+	event int // index of its event in the same batch, -1 for none
 }
 
 // Apply makes doc the desired state: new or re-targeted services are
@@ -318,7 +325,7 @@ func (t *Table) StopInstance(key InstanceKey) int {
 		}
 		nr := t.newRoute(r)
 		next[host] = nr
-		revs = append(revs, revocation{r, ErrStopped})
+		revs = append(revs, revocation{r, ErrStopped, len(events)})
 		events = append(events, Event{Kind: "stopped", Host: host, Port: r.Port, Version: r.InstallationVersion})
 	}
 	t.snap.Store(&Snapshot{byHost: next, Revision: old.Revision})
@@ -340,11 +347,14 @@ func (t *Table) Close() {
 	old := t.snap.Load()
 	t.snap.Store(&Snapshot{byHost: map[string]*Route{}})
 	t.mu.Unlock()
-	var revs []revocation
+	revs := make([]revocation, 0, len(old.byHost))
 	for _, r := range old.byHost {
-		revs = append(revs, revocation{r, ErrShutdown})
+		revs = append(revs, revocation{r, ErrShutdown, -1})
 	}
-	t.finish(revs, nil)
+	n := t.finish(revs, nil)
+	if len(revs) > 0 {
+		t.log.Info("route table closed", "class_uid", 5019, "routes", len(revs), "streams_closed", n)
+	}
 }
 
 func (t *Table) newRoute(from *Route) *Route {
@@ -399,15 +409,22 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			}
 			r.declaration.Store(svc.Revision)
 			next[host] = r
-			kind := "installed"
-			if prev != nil {
-				kind = "changed"
-				revs = append(revs, revocation{prev, ErrChanged})
-				res.Changed++
-			} else {
+			switch {
+			case prev == nil:
 				res.Installed++
+				events = append(events, Event{Kind: "installed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
+			case !fresh || !prev.Lease.Live():
+				// The old route had already gone stale (its expiry timer
+				// had not run yet): it expired; this is a new installation.
+				revs = append(revs, revocation{prev, ErrExpired, len(events)})
+				events = append(events, Event{Kind: "expired", Host: host, Port: prev.Port, Version: prev.InstallationVersion})
+				res.Installed++
+				events = append(events, Event{Kind: "installed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
+			default:
+				res.Changed++
+				revs = append(revs, revocation{prev, ErrChanged, len(events)})
+				events = append(events, Event{Kind: "changed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
 			}
-			events = append(events, Event{Kind: kind, Host: host, Port: svc.Port, Version: r.InstallationVersion})
 		}
 	}
 	rejected := make(map[InstanceKey]string, len(doc.Rejected))
@@ -426,7 +443,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		} else {
 			res.Withdrawn++
 		}
-		revs = append(revs, revocation{r, cause})
+		revs = append(revs, revocation{r, cause, len(events)})
 		events = append(events, Event{Kind: kind, Host: host, Port: r.Port, Version: r.InstallationVersion, Reason: reason})
 	}
 	for key := range t.instances {
@@ -470,7 +487,7 @@ func (t *Table) expire() {
 	var revs []revocation
 	var events []Event
 	for host, r := range old.byHost {
-		revs = append(revs, revocation{r, ErrExpired})
+		revs = append(revs, revocation{r, ErrExpired, len(events)})
 		events = append(events, Event{Kind: "expired", Host: host, Port: r.Port, Version: r.InstallationVersion})
 	}
 	t.finish(revs, events)
@@ -485,10 +502,8 @@ func (t *Table) finish(revs []revocation, events []Event) int {
 		n := rv.route.Lease.Cancel(rv.cause)
 		total += n
 		t.metrics.revocations.WithLabelValues(CauseLabel(rv.cause)).Inc()
-		for j := range events {
-			if events[j].Host == rv.route.Host && events[j].Version == rv.route.InstallationVersion {
-				events[j].Streams = n
-			}
+		if rv.event >= 0 {
+			events[rv.event].Streams = n
 		}
 	}
 	if len(revs) > 0 {
