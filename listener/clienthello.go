@@ -98,10 +98,16 @@ func tooLarge(reason string) error {
 // given maxBytes: the handshake message, its 4-byte header and the record
 // headers allowance.
 func maxReadFor(maxBytes int) int {
+	return clampMax(maxBytes) + handshakeHeaderLen + recordOverheadAllowance
+}
+
+// clampMax applies the default to maxBytes <= 0 and caps it at the largest
+// length a handshake message header can declare.
+func clampMax(maxBytes int) int {
 	if maxBytes <= 0 {
-		maxBytes = DefaultMaxClientHelloBytes
+		return DefaultMaxClientHelloBytes
 	}
-	return maxBytes + handshakeHeaderLen + recordOverheadAllowance
+	return min(maxBytes, 1<<24-1)
 }
 
 // helloAlloc puts the result, the first record header and a small ALPN
@@ -119,7 +125,8 @@ type helloAlloc struct {
 // at the record that completes the ClientHello, so everything after it is
 // still unread in r; Raw holds the bytes read, record framing included, to
 // replay to a TLS server (see NewPrefixConn). maxBytes limits the
-// ClientHello body (<= 0 means DefaultMaxClientHelloBytes); at most
+// ClientHello body (<= 0 means DefaultMaxClientHelloBytes; values above
+// 2^24-1 mean 2^24-1); at most
 // maxBytes + 4 + 1280 bytes are read in total.
 //
 // Errors: ErrNotTLS when the first record is not a handshake record;
@@ -128,9 +135,7 @@ type helloAlloc struct {
 // io.ErrUnexpectedEOF when it ends inside the hello; any other read error
 // as returned by r.
 func ReadClientHello(r io.Reader, maxBytes int) (*ClientHello, error) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultMaxClientHelloBytes
-	}
+	maxBytes = clampMax(maxBytes)
 	maxRead := maxReadFor(maxBytes)
 
 	a := new(helloAlloc)
@@ -160,14 +165,10 @@ func ReadClientHello(r io.Reader, maxBytes int) (*ClientHello, error) {
 
 	// msg collects the handshake message across records. It aliases buf
 	// while the message is in one record, and is a separate copy otherwise.
-	var msg []byte
+	msg := buf[recordHeaderLen:]
 	single := true
-	msgStart := recordHeaderLen
 	need := -1 // total handshake message length (header included), once known
 	for {
-		if single {
-			msg = buf[msgStart:]
-		}
 		if need < 0 && len(msg) >= handshakeHeaderLen {
 			if msg[0] != handshakeTypeClientHello {
 				return nil, malformed(AlertUnexpectedMessage, "first handshake message is not a ClientHello")
@@ -206,7 +207,7 @@ func ReadClientHello(r io.Reader, maxBytes int) (*ClientHello, error) {
 			msg = m
 		}
 		hdrAt := len(buf)
-		buf = grow(buf, recordHeaderLen, need, msg, maxRead)
+		buf = growHelloBuf(buf, recordHeaderLen, need, msg, maxRead)
 		if _, err := io.ReadFull(r, buf[hdrAt:]); err != nil {
 			return nil, unexpectedEOF(err)
 		}
@@ -228,7 +229,7 @@ func ReadClientHello(r io.Reader, maxBytes int) (*ClientHello, error) {
 			return nil, tooLarge("records exceed the limit")
 		}
 		bodyAt := len(buf)
-		buf = grow(buf, n, need, msg, maxRead)
+		buf = growHelloBuf(buf, n, need, msg, maxRead)
 		if _, err := io.ReadFull(r, buf[bodyAt:]); err != nil {
 			return nil, unexpectedEOF(err)
 		}
@@ -254,10 +255,10 @@ func checkRecordLen(n int) error {
 	return nil
 }
 
-// grow extends buf by n bytes. When it must reallocate, it sizes the new
+// growHelloBuf extends buf by n bytes. When it must reallocate, it sizes the new
 // buffer for the rest of the hello where that is known (one more header per
 // 16 KiB) and doubles otherwise, never beyond maxRead.
-func grow(buf []byte, n, need int, msg []byte, maxRead int) []byte {
+func growHelloBuf(buf []byte, n, need int, msg []byte, maxRead int) []byte {
 	l := len(buf) + n
 	if l <= cap(buf) {
 		return buf[:l]
@@ -294,7 +295,7 @@ func unexpectedEOF(err error) error {
 // as sub-slices of the body.
 type parsedHello struct {
 	serverName []byte
-	alpn       cursor // the validated protocol_name_list, nil if absent
+	alpn       helloCursor // the validated protocol_name_list, nil if absent
 	alpnCount  int
 	alpnBytes  int
 }
@@ -337,13 +338,13 @@ func (p *parsedHello) fill(a *helloAlloc) {
 // 4-byte handshake header), RFC 8446 §4.1.2, strictly.
 func parseClientHelloBody(body []byte) (parsedHello, error) {
 	var p parsedHello
-	s := cursor(body)
+	s := helloCursor(body)
 	var (
 		ver   uint16
 		skip  []byte
-		vec   cursor
+		vec   helloCursor
 		ok    bool
-		exts  cursor
+		exts  helloCursor
 		extOK bool
 	)
 	if ver, ok = s.u16(); !ok {
@@ -412,7 +413,7 @@ func parseClientHelloBody(body []byte) (parsedHello, error) {
 
 // parseSNI parses the server_name extension (RFC 6066 §3) and returns the
 // host_name, nil when the list holds no host_name entry.
-func parseSNI(data cursor) ([]byte, error) {
+func parseSNI(data helloCursor) ([]byte, error) {
 	list, ok := data.vec16()
 	if !ok || data.len() != 0 {
 		return nil, decodeErr("server_name extension length mismatch")
@@ -454,7 +455,7 @@ func parseSNI(data cursor) ([]byte, error) {
 
 // parseALPN validates the application_layer_protocol_negotiation extension
 // (RFC 7301 §3.1) and records where its names are.
-func (p *parsedHello) parseALPN(data cursor) error {
+func (p *parsedHello) parseALPN(data helloCursor) error {
 	list, ok := data.vec16()
 	if !ok || data.len() != 0 {
 		return decodeErr("ALPN extension length mismatch")
@@ -522,13 +523,13 @@ func testAndSet(bits []uint64, t uint16) bool {
 	return had
 }
 
-// cursor reads big-endian TLS vectors from a byte slice; every method
+// helloCursor reads big-endian TLS vectors from a byte slice; every method
 // checks bounds and consumes nothing on failure.
-type cursor []byte
+type helloCursor []byte
 
-func (c *cursor) len() int { return len(*c) }
+func (c *helloCursor) len() int { return len(*c) }
 
-func (c *cursor) u8() (uint8, bool) {
+func (c *helloCursor) u8() (uint8, bool) {
 	if len(*c) < 1 {
 		return 0, false
 	}
@@ -537,7 +538,7 @@ func (c *cursor) u8() (uint8, bool) {
 	return v, true
 }
 
-func (c *cursor) u16() (uint16, bool) {
+func (c *helloCursor) u16() (uint16, bool) {
 	if len(*c) < 2 {
 		return 0, false
 	}
@@ -546,7 +547,7 @@ func (c *cursor) u16() (uint16, bool) {
 	return v, true
 }
 
-func (c *cursor) bytes(n int) ([]byte, bool) {
+func (c *helloCursor) bytes(n int) ([]byte, bool) {
 	if n < 0 || len(*c) < n {
 		return nil, false
 	}
@@ -556,7 +557,7 @@ func (c *cursor) bytes(n int) ([]byte, bool) {
 }
 
 // vec8 reads a vector with a 1-byte length prefix.
-func (c *cursor) vec8() (cursor, bool) {
+func (c *helloCursor) vec8() (helloCursor, bool) {
 	if len(*c) < 1 {
 		return nil, false
 	}
@@ -570,7 +571,7 @@ func (c *cursor) vec8() (cursor, bool) {
 }
 
 // vec16 reads a vector with a 2-byte length prefix.
-func (c *cursor) vec16() (cursor, bool) {
+func (c *helloCursor) vec16() (helloCursor, bool) {
 	if len(*c) < 2 {
 		return nil, false
 	}

@@ -13,30 +13,30 @@ import (
 // returns Raw equal to exactly the bytes it read (a prefix of the input)
 // that reparse to the same result; it also compares with crypto/tls.
 func FuzzReadClientHello(f *testing.F) {
-	for _, k := range helloKinds {
+	for _, k := range chHelloKinds {
 		raw := captureHello(f, k)
 		msg := helloMessage(f, raw)
 		f.Add(raw)
-		f.Add(frame(msg, 100))
-		f.Add(frame(msg, 2, 2, 300))
+		f.Add(chFrame(msg, 100))
+		f.Add(chFrame(msg, 2, 2, 300))
 		f.Add(append(slices.Clone(raw), "EXTRA"...))
 		f.Add(raw[:len(raw)/2])
-		f.Add(frame(appendExt(msg, sniExt("other.apps.test")))) // duplicate SNI when k has one
-		f.Add(frame(appendExt(msg, alpnExt("h2", ""))))
+		f.Add(chFrame(appendExt(msg, sniExt("other.apps.test")))) // duplicate SNI when k has one
+		f.Add(chFrame(appendExt(msg, alpnExt("h2", ""))))
 	}
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-	f.Add(helloRecords(sniExt(testSNI), alpnExt("h2", "http/1.1")))
+	f.Add(helloRecords(sniExt(chSNI), alpnExt("h2", "http/1.1")))
 	f.Add(helloRecords(sniExt("a.test"), sniExt("b.test")))
 	f.Add(helloRecords(sniExt("a\x00b")))
-	f.Add(helloRecords(ext{16, []byte{0, 0}}))
-	f.Add(helloRecords(ext{41, []byte{0}}, ext{0x0a0a, nil}))
-	f.Add(frame(handshakeMsg(1, bodyWith(0, 2, 1))))
+	f.Add(helloRecords(chExt{16, []byte{0, 0}}))
+	f.Add(helloRecords(chExt{41, []byte{0}}, chExt{0x0a0a, nil}))
+	f.Add(chFrame(handshakeMsg(1, bodyWith(0, 2, 1))))
 	f.Add([]byte{22, 3, 1, 0, 0})
 	f.Add([]byte{22, 3, 1, 0x40, 0x01})
 
 	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, max := range []int{64 << 10, 512} {
-			cr := &countingReader{r: bytes.NewReader(in)}
+			cr := &chCountingReader{r: bytes.NewReader(in)}
 			h, err := ReadClientHello(cr, max)
 			if cr.n > maxReadFor(max) {
 				t.Fatalf("read %d bytes, limit %d", cr.n, maxReadFor(max))

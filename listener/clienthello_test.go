@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	mrand "math/rand/v2"
 	"net"
@@ -25,22 +26,22 @@ import (
 	"go.uber.org/goleak"
 )
 
-const testSNI = "team--demo--web.apps.test"
+const chSNI = "team--demo--web.apps.test"
 
-var testALPN = []string{"h2", "http/1.1"}
+var chALPN = []string{"h2", "http/1.1"}
 
 // ---- fixtures ---------------------------------------------------------------
 
 var (
-	certOnce sync.Once
-	certVal  tls.Certificate
-	certPool *x509.CertPool
+	chCertOnce sync.Once
+	chCertVal  tls.Certificate
+	chCertPool *x509.CertPool
 )
 
-// testCert is a self-signed ECDSA P-256 certificate for *.apps.test.
-func testCert(t testing.TB) (tls.Certificate, *x509.CertPool) {
+// chTestCert is a self-signed ECDSA P-256 certificate for *.apps.test.
+func chTestCert(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
-	certOnce.Do(func() {
+	chCertOnce.Do(func() {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			panic(err)
@@ -64,30 +65,30 @@ func testCert(t testing.TB) (tls.Certificate, *x509.CertPool) {
 		if err != nil {
 			panic(err)
 		}
-		certVal = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
-		certPool = x509.NewCertPool()
-		certPool.AddCert(leaf)
+		chCertVal = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+		chCertPool = x509.NewCertPool()
+		chCertPool.AddCert(leaf)
 	})
-	return certVal, certPool
+	return chCertVal, chCertPool
 }
 
-type helloKind struct {
+type chHelloKind struct {
 	name       string
 	serverName string // "" sends no SNI
 	alpn       []string
 	maxVersion uint16
 }
 
-var helloKinds = []helloKind{
-	{"tls13", testSNI, testALPN, tls.VersionTLS13},
-	{"tls12", testSNI, testALPN, tls.VersionTLS12},
-	{"tls13-nosni", "", testALPN, tls.VersionTLS13},
+var chHelloKinds = []chHelloKind{
+	{"tls13", chSNI, chALPN, tls.VersionTLS13},
+	{"tls12", chSNI, chALPN, tls.VersionTLS12},
+	{"tls13-nosni", "", chALPN, tls.VersionTLS13},
 	{"tls12-nosni-noalpn", "", nil, tls.VersionTLS12},
-	{"tls13-noalpn", testSNI, nil, tls.VersionTLS13},
+	{"tls13-noalpn", chSNI, nil, tls.VersionTLS13},
 }
 
-func clientConfig(t testing.TB, k helloKind) *tls.Config {
-	_, pool := testCert(t)
+func chClientConfig(t testing.TB, k chHelloKind) *tls.Config {
+	_, pool := chTestCert(t)
 	return &tls.Config{
 		ServerName:         k.serverName,
 		InsecureSkipVerify: k.serverName == "",
@@ -98,11 +99,11 @@ func clientConfig(t testing.TB, k helloKind) *tls.Config {
 	}
 }
 
-func serverConfig(t testing.TB) *tls.Config {
-	cert, _ := testCert(t)
+func chServerConfig(t testing.TB) *tls.Config {
+	cert, _ := chTestCert(t)
 	return &tls.Config{
 		Certificates: []tls.Certificate{cert},
-		NextProtos:   testALPN,
+		NextProtos:   chALPN,
 		MinVersion:   tls.VersionTLS12,
 	}
 }
@@ -110,13 +111,13 @@ func serverConfig(t testing.TB) *tls.Config {
 // captureHello runs a real crypto/tls client over net.Pipe and returns the
 // records of its ClientHello. The framing is read here independently of
 // ReadClientHello.
-func captureHello(t testing.TB, k helloKind) []byte {
+func captureHello(t testing.TB, k chHelloKind) []byte {
 	t.Helper()
 	c1, c2 := net.Pipe()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = tls.Client(c1, clientConfig(t, k)).Handshake()
+		_ = tls.Client(c1, chClientConfig(t, k)).Handshake()
 		c1.Close()
 	}()
 	defer func() { c2.Close(); <-done }()
@@ -155,9 +156,9 @@ func helloMessage(t testing.TB, raw []byte) []byte {
 	return msg
 }
 
-// frame splits a handshake message into handshake records whose body sizes
+// chFrame splits a handshake message into handshake records whose body sizes
 // are given by sizes (the last size repeats).
-func frame(msg []byte, sizes ...int) []byte {
+func chFrame(msg []byte, sizes ...int) []byte {
 	if len(sizes) == 0 {
 		sizes = []int{16384}
 	}
@@ -172,8 +173,8 @@ func frame(msg []byte, sizes ...int) []byte {
 	return out
 }
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t testing.TB) (client, server net.Conn) {
+// chTCPPair returns both ends of a loopback TCP connection.
+func chTCPPair(t testing.TB) (client, server net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -203,34 +204,34 @@ func tcpPair(t testing.TB) (client, server net.Conn) {
 
 // ---- hello construction for negative cases ---------------------------------
 
-type ext struct {
+type chExt struct {
 	typ  uint16
 	data []byte
 }
 
-func u16(n int) []byte { return []byte{byte(n >> 8), byte(n)} }
+func chU16(n int) []byte { return []byte{byte(n >> 8), byte(n)} }
 
-func sniExt(names ...string) ext {
+func sniExt(names ...string) chExt {
 	var list []byte
 	for _, n := range names {
 		list = append(list, 0)
-		list = append(list, u16(len(n))...)
+		list = append(list, chU16(len(n))...)
 		list = append(list, n...)
 	}
-	return ext{0, append(u16(len(list)), list...)}
+	return chExt{0, append(chU16(len(list)), list...)}
 }
 
-func alpnExt(protos ...string) ext {
+func alpnExt(protos ...string) chExt {
 	var list []byte
 	for _, p := range protos {
 		list = append(list, byte(len(p)))
 		list = append(list, p...)
 	}
-	return ext{16, append(u16(len(list)), list...)}
+	return chExt{16, append(chU16(len(list)), list...)}
 }
 
 // helloBody builds a ClientHello body with the given extensions.
-func helloBody(exts ...ext) []byte {
+func helloBody(exts ...chExt) []byte {
 	b := []byte{3, 3}
 	b = append(b, make([]byte, 32)...) // random
 	b = append(b, 32)                  // session id
@@ -239,11 +240,11 @@ func helloBody(exts ...ext) []byte {
 	b = append(b, 1, 0)                         // compression: null
 	var e []byte
 	for _, x := range exts {
-		e = append(e, u16(int(x.typ))...)
-		e = append(e, u16(len(x.data))...)
+		e = append(e, chU16(int(x.typ))...)
+		e = append(e, chU16(len(x.data))...)
 		e = append(e, x.data...)
 	}
-	b = append(b, u16(len(e))...)
+	b = append(b, chU16(len(e))...)
 	return append(b, e...)
 }
 
@@ -252,17 +253,17 @@ func handshakeMsg(typ byte, body []byte) []byte {
 	return append([]byte{typ, byte(n >> 16), byte(n >> 8), byte(n)}, body...)
 }
 
-func helloRecords(exts ...ext) []byte {
-	return frame(handshakeMsg(1, helloBody(exts...)), 16384)
+func helloRecords(exts ...chExt) []byte {
+	return chFrame(handshakeMsg(1, helloBody(exts...)), 16384)
 }
 
 // ---- tests ------------------------------------------------------------------
 
 func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	for _, k := range helloKinds {
+	for _, k := range chHelloKinds {
 		t.Run(k.name, func(t *testing.T) {
-			cli, srv := tcpPair(t)
+			cli, srv := chTCPPair(t)
 			deadline := time.Now().Add(10 * time.Second)
 			_ = cli.SetDeadline(deadline)
 			_ = srv.SetDeadline(deadline)
@@ -274,7 +275,7 @@ func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 			}
 			cres := make(chan clientResult, 1)
 			go func() {
-				tc := tls.Client(cli, clientConfig(t, k))
+				tc := tls.Client(cli, chClientConfig(t, k))
 				defer tc.Close()
 				var r clientResult
 				if r.err = tc.Handshake(); r.err == nil {
@@ -301,7 +302,7 @@ func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 
 			// crypto/tls must read the same hello from the replayed bytes.
 			var chi *tls.ClientHelloInfo
-			cfg := serverConfig(t)
+			cfg := chServerConfig(t)
 			cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 				chi = h
 				return nil, nil
@@ -346,13 +347,13 @@ func TestReadClientHelloReframedReplay(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, sizes := range [][]int{{100}, {2, 100}, {1, 1, 1, 1, 50}, {3, 16384}} {
 		t.Run(fmt.Sprint(sizes), func(t *testing.T) {
-			cli, srv := tcpPair(t)
+			cli, srv := chTCPPair(t)
 			deadline := time.Now().Add(10 * time.Second)
 			_ = cli.SetDeadline(deadline)
 			_ = srv.SetDeadline(deadline)
 			cerr := make(chan error, 1)
 			go func() {
-				tc := tls.Client(cli, clientConfig(t, helloKinds[0]))
+				tc := tls.Client(cli, chClientConfig(t, chHelloKinds[0]))
 				err := tc.Handshake()
 				if err == nil {
 					_, err = tc.Write([]byte("x"))
@@ -364,7 +365,7 @@ func TestReadClientHelloReframedReplay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			reframed := frame(helloMessage(t, orig.Raw), sizes...)
+			reframed := chFrame(helloMessage(t, orig.Raw), sizes...)
 			if len(reframed) <= len(orig.Raw) && sizes[0] < 16384 && sizes[len(sizes)-1] < 16384 {
 				t.Fatalf("reframing did not add records")
 			}
@@ -372,10 +373,10 @@ func TestReadClientHelloReframedReplay(t *testing.T) {
 			if err != nil {
 				t.Fatalf("reframed: %v", err)
 			}
-			if !bytes.Equal(hello.Raw, reframed) || hello.ServerName != testSNI || !slices.Equal(hello.ALPN, testALPN) {
+			if !bytes.Equal(hello.Raw, reframed) || hello.ServerName != chSNI || !slices.Equal(hello.ALPN, chALPN) {
 				t.Fatalf("reframed parse differs: %q %q", hello.ServerName, hello.ALPN)
 			}
-			ts := tls.Server(NewPrefixConn(srv, hello.Raw), serverConfig(t))
+			ts := tls.Server(NewPrefixConn(srv, hello.Raw), chServerConfig(t))
 			if err := ts.Handshake(); err != nil {
 				t.Fatalf("server handshake over reframed hello: %v", err)
 			}
@@ -399,12 +400,12 @@ func padHello(t testing.TB, msg []byte, bodyLen int) []byte {
 	if pad < 0 {
 		t.Fatalf("hello already longer than %d", bodyLen)
 	}
-	return appendExt(msg, ext{21, make([]byte, pad)})
+	return appendExt(msg, chExt{21, make([]byte, pad)})
 }
 
 // appendExt appends an extension to a ClientHello message and fixes the
 // lengths.
-func appendExt(msg []byte, e ext) []byte {
+func appendExt(msg []byte, e chExt) []byte {
 	body := slices.Clone(msg[4:])
 	// Locate the extensions block: version, random, session id, suites, compression.
 	off := 2 + 32
@@ -412,24 +413,24 @@ func appendExt(msg []byte, e ext) []byte {
 	off += 2 + int(binary.BigEndian.Uint16(body[off:]))
 	off += 1 + int(body[off])
 	extLen := int(binary.BigEndian.Uint16(body[off:]))
-	body = append(body, u16(int(e.typ))...)
-	body = append(body, u16(len(e.data))...)
+	body = append(body, chU16(int(e.typ))...)
+	body = append(body, chU16(len(e.data))...)
 	body = append(body, e.data...)
 	binary.BigEndian.PutUint16(body[off:], uint16(extLen+4+len(e.data)))
 	return handshakeMsg(1, body)
 }
 
 func TestReadClientHelloLargeMultiRecord(t *testing.T) {
-	real := captureHello(t, helloKinds[0])
+	real := captureHello(t, chHelloKinds[0])
 	msg := padHello(t, helloMessage(t, real), 40000)
 	for _, sizes := range [][]int{{16384}, {100}, {2, 16384}, {16383}} {
-		raw := frame(msg, sizes...)
+		raw := chFrame(msg, sizes...)
 		r := bytes.NewReader(append(slices.Clone(raw), "EXTRA"...))
 		h, err := ReadClientHello(r, 64<<10)
 		if err != nil {
 			t.Fatalf("%v: %v", sizes, err)
 		}
-		if !bytes.Equal(h.Raw, raw) || h.ServerName != testSNI || !slices.Equal(h.ALPN, testALPN) {
+		if !bytes.Equal(h.Raw, raw) || h.ServerName != chSNI || !slices.Equal(h.ALPN, chALPN) {
 			t.Fatalf("%v: parse differs", sizes)
 		}
 		if rest, _ := io.ReadAll(r); string(rest) != "EXTRA" {
@@ -441,7 +442,7 @@ func TestReadClientHelloLargeMultiRecord(t *testing.T) {
 			t.Fatalf("%v: one-byte reader: %v", sizes, err)
 		}
 		// Too large for a smaller limit.
-		cr := &countingReader{r: bytes.NewReader(raw)}
+		cr := &chCountingReader{r: bytes.NewReader(raw)}
 		if _, err := ReadClientHello(cr, 32<<10); !errors.Is(err, ErrClientHelloTooLarge) {
 			t.Fatalf("%v: 32 KiB limit: %v", sizes, err)
 		}
@@ -451,22 +452,22 @@ func TestReadClientHelloLargeMultiRecord(t *testing.T) {
 	}
 }
 
-type countingReader struct {
+type chCountingReader struct {
 	r io.Reader
 	n int
 }
 
-func (c *countingReader) Read(p []byte) (int, error) {
+func (c *chCountingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
 	return n, err
 }
 
 func TestReadClientHelloConsumesExactlyTheHello(t *testing.T) {
-	for _, k := range helloKinds {
+	for _, k := range chHelloKinds {
 		raw := captureHello(t, k)
 		for _, sizes := range [][]int{{16384}, {100}, {2, 2, 100}} {
-			framed := frame(helloMessage(t, raw), sizes...)
+			framed := chFrame(helloMessage(t, raw), sizes...)
 			r := bytes.NewReader(append(slices.Clone(framed), "EXTRA"...))
 			h, err := ReadClientHello(r, 64<<10)
 			if err != nil {
@@ -504,9 +505,9 @@ func TestReadClientHelloNotTLS(t *testing.T) {
 }
 
 func TestReadClientHelloTruncated(t *testing.T) {
-	for _, k := range helloKinds[:2] {
+	for _, k := range chHelloKinds[:2] {
 		real := captureHello(t, k)
-		for _, raw := range [][]byte{real, frame(helloMessage(t, real), 2, 100)} {
+		for _, raw := range [][]byte{real, chFrame(helloMessage(t, real), 2, 100)} {
 			for i := range len(raw) {
 				_, err := ReadClientHello(bytes.NewReader(raw[:i]), 64<<10)
 				want := io.ErrUnexpectedEOF
@@ -522,9 +523,9 @@ func TestReadClientHelloTruncated(t *testing.T) {
 }
 
 func TestReadClientHelloRejects(t *testing.T) {
-	real := captureHello(t, helloKinds[0])
+	real := captureHello(t, chHelloKinds[0])
 	msg := helloMessage(t, real)
-	multi := frame(msg, 100)
+	multi := chFrame(msg, 100)
 
 	wrongType := func(typ byte) []byte {
 		b := slices.Clone(multi)
@@ -553,22 +554,22 @@ func TestReadClientHelloRejects(t *testing.T) {
 		{"second record version 3.5", withRecordVersion(1, 0x0305), 0, ErrMalformedClientHello, AlertProtocolVersion, 110},
 		{"second record version 2.0", withRecordVersion(1, 0x0200), 0, ErrMalformedClientHello, AlertProtocolVersion, 110},
 		{"record length 0", []byte{22, 3, 1, 0, 0, 1, 0, 0, 1}, 0, ErrMalformedClientHello, AlertUnexpectedMessage, 5},
-		{"second record length 0", append(frame(msg[:10]), append([]byte{22, 3, 3, 0, 0}, frame(msg[10:])...)...), 0, ErrMalformedClientHello, AlertUnexpectedMessage, 20},
+		{"second record length 0", append(chFrame(msg[:10]), append([]byte{22, 3, 3, 0, 0}, chFrame(msg[10:])...)...), 0, ErrMalformedClientHello, AlertUnexpectedMessage, 20},
 		{"record length 16385", append([]byte{22, 3, 1, 0x40, 0x01}, make([]byte, 16385)...), 0, ErrMalformedClientHello, AlertRecordOverflow, 5},
-		{"second record length 16385", append(frame(msg[:2]), 22, 3, 3, 0x40, 0x01), 0, ErrMalformedClientHello, AlertRecordOverflow, 12},
-		{"server hello", frame(handshakeMsg(2, helloBody())), 0, ErrMalformedClientHello, AlertUnexpectedMessage, -1},
+		{"second record length 16385", append(chFrame(msg[:2]), 22, 3, 3, 0x40, 0x01), 0, ErrMalformedClientHello, AlertRecordOverflow, 12},
+		{"server hello", chFrame(handshakeMsg(2, helloBody())), 0, ErrMalformedClientHello, AlertUnexpectedMessage, -1},
 		{"hello length over maxBytes", real, len(msg) - 5, ErrClientHelloTooLarge, AlertHandshakeFailure, len(real)},
 		{"record over limit", real, 100, ErrClientHelloTooLarge, AlertHandshakeFailure, 5},
-		{"hello length over maxBytes, header split", frame(msg, 2, 100), len(msg) - 5, ErrClientHelloTooLarge, AlertHandshakeFailure, 112},
-		{"hello length 2^24-1", frame([]byte{1, 0xff, 0xff, 0xff, 0, 0}), 0, ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
-		{"record overhead over limit (1-byte records)", frame(msg, 1), len(msg), ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
-		{"record overhead over limit at the last record", frame(msg, append(slices.Repeat([]int{1}, 256), 16384)...), len(msg) - 4, ErrClientHelloTooLarge, AlertHandshakeFailure, 256*6 + 5},
-		{"data after the hello in its last record", frame(append(slices.Clone(msg), 20, 0, 0, 0)), 0, ErrMalformedClientHello, AlertUnexpectedMessage, -1},
-		{"data after the hello, next record", frame(append(slices.Clone(msg), 20, 0, 0, 0), len(msg)-2), 0, ErrMalformedClientHello, AlertUnexpectedMessage, len(msg) - 2 + 10},
-		{"duplicate SNI extension", helloRecords(sniExt(testSNI), alpnExt("h2"), sniExt(testSNI)), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"hello length over maxBytes, header split", chFrame(msg, 2, 100), len(msg) - 5, ErrClientHelloTooLarge, AlertHandshakeFailure, 112},
+		{"hello length 2^24-1", chFrame([]byte{1, 0xff, 0xff, 0xff, 0, 0}), 0, ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
+		{"record overhead over limit (1-byte records)", chFrame(msg, 1), len(msg), ErrClientHelloTooLarge, AlertHandshakeFailure, -1},
+		{"record overhead over limit at the last record", chFrame(msg, append(slices.Repeat([]int{1}, 256), 16384)...), len(msg) - 4, ErrClientHelloTooLarge, AlertHandshakeFailure, 256*6 + 5},
+		{"data after the hello in its last record", chFrame(append(slices.Clone(msg), 20, 0, 0, 0)), 0, ErrMalformedClientHello, AlertUnexpectedMessage, -1},
+		{"data after the hello, next record", chFrame(append(slices.Clone(msg), 20, 0, 0, 0), len(msg)-2), 0, ErrMalformedClientHello, AlertUnexpectedMessage, len(msg) - 2 + 10},
+		{"duplicate SNI extension", helloRecords(sniExt(chSNI), alpnExt("h2"), sniExt(chSNI)), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"duplicate ALPN extension", helloRecords(alpnExt("h2"), alpnExt("h2")), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"duplicate unknown extension", helloRecords(ext{0x1234, nil}, ext{0x1234, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"duplicate GREASE extension", helloRecords(ext{0x0a0a, nil}, ext{0x1a1a, nil}, ext{0x0a0a, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"duplicate unknown extension", helloRecords(chExt{0x1234, nil}, chExt{0x1234, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"duplicate GREASE extension", helloRecords(chExt{0x0a0a, nil}, chExt{0x1a1a, nil}, chExt{0x0a0a, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"two host_names", helloRecords(sniExt("a.test", "b.test")), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"SNI with NUL", helloRecords(sniExt("team--demo--web.apps.test\x00.evil")), 0, ErrMalformedClientHello, AlertUnrecognizedName, -1},
 		{"SNI with space", helloRecords(sniExt("a b.test")), 0, ErrMalformedClientHello, AlertUnrecognizedName, -1},
@@ -578,28 +579,28 @@ func TestReadClientHelloRejects(t *testing.T) {
 		{"SNI with UTF-8", helloRecords(sniExt("bücher.test")), 0, ErrMalformedClientHello, AlertUnrecognizedName, -1},
 		{"SNI 256 bytes", helloRecords(sniExt(long)), 0, ErrMalformedClientHello, AlertUnrecognizedName, -1},
 		{"SNI empty name", helloRecords(sniExt("")), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"SNI empty list", helloRecords(ext{0, []byte{0, 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"SNI empty extension", helloRecords(ext{0, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"SNI list length mismatch", helloRecords(ext{0, []byte{0, 9, 0, 0, 1, 'a'}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"SNI trailing bytes", helloRecords(ext{0, []byte{0, 4, 0, 0, 1, 'a', 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"SNI truncated name", helloRecords(ext{0, []byte{0, 4, 0, 0, 5, 'a'}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"ALPN empty list", helloRecords(ext{16, []byte{0, 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"ALPN empty extension", helloRecords(ext{16, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"SNI empty list", helloRecords(chExt{0, []byte{0, 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"SNI empty extension", helloRecords(chExt{0, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"SNI list length mismatch", helloRecords(chExt{0, []byte{0, 9, 0, 0, 1, 'a'}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"SNI trailing bytes", helloRecords(chExt{0, []byte{0, 4, 0, 0, 1, 'a', 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"SNI truncated name", helloRecords(chExt{0, []byte{0, 4, 0, 0, 5, 'a'}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"ALPN empty list", helloRecords(chExt{16, []byte{0, 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"ALPN empty extension", helloRecords(chExt{16, nil}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"ALPN empty name", helloRecords(alpnExt("h2", "")), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"ALPN truncated name", helloRecords(ext{16, []byte{0, 3, 2, 'h', '2', 5}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"ALPN trailing bytes", helloRecords(ext{16, []byte{0, 3, 2, 'h', '2', 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"pre_shared_key not last", helloRecords(ext{41, []byte{0}}, ext{0x1234, nil}), 0, ErrMalformedClientHello, AlertIllegalParameter, -1},
+		{"ALPN truncated name", helloRecords(chExt{16, []byte{0, 3, 2, 'h', '2', 5}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"ALPN trailing bytes", helloRecords(chExt{16, []byte{0, 3, 2, 'h', '2', 0}}), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"pre_shared_key not last", helloRecords(chExt{41, []byte{0}}, chExt{0x1234, nil}), 0, ErrMalformedClientHello, AlertIllegalParameter, -1},
 		{"extension truncated", helloRecordsMutated(func(b []byte) []byte { return append(b[:len(b)-1], 0, 0, 0) }), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"extensions length too long", helloRecordsMutated(func(b []byte) []byte { return append(b, 0) }), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 		{"extensions length too short", helloRecordsMutated(func(b []byte) []byte { return append(b, 0, 0, 0, 0) }), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"extensions length 1 byte", frame(handshakeMsg(1, append(helloBody()[:len(helloBody())-2], 0))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"legacy_version 2.0", frame(handshakeMsg(1, append([]byte{2, 0}, helloBody()[2:]...))), 0, ErrMalformedClientHello, AlertProtocolVersion, -1},
-		{"session id 33 bytes", frame(handshakeMsg(1, bodyWith(33, 2, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"no cipher suites", frame(handshakeMsg(1, bodyWith(0, 0, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"odd cipher suites", frame(handshakeMsg(1, bodyWith(0, 3, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"no compression methods", frame(handshakeMsg(1, bodyWith(0, 2, 0))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"empty hello", frame(handshakeMsg(1, nil)), 0, ErrMalformedClientHello, AlertDecodeError, -1},
-		{"truncated random", frame(handshakeMsg(1, []byte{3, 3, 1, 2})), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"extensions length 1 byte", chFrame(handshakeMsg(1, append(helloBody()[:len(helloBody())-2], 0))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"legacy_version 2.0", chFrame(handshakeMsg(1, append([]byte{2, 0}, helloBody()[2:]...))), 0, ErrMalformedClientHello, AlertProtocolVersion, -1},
+		{"session id 33 bytes", chFrame(handshakeMsg(1, bodyWith(33, 2, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"no cipher suites", chFrame(handshakeMsg(1, bodyWith(0, 0, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"odd cipher suites", chFrame(handshakeMsg(1, bodyWith(0, 3, 1))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"no compression methods", chFrame(handshakeMsg(1, bodyWith(0, 2, 0))), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"empty hello", chFrame(handshakeMsg(1, nil)), 0, ErrMalformedClientHello, AlertDecodeError, -1},
+		{"truncated random", chFrame(handshakeMsg(1, []byte{3, 3, 1, 2})), 0, ErrMalformedClientHello, AlertDecodeError, -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -607,7 +608,7 @@ func TestReadClientHelloRejects(t *testing.T) {
 			if max == 0 {
 				max = 64 << 10
 			}
-			cr := &countingReader{r: bytes.NewReader(append(slices.Clone(tc.in), "EXTRA"...))}
+			cr := &chCountingReader{r: bytes.NewReader(append(slices.Clone(tc.in), "EXTRA"...))}
 			h, err := ReadClientHello(cr, max)
 			if err == nil || h != nil {
 				t.Fatalf("accepted: %+v", h)
@@ -632,7 +633,7 @@ func TestReadClientHelloRejects(t *testing.T) {
 // helloRecordsMutated builds a hello with one SNI extension, lets f change
 // the end of the body (the extensions block), and fixes the handshake length.
 func helloRecordsMutated(f func([]byte) []byte) []byte {
-	return frame(handshakeMsg(1, f(helloBody(sniExt("a.test")))), 16384)
+	return chFrame(handshakeMsg(1, f(helloBody(sniExt("a.test")))), 16384)
 }
 
 // bodyWith builds a hello body without extensions with the given
@@ -642,7 +643,7 @@ func bodyWith(sid, suites, comp int) []byte {
 	b = append(b, make([]byte, 32)...)
 	b = append(b, byte(sid))
 	b = append(b, make([]byte, sid)...)
-	b = append(b, u16(suites)...)
+	b = append(b, chU16(suites)...)
 	b = append(b, bytes.Repeat([]byte{0x13}, suites)...)
 	b = append(b, byte(comp))
 	return append(b, make([]byte, comp)...)
@@ -655,16 +656,16 @@ func TestReadClientHelloAccepts(t *testing.T) {
 		sni  string
 		alpn []string
 	}{
-		{"no extensions block (TLS 1.2)", frame(handshakeMsg(1, bodyWith(0, 2, 1))), "", nil},
-		{"empty extensions block", frame(handshakeMsg(1, helloBody())), "", nil},
-		{"unknown name type skipped", helloRecords(ext{0, []byte{0, 13, 7, 0, 1, 'x', 0, 0, 6, 'a', '.', 't', 'e', 's', 't'}}), "a.test", nil},
-		{"only unknown name type", helloRecords(ext{0, []byte{0, 4, 7, 0, 1, 'x'}}), "", nil},
+		{"no extensions block (TLS 1.2)", chFrame(handshakeMsg(1, bodyWith(0, 2, 1))), "", nil},
+		{"empty extensions block", chFrame(handshakeMsg(1, helloBody())), "", nil},
+		{"unknown name type skipped", helloRecords(chExt{0, []byte{0, 13, 7, 0, 1, 'x', 0, 0, 6, 'a', '.', 't', 'e', 's', 't'}}), "a.test", nil},
+		{"only unknown name type", helloRecords(chExt{0, []byte{0, 4, 7, 0, 1, 'x'}}), "", nil},
 		{"case preserved", helloRecords(sniExt("Team--Demo--Web.Apps.Test")), "Team--Demo--Web.Apps.Test", nil},
 		{"trailing dot left to caller", helloRecords(sniExt("a.test.")), "a.test.", nil},
 		{"255-byte name", helloRecords(sniExt(strings.Repeat("a", 255))), strings.Repeat("a", 255), nil},
 		{"many ALPN names", helloRecords(alpnExt("a", "b", "c", "d", "e", "f")), "", []string{"a", "b", "c", "d", "e", "f"}},
 		{"255-byte ALPN name", helloRecords(alpnExt(strings.Repeat("p", 255))), "", []string{strings.Repeat("p", 255)}},
-		{"pre_shared_key last", helloRecords(sniExt("a.test"), ext{41, []byte{0}}), "a.test", nil},
+		{"pre_shared_key last", helloRecords(sniExt("a.test"), chExt{41, []byte{0}}), "a.test", nil},
 		{"SSL 3.0 record version", append([]byte{22, 3, 0}, helloRecords(sniExt("a.test"))[3:]...), "a.test", nil},
 		{"TLS 1.3 record version", append([]byte{22, 3, 4}, helloRecords(sniExt("a.test"))[3:]...), "a.test", nil},
 		{"many distinct extensions", helloRecords(manyExts(3000)...), "", nil},
@@ -681,24 +682,24 @@ func TestReadClientHelloAccepts(t *testing.T) {
 		})
 	}
 	// Duplicates are found among many distinct extensions too.
-	exts := append(manyExts(3000), ext{0xffef, nil})
+	exts := append(manyExts(3000), chExt{0xffef, nil})
 	if _, err := ReadClientHello(bytes.NewReader(helloRecords(exts...)), 64<<10); !errors.Is(err, ErrMalformedClientHello) {
 		t.Fatalf("duplicate among 3001 extensions: %v", err)
 	}
 }
 
 // manyExts returns n empty extensions with distinct types, high and low.
-func manyExts(n int) []ext {
-	var out []ext
+func manyExts(n int) []chExt {
+	var out []chExt
 	for i := range n {
-		out = append(out, ext{uint16(0xffff - i*16), nil})
+		out = append(out, chExt{uint16(0xffff - i*16), nil})
 	}
-	out = append(out, ext{5, nil}, ext{200, nil})
+	out = append(out, chExt{5, nil}, chExt{200, nil})
 	return out
 }
 
 func TestReadClientHelloReadErrors(t *testing.T) {
-	raw := captureHello(t, helloKinds[0])
+	raw := captureHello(t, chHelloKinds[0])
 	boom := errors.New("boom")
 	r := io.MultiReader(bytes.NewReader(raw[:50]), iotest.ErrReader(boom))
 	if _, err := ReadClientHello(r, 0); !errors.Is(err, boom) {
@@ -725,22 +726,22 @@ func TestWriteAlertBytes(t *testing.T) {
 		t.Fatalf("wrote % x, want % x", b.Bytes(), want)
 	}
 	boom := errors.New("boom")
-	if err := WriteAlert(errWriter{boom}, AlertDecodeError); !errors.Is(err, boom) {
+	if err := WriteAlert(chErrWriter{boom}, AlertDecodeError); !errors.Is(err, boom) {
 		t.Fatalf("got %v", err)
 	}
 }
 
-type errWriter struct{ err error }
+type chErrWriter struct{ err error }
 
-func (w errWriter) Write([]byte) (int, error) { return 0, w.err }
+func (w chErrWriter) Write([]byte) (int, error) { return 0, w.err }
 
 // A real crypto/tls client that is answered with unrecognized_name fails
 // at the alert, having received no certificate.
 func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	for _, k := range helloKinds[:2] {
+	for _, k := range chHelloKinds[:2] {
 		t.Run(k.name, func(t *testing.T) {
-			cli, srv := tcpPair(t)
+			cli, srv := chTCPPair(t)
 			_ = cli.SetDeadline(time.Now().Add(10 * time.Second))
 			_ = srv.SetDeadline(time.Now().Add(10 * time.Second))
 			type result struct {
@@ -752,7 +753,7 @@ func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 			res := make(chan result, 1)
 			go func() {
 				var r result
-				cfg := clientConfig(t, k)
+				cfg := chClientConfig(t, k)
 				cfg.VerifyConnection = func(tls.ConnectionState) error { r.verified = true; return nil }
 				cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 					r.certAsked = true
@@ -768,7 +769,7 @@ func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if hello.ServerName != testSNI {
+			if hello.ServerName != chSNI {
 				t.Fatalf("ServerName %q", hello.ServerName)
 			}
 			if err := WriteAlert(srv, AlertUnrecognizedName); err != nil {
@@ -828,7 +829,7 @@ func TestPrefixConn(t *testing.T) {
 }
 
 func TestPrefixConnCloseWriteTCP(t *testing.T) {
-	cli, srv := tcpPair(t)
+	cli, srv := chTCPPair(t)
 	pc := NewPrefixConn(srv, []byte("x")).(*PrefixConn)
 	if err := pc.CloseWrite(); err != nil {
 		t.Fatal(err)
@@ -839,11 +840,11 @@ func TestPrefixConnCloseWriteTCP(t *testing.T) {
 	}
 }
 
-// goParse hands raw to a crypto/tls server and returns the ClientHelloInfo
+// chGoParse hands raw to a crypto/tls server and returns the ClientHelloInfo
 // it parsed, or nil when crypto/tls refused the bytes before that point.
-func goParse(raw []byte) *tls.ClientHelloInfo {
+func chGoParse(raw []byte) *tls.ClientHelloInfo {
 	var info *tls.ClientHelloInfo
-	srv := tls.Server(&replayConn{r: bytes.NewReader(raw)}, &tls.Config{
+	srv := tls.Server(&chReplayConn{r: bytes.NewReader(raw)}, &tls.Config{
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			info = h
 			return nil, errors.New("stop")
@@ -853,18 +854,18 @@ func goParse(raw []byte) *tls.ClientHelloInfo {
 	return info
 }
 
-// replayConn reads from a byte slice (then EOF) and discards writes.
-type replayConn struct {
+// chReplayConn reads from a byte slice (then EOF) and discards writes.
+type chReplayConn struct {
 	net.Conn // nil: methods not defined here panic
 	r        *bytes.Reader
 }
 
-func (c *replayConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
-func (c *replayConn) Write(p []byte) (int, error)      { return len(p), nil }
-func (c *replayConn) Close() error                     { return nil }
-func (c *replayConn) SetDeadline(time.Time) error      { return nil }
-func (c *replayConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *replayConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *chReplayConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c *chReplayConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c *chReplayConn) Close() error                     { return nil }
+func (c *chReplayConn) SetDeadline(time.Time) error      { return nil }
+func (c *chReplayConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *chReplayConn) SetWriteDeadline(time.Time) error { return nil }
 
 // stricterThanGo lists the rejections that are deliberate additions to what
 // crypto/tls checks while reading a ClientHello.
@@ -893,7 +894,7 @@ func stricterThanGo(err error) bool {
 
 // checkAgainstGo compares ReadClientHello with crypto/tls on the same bytes.
 func checkAgainstGo(t testing.TB, in []byte, got *ClientHello, err error) {
-	info := goParse(in)
+	info := chGoParse(in)
 	if info == nil {
 		return // crypto/tls refused; it checks extension contents we skip
 	}
@@ -916,7 +917,7 @@ func checkAgainstGo(t testing.TB, in []byte, got *ClientHello, err error) {
 func TestReadClientHelloMutationsAgainstCryptoTLS(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	rng := mrand.New(mrand.NewPCG(1, 2))
-	for _, k := range helloKinds {
+	for _, k := range chHelloKinds {
 		raw := captureHello(t, k)
 		h, err := ReadClientHello(bytes.NewReader(raw), 64<<10)
 		if err != nil {
@@ -935,7 +936,7 @@ func TestReadClientHelloMutationsAgainstCryptoTLS(t *testing.T) {
 }
 
 func BenchmarkReadClientHello(b *testing.B) {
-	for _, k := range []helloKind{helloKinds[0], helloKinds[1]} {
+	for _, k := range []chHelloKind{chHelloKinds[0], chHelloKinds[1]} {
 		raw := captureHello(b, k)
 		b.Run(k.name, func(b *testing.B) {
 			r := bytes.NewReader(raw)
@@ -944,10 +945,26 @@ func BenchmarkReadClientHello(b *testing.B) {
 			for b.Loop() {
 				r.Reset(raw)
 				h, err := ReadClientHello(r, 64<<10)
-				if err != nil || h.ServerName != testSNI {
+				if err != nil || h.ServerName != chSNI {
 					b.Fatal(err)
 				}
 			}
 		})
+	}
+}
+
+func TestReadClientHelloMaxBytesBounds(t *testing.T) {
+	raw := captureHello(t, chHelloKinds[0])
+	for _, max := range []int{0, -1, math.MaxInt, len(helloMessage(t, raw)) - 4} {
+		h, err := ReadClientHello(bytes.NewReader(raw), max)
+		if err != nil || h.ServerName != chSNI {
+			t.Fatalf("maxBytes %d: %v", max, err)
+		}
+	}
+	if got := maxReadFor(0); got != DefaultMaxClientHelloBytes+4+1280 {
+		t.Fatalf("maxReadFor(0) = %d", got)
+	}
+	if got := maxReadFor(math.MaxInt); got != 1<<24-1+4+1280 {
+		t.Fatalf("maxReadFor(MaxInt) = %d", got)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/applistener/applistener/control"
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/routes"
@@ -30,6 +32,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	domain := fs.String("domain", "apps.localhost", "application domain")
 	dir := fs.String("dir", "", "where the certificate and routes file are written (default: a new temporary directory)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
+	healthAddress := fs.String("address", "127.0.0.1:5501", "health TCP listener of the supervisor (empty: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -83,7 +86,6 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	}()
 	appPort := appLn.Addr().(*net.TCPAddr).Port
 
-	routesFile := filepath.Join(*dir, "routes.json")
 	doc := map[string]any{
 		"revision": "dev-1",
 		"instances": []any{map[string]any{
@@ -94,18 +96,66 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 			"services":   []any{map[string]any{"name": "web", "port": appPort, "revision": 1}},
 		}},
 	}
-	data, _ := json.MarshalIndent(doc, "", "  ")
-	if err := os.WriteFile(routesFile, data, 0o644); err != nil {
+	// The real topology: the reference gateway serves this document to a
+	// shared-mode supervisor over a push session.
+	const supervisorID = "dev-supervisor"
+	gatewayFile := filepath.Join(*dir, "gateway.json")
+	tokensFile := filepath.Join(*dir, "tokens.json")
+	tokenFile := filepath.Join(*dir, "supervisor.token")
+	token := rand.Text()
+	data, _ := json.MarshalIndent(map[string]any{"supervisors": map[string]any{supervisorID: doc}}, "", "  ")
+	if err := os.WriteFile(gatewayFile, data, 0o644); err != nil {
+		return err
+	}
+	data, _ = json.MarshalIndent(map[string]any{"tokens": []any{map[string]any{"token": token, "supervisor": supervisorID}}}, "", "  ")
+	if err := os.WriteFile(tokensFile, data, 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		return err
 	}
 
+	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, *logFormat == "json")
+	defer sink.Close(2 * time.Second)
+	logger := newLogger(*logFormat, "info", sink)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	gwOpts := gatewayOptions{
+		address: "127.0.0.1:0", configFile: gatewayFile, tokensFile: tokensFile,
+		keepalive: control.DefaultGatewayKeepalive, logFormat: *logFormat, logLevel: "info",
+	}
+	gwCtx, stopGateway := context.WithCancel(context.Background())
+	gwAddr := make(chan string, 1)
+	gwDone := make(chan error, 1)
+	go func() {
+		gwDone <- runGateway(gwCtx, &gwOpts, logger.With("component", "gateway"), func(addr string) { gwAddr <- addr })
+	}()
+	defer func() {
+		stopGateway()
+		<-gwDone
+	}()
+	var endpoint string
+	select {
+	case addr := <-gwAddr:
+		endpoint = "http://" + addr
+	case err := <-gwDone:
+		gwDone <- err
+		return fmt.Errorf("gateway: %w", err)
+	}
+
 	o := serveOptions{
-		mode:              "dedicated",
+		mode:              "shared",
 		appListener:       true,
 		appDomain:         *domain,
 		appAddress:        *appAddress,
 		appTLSDir:         tlsDir,
-		routesFile:        routesFile,
+		gatewayEndpoint:   endpoint,
+		gatewayTokenFile:  tokenFile,
+		supervisorID:      supervisorID,
+		gatewayPoll:       control.DefaultPollInterval,
+		gatewayStreamIdle: control.DefaultStreamIdleTimeout,
+		healthAddress:     *healthAddress,
 		adminAddress:      *adminAddress,
 		freshness:         routes.DefaultFreshness,
 		logFormat:         *logFormat,
@@ -113,35 +163,32 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		maxHeaderBytes:    16 << 10,
 		drainTimeout:      5 * time.Second,
 		defaultMaxStreams: 1024,
+		maxConnections:    10000,
 		certPoll:          500 * time.Millisecond,
 	}
 	if err := o.validate(); err != nil {
 		return err
 	}
-	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
-	defer sink.Close(2 * time.Second)
-	logger := newLogger(o.logFormat, o.logLevel, sink)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	host := routes.Hostname("team", "demo", "web", *domain)
-	return runSupervisor(ctx, &o, logger, sink, nil, func(appAddr, admAddr string) {
+	return runSupervisor(ctx, &o, logger.With("component", "supervisor"), sink, nil, func(appAddr, admAddr string) {
 		_, port, _ := net.SplitHostPort(appAddr)
 		ip, _, _ := net.SplitHostPort(appAddr)
 		if ip == "0.0.0.0" || ip == "::" {
 			ip = "127.0.0.1"
 		}
 		fmt.Fprintf(stdout, `
-applistener dev is running.
+applistener dev is running: the reference gateway (%[8]s) pushes routes to a
+shared-mode supervisor whose TLS listener forwards to a demo app.
   route:   https://%[1]s:%[2]s/  ->  demo app on 127.0.0.1:%[5]d
-  files:   %[3]s (routes.json, tls/, ca.crt)
-  admin:   http://%[6]s/metrics
+  files:   %[3]s (gateway.json, tokens.json, tls/, ca.crt)
+  admin:   http://%[6]s/metrics  http://%[6]s/readyz
 
 Try it:
   curl --cacert %[4]s --resolve %[1]s:%[2]s:%[7]s https://%[1]s:%[2]s/
 
-Edit %[3]s/routes.json to change routes (it is re-read within a second).
+Edit %[3]s/gateway.json to change routes: the gateway pushes them at once.
 Press Ctrl-C to stop.
 
-`, host, port, *dir, caFile, appPort, admAddr, ip)
+`, host, port, *dir, caFile, appPort, admAddr, ip, endpoint)
 	})
 }
