@@ -210,8 +210,7 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 	}
 	var lengths int
 	var chunked, badTE bool
-	var upgrade bool
-	r.close = http10
+	var upgrade, keepAlive, closeToken bool
 	for i := range r.fields {
 		f := &r.fields[i]
 		switch {
@@ -239,11 +238,9 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 				switch {
 				case len(part) == 0:
 				case asciiEqualFold(part, "close"):
-					r.close = true
+					closeToken = true
 				case asciiEqualFold(part, "keep-alive"):
-					if http10 {
-						r.close = false
-					}
+					keepAlive = true
 				case asciiEqualFold(part, "upgrade"):
 				default:
 					r.connTokens = append(r.connTokens, part)
@@ -253,13 +250,14 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 			upgrade = hasToken(f.value, "websocket")
 		}
 	}
+	r.close = closeToken || (http10 && !keepAlive)
 	switch {
 	case r.status < 200 || r.status == 204 || r.status == 304 || headRequest:
 		r.body = bodyNone
 	case badTE:
-		// Unknown codings: the body is delimited by the connection close.
-		r.body = bodyUntilClose
-		r.close = true
+		// A transfer coding other than chunked would have to reach the
+		// client intact, and clients do not decode it: refuse (502).
+		return badRequest("unsupported Transfer-Encoding from the app")
 	case chunked:
 		r.body = bodyChunked
 		if lengths > 0 {

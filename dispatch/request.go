@@ -78,7 +78,7 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 		return err
 	}
 	var hosts, lengths, encodings int
-	var upgradeWS, connUpgrade bool
+	var upgradeWS, connUpgrade, keepAlive, closeToken bool
 	for i := range r.fields {
 		f := &r.fields[i]
 		switch {
@@ -108,11 +108,9 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 				switch {
 				case len(part) == 0:
 				case asciiEqualFold(part, "close"):
-					r.close = true
+					closeToken = true
 				case asciiEqualFold(part, "keep-alive"):
-					if r.http10 {
-						r.close = false
-					}
+					keepAlive = true
 				case asciiEqualFold(part, "upgrade"):
 					connUpgrade = true
 				default:
@@ -134,6 +132,8 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 			r.accept = f.value
 		}
 	}
+	// close always wins; HTTP/1.0 keeps the connection only when asked to.
+	r.close = closeToken || (r.http10 && !keepAlive)
 	switch {
 	case lengths > 1:
 		return badRequest("multiple Content-Length headers")
@@ -153,6 +153,9 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 	}
 	// Request target forms (RFC 9112 §3.2).
 	switch {
+	case string(r.method) == "CONNECT":
+		// authority-form; never forwarded (405), kept for the answer.
+		r.path = r.target
 	case r.target[0] == '/':
 		r.path = r.target
 	case len(r.target) == 1 && r.target[0] == '*':
@@ -171,7 +174,7 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 		r.path = path
 	}
 	// A WebSocket handshake has no body; with one it is a plain request.
-	r.upgrade = upgradeWS && connUpgrade && string(r.method) == "GET" && r.body == bodyNone
+	r.upgrade = upgradeWS && connUpgrade && string(r.method) == "GET" && r.body == bodyNone && !r.http10
 	return nil
 }
 

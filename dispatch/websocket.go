@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/applistener/applistener/routes"
 )
@@ -79,7 +80,12 @@ func (t *frameTracker) feed(p []byte) {
 // for the client-to-app direction.
 func closeFrame(code uint16, reason string, masked bool) []byte {
 	if len(reason) > 123 {
-		reason = reason[:123]
+		// Cut at a character boundary: the reason must stay valid UTF-8.
+		cut := 123
+		for cut > 0 && !utf8.RuneStart(reason[cut]) {
+			cut--
+		}
+		reason = reason[:cut]
 	}
 	payload := make([]byte, 2+len(reason))
 	binary.BigEndian.PutUint16(payload, code)
