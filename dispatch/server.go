@@ -103,8 +103,11 @@ type Server struct {
 
 	mu       sync.Mutex
 	conns    map[*clientConn]struct{}
+	h2conns  map[*h2Conn]struct{} // HTTP/2 connections (h2.go), under mu
 	draining atomic.Bool
 	idleCh   chan struct{} // signalled when a connection ends during drain
+
+	h2 h2State // the HTTP/2 server, created on first use (h2.go)
 }
 
 // New returns a Server.
@@ -201,7 +204,7 @@ func (s *Server) track(c *clientConn) bool {
 func (s *Server) untrack(c *clientConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
-	n := len(s.conns)
+	n := len(s.conns) + len(s.h2conns)
 	s.mu.Unlock()
 	if n == 0 && s.draining.Load() {
 		select {
@@ -211,24 +214,27 @@ func (s *Server) untrack(c *clientConn) {
 	}
 }
 
-// Connections returns the number of client connections being served.
+// Connections returns the number of client connections being served,
+// HTTP/1.1 and HTTP/2.
 func (s *Server) Connections() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.conns)
+	return len(s.conns) + len(s.h2conns)
 }
 
 // Shutdown drains: idle keep-alive connections are closed at once, requests
 // in flight may finish (their responses carry Connection: close) until ctx
 // ends, then everything left, WebSockets included (close code 1001), is
-// closed. It returns when every connection has ended.
+// closed. HTTP/2 connections get GOAWAY: their streams in flight may finish
+// until ctx ends. It returns when every connection has ended.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.h2GoAway()
 	s.mu.Lock()
 	for c := range s.conns {
 		c.closeIfIdle()
 	}
-	n := len(s.conns)
+	n := len(s.conns) + len(s.h2conns)
 	s.mu.Unlock()
 	for n > 0 {
 		select {
@@ -238,6 +244,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			for c := range s.conns {
 				go c.Revoke(routes.ErrShutdown)
 			}
+			for hc := range s.h2conns {
+				go hc.Revoke(routes.ErrShutdown)
+			}
 			s.mu.Unlock()
 			s.waitEmpty(5 * time.Second)
 			return ctx.Err()
@@ -245,11 +254,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			// Re-check: a WebSocket or a request may have ended without
 			// winning the race for idleCh.
 		}
+		// Again for HTTP/2 connections that were not yet being served.
+		s.h2GoAway()
 		s.mu.Lock()
 		for c := range s.conns {
 			c.closeIfIdle()
 		}
-		n = len(s.conns)
+		n = len(s.conns) + len(s.h2conns)
 		s.mu.Unlock()
 	}
 	return nil
@@ -644,6 +655,8 @@ func (c *clientConn) proxy() bool {
 			path:   pathOnly(req.path),
 		}
 		defer func() { c.detached = nil }()
+		c.body.start(c.conn, c.s.cfg.BodyTimeout)
+		c.in.src = &c.body
 		bodyDone = make(chan error, 1)
 		go func() { bodyDone <- c.copyRequestBody(bc) }()
 	}
@@ -655,13 +668,16 @@ func (c *clientConn) proxy() bool {
 		bodyDone = nil
 		return err
 	}
-	abortBody := func() {
-		if bodyDone != nil {
-			c.body.abort()
-			_ = bc.conn.Close()
-			<-bodyDone
-			bodyDone = nil
+	// abortBody stops the body copy and returns how it ended.
+	abortBody := func() error {
+		if bodyDone == nil {
+			return nil
 		}
+		c.body.abort()
+		_ = bc.conn.Close()
+		err := <-bodyDone
+		bodyDone = nil
+		return err
 	}
 
 	wroteHead := false
@@ -669,9 +685,19 @@ func (c *clientConn) proxy() bool {
 		_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
 		head, err := c.readResponseHead(bc)
 		if err != nil {
-			abortBody()
+			berr := abortBody()
 			bc.close()
-			if wroteHead {
+			var pe *parseError
+			switch {
+			case errors.As(berr, &pe) && !wroteHead:
+				// A malformed request body (bad chunking): the body copy
+				// closed the app connection to end the wait here.
+				c.reject(pe)
+				return false
+			case berr != nil && !isAppWriteError(berr):
+				// The client went away or stalled mid-body.
+				return false
+			case wroteHead:
 				return false
 			}
 			return c.backendFailed(err, true)
@@ -772,20 +798,24 @@ func (c *clientConn) proxy() bool {
 	return !closeClient
 }
 
-// copyRequestBody streams the request body to the app.
+// copyRequestBody streams the request body to the app. When the client
+// side fails (a malformed body, a stalled or vanished client), it closes the
+// app connection, so that the wait for a response ends at once.
 func (c *clientConn) copyRequestBody(bc *backendConn) error {
-	c.body = deadlineReader{conn: c.conn, timeout: c.s.cfg.BodyTimeout}
-	c.in.src = &c.body
 	defer func() { c.in.src = c.conn }()
+	w := appWriter{bc.conn}
 	var n int64
 	var err error
 	switch c.req.body {
 	case bodyLength:
-		n, err = copyN(bc.conn, &c.in, c.req.length, nil)
+		n, err = copyN(w, &c.in, c.req.length, nil)
 	case bodyChunked:
-		n, err = copyChunked(bc.conn, &c.in, true, nil)
+		n, err = copyChunked(w, &c.in, true, nil)
 	}
 	c.s.m.bytesToApp.Add(float64(n))
+	if err != nil && !isAppWriteError(err) {
+		_ = bc.conn.Close()
+	}
 	return err
 }
 
@@ -807,6 +837,35 @@ type deadlineReader struct {
 }
 
 var errBodyAborted = errors.New("request body aborted")
+
+// start prepares the reader for one request body.
+func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
+	d.mu.Lock()
+	d.conn, d.timeout, d.aborted = conn, timeout, false
+	d.mu.Unlock()
+}
+
+// appWriter marks write errors towards the app, to tell them apart from
+// failures on the client side of a body copy.
+type appWriter struct{ conn net.Conn }
+
+type appWriteError struct{ err error }
+
+func (e *appWriteError) Error() string { return "write to app: " + e.err.Error() }
+func (e *appWriteError) Unwrap() error { return e.err }
+
+func (w appWriter) Write(p []byte) (int, error) {
+	n, err := w.conn.Write(p)
+	if err != nil {
+		err = &appWriteError{err}
+	}
+	return n, err
+}
+
+func isAppWriteError(err error) bool {
+	var we *appWriteError
+	return errors.As(err, &we)
+}
 
 func (d *deadlineReader) Read(p []byte) (int, error) {
 	d.mu.Lock()
