@@ -162,12 +162,16 @@ func (c *GatewayClient) token() (string, error) {
 	return t, nil
 }
 
-func (c *GatewayClient) newRequest(ctx context.Context, method, url string) (*http.Request, error) {
+func (c *GatewayClient) newRequest(ctx context.Context, method, url string, body []byte) (*http.Request, error) {
 	tok, err := c.token()
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +288,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // poll fetches the document once: 200 applies it, 304 renews.
 func (c *GatewayClient) poll(ctx context.Context) error {
-	req, err := c.newRequest(ctx, http.MethodGet, c.configURL(false))
+	req, err := c.newRequest(ctx, http.MethodGet, c.configURL(false), nil)
 	if err != nil {
 		return err
 	}
@@ -355,7 +359,7 @@ func (c *GatewayClient) applyDocument(data []byte, source string) error {
 func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := c.newRequest(sctx, http.MethodGet, c.configURL(true))
+	req, err := c.newRequest(sctx, http.MethodGet, c.configURL(true), nil)
 	if err != nil {
 		return false, err
 	}

@@ -190,6 +190,7 @@ type Table struct {
 	accepted   atomic.Bool
 
 	mu        sync.Mutex
+	subs      []chan struct{}
 	closed    bool
 	version   uint64
 	instances map[InstanceKey]*Instance
@@ -223,6 +224,26 @@ func NewTable(opts Options) *Table {
 	}
 	t.snap.Store(&Snapshot{byHost: map[string]*Route{}})
 	return t
+}
+
+// Subscribe returns a channel that receives a signal after every change or
+// renewal of the table (signals coalesce: the channel holds at most one).
+func (t *Table) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	t.mu.Lock()
+	t.subs = append(t.subs, ch)
+	t.mu.Unlock()
+	return ch
+}
+
+// notify signals the subscribers; the caller holds t.mu.
+func (t *Table) notifyLocked() {
+	for _, ch := range t.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Domain returns the application domain the table builds hostnames under.
@@ -329,6 +350,7 @@ func (t *Table) StopInstance(key InstanceKey) int {
 		events = append(events, Event{Kind: "stopped", Host: host, Port: r.Port, Version: r.InstallationVersion})
 	}
 	t.snap.Store(&Snapshot{byHost: next, Revision: old.Revision})
+	t.notifyLocked()
 	t.mu.Unlock()
 	return t.finish(revs, events)
 }
@@ -459,6 +481,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 }
 
 func (t *Table) renewLocked() {
+	defer t.notifyLocked()
 	deadline := t.clock.Now().Add(t.opts.Freshness)
 	t.freshUntil.Store(deadline.UnixNano())
 	t.metrics.renewals.Inc()
@@ -483,6 +506,7 @@ func (t *Table) expire() {
 	}
 	old := t.snap.Load()
 	t.snap.Store(&Snapshot{byHost: map[string]*Route{}, Revision: old.Revision})
+	t.notifyLocked()
 	t.mu.Unlock()
 	var revs []revocation
 	var events []Event

@@ -43,6 +43,7 @@ type serveOptions struct {
 	gatewayPoll       time.Duration
 	gatewayStreamIdle time.Duration
 	parentLiveness    bool
+	advertiseAddress  string
 	adminAddress      string
 	healthAddress     string
 	freshness         time.Duration
@@ -79,6 +80,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
 	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", control.DefaultPollInterval, "poll interval while the push session is down")
 	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", control.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
+	fs.StringVar(&o.advertiseAddress, "advertise-address", "", "address advertised to the gateway as this supervisor's endpoint (the Pod IP; default: the host of --app-address when it is not a wildcard)")
 	fs.BoolVar(&o.parentLiveness, "parent-liveness-stdin", false, "exit cleanly when stdin reaches EOF (the parent process died)")
 	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
 	fs.StringVar(&o.healthAddress, "address", "", "health TCP listener, open only while ready (kubelet tcpSocket probes)")
@@ -356,6 +358,26 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		}
 		return true, ""
 	}
+	// The endpoint this supervisor's routes are reached at.
+	var endpoint control.AdvertisedEndpoint
+	if appLn != nil {
+		host, _, _ := net.SplitHostPort(o.appAddress)
+		if o.advertiseAddress != "" {
+			host = o.advertiseAddress
+		}
+		if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+			host = ""
+		}
+		endpoint = control.AdvertisedEndpoint{Host: host, Port: appLn.Addr().(*net.TCPAddr).Port}
+	}
+	if gw != nil && appLn != nil {
+		if endpoint.Host == "" {
+			logger.Warn("not advertising installed routes: set --advertise-address (the Pod IP)")
+		} else {
+			adv := &control.Advertiser{Client: gw, Table: table, Endpoint: endpoint, Logger: logger}
+			wg.Go(func() { adv.Run(bg) })
+		}
+	}
 	var adm *admin.Server
 	if o.adminAddress != "" {
 		var err error
@@ -366,6 +388,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			}
 			return err
 		}
+		adm.Handle("GET /v1/installations", control.InstallationsHandler(table, endpoint))
 		wg.Go(func() {
 			if err := adm.Serve(); err != nil {
 				logger.Error("admin server stopped", "err", err)

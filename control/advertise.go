@@ -1,0 +1,143 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// AdvertisedEndpoint is where a route's traffic goes: the supervisor's
+// advertised address (the Pod IP) and its app listener port.
+type AdvertisedEndpoint struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// AdvertisedRoute is one installed route as supervisors advertise it and
+// as GET /v1/installations shows it.
+type AdvertisedRoute struct {
+	Hostname            string             `json:"hostname"`
+	Workspace           string             `json:"workspace"`
+	Sandbox             string             `json:"sandbox"`
+	Name                string             `json:"name"` // "" for the unnamed service
+	InstallationVersion uint64             `json:"installation_version"`
+	DeclarationRevision int64              `json:"declaration_revision"`
+	ExpiresAt           time.Time          `json:"expires_at"`
+	Endpoint            AdvertisedEndpoint `json:"endpoint"`
+}
+
+// InstallationSet is the body of PUT /v1/supervisors/{id}/installations
+// and of GET /v1/installations.
+type InstallationSet struct {
+	Installations []AdvertisedRoute `json:"installations"`
+}
+
+// Installations lists the table's usable routes with the endpoint they are
+// reached at.
+func Installations(t *routes.Table, endpoint AdvertisedEndpoint) InstallationSet {
+	set := InstallationSet{Installations: []AdvertisedRoute{}}
+	if !t.Fresh() {
+		return set
+	}
+	for _, r := range t.Snapshot().Routes() {
+		if !r.Usable() {
+			continue
+		}
+		set.Installations = append(set.Installations, AdvertisedRoute{
+			Hostname:            r.Host,
+			Workspace:           r.Workspace,
+			Sandbox:             r.Sandbox,
+			Name:                r.Service,
+			InstallationVersion: r.InstallationVersion,
+			DeclarationRevision: r.DeclarationRevision(),
+			ExpiresAt:           r.FreshUntil().UTC().Truncate(time.Millisecond),
+			Endpoint:            endpoint,
+		})
+	}
+	return set
+}
+
+// InstallationsHandler serves the installed routes read-only (for the admin
+// address).
+func InstallationsHandler(t *routes.Table, endpoint AdvertisedEndpoint) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(Installations(t, endpoint))
+	})
+}
+
+// Advertiser tells the gateway which routes this supervisor has installed:
+// after every change and at every renewal of the table it PUTs the complete
+// set. Failures are retried with backoff; a newer change replaces a pending
+// retry.
+type Advertiser struct {
+	Client   *GatewayClient // for the endpoint, id, token and HTTP client
+	Table    *routes.Table
+	Endpoint AdvertisedEndpoint
+	Logger   *slog.Logger
+}
+
+// Run advertises until ctx ends.
+func (a *Advertiser) Run(ctx context.Context) {
+	changes := a.Table.Subscribe()
+	failures := 0
+	var retry <-chan time.Time
+	var lastSent []byte
+	var lastSentAt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		case <-retry:
+		}
+		retry = nil
+		body, _ := json.Marshal(Installations(a.Table, a.Endpoint))
+		if bytes.Equal(body, lastSent) && time.Since(lastSentAt) < time.Second {
+			continue // a burst of renewals: the gateway already has this
+		}
+		if err := a.put(ctx, body); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.Client.reportErr("advertising installations failed", err)
+			retry = time.After(a.Client.backoff(failures))
+			failures++
+			continue
+		}
+		failures = 0
+		lastSent, lastSentAt = body, time.Now()
+	}
+}
+
+func (a *Advertiser) put(ctx context.Context, body []byte) error {
+	c := a.Client
+	u := strings.TrimRight(c.Endpoint, "/") + "/v1/supervisors/" + url.PathEscape(c.SupervisorID) + "/installations"
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := c.newRequest(ctx, http.MethodPut, u, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("PUT installations: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return readStatusError(resp)
+	}
+	return nil
+}
