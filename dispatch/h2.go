@@ -1,0 +1,986 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// HTTP/2 settings of the client side. The app is always spoken to in
+// HTTP/1.1 through the same per-route backend pool as HTTP/1.1 clients.
+const (
+	// H2MaxConcurrentStreams is SETTINGS_MAX_CONCURRENT_STREAMS.
+	H2MaxConcurrentStreams = 250
+	// H2ReadIdleTimeout: a connection with no frame read for this long is
+	// sent a PING ...
+	H2ReadIdleTimeout = 60 * time.Second
+	// H2PingTimeout: ... and closed when the PING is not answered in time.
+	H2PingTimeout = 15 * time.Second
+	// h2MaxResponseFields bounds the header fields of an app's response
+	// (the same bound as the HTTP/1.1 path).
+	h2MaxResponseFields = 200
+)
+
+// h2State is the Server's HTTP/2 machinery, created on first use.
+type h2State struct {
+	once sync.Once
+	srv  *http2.Server
+	// base carries the settings x/net takes from an http.Server
+	// (MaxHeaderBytes → MAX_HEADER_LIST_SIZE, IdleTimeout, ErrorLog) and,
+	// through http2.ConfigureServer, the graceful shutdown hook: its
+	// Shutdown makes every connection served with it send GOAWAY.
+	base *http.Server
+	used atomic.Bool // srv and base exist
+}
+
+// h2Server returns the http2.Server and its base configuration.
+func (s *Server) h2Server() (*http2.Server, *http.Server) {
+	s.h2.once.Do(func() {
+		base := &http.Server{
+			MaxHeaderBytes: s.cfg.MaxHeaderBytes,
+			IdleTimeout:    s.cfg.IdleTimeout,
+			ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		}
+		srv := &http2.Server{
+			MaxConcurrentStreams: H2MaxConcurrentStreams,
+			IdleTimeout:          s.cfg.IdleTimeout,
+			ReadIdleTimeout:      H2ReadIdleTimeout,
+			PingTimeout:          H2PingTimeout,
+			// A peer that reads nothing for this long loses the connection.
+			WriteByteTimeout: s.cfg.BodyTimeout,
+		}
+		// ConfigureServer fails only for a TLSConfig with an unusable
+		// cipher suite list; base has none.
+		if err := http2.ConfigureServer(base, srv); err != nil {
+			s.log.Error("http2 configuration failed", "err", err)
+		}
+		s.h2.srv, s.h2.base = srv, base
+		s.h2.used.Store(true)
+	})
+	return s.h2.srv, s.h2.base
+}
+
+// h2GoAway asks every HTTP/2 connection to finish gracefully: GOAWAY, then
+// in-flight streams may complete. It is idempotent per connection and is
+// called repeatedly while draining (a connection registers with x/net only
+// once it starts being served).
+func (s *Server) h2GoAway() {
+	if !s.h2.used.Load() {
+		return // no HTTP/2 connection was ever served
+	}
+	_, base := s.h2Server()
+	// With no listener and no HTTP/1 connection of its own, Shutdown runs
+	// the registered hooks and returns at once.
+	_ = base.Shutdown(context.Background())
+}
+
+// trackH2 registers an HTTP/2 connection for drain; false while draining.
+func (s *Server) trackH2(hc *h2Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	if s.h2conns == nil {
+		s.h2conns = make(map[*h2Conn]struct{})
+	}
+	s.h2conns[hc] = struct{}{}
+	return true
+}
+
+func (s *Server) untrackH2(hc *h2Conn) {
+	s.mu.Lock()
+	delete(s.h2conns, hc)
+	n := len(s.conns) + len(s.h2conns)
+	s.mu.Unlock()
+	if n == 0 && s.draining.Load() {
+		select {
+		case s.idleCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// routePool returns the route's backend pool, the one the HTTP/1.1 path
+// uses (same creation as clientConn.pool).
+func (s *Server) routePool(route *routes.Route) *backendPool {
+	return route.Data(func() any {
+		conn, err := s.cfg.NewConnector(route.Connector)
+		if err != nil {
+			s.log.Error("connector unavailable", "host", route.Host, "err", err)
+			conn = failingConnector{err}
+		}
+		return newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
+	}).(*backendPool)
+}
+
+// ServeH2 serves HTTP/2 on conn, a TLS connection that negotiated ALPN
+// "h2" and whose SNI named route. raw is the underlying TCP connection:
+// revocation closes it (never the TLS connection, whose Close can block on
+// a stalled peer), which ends every stream of the connection. Each request
+// is checked (route still usable, :authority names the SNI, method,
+// instance limit) and forwarded to the app over HTTP/1.1; a request for
+// another host (a browser coalescing connections under the wildcard
+// certificate) gets 421 on its stream only. ServeH2 returns when the
+// connection is closed and every stream handler has returned.
+func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route) {
+	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
+	if ap, err := netip.ParseAddrPort(raw.RemoteAddr().String()); err == nil {
+		hc.peer = ap.Addr().Unmap()
+	}
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(hc.peer) {
+			hc.trusted = true
+			break
+		}
+	}
+	if !s.trackH2(hc) {
+		_ = raw.Close()
+		return
+	}
+	defer s.untrackH2(hc)
+	if !route.Lease.Attach(hc) {
+		// Revoked between the handshake and now.
+		_ = raw.Close()
+		return
+	}
+	defer route.Lease.Detach(hc)
+	s.m.connsActive.Inc()
+	defer s.m.connsActive.Dec()
+
+	srv, base := s.h2Server()
+	// Deadlines left by the handshake would end the connection; x/net
+	// keeps its own timers (idle, ping, write-byte).
+	_ = conn.SetDeadline(time.Time{})
+	srv.ServeConn(&h2NetConn{Conn: conn, raw: raw}, &http2.ServeConnOpts{
+		BaseConfig: base,
+		Handler:    hc,
+	})
+	_ = raw.Close()
+	hc.endAndWait()
+}
+
+// h2NetConn is the connection handed to x/net: closing it closes the raw
+// TCP connection. HTTP/2 ends connections with GOAWAY, so no close_notify
+// is needed, and a stalled peer cannot block the close.
+type h2NetConn struct {
+	*tls.Conn
+	raw net.Conn
+}
+
+func (c *h2NetConn) Close() error { return c.raw.Close() }
+
+// h2Conn is one HTTP/2 client connection bound to one route. It is the
+// http.Handler of its streams and the routes.Stream attached to the
+// route's lease.
+type h2Conn struct {
+	s       *Server
+	raw     net.Conn
+	sni     string
+	route   *routes.Route
+	peer    netip.Addr
+	trusted bool
+
+	mu       sync.Mutex
+	revoked  error
+	backends map[*backendConn]struct{} // in use by a stream
+	active   int                       // stream handlers running
+	ended    bool                      // x/net stopped serving
+	allDone  chan struct{}
+}
+
+// Revoke closes the connection (all of its streams end) and every app
+// connection its streams are using.
+func (hc *h2Conn) Revoke(cause error) {
+	hc.mu.Lock()
+	if hc.revoked != nil {
+		hc.mu.Unlock()
+		return
+	}
+	hc.revoked = cause
+	bcs := make([]*backendConn, 0, len(hc.backends))
+	for bc := range hc.backends {
+		bcs = append(bcs, bc)
+	}
+	hc.mu.Unlock()
+	_ = hc.raw.Close()
+	for _, bc := range bcs {
+		_ = bc.conn.Close()
+	}
+}
+
+func (hc *h2Conn) revokedErr() error {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return hc.revoked
+}
+
+// addBackend records an app connection in use; false when revoked.
+func (hc *h2Conn) addBackend(bc *backendConn) bool {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.revoked != nil {
+		return false
+	}
+	if hc.backends == nil {
+		hc.backends = make(map[*backendConn]struct{})
+	}
+	hc.backends[bc] = struct{}{}
+	return true
+}
+
+func (hc *h2Conn) removeBackend(bc *backendConn) {
+	hc.mu.Lock()
+	delete(hc.backends, bc)
+	hc.mu.Unlock()
+}
+
+// enter counts a running stream handler; false once the connection ended.
+func (hc *h2Conn) enter() bool {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.ended {
+		return false
+	}
+	hc.active++
+	return true
+}
+
+func (hc *h2Conn) leave() {
+	hc.mu.Lock()
+	hc.active--
+	if hc.active == 0 && hc.allDone != nil {
+		close(hc.allDone)
+		hc.allDone = nil
+	}
+	hc.mu.Unlock()
+}
+
+// endAndWait marks the connection ended and waits for running handlers
+// (the closed connection unblocks them: their contexts are cancelled,
+// which closes their app connections).
+func (hc *h2Conn) endAndWait() {
+	hc.mu.Lock()
+	hc.ended = true
+	if hc.active == 0 {
+		hc.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	hc.allDone = ch
+	hc.mu.Unlock()
+	<-ch
+}
+
+// ServeHTTP handles one stream.
+func (hc *h2Conn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !hc.enter() {
+		// The connection has ended: never let x/net answer for us.
+		panic(http.ErrAbortHandler)
+	}
+	defer hc.leave()
+	st := &h2Stream{hc: hc, s: hc.s, w: w, r: r, rc: http.NewResponseController(w)}
+	st.dog.init(hc.s.cfg.BodyTimeout)
+	defer st.dog.stop()
+	if st.serve() {
+		// The response was started and cannot be completed, or the
+		// stream is gone: reset it, so that a client never takes a
+		// truncated body for a complete one (returning without a word
+		// would make x/net answer an empty 200).
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// h2Stream is one request on an HTTP/2 connection.
+type h2Stream struct {
+	hc *h2Conn
+	s  *Server
+	w  http.ResponseWriter
+	r  *http.Request
+	rc *http.ResponseController
+	// dog bounds each blocking read of the request body and each write to
+	// the client by Config.BodyTimeout (x/net's own stream deadlines are
+	// absolute: they would also fire between writes of an idle stream).
+	dog h2Watchdogs
+	// cancelStop stops the context.AfterFunc that closes the app
+	// connection when the stream ends early (client reset, connection
+	// closed).
+	cancelStop func() bool
+}
+
+// serve checks and forwards the request; it reports whether the stream
+// must be reset.
+func (st *h2Stream) serve() bool {
+	hc, r := st.hc, st.r
+	if hc.revokedErr() != nil || !hc.route.Usable() {
+		// The connection is being closed: no new streams on it.
+		st.deny(503, reasonRevoked, false, true)
+		return false
+	}
+	if !hostMatches([]byte(r.Host), hc.sni) {
+		st.deny(421, reasonMisdirected, false, false)
+		return false
+	}
+	if r.Method == "CONNECT" || r.Method == "TRACE" {
+		// Extended CONNECT (RFC 8441) is CONNECT too; x/net refuses it
+		// anyway unless GODEBUG=http2xconnect=1.
+		st.deny(405, reasonMethod, false, false)
+		return false
+	}
+	req, pe := st.buildRequest()
+	if pe != nil {
+		st.deny(pe.status, pe.reason, false, false)
+		return false
+	}
+	inst := hc.route.Instance
+	if !inst.Acquire() {
+		st.deny(503, reasonLimit, true, false)
+		return false
+	}
+	defer inst.Release()
+	inst.CountRequest()
+	st.s.m.streamsActive.Inc()
+	defer st.s.m.streamsActive.Dec()
+	return st.proxy(req)
+}
+
+// buildRequest converts the HTTP/2 request into the parsed form that
+// appendRequestHead sanitises, checking what HTTP/1.1 cannot carry.
+func (st *h2Stream) buildRequest() (*request, *parseError) {
+	r := st.r
+	target := r.RequestURI
+	if target == "" {
+		target = r.URL.RequestURI()
+	}
+	if !isToken([]byte(r.Method)) {
+		return nil, &parseError{400, "malformed request method"}
+	}
+	// Bytes that HTTP/2 allows in :path (a space, say) would break the
+	// HTTP/1.1 request line.
+	if !validTarget([]byte(target)) || (target[0] != '/' && !(target == "*" && r.Method == "OPTIONS")) {
+		return nil, &parseError{400, "malformed request target"}
+	}
+	n, size := 0, 0
+	for name, vs := range r.Header {
+		if name == "Cookie" && len(vs) > 1 {
+			// RFC 9113 §8.2.3: cookie crumbs are joined with "; " (x/net
+			// already does it; kept so that the app never sees several).
+			vs = []string{strings.Join(vs, "; ")}
+			r.Header["Cookie"] = vs
+		}
+		n += len(vs)
+		for _, v := range vs {
+			size += len(name) + len(v)
+		}
+	}
+	if n > st.s.cfg.MaxHeaderFields {
+		return nil, errHeadTooLarge
+	}
+	// One backing array for every name and value: it never grows, so the
+	// slices stay valid.
+	arena := make([]byte, 0, size+len(r.Method)+len(target))
+	cut := func(s string) []byte {
+		start := len(arena)
+		arena = append(arena, s...)
+		return arena[start:len(arena):len(arena)]
+	}
+	req := &request{
+		method: cut(r.Method),
+		path:   cut(target),
+		fields: make([]headField, 0, n),
+	}
+	req.target = req.path
+	for name, vs := range r.Header {
+		nb := cut(name)
+		if !isToken(nb) {
+			return nil, &parseError{400, "invalid header name"}
+		}
+		for _, v := range vs {
+			vb := cut(v)
+			if !validFieldValue(vb) {
+				return nil, &parseError{400, "invalid byte in header value"}
+			}
+			req.fields = append(req.fields, headField{nb, vb})
+			if asciiEqualFold(nb, "accept") {
+				req.accept = vb
+			}
+		}
+	}
+	switch {
+	case r.ContentLength > 0:
+		req.body, req.length = bodyLength, r.ContentLength
+	case r.ContentLength < 0:
+		req.body = bodyChunked
+	}
+	return req, nil
+}
+
+func (st *h2Stream) forwardInfo() *forwardInfo {
+	route := st.hc.route
+	fi := &forwardInfo{
+		client:      st.hc.peer,
+		trusted:     st.hc.trusted,
+		publicHost:  st.hc.sni,
+		backendHost: "127.0.0.1:" + strconv.Itoa(route.Port),
+		preserve:    st.s.cfg.PreserveHost,
+	}
+	if route.Connector.Type == "tcp" && route.Connector.Host != "" && route.Connector.Host != "127.0.0.1" {
+		fi.backendHost = net.JoinHostPort(route.Connector.Host, strconv.Itoa(route.Port))
+	}
+	return fi
+}
+
+// attach makes bc the stream's app connection: revocation and the end of
+// the stream close it. False when the connection is revoked.
+func (st *h2Stream) attach(bc *backendConn) bool {
+	if !st.hc.addBackend(bc) {
+		return false
+	}
+	st.cancelStop = context.AfterFunc(st.r.Context(), func() { _ = bc.conn.Close() })
+	return true
+}
+
+// detach undoes attach; it reports whether bc is still usable (not closed
+// because the stream ended).
+func (st *h2Stream) detach(bc *backendConn) bool {
+	st.hc.removeBackend(bc)
+	ok := true
+	if st.cancelStop != nil {
+		ok = st.cancelStop()
+		st.cancelStop = nil
+	}
+	return ok
+}
+
+// gone reports whether the stream or the connection has ended, in which
+// case nobody is listening for an answer.
+func (st *h2Stream) gone() bool {
+	return st.r.Context().Err() != nil || st.hc.revokedErr() != nil
+}
+
+// proxy forwards the request to the app and relays the response; it
+// reports whether the stream must be reset.
+func (st *h2Stream) proxy(req *request) bool {
+	s, r := st.s, st.r
+	isHead := r.Method == "HEAD"
+	hasBody := req.body != bodyNone
+	pool := s.routePool(st.hc.route)
+	head := appendRequestHead(make([]byte, 0, 1024), req, st.forwardInfo())
+
+	var bc *backendConn
+	for attempt := 0; ; attempt++ {
+		bc = nil
+		if attempt == 0 {
+			// A retry always dials: other idle connections may be as stale.
+			bc = pool.get()
+		}
+		fresh := bc == nil
+		if fresh {
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DialTimeout)
+			var err error
+			bc, err = pool.dial(ctx)
+			cancel()
+			s.m.dials.WithLabelValues(dialResult(err)).Inc()
+			if err != nil {
+				if st.gone() {
+					return true
+				}
+				st.dialFailed(err)
+				return false
+			}
+		}
+		if !st.attach(bc) {
+			bc.close()
+			st.deny(503, reasonRevoked, false, true)
+			return false
+		}
+		_ = bc.conn.SetWriteDeadline(time.Now().Add(s.cfg.BodyTimeout))
+		_, err := bc.conn.Write(head)
+		wrote := err == nil
+		if wrote && !hasBody {
+			// Wait for the first response bytes here so that a stale
+			// pooled connection can be retried on a new one.
+			_ = bc.conn.SetReadDeadline(time.Now().Add(s.cfg.ResponseHeaderTimeout))
+			err = bc.in.fill()
+		}
+		if err == nil {
+			break
+		}
+		st.detach(bc)
+		bc.close()
+		if st.gone() {
+			return true
+		}
+		// Only a reused connection that the app had already closed is
+		// retried, once; a slow app is not asked twice, a body not sent twice.
+		if fresh || attempt > 0 || hasBody || isTimeout(err) {
+			st.backendFailed(err, wrote)
+			return false
+		}
+	}
+
+	// Stream the request body alongside reading the response.
+	var bodyDone chan error
+	var bodyAborted atomic.Bool
+	var clientErr *h2ClientBodyError // set before bodyDone is sent on
+	if hasBody {
+		bodyDone = make(chan error, 1)
+		go func() {
+			err := st.copyRequestBody(bc, req)
+			var cbe *h2ClientBodyError
+			if errors.As(err, &cbe) && !bodyAborted.Load() {
+				// The client's body failed: the app, waiting for the
+				// rest, must not keep us waiting for its answer.
+				clientErr = cbe
+				_ = bc.conn.Close()
+			}
+			bodyDone <- err
+		}()
+	}
+	abortBody := func() {
+		if bodyDone != nil {
+			bodyAborted.Store(true)
+			_ = r.Body.Close()
+			_ = bc.conn.Close()
+			<-bodyDone
+			bodyDone = nil
+		}
+	}
+	fail := func() {
+		abortBody()
+		st.detach(bc)
+		bc.close()
+	}
+
+	var resp response
+	for {
+		_ = bc.conn.SetReadDeadline(time.Now().Add(s.cfg.ResponseHeaderTimeout))
+		rhead, err := readAppResponseHead(bc)
+		if err != nil {
+			fail()
+			if st.gone() {
+				return true
+			}
+			if clientErr != nil {
+				if clientErr.timeout {
+					st.deny(408, reasonReqTimeout, false, false)
+					return false
+				}
+				return true
+			}
+			st.backendFailed(err, true)
+			return false
+		}
+		if err := parseResponseHead(&resp, rhead, isHead, h2MaxResponseFields); err != nil {
+			fail()
+			s.log.Warn("invalid response from app", "class_uid", 4001, "host", st.hc.route.Host, "err", err)
+			st.deny(502, reasonBadResponse, false, false)
+			return false
+		}
+		if resp.status == 101 {
+			// No upgrades over HTTP/2 (and none was asked for: the
+			// request carried no Upgrade).
+			fail()
+			s.log.Warn("app switched protocols on an HTTP/2 request", "class_uid", 4001, "host", st.hc.route.Host)
+			st.deny(502, reasonBadResponse, false, false)
+			return false
+		}
+		if resp.status < 200 {
+			// 100 Continue is x/net's business (it answers Expect itself);
+			// 103 Early Hints is relayed; other 1xx are dropped.
+			if resp.status == 103 {
+				h := st.w.Header()
+				st.copyResponseFields(h, &resp, false)
+				st.w.WriteHeader(103)
+				clear(h)
+			}
+			continue
+		}
+		break
+	}
+
+	h := st.w.Header()
+	if !st.copyResponseFields(h, &resp, isHead || resp.status == 304) {
+		// Never let x/net sniff a Content-Type the app did not send.
+		h["Content-Type"] = nil
+	}
+	if resp.body == bodyLength {
+		h.Set("Content-Length", strconv.FormatInt(resp.length, 10))
+	}
+	if s.draining.Load() {
+		// x/net turns this into a GOAWAY for the connection.
+		h.Set("Connection", "close")
+	}
+	st.w.WriteHeader(resp.status)
+	_ = bc.conn.SetReadDeadline(time.Time{})
+	out := h2BodyWriter{st}
+	var n int64
+	var err error
+	if resp.body != bodyNone && bc.in.buffered() == 0 && !(resp.body == bodyLength && resp.length == 0) {
+		// Nothing of the body is here yet (a stream of events, say): let
+		// the client have the head now.
+		err = st.flush()
+	}
+	if err == nil {
+		switch resp.body {
+		case bodyLength:
+			n, err = copyN(out, &bc.in, resp.length, st.flush)
+		case bodyChunked:
+			n, err = copyChunked(out, &bc.in, false, st.flush)
+		case bodyUntilClose:
+			n, err = copyUntilEOF(out, &bc.in, st.flush)
+		}
+	}
+	s.m.bytesToClient.Add(float64(n))
+	s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
+	if err != nil {
+		fail()
+		return true
+	}
+	reusable := !resp.close && resp.body != bodyUntilClose
+	if bodyDone != nil {
+		// The app answered before the request body was complete: the rest
+		// is never sent, so the app connection cannot be reused.
+		select {
+		case berr := <-bodyDone:
+			bodyDone = nil
+			if berr != nil {
+				reusable = false
+			}
+		default:
+			abortBody()
+			reusable = false
+		}
+	}
+	if !st.detach(bc) || st.hc.revokedErr() != nil {
+		reusable = false
+	}
+	if reusable {
+		_ = bc.conn.SetDeadline(time.Time{})
+		pool.put(bc)
+	} else {
+		bc.close()
+	}
+	return false
+}
+
+// copyResponseFields copies the app's response fields into h, without
+// hop-by-hop fields and those named by Connection. keepLength keeps the
+// app's Content-Length (HEAD and 304 answers: it describes the
+// representation). It reports whether a Content-Type was copied.
+func (st *h2Stream) copyResponseFields(h http.Header, resp *response, keepLength bool) bool {
+	hasType := false
+	for i := range resp.fields {
+		f := &resp.fields[i]
+		if hopByHop(f.name) || connectionNamed(f.name, resp.connTokens) {
+			if !keepLength || !asciiEqualFold(f.name, "content-length") {
+				continue
+			}
+		}
+		key := textproto.CanonicalMIMEHeaderKey(string(f.name))
+		if key == "Content-Type" {
+			hasType = true
+		}
+		h[key] = append(h[key], string(f.value))
+	}
+	return hasType
+}
+
+// flush sends what the ResponseWriter holds, bounded by BodyTimeout.
+func (st *h2Stream) flush() error {
+	st.dog.armWrite(st.rc)
+	err := st.rc.Flush()
+	st.dog.disarmWrite()
+	return err
+}
+
+// h2BodyWriter writes the response body, each write bounded by BodyTimeout.
+type h2BodyWriter struct{ st *h2Stream }
+
+func (w h2BodyWriter) Write(p []byte) (int, error) {
+	w.st.dog.armWrite(w.st.rc)
+	n, err := w.st.w.Write(p)
+	w.st.dog.disarmWrite()
+	return n, err
+}
+
+// copyRequestBody streams the request body to the app: Content-Length
+// framing when the length is known, chunked otherwise. Each read of the
+// client's body and each write to the app is bounded by BodyTimeout.
+func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
+	s := st.s
+	bufp := s.bufPool.Get().(*[]byte)
+	defer s.bufPool.Put(bufp)
+	buf := *bufp
+	chunked := req.body == bodyChunked
+	// Chunked: room for the size line before the data and CRLF after it.
+	const pre = 18
+	remaining := req.length
+	var sent int64
+	defer func() { s.m.bytesToApp.Add(float64(sent)) }()
+	write := func(p []byte) error {
+		_ = bc.conn.SetWriteDeadline(time.Now().Add(s.cfg.BodyTimeout))
+		_, err := bc.conn.Write(p)
+		return err
+	}
+	for {
+		var p []byte
+		if chunked {
+			p = buf[pre : len(buf)-2]
+		} else {
+			if remaining == 0 {
+				return nil
+			}
+			p = buf[:min(int64(len(buf)), remaining)]
+		}
+		st.dog.armRead(st.r.Body)
+		m, rerr := st.r.Body.Read(p)
+		st.dog.disarmRead()
+		if m > 0 {
+			var out []byte
+			if chunked {
+				var hex [pre]byte
+				h := strconv.AppendInt(hex[:0], int64(m), 16)
+				h = append(h, '\r', '\n')
+				start := pre - len(h)
+				copy(buf[start:], h)
+				buf[pre+m], buf[pre+m+1] = '\r', '\n'
+				out = buf[start : pre+m+2]
+			} else {
+				out = p[:m]
+				remaining -= int64(m)
+			}
+			if err := write(out); err != nil {
+				return err
+			}
+			sent += int64(m)
+		}
+		if rerr == io.EOF {
+			if chunked {
+				return write([]byte("0\r\n\r\n"))
+			}
+			if remaining > 0 {
+				return &h2ClientBodyError{err: io.ErrUnexpectedEOF}
+			}
+			return nil
+		}
+		if rerr != nil {
+			return &h2ClientBodyError{err: rerr, timeout: st.dog.readTimedOut()}
+		}
+	}
+}
+
+// h2ClientBodyError is a failure to read the client's request body;
+// timeout: the read watchdog fired.
+type h2ClientBodyError struct {
+	err     error
+	timeout bool
+}
+
+func (e *h2ClientBodyError) Error() string { return "request body: " + e.err.Error() }
+func (e *h2ClientBodyError) Unwrap() error { return e.err }
+
+// readAppResponseHead reads the app's response head (the HTTP/1.1 path's
+// readResponseHead, which needs no client connection).
+func readAppResponseHead(bc *backendConn) ([]byte, error) {
+	const maxResponseHead = 64 << 10
+	for {
+		p := bc.in.bytes()
+		if end := findHeadEnd(p); end >= 0 {
+			bc.in.r += end
+			return p[:end], nil
+		}
+		if len(p) > maxResponseHead {
+			return nil, errors.New("response head too large")
+		}
+		err := bc.in.fill()
+		if errors.Is(err, errBufferFull) {
+			bc.in.compact()
+			err = bc.in.fill()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (st *h2Stream) dialFailed(err error) {
+	st.s.log.Warn("connector dial failed", "class_uid", 4001, "host", st.hc.route.Host, "port", st.hc.route.Port, "err", err)
+	if isTimeout(err) {
+		st.deny(504, reasonDialTimeout, false, false)
+		return
+	}
+	st.deny(502, reasonDialRefused, false, false)
+}
+
+func (st *h2Stream) backendFailed(err error, afterWrite bool) {
+	st.s.log.Warn("app connection failed", "class_uid", 4001, "host", st.hc.route.Host, "port", st.hc.route.Port, "err", err)
+	if afterWrite && isTimeout(err) {
+		st.deny(504, reasonRespTimeout, false, false)
+		return
+	}
+	st.deny(502, reasonBadResponse, false, false)
+}
+
+// deny answers a request the listener refuses, on this stream only unless
+// closeConn (then x/net sends GOAWAY and the connection ends once its
+// streams are done).
+func (st *h2Stream) deny(status int, reason string, retryAfter, closeConn bool) {
+	st.s.m.requests.WithLabelValues(statusClass(status)).Inc()
+	st.s.m.denials.WithLabelValues(strconv.Itoa(status)).Inc()
+	st.logDenial(status, reason)
+	writeH2Error(st.w, status, reason, st.r.Header.Get("Accept"), retryAfter, closeConn || st.s.draining.Load())
+}
+
+// writeH2Error writes the same error response as the HTTP/1.1 path
+// (appendErrorResponse): its fields and one-line body.
+func writeH2Error(w http.ResponseWriter, status int, reason, accept string, retryAfter, closeConn bool) {
+	full := appendErrorResponse(nil, status, reason, []byte(accept), false, retryAfter, status == 405)
+	end := bytes.Index(full, crlfcrlf)
+	h := w.Header()
+	clear(h)
+	lines := full[:end]
+	lines = lines[bytes.Index(lines, crlf)+2:] // skip the status line
+	for len(lines) > 0 {
+		line := lines
+		if i := bytes.Index(lines, crlf); i >= 0 {
+			line, lines = lines[:i], lines[i+2:]
+		} else {
+			lines = nil
+		}
+		name, value, ok := bytes.Cut(line, []byte(": "))
+		if !ok || asciiEqualFold(name, "connection") {
+			continue
+		}
+		h.Add(string(name), string(value))
+	}
+	if closeConn {
+		h.Set("Connection", "close")
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(full[end+4:])
+}
+
+func (st *h2Stream) logDenial(status int, reason string) {
+	s := st.s
+	if !s.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
+		slog.Int("class_uid", 4002),
+		slog.String("rule", "app-listener"),
+		slog.Int("status", status),
+		slog.String("reason", reason),
+		slog.String("sni", st.hc.sni),
+		slog.String("src", st.hc.peer.String()),
+		slog.String("protocol", "HTTP/2.0"),
+		slog.String("method", st.r.Method),
+		slog.String("path", pathOnly([]byte(st.r.RequestURI))),
+	)
+}
+
+// h2Watchdogs bound one blocking read of the request body and one
+// blocking write to the client. A watchdog that fires closes the request
+// body (the read fails) or resets the stream (the write fails). Each is
+// armed only around the blocking call, so an idle stream (server-sent
+// events) is never cut.
+type h2Watchdogs struct {
+	timeout time.Duration
+	mu      sync.Mutex
+	stopped bool
+	readTO  bool // the read watchdog fired
+	read    *time.Timer
+	write   *time.Timer
+	body    io.Closer
+	rc      *http.ResponseController
+}
+
+func (d *h2Watchdogs) init(timeout time.Duration) { d.timeout = timeout }
+
+func (d *h2Watchdogs) armRead(body io.Closer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.body = body
+	if d.read == nil {
+		d.read = time.AfterFunc(d.timeout, d.fireRead)
+		return
+	}
+	d.read.Reset(d.timeout)
+}
+
+func (d *h2Watchdogs) disarmRead() {
+	d.mu.Lock()
+	d.read.Stop()
+	d.mu.Unlock()
+}
+
+func (d *h2Watchdogs) armWrite(rc *http.ResponseController) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rc = rc
+	if d.write == nil {
+		d.write = time.AfterFunc(d.timeout, d.fireWrite)
+		return
+	}
+	d.write.Reset(d.timeout)
+}
+
+func (d *h2Watchdogs) disarmWrite() {
+	d.mu.Lock()
+	d.write.Stop()
+	d.mu.Unlock()
+}
+
+func (d *h2Watchdogs) fireRead() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.stopped {
+		d.readTO = true
+		_ = d.body.Close()
+	}
+}
+
+func (d *h2Watchdogs) readTimedOut() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.readTO
+}
+
+func (d *h2Watchdogs) fireWrite() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.stopped {
+		// A deadline in the past resets the stream at once.
+		_ = d.rc.SetWriteDeadline(time.Now().Add(-time.Second))
+	}
+}
+
+// stop disables both for good; it returns after a running one has finished
+// (the ResponseWriter must not be used once the handler has returned).
+func (d *h2Watchdogs) stop() {
+	d.mu.Lock()
+	d.stopped = true
+	if d.read != nil {
+		d.read.Stop()
+	}
+	if d.write != nil {
+		d.write.Stop()
+	}
+	d.mu.Unlock()
+}
