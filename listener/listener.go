@@ -24,7 +24,10 @@ import (
 // Handler serves one connection after its handshake; it must close conn
 // before returning. dispatch.Server implements it.
 type Handler interface {
+	// ServeConn serves HTTP/1.1.
 	ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route)
+	// ServeH2 serves a connection that negotiated ALPN "h2".
+	ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route)
 	Shutdown(ctx context.Context) error
 }
 
@@ -173,6 +176,10 @@ func (l *Listener) serveConn(raw net.Conn) {
 	delete(l.handshaking, raw)
 	handedOff = true
 	l.mu.Unlock()
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		l.cfg.Handler.ServeH2(tc, raw, host, route)
+		return
+	}
 	l.cfg.Handler.ServeConn(tc, raw, host, route)
 }
 

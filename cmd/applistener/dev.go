@@ -165,6 +165,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		defaultMaxStreams: 1024,
 		maxConnections:    10000,
 		certPoll:          500 * time.Millisecond,
+		appHTTP2:          true,
 	}
 	if err := o.validate(); err != nil {
 		return err

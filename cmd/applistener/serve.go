@@ -63,6 +63,7 @@ type serveOptions struct {
 	defaultMaxStreams int
 	maxConnections    int
 	certPoll          time.Duration
+	appHTTP2          bool
 
 	trusted []netip.Prefix
 }
@@ -100,6 +101,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.IntVar(&o.defaultMaxStreams, "default-max-streams", 1024, "stream limit of instances whose limits.max_streams is 0 (0: none)")
 	fs.IntVar(&o.maxConnections, "app-max-connections", 100000, "concurrent client connections accepted (0: no bound)")
+	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
 }
 
@@ -284,7 +286,11 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 				}
 			}
 		})
-		tlsCfg := tlsconf.ServerConfig(store.GetCertificate, []string{"http/1.1"})
+		protos := []string{"http/1.1"}
+		if o.appHTTP2 {
+			protos = []string{"h2", "http/1.1"}
+		}
+		tlsCfg := tlsconf.ServerConfig(store.GetCertificate, protos)
 		rot := tlsconf.NewTicketKeyRotator(tlsCfg, time.Hour)
 		wg.Go(func() { rot.Run(bg) })
 		disp := dispatch.New(dispatch.Config{
