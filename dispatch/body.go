@@ -18,6 +18,9 @@ func (b *inbuf) readLine(max int) ([]byte, error) {
 	for {
 		p := b.bytes()
 		if i := bytes.IndexByte(p, '\n'); i >= 0 {
+			if i > max+1 {
+				return nil, errLineTooBig
+			}
 			if i == 0 || p[i-1] != '\r' {
 				return nil, errBadChunk
 			}
@@ -169,7 +172,13 @@ func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64
 			return total, err
 		}
 		end, err := in.readLine(2)
-		if err != nil || len(end) != 0 {
+		if errors.Is(err, errLineTooBig) {
+			err = errBadChunk // data longer than its chunk size
+		}
+		if err != nil {
+			return total, err
+		}
+		if len(end) != 0 {
 			return total, errBadChunk
 		}
 		if encode {

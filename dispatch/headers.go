@@ -32,20 +32,44 @@ func hopByHop(name []byte) bool {
 }
 
 // forwardingHeader reports whether a request header carries forwarding or
-// client-identity claims that only a trusted proxy may send.
+// client-identity claims that only a trusted proxy may send: the whole
+// X-Forwarded-* family, Forwarded, X-Real-IP, client-certificate headers
+// and X-Applistener-*. Underscores count as hyphens, because CGI-style
+// servers map X_Forwarded_For onto the same variable as X-Forwarded-For.
 func forwardingHeader(name []byte) bool {
+	return hasPrefixFold(name, "x-forwarded-") ||
+		hasPrefixFold(name, "x-applistener-") ||
+		equalFoldDash(name, "forwarded") ||
+		equalFoldDash(name, "x-real-ip") ||
+		equalFoldDash(name, "x-client-cert") ||
+		equalFoldDash(name, "x-ssl-client-cert")
+}
+
+// foldDash lower-cases an ASCII letter and maps '_' to '-'.
+func foldDash(c byte) byte {
 	switch {
-	case asciiEqualFold(name, "x-forwarded-for"),
-		asciiEqualFold(name, "x-forwarded-proto"),
-		asciiEqualFold(name, "x-forwarded-host"),
-		asciiEqualFold(name, "forwarded"),
-		asciiEqualFold(name, "x-real-ip"),
-		asciiEqualFold(name, "x-forwarded-client-cert"),
-		asciiEqualFold(name, "x-ssl-client-cert"),
-		asciiEqualFold(name, "x-client-cert"):
-		return true
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	case c == '_':
+		return '-'
 	}
-	return len(name) >= len("x-applistener-") && asciiEqualFold(name[:len("x-applistener-")], "x-applistener-")
+	return c
+}
+
+func equalFoldDash(a []byte, lower string) bool {
+	return len(a) == len(lower) && hasPrefixFold(a, lower)
+}
+
+func hasPrefixFold(a []byte, lower string) bool {
+	if len(a) < len(lower) {
+		return false
+	}
+	for i := 0; i < len(lower); i++ {
+		if foldDash(a[i]) != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func connectionNamed(name []byte, tokens [][]byte) bool {
@@ -90,27 +114,30 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 				continue
 			}
 			switch {
-			case asciiEqualFold(f.name, "x-forwarded-for"):
+			case equalFoldDash(f.name, "x-forwarded-for"):
 				priorXFF = joinList(priorXFF, f.value)
 				continue
-			case asciiEqualFold(f.name, "forwarded"):
+			case equalFoldDash(f.name, "forwarded"):
 				priorFwd = joinList(priorFwd, f.value)
 				continue
-			case asciiEqualFold(f.name, "x-forwarded-proto"):
+			case equalFoldDash(f.name, "x-forwarded-proto"):
 				haveProto = true
-			case asciiEqualFold(f.name, "x-forwarded-host"):
+			case equalFoldDash(f.name, "x-forwarded-host"):
 				haveXFHost = true
 			}
 		}
 		dst = appendField(dst, f.name, f.value)
 	}
-	switch r.body {
-	case bodyLength:
+	switch {
+	case r.body == bodyLength:
 		dst = append(dst, "Content-Length: "...)
 		dst = strconv.AppendInt(dst, r.length, 10)
 		dst = append(dst, "\r\n"...)
-	case bodyChunked:
+	case r.body == bodyChunked:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	case r.zeroLength:
+		// Keep an explicit empty body (some apps answer 411 without it).
+		dst = append(dst, "Content-Length: 0\r\n"...)
 	}
 	if r.upgrade {
 		dst = append(dst, "Connection: Upgrade\r\nUpgrade: websocket\r\n"...)

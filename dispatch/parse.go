@@ -12,6 +12,7 @@ import (
 type inbuf struct {
 	src  io.Reader
 	buf  []byte
+	bufp *[]byte // the pooled slice buf came from; nil for a grown buffer
 	r, w int
 	pool *sync.Pool
 }
@@ -22,16 +23,36 @@ func (b *inbuf) bytes() []byte { return b.buf[b.r:b.w] }
 
 func (b *inbuf) acquire() {
 	if b.buf == nil {
-		b.buf = *(b.pool.Get().(*[]byte))
+		b.bufp = b.pool.Get().(*[]byte)
+		b.buf = *b.bufp
 		b.r, b.w = 0, 0
 	}
+}
+
+// grow replaces a full buffer with a larger one of at most max bytes (not
+// pooled); it reports false when the buffer is already that large.
+func (b *inbuf) grow(max int) bool {
+	if len(b.buf) >= max {
+		return false
+	}
+	nb := make([]byte, min(2*len(b.buf), max))
+	b.w = copy(nb, b.buf[b.r:b.w])
+	b.r = 0
+	if b.bufp != nil {
+		b.pool.Put(b.bufp)
+		b.bufp = nil
+	}
+	b.buf = nb
+	return true
 }
 
 // release gives the buffer back when it holds no unread bytes.
 func (b *inbuf) release() {
 	if b.buf != nil && b.r == b.w {
-		buf := b.buf[:cap(b.buf)]
-		b.pool.Put(&buf)
+		if b.bufp != nil {
+			b.pool.Put(b.bufp)
+			b.bufp = nil
+		}
 		b.buf = nil
 		b.r, b.w = 0, 0
 	}

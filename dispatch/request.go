@@ -27,8 +27,10 @@ type request struct {
 	length  int64
 	close   bool // client asked to close, or HTTP/1.0 without keep-alive
 	upgrade bool // a WebSocket upgrade
-	expect  bool // Expect: 100-continue
-	accept  []byte
+	// zeroLength: the client sent Content-Length: 0 (body stays bodyNone).
+	zeroLength bool
+	expect     bool // Expect: 100-continue
+	accept     []byte
 	// connTokens are header names listed in Connection, removed as hop-by-hop.
 	connTokens [][]byte
 }
@@ -63,6 +65,8 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 	}
 	switch string(proto) {
 	case "HTTP/1.1":
+	case "HTTP/1.2", "HTTP/1.3", "HTTP/1.4", "HTTP/1.5", "HTTP/1.6", "HTTP/1.7", "HTTP/1.8", "HTTP/1.9":
+		// A later HTTP/1.x minor version is handled as HTTP/1.1 (RFC 9112 §2.3).
 	case "HTTP/1.0":
 		r.http10 = true
 		r.close = true
@@ -147,6 +151,8 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 		r.body = bodyChunked
 	case lengths == 1 && r.length > 0:
 		r.body = bodyLength
+	case lengths == 1:
+		r.zeroLength = true
 	}
 	if hosts != 1 {
 		return badRequest("exactly one Host header is required")

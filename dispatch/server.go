@@ -604,7 +604,12 @@ func (c *clientConn) proxy() bool {
 
 	var bc *backendConn
 	for attempt := 0; ; attempt++ {
-		bc = pool.get()
+		bc = nil
+		if attempt == 0 {
+			// A retry always dials: another idle connection may be as
+			// stale as the first.
+			bc = pool.get()
+		}
 		fresh := bc == nil
 		if fresh {
 			ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.DialTimeout)
@@ -899,7 +904,9 @@ func (c *clientConn) readResponseHead(bc *backendConn) ([]byte, error) {
 		err := bc.in.fill()
 		if errors.Is(err, errBufferFull) {
 			bc.in.compact()
-			err = bc.in.fill()
+			if err = bc.in.fill(); errors.Is(err, errBufferFull) && bc.in.grow(maxResponseHead+4) {
+				err = bc.in.fill()
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -365,6 +365,9 @@ func TestUnitParseRequestHeadWebSocketDetection(t *testing.T) {
 		{"POST", head("POST / HTTP/1.1", "Host: "+testHost, "Connection: Upgrade", "Upgrade: websocket"), false, false},
 		{"lower-case get", head("get / HTTP/1.1", "Host: "+testHost, "Connection: Upgrade", "Upgrade: websocket"), false, false},
 		{"with close", get("Connection: Upgrade, close", "Upgrade: websocket"), true, true},
+		{"with a body", get("Connection: Upgrade", "Upgrade: websocket", "Content-Length: 5"), false, false},
+		{"with a chunked body", get("Connection: Upgrade", "Upgrade: websocket", "Transfer-Encoding: chunked"), false, false},
+		{"with Content-Length 0", get("Connection: Upgrade", "Upgrade: websocket", "Content-Length: 0"), true, false},
 		// RFC 9110 §7.8: a server MUST ignore an Upgrade header field received
 		// in an HTTP/1.0 request (and RFC 6455 §4.1 requires HTTP/1.1).
 		{"HTTP/1.0", head("GET / HTTP/1.0", "Host: "+testHost, "Connection: keep-alive, Upgrade", "Upgrade: websocket"), false, false},
