@@ -14,7 +14,7 @@ FUZZ_TARGETS = \
 	./dispatch:FuzzCopyChunked \
 	./dispatch:FuzzParseResponseHead
 
-.PHONY: all build run test vet unit fuzz-brief fuzz bench lint clean
+.PHONY: all build run test vet unit fuzz-brief fuzz bench bench-compare lint clean
 
 all: build
 
@@ -49,6 +49,17 @@ fuzz:
 ## bench: the Go micro-benchmarks (route table, parser, handshake).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./listener ./tlsconf
+
+## bench-compare: applistener side by side with nginx, HAProxy and Caddy on this
+## machine (installs what it needs; BENCH_QUICK=1 for a ~3-minute smoke run).
+## Results: bench/results/latest.md and latest.json.
+bench-compare:
+	bash bench/run.sh
+
+## soak: the gateway-session soak test (SOAK_DURATION, default 10m).
+.PHONY: soak
+soak:
+	SOAK=1 $(GO) test -run TestSoak -timeout 30m -v ./e2e/
 
 lint:
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 run ./...

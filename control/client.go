@@ -90,6 +90,13 @@ func (c *GatewayClient) reportErr(msg string, err error) {
 	}
 }
 
+// LastError returns the last failure of the session, "" after a success.
+func (c *GatewayClient) LastError() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastErr
+}
+
 func (c *GatewayClient) clearErr() {
 	c.mu.Lock()
 	c.lastErr = ""

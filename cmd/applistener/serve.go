@@ -355,10 +355,14 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	}
 	ready := func() (bool, string) {
 		switch {
+		case gw != nil && !gw.Connected():
+			why := "no gateway session"
+			if e := gw.LastError(); e != "" {
+				why += ": " + e
+			}
+			return false, why
 		case !table.Accepted():
 			return false, "no configuration accepted yet"
-		case gw != nil && !gw.Connected():
-			return false, "no gateway session"
 		case !table.Fresh():
 			return false, "routes are stale: no delivery within the freshness window"
 		}

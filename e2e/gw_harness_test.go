@@ -1,0 +1,762 @@
+package e2e
+
+// Harness for the gateway session tests: the reference gateway
+// (`applistener gateway`) and a shared-mode supervisor (`applistener serve
+// --gateway-endpoint`) as child processes. It builds on harness_test.go: the
+// binary, the certificates, the backends, the *proc type (a supervisor
+// started here is a *proc with extra fields, so its client helpers apply)
+// and the waiting helpers. Everything here is prefixed gw.
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+const (
+	gwSupervisorID = "sup-1"
+	gwToken        = "t1"
+	// gwKeepalive is the gateway's keepalive interval in these tests: well
+	// under the supervisor's --gateway-stream-timeout (1s).
+	gwKeepalive = 200 * time.Millisecond
+	// gwPollInterval is the supervisor's --gateway-poll-interval.
+	gwPollInterval = 300 * time.Millisecond
+	// gwMargin is the slack on top of a contractual deadline (loaded CI).
+	gwMargin = 3 * time.Second
+)
+
+// ---------------------------------------------------------------------------
+// documents
+
+// gwInst is one instance entry of a configuration document.
+type gwInst struct {
+	ws, sb string
+	svcs   []service
+}
+
+var gwRev atomic.Int64
+
+// gwDoc builds a configuration document with a fresh revision.
+func gwDoc(insts ...gwInst) []byte {
+	list := []any{}
+	for _, in := range insts {
+		svcs := in.svcs
+		if svcs == nil {
+			svcs = []service{}
+		}
+		list = append(list, map[string]any{
+			"workspace":  in.ws,
+			"sandbox":    in.sb,
+			"generation": "1",
+			"connector":  map[string]any{"type": "tcp", "host": "127.0.0.1"},
+			"services":   svcs,
+		})
+	}
+	b, err := json.Marshal(map[string]any{
+		"revision":  fmt.Sprintf("gw%d", gwRev.Add(1)),
+		"instances": list,
+	})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// gwHost is the hostname of service svc of workspace ws, sandbox sb.
+func gwHost(ws, sb, svc string) string {
+	if svc == "" {
+		return ws + "--" + sb + "." + domain
+	}
+	return ws + "--" + sb + "--" + svc + "." + domain
+}
+
+// ---------------------------------------------------------------------------
+// the gateway process
+
+// gwGateway is the reference gateway. It is created with its files but not
+// started; start may be called again after kill or stop, on the same port.
+type gwGateway struct {
+	addr       string
+	adminAddr  string
+	configPath string
+	tokensPath string
+	extra      []string
+	stderr     *syncBuffer
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{}
+	exitCode int
+	// pinned: a supervisor knows the address, so it can no longer change.
+	pinned bool
+}
+
+// gwNewGateway writes the gateway's files (doc is sup-1's document; the
+// token t1 grants sup-1) and returns the gateway, not started. Without
+// --keepalive in extra, the keepalive is gwKeepalive. It is stopped on
+// cleanup and its stderr printed if the test failed.
+func gwNewGateway(t testing.TB, doc []byte, extra ...string) *gwGateway {
+	t.Helper()
+	dir := t.TempDir()
+	if !containsFlag(extra, "--keepalive") {
+		extra = append([]string{"--keepalive", gwKeepalive.String()}, extra...)
+	}
+	g := &gwGateway{
+		addr:       freeAddr(t),
+		adminAddr:  freeAddr(t),
+		configPath: filepath.Join(dir, "gateway.json"),
+		tokensPath: filepath.Join(dir, "tokens.json"),
+		extra:      extra,
+		stderr:     &syncBuffer{},
+	}
+	g.writeDoc(t, doc)
+	g.writeTokens(t, gwToken)
+	t.Cleanup(func() {
+		g.stop(t)
+		if t.Failed() {
+			t.Logf("gateway stderr (%s):\n%s", g.addr, g.stderr.String())
+		}
+	})
+	return g
+}
+
+func (g *gwGateway) endpoint() string { return "http://" + g.addr }
+
+// writeDoc replaces sup-1's document (atomic rename).
+func (g *gwGateway) writeDoc(t testing.TB, doc []byte) {
+	t.Helper()
+	data := append([]byte(`{"supervisors":{"`+gwSupervisorID+`":`), doc...)
+	data = append(data, "}}\n"...)
+	writeAtomic(t, g.configPath, data)
+}
+
+// writeTokens grants each token sup-1.
+func (g *gwGateway) writeTokens(t testing.TB, tokens ...string) {
+	t.Helper()
+	type entry struct {
+		Token      string `json:"token"`
+		Supervisor string `json:"supervisor"`
+	}
+	var list []entry
+	for _, tok := range tokens {
+		list = append(list, entry{tok, gwSupervisorID})
+	}
+	b, err := json.Marshal(map[string]any{"tokens": list})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, g.tokensPath, b)
+}
+
+func (g *gwGateway) running() bool {
+	g.mu.Lock()
+	done := g.done
+	g.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// start runs the gateway and waits until it answers HTTP. Before any
+// supervisor knows its address, a lost port race picks new ports.
+func (g *gwGateway) start(t testing.TB) {
+	t.Helper()
+	if g.running() {
+		t.Fatal("gateway already running")
+	}
+	for attempt := 1; ; attempt++ {
+		args := []string{"gateway",
+			"--address", g.addr,
+			"--config", g.configPath,
+			"--tokens", g.tokensPath,
+			"--admin-address", g.adminAddr,
+			"--log-format", "json",
+		}
+		args = append(args, g.extra...)
+		mark := len(g.stderr.String())
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = gwChildEnv()
+		cmd.Stdout, cmd.Stderr = g.stderr, g.stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		g.mu.Lock()
+		g.cmd, g.done = cmd, done
+		g.mu.Unlock()
+		go func() {
+			_ = cmd.Wait()
+			g.mu.Lock()
+			g.exitCode = cmd.ProcessState.ExitCode()
+			g.mu.Unlock()
+			close(done)
+		}()
+		deadline := time.Now().Add(waitTimeout)
+		for {
+			if g.answers() {
+				return
+			}
+			exited := false
+			select {
+			case <-done:
+				exited = true
+			default:
+			}
+			if exited {
+				out := g.stderr.String()[mark:]
+				g.mu.Lock()
+				pinned := g.pinned
+				g.mu.Unlock()
+				if !pinned && attempt < 5 && strings.Contains(out, "address already in use") {
+					g.addr, g.adminAddr = freeAddr(t), freeAddr(t)
+					break
+				}
+				t.Fatalf("gateway exited at start\nargs: %q\nstderr:\n%s", args, out)
+			}
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("gateway did not answer within %v\nargs: %q\nstderr:\n%s", waitTimeout, args, g.stderr.String()[mark:])
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// answers reports whether the gateway (and not something else on its port)
+// answers an unknown path with its one-line 404.
+func (g *gwGateway) answers() bool {
+	resp, err := adminClient.Get(g.endpoint() + "/e2e-probe")
+	if err != nil {
+		return false
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusNotFound && strings.HasPrefix(string(body), "404 Not Found")
+}
+
+// kill ends the gateway with SIGKILL (no goodbye to its sessions).
+func (g *gwGateway) kill(t testing.TB) {
+	t.Helper()
+	g.mu.Lock()
+	cmd, done := g.cmd, g.done
+	g.mu.Unlock()
+	if cmd == nil {
+		t.Fatal("gateway not started")
+	}
+	_ = cmd.Process.Kill()
+	select {
+	case <-done:
+	case <-time.After(waitTimeout):
+		t.Fatal("gateway did not die after SIGKILL")
+	}
+}
+
+// stop ends the gateway with SIGTERM (kill after a while).
+func (g *gwGateway) stop(t testing.TB) {
+	if !g.running() {
+		return
+	}
+	g.mu.Lock()
+	cmd, done := g.cmd, g.done
+	g.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Errorf("gateway did not exit within 15s of SIGTERM; killing it")
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// ---------------------------------------------------------------------------
+// the supervisor process
+
+// gwSup is a supervisor holding a session with a gateway.
+type gwSup struct {
+	*proc
+	healthAddr string
+	tokenFile  string
+	args       []string
+}
+
+// gwSupConfig tunes gwStartSup.
+type gwSupConfig struct {
+	extra []string // appended flags; --drain-timeout defaults to 2s
+	// noWait: wait only until the admin endpoint answers, not for /readyz 200.
+	noWait bool
+	token  string // content of the token file (gwToken when empty)
+	// setup runs on every attempt before Start (stdin pipe, stderr).
+	setup func(cmd *exec.Cmd)
+}
+
+// gwChildEnv is the environment of the child processes: without GORACE
+// set, a binary built with -race (APPLISTENER_E2E_RACE=1) does not add its
+// default one-second sleep at exit, so exit latencies stay meaningful.
+func gwChildEnv() []string {
+	env := os.Environ()
+	if _, ok := os.LookupEnv("GORACE"); !ok {
+		env = append(env, "GORACE=atexit_sleep_ms=0")
+	}
+	return env
+}
+
+// gwTLSDir writes the wildcard certificate as a Kubernetes TLS Secret dir.
+func gwTLSDir(t testing.TB, dir string) string {
+	t.Helper()
+	tlsDir := filepath.Join(dir, "tls")
+	if err := os.Mkdir(tlsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tlsDir, "tls.crt"), leafPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tlsDir, "tls.key"), leafKeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tlsDir
+}
+
+// gwStartSup starts `applistener serve --mode shared` against g and waits
+// until it is ready (or, with noWait, until its admin endpoint answers).
+// It is stopped with SIGTERM on cleanup (exit 0 expected) and its stderr
+// printed if the test failed.
+func gwStartSup(t testing.TB, g *gwGateway, cfg gwSupConfig) *gwSup {
+	t.Helper()
+	g.mu.Lock()
+	g.pinned = true
+	g.mu.Unlock()
+	dir := t.TempDir()
+	tlsDir := gwTLSDir(t, dir)
+	tokenFile := filepath.Join(dir, "token")
+	tok := cfg.token
+	if tok == "" {
+		tok = gwToken
+	}
+	writeAtomic(t, tokenFile, []byte(tok+"\n"))
+
+	for attempt := 1; ; attempt++ {
+		p := &proc{
+			t: t, dir: dir,
+			appAddr: freeAddr(t), adminAddr: freeAddr(t),
+			stderr: &syncBuffer{}, done: make(chan struct{}),
+		}
+		s := &gwSup{proc: p, healthAddr: freeAddr(t), tokenFile: tokenFile}
+		s.args = []string{"serve",
+			"--mode", "shared",
+			"--gateway-endpoint", g.endpoint(),
+			"--supervisor-id", gwSupervisorID,
+			"--gateway-token-file", tokenFile,
+			"--address", s.healthAddr,
+			"--app-listener",
+			"--app-domain", domain,
+			"--app-address", p.appAddr,
+			"--app-tls-dir", tlsDir,
+			"--admin-address", p.adminAddr,
+			"--route-freshness", freshness.String(),
+			"--gateway-poll-interval", gwPollInterval.String(),
+			"--gateway-stream-timeout", "1s",
+			"--log-format", "json",
+		}
+		if !containsFlag(cfg.extra, "--drain-timeout") {
+			s.args = append(s.args, "--drain-timeout", "2s")
+		}
+		s.args = append(s.args, cfg.extra...)
+		p.cmd = exec.Command(binPath, s.args...)
+		p.cmd.Env = gwChildEnv()
+		p.cmd.Stdout = p.stderr
+		p.cmd.Stderr = p.stderr
+		if cfg.setup != nil {
+			cfg.setup(p.cmd)
+		}
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			p.waitErr = p.cmd.Wait()
+			p.exitCode = p.cmd.ProcessState.ExitCode()
+			close(p.done)
+		}()
+		var ok, exited bool
+		if cfg.noWait {
+			ok, exited = s.waitAdmin(waitTimeout)
+		} else {
+			ok, exited = p.waitReady(waitTimeout)
+		}
+		if ok {
+			t.Cleanup(func() {
+				p.stop()
+				if t.Failed() {
+					t.Logf("supervisor stderr (%s):\n%s", p.appAddr, p.stderr.String())
+				}
+			})
+			return s
+		}
+		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
+			continue
+		}
+		p.kill()
+		t.Fatalf("supervisor did not become ready (exited=%v, err=%v, /readyz %s)\nargs: %q\nstderr:\n%s",
+			exited, p.waitErr, gwReadyzString(p.adminAddr), s.args, p.stderr.String())
+	}
+}
+
+// waitAdmin waits until /readyz answers at all (200 or 503).
+func (s *gwSup) waitAdmin(timeout time.Duration) (ok, exited bool) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if s.exited() {
+			return false, true
+		}
+		if s.readyz() != 0 {
+			return true, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false, false
+}
+
+// gwReadyz returns the status and body of GET /readyz (0 on a transport
+// error).
+func gwReadyz(adminAddr string) (int, string) {
+	resp, err := adminClient.Get("http://" + adminAddr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	return resp.StatusCode, strings.TrimSpace(string(body))
+}
+
+func gwReadyzString(adminAddr string) string {
+	code, body := gwReadyz(adminAddr)
+	return fmt.Sprintf("%d %q", code, body)
+}
+
+// gwDialHealth connects to the health listener: nil when it accepted.
+func gwDialHealth(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// gwRefused reports whether err is a refused connection.
+func gwRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// gwUnrecognized reports whether err is the TLS alert unrecognized_name.
+func gwUnrecognized(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "unrecognized name")
+}
+
+// ---------------------------------------------------------------------------
+// metrics
+
+// gwMetric sums the samples of metric name whose labels include want.
+// found reports whether any sample matched.
+func gwMetric(adminAddr, name string, want map[string]string) (sum float64, found bool, err error) {
+	resp, err := adminClient.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		labels := map[string]string{}
+		switch {
+		case strings.HasPrefix(rest, "{"):
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				return 0, false, fmt.Errorf("metric line %q: no closing brace", line)
+			}
+			labels, err = gwParseLabels(rest[1:end])
+			if err != nil {
+				return 0, false, fmt.Errorf("metric line %q: %v", line, err)
+			}
+			rest = rest[end+1:]
+		case strings.HasPrefix(rest, " "):
+		default:
+			continue // another metric with this prefix
+		}
+		match := true
+		for k, v := range want {
+			if labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if !match {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0, false, fmt.Errorf("metric line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("metric line %q: %v", line, err)
+		}
+		sum += v
+		found = true
+	}
+	return sum, found, sc.Err()
+}
+
+// gwParseLabels parses `a="x",b="y"` (with Prometheus escapes).
+func gwParseLabels(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for len(s) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return nil, fmt.Errorf("bad labels %q", s)
+		}
+		key := strings.TrimSpace(s[:eq])
+		var val strings.Builder
+		i := eq + 2
+		for ; i < len(s) && s[i] != '"'; i++ {
+			if s[i] == '\\' && i+1 < len(s) {
+				i++
+				switch s[i] {
+				case 'n':
+					val.WriteByte('\n')
+				default:
+					val.WriteByte(s[i])
+				}
+				continue
+			}
+			val.WriteByte(s[i])
+		}
+		if i >= len(s) {
+			return nil, fmt.Errorf("unterminated label value in %q", s)
+		}
+		out[key] = val.String()
+		s = strings.TrimPrefix(s[i+1:], ",")
+	}
+	return out, nil
+}
+
+// gwMetricT is gwMetric that fails the test on a scrape error; a metric
+// with no matching sample is 0.
+func gwMetricT(t testing.TB, adminAddr, name string, want map[string]string) float64 {
+	t.Helper()
+	v, _, err := gwMetric(adminAddr, name, want)
+	if err != nil {
+		t.Fatalf("metric %s%v: %v", name, want, err)
+	}
+	return v
+}
+
+// ---------------------------------------------------------------------------
+// clients that report instead of failing (for loops and goroutines)
+
+// gwGet does one GET with a timeout and returns the status and body.
+func gwGet(c *http.Client, url string, timeout time.Duration) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// gwExpect200 checks one GET answers 200 with the backend's greeting.
+func gwExpect200(c *http.Client, host, backendName string) error {
+	code, body, err := gwGet(c, "https://"+host+"/gw", 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("GET %s: %v", host, err)
+	}
+	if code != http.StatusOK || body != "hello from "+backendName+"\n" {
+		return fmt.Errorf("GET %s: %d %q; want 200 from %s", host, code, body, backendName)
+	}
+	return nil
+}
+
+// gwWSDial opens a WebSocket through p without failing the test.
+func gwWSDial(p *proc, sni string) (*websocket.Conn, error) {
+	d := websocket.Dialer{
+		NetDialContext:   p.dial,
+		TLSClientConfig:  tlsConfig(sni),
+		HandshakeTimeout: 5 * time.Second,
+	}
+	c, resp, err := d.Dial("wss://"+sni+"/ws", nil)
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	return c, err
+}
+
+// gwEcho sends msg on c and expects it back.
+func gwEcho(c *websocket.Conn, msg string) error {
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := c.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+		return fmt.Errorf("WebSocket write: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	typ, got, err := c.ReadMessage()
+	if err != nil {
+		return fmt.Errorf("WebSocket read: %w", err)
+	}
+	if typ != websocket.TextMessage || string(got) != msg {
+		return fmt.Errorf("WebSocket echo: got %d %q; want %q", typ, got, msg)
+	}
+	return nil
+}
+
+// gwExpectClose checks that a WebSocket ended with a close frame of code.
+func gwExpectClose(t testing.TB, what string, err error, code int) {
+	t.Helper()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) {
+		t.Errorf("%s: the connection ended with %v; want a close frame %d first", what, err, code)
+		return
+	}
+	if ce.Code != code {
+		t.Errorf("%s: close code %d (%q); want %d", what, ce.Code, ce.Text, code)
+	}
+}
+
+// gwHandshakeOK reports whether a TLS handshake with sni succeeds.
+func gwHandshakeOK(p *proc, sni string) bool {
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", p.appAddr, tlsConfig(sni))
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// ---------------------------------------------------------------------------
+// watching that something stays true
+
+// gwCheck is one periodic check of gwWatch.
+type gwCheck struct {
+	name  string
+	every time.Duration
+	fn    func() error
+
+	next     time.Time
+	runs     int
+	failures int
+	first    []string
+}
+
+// gwWatch runs every check at its interval for d and fails the test
+// (Errorf) for each check that ever failed, with its first failures. It
+// returns the number of runs of each check.
+func gwWatch(t testing.TB, d time.Duration, checks ...*gwCheck) {
+	t.Helper()
+	start := time.Now()
+	for _, c := range checks {
+		c.next = start
+	}
+	for {
+		now := time.Now()
+		if now.Sub(start) >= d {
+			break
+		}
+		wake := start.Add(d)
+		for _, c := range checks {
+			if !now.Before(c.next) {
+				c.runs++
+				if err := c.fn(); err != nil {
+					c.failures++
+					if len(c.first) < 5 {
+						c.first = append(c.first, fmt.Sprintf("at %v: %v", time.Since(start).Round(time.Millisecond), err))
+					}
+				}
+				c.next = c.next.Add(c.every)
+				if c.next.Before(time.Now()) {
+					c.next = time.Now().Add(c.every / 2)
+				}
+			}
+			if c.next.Before(wake) {
+				wake = c.next
+			}
+		}
+		time.Sleep(max(time.Until(wake), time.Millisecond))
+	}
+	for _, c := range checks {
+		t.Logf("%s: %d checks over %v, %d failed", c.name, c.runs, d, c.failures)
+		if c.failures > 0 {
+			t.Errorf("%s failed %d of %d times; first: %s", c.name, c.failures, c.runs, strings.Join(c.first, "; "))
+		}
+	}
+}
+
+// gwClosed is how and when a WebSocket ended.
+type gwClosed struct {
+	err error
+	at  time.Time
+}
+
+// gwWatchClose reads c in the background (discarding messages) until it
+// ends or timeout passes, and reports how and when it ended. The caller must
+// not read c meanwhile.
+func gwWatchClose(c *websocket.Conn, timeout time.Duration) <-chan gwClosed {
+	ch := make(chan gwClosed, 1)
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	go func() {
+		for {
+			if _, _, err := c.ReadMessage(); err != nil {
+				ch <- gwClosed{err, time.Now()}
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// gwAwaitClose waits for a gwWatchClose report; a read timeout fails the
+// test.
+func gwAwaitClose(t testing.TB, what string, ch <-chan gwClosed) gwClosed {
+	t.Helper()
+	r := <-ch
+	var ne net.Error
+	if errors.As(r.err, &ne) && ne.Timeout() {
+		t.Fatalf("%s: not closed in time", what)
+	}
+	return r
+}
