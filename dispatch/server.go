@@ -293,6 +293,7 @@ type clientConn struct {
 	req     request
 	resp    response
 	out     []byte // scratch for heads
+	pending []byte // client bytes read by the watch in awaitResponse
 	// detached holds what is still needed of a request head once its body
 	// is being streamed (the body copy overwrites the head's buffer).
 	detached *detachedHead
@@ -378,6 +379,18 @@ func (c *clientConn) serve() {
 // readHead waits for the next request and returns its head (ending with
 // CRLFCRLF), or false when the connection should end.
 func (c *clientConn) readHead() ([]byte, bool) {
+	if len(c.pending) > 0 {
+		// Bytes the client watch read while a response was pending.
+		c.in.acquire()
+		c.in.compact()
+		n := copy(c.in.buf[c.in.w:], c.pending)
+		c.in.w += n
+		if n < len(c.pending) {
+			c.reject(errHeadTooLarge)
+			return nil, false
+		}
+		c.pending = c.pending[:0]
+	}
 	if c.in.buffered() == 0 {
 		// Park without a buffer: read one byte into the connection itself.
 		c.in.release()
@@ -632,8 +645,7 @@ func (c *clientConn) proxy() bool {
 		if wrote && inline {
 			// Wait for the first response bytes here so that a stale
 			// pooled connection can be retried on a fresh one.
-			_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
-			err = bc.in.fill()
+			err = c.awaitResponse(bc)
 		}
 		if err == nil {
 			break
@@ -643,6 +655,9 @@ func (c *clientConn) proxy() bool {
 		// Only a reused connection that the app had already closed (EOF or
 		// reset before any response byte) is retried, once, on a new one;
 		// a slow app is not asked twice.
+		if errors.Is(err, errClientGone) {
+			return false
+		}
 		if fresh || attempt > 0 || !inline || isTimeout(err) {
 			return c.backendFailed(err, wrote)
 		}
@@ -802,6 +817,55 @@ func (c *clientConn) proxy() bool {
 	}
 	return !closeClient
 }
+
+// watchAfter is how long a response may take before the client connection
+// is watched for a disconnect (so fast requests start no goroutine).
+const watchAfter = time.Second
+
+// awaitResponse waits for the app's first response bytes. If they take
+// longer than watchAfter, the client connection is watched meanwhile: a
+// client that goes away aborts the request (the app connection is closed
+// and the instance's stream slot is freed) instead of holding it until the
+// response-header timeout.
+func (c *clientConn) awaitResponse(bc *backendConn) error {
+	deadline := time.Now().Add(c.s.cfg.ResponseHeaderTimeout)
+	_ = bc.conn.SetReadDeadline(time.Now().Add(min(c.s.cfg.ResponseHeaderTimeout, watchAfter)))
+	err := bc.in.fill()
+	if err == nil || !isTimeout(err) || !time.Now().Before(deadline) {
+		return err
+	}
+	gone := make(chan struct{})
+	done := make(chan struct{})
+	var got []byte
+	_ = c.conn.SetReadDeadline(time.Time{})
+	go func() {
+		defer close(done)
+		var b [512]byte
+		n, rerr := c.conn.Read(b[:])
+		if n > 0 {
+			// A pipelined request: the client is alive; keep its bytes.
+			got = append(got, b[:n]...)
+			return
+		}
+		if rerr != nil && !isTimeout(rerr) {
+			close(gone)
+			_ = bc.conn.Close()
+		}
+	}()
+	_ = bc.conn.SetReadDeadline(deadline)
+	err = bc.in.fill()
+	_ = c.conn.SetReadDeadline(time.Now())
+	<-done
+	c.pending = append(c.pending, got...)
+	select {
+	case <-gone:
+		return errClientGone
+	default:
+	}
+	return err
+}
+
+var errClientGone = errors.New("client went away while the app was answering")
 
 // copyRequestBody streams the request body to the app. When the client
 // side fails (a malformed body, a stalled or vanished client), it closes the
