@@ -176,7 +176,12 @@ func (l *Listener) serveConn(raw net.Conn) {
 	delete(l.handshaking, raw)
 	handedOff = true
 	l.mu.Unlock()
-	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+	switch tc.ConnectionState().NegotiatedProtocol {
+	case "acme-tls/1":
+		// A TLS-ALPN-01 validation: the handshake itself was the answer.
+		_ = raw.Close()
+		return
+	case "h2":
 		l.cfg.Handler.ServeH2(tc, raw, host, route)
 		return
 	}

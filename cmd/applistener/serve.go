@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,6 +66,10 @@ type serveOptions struct {
 	maxConnections    int
 	certPoll          time.Duration
 	appHTTP2          bool
+	appACMECA         string
+	appACMEEmail      string
+	appCertCache      string
+	appACMERoots      string
 
 	trusted []netip.Prefix
 }
@@ -101,6 +107,10 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.IntVar(&o.defaultMaxStreams, "default-max-streams", 1024, "stream limit of instances whose limits.max_streams is 0 (0: none)")
 	fs.IntVar(&o.maxConnections, "app-max-connections", 100000, "concurrent client connections accepted (0: no bound)")
+	fs.StringVar(&o.appACMECA, "app-acme-ca", "", "ACME directory URL: obtain certificates on demand for installed routes only (TLS-ALPN-01)")
+	fs.StringVar(&o.appACMEEmail, "app-acme-email", "", "ACME account e-mail")
+	fs.StringVar(&o.appCertCache, "app-cert-cache", "", "directory caching managed certificates (required with --app-acme-ca; shared between replicas)")
+	fs.StringVar(&o.appACMERoots, "app-acme-ca-roots", "", "PEM bundle trusted for the ACME server's own HTTPS (default: system roots)")
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
 }
@@ -140,8 +150,11 @@ func (o *serveOptions) validate() error {
 		if o.appDomain == "" {
 			return usagef("--app-listener requires --app-domain")
 		}
-		if o.appTLSDir == "" {
-			return usagef("--app-listener requires --app-tls-dir")
+		if o.appTLSDir == "" && o.appACMECA == "" {
+			return usagef("--app-listener requires --app-tls-dir or --app-acme-ca")
+		}
+		if o.appACMECA != "" && o.appCertCache == "" {
+			return usagef("--app-acme-ca requires --app-cert-cache")
 		}
 		d, ok := routes.NormalizeHost(o.appDomain)
 		if !ok || routes.ValidDomain(d) != nil || d != o.appDomain {
@@ -151,9 +164,16 @@ func (o *serveOptions) validate() error {
 			return usagef("--app-address %q: %v", o.appAddress, err)
 		}
 	} else {
-		for _, f := range []struct{ name, v string }{{"--app-domain", o.appDomain}, {"--app-tls-dir", o.appTLSDir}} {
+		for _, f := range []struct{ name, v string }{{"--app-domain", o.appDomain}, {"--app-tls-dir", o.appTLSDir}, {"--app-acme-ca", o.appACMECA}} {
 			if f.v != "" {
 				return usagef("%s requires --app-listener", f.name)
+			}
+		}
+	}
+	if o.appACMECA == "" {
+		for _, f := range []struct{ name, v string }{{"--app-acme-email", o.appACMEEmail}, {"--app-cert-cache", o.appCertCache}, {"--app-acme-ca-roots", o.appACMERoots}} {
+			if f.v != "" {
+				return usagef("%s requires --app-acme-ca", f.name)
 			}
 		}
 	}
@@ -238,6 +258,81 @@ func watchParentLiveness(ctx context.Context, stdin io.Reader, logger *slog.Logg
 	return ctx
 }
 
+// appTLSConfig builds the app listener's TLS configuration: the TLS Secret
+// directory (hot reload, SIGHUP) and/or managed certificates obtained on
+// demand for installed routes only, ECDSA preferred, session tickets with
+// rotating keys. Its goroutines are owned by wg and end with ctx.
+func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, table *routes.Table, boundAddr string, hup <-chan os.Signal, logger *slog.Logger) (*tls.Config, error) {
+	var sources []func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	protos := []string{"http/1.1"}
+	if o.appHTTP2 {
+		protos = []string{"h2", "http/1.1"}
+	}
+	if o.appACMECA != "" {
+		var roots *x509.CertPool
+		if o.appACMERoots != "" {
+			pem, err := os.ReadFile(o.appACMERoots)
+			if err != nil {
+				return nil, fmt.Errorf("--app-acme-ca-roots: %w", err)
+			}
+			roots = x509.NewCertPool()
+			if !roots.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--app-acme-ca-roots %s: no PEM certificates", o.appACMERoots)
+			}
+		}
+		managed, err := tlsconf.NewManaged(tlsconf.ManagedConfig{
+			CA:               o.appACMECA,
+			Email:            o.appACMEEmail,
+			CacheDir:         o.appCertCache,
+			CARoots:          roots,
+			ChallengeAddress: boundAddr,
+			// Only a currently installed route can make the listener
+			// request a certificate.
+			Allowed: func(name string) bool {
+				h, ok := routes.NormalizeHost(name)
+				return ok && table.Lookup(h) != nil
+			},
+			Logger: logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() {
+			<-ctx.Done()
+			managed.Close()
+		})
+		sources = append(sources, managed.GetCertificate)
+		protos = append(protos, tlsconf.ACMETLS1Protocol)
+	}
+	if o.appTLSDir != "" {
+		store, err := tlsconf.NewStore(o.appTLSDir, logger)
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() { store.Watch(ctx, o.certPoll) })
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					logger.Info("SIGHUP: reloading certificates")
+					_ = store.Reload()
+				}
+			}
+		})
+		sources = append(sources, store.GetCertificate)
+	}
+	getCert := sources[0]
+	if len(sources) > 1 {
+		getCert = tlsconf.PreferECDSA(sources...)
+	}
+	cfg := tlsconf.ServerConfig(getCert, protos)
+	rot := tlsconf.NewTicketKeyRotator(cfg, time.Hour)
+	wg.Go(func() { rot.Run(ctx) })
+	return cfg, nil
+}
+
 // started is told the bound addresses once everything listens.
 type started func(app, admin string)
 
@@ -266,33 +361,17 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 
-	var store *tlsconf.Store
 	var appLn *listener.Listener
 	if o.appListener {
-		var err error
-		store, err = tlsconf.NewStore(o.appTLSDir, logger)
+		ln, err := net.Listen("tcp", o.appAddress)
 		if err != nil {
+			return fmt.Errorf("app listener: %w", err)
+		}
+		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, logger)
+		if err != nil {
+			_ = ln.Close()
 			return err
 		}
-		wg.Go(func() { store.Watch(bg, o.certPoll) })
-		wg.Go(func() {
-			for {
-				select {
-				case <-bg.Done():
-					return
-				case <-hup:
-					logger.Info("SIGHUP: reloading certificates")
-					_ = store.Reload()
-				}
-			}
-		})
-		protos := []string{"http/1.1"}
-		if o.appHTTP2 {
-			protos = []string{"h2", "http/1.1"}
-		}
-		tlsCfg := tlsconf.ServerConfig(store.GetCertificate, protos)
-		rot := tlsconf.NewTicketKeyRotator(tlsCfg, time.Hour)
-		wg.Go(func() { rot.Run(bg) })
 		disp := dispatch.New(dispatch.Config{
 			PreserveHost:          o.preserveHost,
 			TrustedProxies:        o.trusted,
@@ -307,10 +386,6 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Registerer:            reg,
 		})
 		wg.Go(func() { dispatch.WatchConnectors(bg, table, time.Second, logger) })
-		ln, err := net.Listen("tcp", o.appAddress)
-		if err != nil {
-			return fmt.Errorf("app listener: %w", err)
-		}
 		appLn = listener.New(ln, listener.Config{
 			TLS:              tlsCfg,
 			Routes:           table,
