@@ -141,15 +141,7 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 // connection is closed and every stream handler has returned.
 func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route) {
 	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
-	if ap, err := netip.ParseAddrPort(raw.RemoteAddr().String()); err == nil {
-		hc.peer = ap.Addr().Unmap()
-	}
-	for _, p := range s.cfg.TrustedProxies {
-		if p.Contains(hc.peer) {
-			hc.trusted = true
-			break
-		}
-	}
+	hc.peer, hc.trusted = s.peerOf(raw)
 	if !s.trackH2(hc) {
 		_ = raw.Close()
 		return

@@ -166,15 +166,7 @@ func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *route
 		route: route,
 		in:    inbuf{src: conn, pool: &s.bufPool},
 	}
-	if ap, err := netip.ParseAddrPort(raw.RemoteAddr().String()); err == nil {
-		c.peer = ap.Addr().Unmap()
-	}
-	for _, p := range s.cfg.TrustedProxies {
-		if p.Contains(c.peer) {
-			c.trusted = true
-			break
-		}
-	}
+	c.peer, c.trusted = s.peerOf(raw)
 	if !s.track(c) {
 		_ = raw.Close()
 		return
@@ -189,6 +181,21 @@ func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *route
 	s.m.connsActive.Inc()
 	defer s.m.connsActive.Dec()
 	c.serve()
+}
+
+// peerOf returns the client address of raw and whether it is a trusted proxy.
+func (s *Server) peerOf(raw net.Conn) (netip.Addr, bool) {
+	ap, err := netip.ParseAddrPort(raw.RemoteAddr().String())
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	peer := ap.Addr().Unmap()
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(peer) {
+			return peer, true
+		}
+	}
+	return peer, false
 }
 
 func (s *Server) track(c *clientConn) bool {
