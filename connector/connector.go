@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -57,14 +59,28 @@ func (c Unix) Path(port int) string {
 	return strings.ReplaceAll(c.PathTemplate, "{port}", strconv.Itoa(port))
 }
 
-// Dial connects to the port's socket.
+// Dial connects to the port's socket. A missing socket directory means the
+// instance is gone (ErrUnavailable); a missing socket in an existing
+// directory means the app is not listening.
 func (c Unix) Dial(ctx context.Context, port int) (net.Conn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.Path(port))
 	if err != nil {
+		if aerr := c.Alive(); aerr != nil {
+			return nil, aerr
+		}
 		return nil, fmt.Errorf("unix connector: %w", err)
 	}
 	return conn, nil
+}
+
+// Alive reports whether the instance's socket directory still exists.
+func (c Unix) Alive() error {
+	dir := filepath.Dir(c.PathTemplate)
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("%w: unix socket directory %s: %v", ErrUnavailable, dir, err)
+	}
+	return nil
 }
 
 // String returns "unix:TEMPLATE".

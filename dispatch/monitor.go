@@ -10,8 +10,8 @@ import (
 )
 
 // WatchConnectors checks, every interval until ctx ends, that the network
-// namespace of every netns route still exists. When one disappears, its
-// instance is stopped: its streams are closed and new requests get the
+// namespace of every netns route and the socket directory of every unix
+// route still exist. When one disappears, its instance is stopped: its streams are closed and new requests get the
 // connector's own error (502), exactly as an instance stop. It does not
 // stop the same instance twice for the same disappearance.
 func WatchConnectors(ctx context.Context, table *routes.Table, interval time.Duration, logger *slog.Logger) {
@@ -24,21 +24,29 @@ func WatchConnectors(ctx context.Context, table *routes.Table, interval time.Dur
 	for {
 		seen := map[routes.InstanceKey]bool{}
 		for _, r := range table.Snapshot().Routes() {
-			if r.Connector.Type != "netns" || seen[r.Instance.Key] {
+			if seen[r.Instance.Key] {
+				continue
+			}
+			var err error
+			switch r.Connector.Type {
+			case "netns":
+				err = connector.NetNS{Path: r.Connector.Path}.Alive()
+			case "unix":
+				err = connector.Unix{PathTemplate: r.Connector.Path}.Alive()
+			default:
 				continue
 			}
 			seen[r.Instance.Key] = true
 			key := r.Instance.Key
-			err := connector.NetNS{Path: r.Connector.Path}.Alive()
 			switch {
 			case err != nil && down[key] != r.Connector.Path:
 				down[key] = r.Connector.Path
 				n := table.StopInstance(key)
-				logger.Warn("sandbox network namespace gone: instance stopped", "class_uid", 4001,
+				logger.Warn("sandbox connector gone: instance stopped", "class_uid", 4001,
 					"instance", key.String(), "path", r.Connector.Path, "streams_closed", n, "err", err)
 			case err == nil && down[key] != "":
 				delete(down, key)
-				logger.Info("sandbox network namespace back", "instance", key.String(), "path", r.Connector.Path)
+				logger.Info("sandbox connector back", "instance", key.String(), "path", r.Connector.Path)
 			}
 		}
 		for key := range down {

@@ -1,0 +1,349 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
+)
+
+// BenchmarkSharedListener measures small keep-alive requests per second
+// through one shared listener (listener.New + dispatch.New + a route table,
+// real TLS, real backends on loopback) with 2, 100 and 1,000 instances in the
+// table. Every instance has its own route and backend pool (they share
+// sharedBenchApps real backends). The client keeps sharedBenchConns
+// connections per worker, bound to consecutive routes, and rotates its
+// requests over them, so a request goes to a different route each time; the
+// larger tables spread the traffic over up to 128 routes. The per-request
+// cost must not depend on the number of routes.
+//
+// req/s is wall-clock throughput of the whole loop (client, listener and
+// apps share the machine); cpu-ns/op is the CPU time this process (all
+// three) spent per request, which other load on the machine disturbs less.
+//
+//	go test -run XXX -bench Shared ./dispatch/
+func BenchmarkSharedListener(b *testing.B) {
+	for _, n := range []int{2, 100, 1000} {
+		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
+			benchSharedListener(b, n)
+		})
+	}
+}
+
+const (
+	sharedBenchDomain      = "bench.test"
+	sharedBenchApps        = 4 // real backends
+	sharedBenchParallelism = 8 // workers per GOMAXPROCS
+	sharedBenchConns       = 8 // client connections per worker
+	sharedBenchBody        = "ok"
+	sharedBenchTimeout     = 10 * time.Second
+)
+
+// sharedBenchHost is the hostname of instance i.
+func sharedBenchHost(i int) string {
+	return "team--s" + strconv.Itoa(i) + "--web." + sharedBenchDomain
+}
+
+// sharedBenchApp is a lean keep-alive HTTP/1.1 app on loopback: it reads
+// request heads (no bodies) and answers each with a fixed 200.
+type sharedBenchApp struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+var sharedBenchResponse = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+	strconv.Itoa(len(sharedBenchBody)) + "\r\n\r\n" + sharedBenchBody)
+
+func newSharedBenchApp(b *testing.B) *sharedBenchApp {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := &sharedBenchApp{ln: ln, conns: map[net.Conn]struct{}{}}
+	a.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			a.mu.Lock()
+			a.conns[c] = struct{}{}
+			a.mu.Unlock()
+			a.wg.Go(func() { a.serve(c) })
+		}
+	})
+	return a
+}
+
+func (a *sharedBenchApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
+
+func (a *sharedBenchApp) serve(c net.Conn) {
+	defer func() {
+		a.mu.Lock()
+		delete(a.conns, c)
+		a.mu.Unlock()
+		c.Close()
+	}()
+	br := bufio.NewReaderSize(c, 8<<10)
+	for {
+		// One request head: lines up to an empty one.
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(line) <= 2 {
+				break
+			}
+		}
+		if _, err := c.Write(sharedBenchResponse); err != nil {
+			return
+		}
+	}
+}
+
+func (a *sharedBenchApp) close() {
+	a.ln.Close()
+	a.mu.Lock()
+	for c := range a.conns {
+		c.Close()
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
+}
+
+// sharedBenchClient is one keep-alive client connection bound to a route.
+type sharedBenchClient struct {
+	conn *tls.Conn
+	br   *bufio.Reader
+	req  []byte
+}
+
+// do sends one GET and reads the whole response.
+func (c *sharedBenchClient) do() error {
+	if _, err := c.conn.Write(c.req); err != nil {
+		return err
+	}
+	status, err := c.br.ReadSlice('\n')
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(status, []byte("HTTP/1.1 200 ")) {
+		return fmt.Errorf("status line %q", status)
+	}
+	length := -1
+	for {
+		line, err := c.br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if len(line) <= 2 {
+			break
+		}
+		if v, ok := bytes.CutPrefix(line, []byte("Content-Length: ")); ok {
+			length, err = strconv.Atoi(string(bytes.TrimSpace(v)))
+			if err != nil {
+				return fmt.Errorf("Content-Length %q", v)
+			}
+		}
+	}
+	if length != len(sharedBenchBody) {
+		return fmt.Errorf("Content-Length %d; want %d", length, len(sharedBenchBody))
+	}
+	_, err = c.br.Discard(length)
+	return err
+}
+
+// sharedBenchCPU returns the user and system CPU time of this process.
+func sharedBenchCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func benchSharedListener(b *testing.B, instances int) {
+	discard := slog.New(slog.DiscardHandler)
+	ca, err := tlsconf.NewAuthority("shared bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	apps := make([]*sharedBenchApp, sharedBenchApps)
+	for i := range apps {
+		apps[i] = newSharedBenchApp(b)
+	}
+	defer func() {
+		for _, a := range apps {
+			a.close()
+		}
+	}()
+
+	// The route table: one instance per sandbox, each with its own route.
+	type svc struct {
+		Name     string `json:"name"`
+		Port     int    `json:"port"`
+		Revision int    `json:"revision"`
+	}
+	type inst struct {
+		Workspace  string            `json:"workspace"`
+		Sandbox    string            `json:"sandbox"`
+		Generation string            `json:"generation"`
+		Connector  map[string]string `json:"connector"`
+		Services   []svc             `json:"services"`
+	}
+	list := make([]inst, instances)
+	for i := range list {
+		list[i] = inst{
+			Workspace: "team", Sandbox: "s" + strconv.Itoa(i), Generation: "1",
+			Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"},
+			Services:  []svc{{Name: "web", Port: apps[i%len(apps)].port(), Revision: 1}},
+		}
+	}
+	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	doc, err := routes.ParseDocument(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(doc.Rejected) > 0 {
+		b.Fatalf("rejected instances: %+v", doc.Rejected[0])
+	}
+	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
+	defer table.Close()
+	if res := table.Apply(doc); res.Installed != instances {
+		b.Fatalf("installed %d routes; want %d", res.Installed, instances)
+	}
+
+	srv := New(Config{Logger: discard})
+	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	lis := listener.New(tcpLn, listener.Config{
+		TLS: &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			NextProtos:   []string{"http/1.1"},
+			MinVersion:   tls.VersionTLS12,
+		},
+		Routes:  table,
+		Handler: srv,
+		Logger:  discard,
+	})
+	served := make(chan error, 1)
+	go func() { served <- lis.Serve() }()
+
+	// The client connections, dialled before the timer starts: worker w
+	// holds connections to routes w*C .. w*C+C-1 (mod the route count).
+	workers := runtime.GOMAXPROCS(0) * sharedBenchParallelism
+	sets := make(chan []*sharedBenchClient, workers)
+	var all []*sharedBenchClient
+	defer func() {
+		for _, c := range all {
+			c.conn.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := lis.Shutdown(ctx); err != nil {
+			b.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			b.Errorf("serve: %v", err)
+		}
+	}()
+	touched := map[int]bool{}
+	for w := range workers {
+		set := make([]*sharedBenchClient, sharedBenchConns)
+		for j := range set {
+			idx := (w*sharedBenchConns + j) % instances
+			touched[idx] = true
+			host := sharedBenchHost(idx)
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: sharedBenchTimeout}, "tcp", tcpLn.Addr().String(),
+				&tls.Config{ServerName: host, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				b.Fatalf("dial %s: %v", host, err)
+			}
+			c := &sharedBenchClient{conn: conn, br: bufio.NewReaderSize(conn, 4<<10),
+				req: []byte("GET /bench HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")}
+			all = append(all, c)
+			set[j] = c
+			// Warm up: the route's backend pool and the app connection.
+			if err := c.do(); err != nil {
+				b.Fatalf("warm-up request to %s: %v", host, err)
+			}
+		}
+		sets <- set
+	}
+
+	b.ReportAllocs()
+	b.SetParallelism(sharedBenchParallelism)
+	cpu0 := sharedBenchCPU(b)
+	b.ResetTimer()
+	var failMu sync.Mutex
+	var failure error
+	b.RunParallel(func(pb *testing.PB) {
+		var set []*sharedBenchClient
+		select {
+		case set = <-sets:
+		default:
+			failMu.Lock()
+			failure = errors.New("more workers than prepared connection sets")
+			failMu.Unlock()
+			for pb.Next() {
+			}
+			return
+		}
+		i := 0
+		for pb.Next() {
+			c := set[i%len(set)]
+			i++
+			_ = c.conn.SetDeadline(time.Now().Add(sharedBenchTimeout))
+			if err := c.do(); err != nil {
+				failMu.Lock()
+				if failure == nil {
+					failure = err
+				}
+				failMu.Unlock()
+				for pb.Next() {
+				}
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpu := sharedBenchCPU(b) - cpu0
+	if failure != nil {
+		b.Fatalf("request failed: %v", failure)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(len(touched)), "routes_used")
+}
