@@ -76,6 +76,21 @@ type GatewayConfig struct {
 	Poll time.Duration
 	// DisablePush answers ?watch=1 with 501 so that supervisors poll.
 	DisablePush bool
+	// DiscoveryMaxWatchersPerToken bounds the open discovery watches of one
+	// token; more are refused with 429
+	// (DefaultDiscoveryMaxWatchersPerToken when not positive).
+	DiscoveryMaxWatchersPerToken int
+	// DiscoverySendTimeout disconnects a discovery watcher that does not
+	// take a line within it (DefaultDiscoverySendTimeout when not positive).
+	DiscoverySendTimeout time.Duration
+	// DiscoveryMaxWatchLifetime ends every discovery watch cleanly after
+	// this long, minus up to 10 % jitter; clients reconnect
+	// (DefaultDiscoveryMaxWatchLifetime when not positive).
+	DiscoveryMaxWatchLifetime time.Duration
+	// DiscoveryReauthPeriod is how often an open discovery watch re-checks
+	// its token's grant; a tokens reload re-checks at once too
+	// (DefaultDiscoveryReauthPeriod when not positive).
+	DiscoveryReauthPeriod time.Duration
 	// Logger receives the gateway's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics; nil registers none.
@@ -87,7 +102,9 @@ type GatewayConfig struct {
 // a file (poll with ETag/If-None-Match, or an NDJSON watch stream that gets
 // every change at once), authenticates supervisors with bearer tokens from a
 // second file, re-reads both files when they change, and stores the
-// installations that supervisors advertise. Create it with NewGateway.
+// installations that supervisors advertise and publishes them to workspace
+// tokens (discovery, see discovery.go). Create it with NewGateway; Run must
+// be running for discovery to answer.
 type Gateway struct {
 	configPath   string
 	tokensPath   string
@@ -97,6 +114,13 @@ type Gateway struct {
 	writeTimeout time.Duration
 	log          *slog.Logger
 	m            *gatewayMetrics
+	dm           *discoveryMetrics
+	dcfg         discoveryConfig
+
+	// discBeat is when the discovery loop last ran (Unix nanoseconds), 0
+	// when it is not running; discWake (capacity 1) makes it look again.
+	discBeat atomic.Int64
+	discWake chan struct{}
 
 	// state is the current configuration and tokens: immutable, replaced
 	// whole, stored with mu held, loaded without it.
@@ -115,12 +139,17 @@ type Gateway struct {
 	// installations are the latest advertisements by supervisor id;
 	// discovery builds on them.
 	installations map[string]gatewayAdvertisement
+	// disc is what discovery publishes.
+	disc discoveryState
 }
 
 // gatewayState is one immutable generation of the gateway's files.
 type gatewayState struct {
 	docs   map[string]gatewayDocument
 	tokens []gatewayToken
+	// grants are, per supervisor, the services its section declares: what
+	// discovery may publish from its advertisements.
+	grants map[string]map[grantKey]struct{}
 }
 
 // gatewayDocument is one supervisor's configuration document.
@@ -142,6 +171,8 @@ type gatewayAdvertisement struct {
 	received      time.Time
 	body          []byte            // compact JSON object
 	installations []json.RawMessage // the "installations" entries
+	routes        []advertisedRoute // the valid entries
+	rejected      string            // why the others were left out, for logs
 }
 
 // gatewayWatcher is one open watch stream. pending, ended and reason are
@@ -211,8 +242,12 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		writeTimeout:  gatewayWriteTimeout,
 		log:           cfg.Logger,
 		m:             newGatewayMetrics(cfg.Registerer),
+		dm:            newDiscoveryMetrics(cfg.Registerer),
+		dcfg:          discoveryConfigFrom(cfg),
+		discWake:      make(chan struct{}, 1),
 		watchers:      make(map[*gatewayWatcher]struct{}),
 		installations: make(map[string]gatewayAdvertisement),
+		disc:          newDiscoveryState(time.Now()),
 	}
 	if g.keepalive <= 0 {
 		g.keepalive = DefaultGatewayKeepalive
@@ -238,7 +273,10 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		return nil, err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
-	g.state.Store(&gatewayState{docs: docs, tokens: tokens})
+	g.state.Store(&gatewayState{docs: docs, tokens: tokens, grants: discoveryGrants(docs)})
+	// Discovery counts as maintained for discoveryStaleAfter before Run
+	// starts its loop, so that requests racing the start are answered.
+	g.discBeat.Store(time.Now().UnixNano())
 	g.log.Info("gateway files loaded", "config", g.configPath, "supervisors", len(docs),
 		"tokens_file", g.tokensPath, "tokens", len(tokens))
 	return g, nil
@@ -246,8 +284,13 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 
 // Run checks both files every Poll and reloads the one whose stat identity
 // changed, until ctx ends. A failed reload is logged once and not retried
-// until the file changes again (a missing file counts as one change).
+// until the file changes again (a missing file counts as one change). It
+// also runs the discovery loop (expiry of advertised routes); discovery
+// answers 503 when Run is not running.
 func (g *Gateway) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { g.runDiscovery(ctx) })
 	ticker := time.NewTicker(g.poll)
 	defer ticker.Stop()
 	for {
@@ -296,10 +339,11 @@ func (g *Gateway) reloadConfigLocked() error {
 		return err
 	}
 	g.m.reloads.WithLabelValues("config", "ok").Inc()
+	grants := discoveryGrants(docs)
 
 	g.mu.Lock()
 	old := g.state.Load()
-	next := &gatewayState{docs: docs, tokens: old.tokens}
+	next := &gatewayState{docs: docs, tokens: old.tokens, grants: grants}
 	changed := make(map[string]gatewayDocument)
 	for sup := range old.docs {
 		if d := next.document(sup); !bytes.Equal(d.body, old.document(sup).body) {
@@ -323,6 +367,8 @@ func (g *Gateway) reloadConfigLocked() error {
 			pushed++
 		}
 	}
+	// Grants may have changed: republish every workspace now.
+	g.discRepublishLocked(time.Now(), nil)
 	g.mu.Unlock()
 	g.log.Info("gateway config reloaded", "path", g.configPath, "supervisors", len(docs),
 		"changed", len(changed), "watchers_notified", pushed)
@@ -343,9 +389,11 @@ func (g *Gateway) reloadTokensLocked() error {
 
 	g.mu.Lock()
 	old := g.state.Load()
-	next := &gatewayState{docs: old.docs, tokens: tokens}
+	next := &gatewayState{docs: old.docs, tokens: tokens, grants: old.grants}
 	g.state.Store(next)
-	revoked := 0
+	revoked := g.discRevokeLocked(next)
+	// A supervisor may have lost its last token: republish.
+	g.discRepublishLocked(time.Now(), nil)
 	for w := range g.watchers {
 		if t := next.lookupDigest(w.digest); t == nil || t.supervisor != w.supervisor {
 			if g.endWatcherLocked(w, "token revoked") {
@@ -369,6 +417,11 @@ func (g *Gateway) Close() {
 	g.closed = true
 	for w := range g.watchers {
 		g.endWatcherLocked(w, "gateway closing")
+	}
+	for _, set := range g.disc.watchers {
+		for w := range set {
+			g.discEndLocked(w, discEndClosing)
+		}
 	}
 }
 
@@ -411,13 +464,17 @@ func (s *gatewayState) lookupDigest(d [sha256.Size]byte) *gatewayToken {
 //	GET /v1/supervisors/{id}/config            the document, ETag, 304 on If-None-Match
 //	GET /v1/supervisors/{id}/config?watch=1    NDJSON: the document, then every change and keepalives
 //	PUT /v1/supervisors/{id}/installations     the supervisor's installed routes (204)
+//	GET /v1/workspaces/{ws}/service-routes          discovery: the published routes of ws
+//	GET /v1/workspaces/{ws}/service-routes?watch=1  NDJSON: that snapshot, then every change and keepalives
 //
-// Every request needs "Authorization: Bearer <token>" with a supervisor
-// token for {id}. Errors have a one-line text/plain body.
+// Every request needs "Authorization: Bearer <token>": a supervisor token
+// for {id}, or a workspace token granted {ws}. Errors have a one-line
+// text/plain body.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/supervisors/{id}/config", g.serveConfig)
 	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
+	mux.HandleFunc("/v1/workspaces/{ws}/service-routes", g.serveServiceRoutes)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		g.fail(w, gwEndpointOther, http.StatusNotFound, "no such endpoint")
 	})
@@ -587,6 +644,8 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 		if err := rc.Flush(); err != nil {
 			return fmt.Errorf("flush: %w", err)
 		}
+		// Clear the deadline: over HTTP/2 a pending one resets an idle stream.
+		_ = rc.SetWriteDeadline(time.Time{})
 		return nil
 	}
 	end := func(reason string, err error) {
@@ -717,9 +776,13 @@ func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, endpoint, http.StatusBadRequest, oneLineReason(err.Error()))
 		return
 	}
-	adv.received = time.Now()
+	now := time.Now()
+	adv.received = now
+	var rejected []string
+	adv.routes, rejected = parseAdvertisedRoutes(sup, adv.installations, now)
 	g.mu.Lock()
-	g.installations[sup] = adv
+	adv.rejected = g.logRejectedInstallations(sup, rejected, g.installations[sup].rejected)
+	g.storeInstallationsLocked(sup, adv, now)
 	g.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 	g.m.request(endpoint, http.StatusNoContent)

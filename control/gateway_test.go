@@ -812,7 +812,7 @@ func TestGatewayInstallations(t *testing.T) {
 	f := newGatewayFixture(t, gwOptions{})
 	const path = "/v1/supervisors/sup-1/installations"
 	good := `{"installations": [{"hostname": "team--demo--web.apps.test", "workspace": "team", "sandbox": "demo",
-	  "service": "web", "installation_version": 3, "declaration_revision": 7,
+	  "name": "web", "installation_version": 3, "declaration_revision": 7,
 	  "expires_at": "2030-01-01T00:00:00Z", "endpoint": {"host": "10.0.0.5", "port": 8080}}]}`
 	before := time.Now()
 	resp, body := f.do(http.MethodPut, path, tokSup1, strings.NewReader(good), "Content-Type", "application/json")

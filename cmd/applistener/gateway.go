@@ -37,18 +37,27 @@ type gatewayOptions struct {
 	logFormat    string
 	logLevel     string
 	adminAddress string
+
+	discMaxWatchers  int
+	discSendTimeout  time.Duration
+	discMaxLifetime  time.Duration
+	discReauthPeriod time.Duration
 }
 
 func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.address, "address", "", "HOST:PORT to serve the control protocol on (required; loopback only without --tls-dir)")
 	fs.StringVar(&o.configFile, "config", "", `configuration file: {"supervisors": {"<id>": <configuration document>, ...}} (required; reloaded on change)`)
-	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, ...]} (required; reloaded on change)`)
+	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, {"token": "...", "workspaces": ["<ws>", ...]}]} (required; reloaded on change)`)
 	fs.StringVar(&o.tlsDir, "tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume): serve HTTPS with HTTP/2")
 	fs.DurationVar(&o.keepalive, "keepalive", control.DefaultGatewayKeepalive, "keepalive interval of push sessions")
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.IntVar(&o.discMaxWatchers, "discovery-max-watchers-per-token", control.DefaultDiscoveryMaxWatchersPerToken, "open discovery watches per token (429 beyond)")
+	fs.DurationVar(&o.discSendTimeout, "discovery-send-timeout", control.DefaultDiscoverySendTimeout, "a discovery watcher that does not take a line within this is disconnected")
+	fs.DurationVar(&o.discMaxLifetime, "discovery-max-watch-lifetime", control.DefaultDiscoveryMaxWatchLifetime, "discovery watches end cleanly after this (clients reconnect)")
+	fs.DurationVar(&o.discReauthPeriod, "discovery-reauth-period", control.DefaultDiscoveryReauthPeriod, "how often an open discovery watch re-checks its token's grant")
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -68,6 +77,17 @@ func (o *gatewayOptions) validate() error {
 	}
 	if o.keepalive < 10*time.Millisecond {
 		return usagef("--keepalive must be at least 10ms")
+	}
+	if o.discMaxWatchers < 1 {
+		return usagef("--discovery-max-watchers-per-token must be at least 1")
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{{"--discovery-send-timeout", o.discSendTimeout}, {"--discovery-max-watch-lifetime", o.discMaxLifetime}, {"--discovery-reauth-period", o.discReauthPeriod}} {
+		if f.v < 10*time.Millisecond {
+			return usagef("%s must be at least 10ms", f.name)
+		}
 	}
 	switch o.logFormat {
 	case "text", "json":
@@ -128,6 +148,11 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		DisablePush: o.noPush,
 		Logger:      logger,
 		Registerer:  reg,
+
+		DiscoveryMaxWatchersPerToken: o.discMaxWatchers,
+		DiscoverySendTimeout:         o.discSendTimeout,
+		DiscoveryMaxWatchLifetime:    o.discMaxLifetime,
+		DiscoveryReauthPeriod:        o.discReauthPeriod,
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@
 //
 //	applistener serve   the supervisor's listener
 //	applistener gateway the reference gateway
+//	applistener routes  read the gateway's discovery (get, watch)
+//	applistener edge    an SNI pass-through front door fed by discovery
 //	applistener dev     a self-contained demo on loopback
 package main
 
@@ -27,7 +29,9 @@ const topUsage = `usage: applistener <command> [flags]
 
 commands:
   serve   run the application listener of a supervisor
-  gateway run the reference gateway (configuration for supervisors)
+  gateway run the reference gateway (configuration for supervisors, discovery)
+  routes  read a workspace's published routes from the gateway (get, watch)
+  edge    run an SNI pass-through front door that follows discovery
   dev     run a self-contained demo (certificate, app and route) on loopback
 
 Run 'applistener <command> -h' for the flags of a command.
@@ -50,6 +54,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = devCommand(args[1:], stdout, stderr)
 	case "gateway":
 		err = gatewayCommand(args[1:], stderr)
+	case "routes":
+		err = routesCommand(args[1:], stdout, stderr)
+	case "edge":
+		err = edgeCommand(args[1:], stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, topUsage)
 		return 0

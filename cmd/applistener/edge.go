@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/applistener/applistener/admin"
+	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/edge"
+	"github.com/applistener/applistener/internal/logsink"
+	"github.com/applistener/applistener/routes"
+)
+
+// edgeOptions are the flags of `applistener edge`.
+type edgeOptions struct {
+	address        string
+	gateway        string
+	tokenFile      string
+	caFile         string
+	workspaces     string
+	adminAddress   string
+	helloTimeout   time.Duration
+	dialTimeout    time.Duration
+	halfClose      time.Duration
+	drainTimeout   time.Duration
+	streamIdle     time.Duration
+	maxConnections int
+	logFormat      string
+	logLevel       string
+
+	wsList []string
+}
+
+func (o *edgeOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.address, "address", "", "HOST:PORT the edge accepts TLS connections on (required)")
+	fs.StringVar(&o.gateway, "gateway", "", "gateway URL whose discovery feeds the edge, https://gateway:8080 (required)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway (required; re-read on every request)")
+	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.workspaces, "workspace", "", "comma-separated workspaces to serve (required)")
+	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.DurationVar(&o.helloTimeout, "hello-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
+	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
+	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", control.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
+	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// validate checks the flags together; every problem is a usage error.
+func (o *edgeOptions) validate() error {
+	for _, f := range []struct{ name, v string }{{"--address", o.address}, {"--gateway", o.gateway}, {"--token-file", o.tokenFile}, {"--workspace", o.workspaces}} {
+		if f.v == "" {
+			return usagef("%s is required", f.name)
+		}
+	}
+	if _, _, err := net.SplitHostPort(o.address); err != nil {
+		return usagef("--address %q: %v", o.address, err)
+	}
+	seen := map[string]bool{}
+	for _, ws := range strings.Split(o.workspaces, ",") {
+		ws = strings.TrimSpace(ws)
+		if err := routes.ValidName(ws); err != nil {
+			return usagef("--workspace: %v", err)
+		}
+		if seen[ws] {
+			return usagef("--workspace: %q listed twice", ws)
+		}
+		seen[ws] = true
+		o.wsList = append(o.wsList, ws)
+	}
+	if !strings.HasPrefix(o.gateway, "https://") && !strings.HasPrefix(o.gateway, "http://") {
+		return usagef("--gateway %q: want http(s)://host[:port]", o.gateway)
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{{"--hello-timeout", o.helloTimeout}, {"--dial-timeout", o.dialTimeout}, {"--half-close-timeout", o.halfClose}, {"--gateway-stream-timeout", o.streamIdle}} {
+		if f.v < 10*time.Millisecond {
+			return usagef("%s must be at least 10ms", f.name)
+		}
+	}
+	if o.drainTimeout < 0 || o.maxConnections < 0 {
+		return usagef("--drain-timeout and --max-connections must not be negative")
+	}
+	switch o.logFormat {
+	case "text", "json":
+	default:
+		return usagef("--log-format must be text or json, not %q", o.logFormat)
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return usagef("%v", err)
+	}
+	return nil
+}
+
+func edgeCommand(args []string, stderr io.Writer) error {
+	var o edgeOptions
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
+	defer sink.Close(2 * time.Second)
+	logger := newLogger(o.logFormat, o.logLevel, sink)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return runEdge(ctx, &o, logger, sink, nil)
+}
+
+// runEdge serves the edge until ctx ends, then drains. onStarted, if not
+// nil, is told the bound addresses.
+func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *logsink.Writer, onStarted func(addr, admin string)) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if sink != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",
+		}, func() float64 { return float64(sink.Dropped()) }))
+	}
+	client := &control.DiscoveryClient{
+		Gateway:           o.gateway,
+		TokenFile:         o.tokenFile,
+		CAFile:            o.caFile,
+		StreamIdleTimeout: o.streamIdle,
+		Logger:            logger,
+	}
+	defer client.CloseIdleConnections()
+	e, err := edge.New(edge.Config{
+		Source:           client,
+		Workspaces:       o.wsList,
+		HelloTimeout:     o.helloTimeout,
+		DialTimeout:      o.dialTimeout,
+		HalfCloseTimeout: o.halfClose,
+		MaxConnections:   o.maxConnections,
+		Logger:           logger,
+		Registerer:       reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bg, cancelBG := context.WithCancel(context.Background())
+	defer cancelBG()
+
+	var adm *admin.Server
+	if o.adminAddress != "" {
+		adm, err = admin.New(o.adminAddress, reg, e.Ready, logger)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			if err := adm.Serve(); err != nil {
+				logger.Error("admin server stopped", "err", err)
+			}
+		})
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = adm.Shutdown(sctx)
+		}()
+	}
+	ln, err := net.Listen("tcp", o.address)
+	if err != nil {
+		return fmt.Errorf("edge listener: %w", err)
+	}
+	wg.Go(func() { e.Run(bg) })
+	serveErr := make(chan error, 1)
+	wg.Go(func() { serveErr <- e.Serve(ln) })
+	admAddr := ""
+	if adm != nil {
+		admAddr = adm.Addr().String()
+	}
+	logger.Info("edge listening", "address", ln.Addr().String(), "gateway", o.gateway, "workspaces", o.wsList,
+		"admin_address", admAddr)
+	if onStarted != nil {
+		onStarted(ln.Addr().String(), admAddr)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down the edge: draining", "drain_timeout", o.drainTimeout)
+	case err := <-serveErr:
+		runErr = err
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
+	if err := e.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		logger.Warn("drain", "err", err)
+	}
+	cancel()
+	cancelBG()
+	logger.Info("edge stopped")
+	return runErr
+}

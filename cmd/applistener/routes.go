@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/routes"
+)
+
+const routesUsage = `usage: applistener routes get|watch --gateway URL --token-file FILE --workspace WS [flags]
+
+  get    print the published routes of a workspace (the gateway's discovery snapshot)
+  watch  print the unexpired routes every time the set changes, including when a
+         route reaches its expires_at while the gateway is silent; ends on SIGINT/SIGTERM
+
+Run 'applistener routes get -h' for the flags.
+`
+
+// routesOptions are the flags of `applistener routes get|watch`.
+type routesOptions struct {
+	gateway   string
+	tokenFile string
+	caFile    string
+	workspace string
+	output    string
+	idle      time.Duration
+	logLevel  string
+}
+
+func (o *routesOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.gateway, "gateway", "", "gateway URL, https://gateway:8080 (required)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway's tokens file (required)")
+	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.workspace, "workspace", "", "workspace to read (required)")
+	fs.StringVar(&o.output, "output", "table", "output format: table or json")
+	fs.DurationVar(&o.idle, "stream-timeout", control.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
+	fs.StringVar(&o.logLevel, "log-level", "warn", "level of the client's logs on stderr: debug, info, warn or error")
+}
+
+func (o *routesOptions) validate() error {
+	for _, f := range []struct{ name, v string }{{"--gateway", o.gateway}, {"--token-file", o.tokenFile}, {"--workspace", o.workspace}} {
+		if f.v == "" {
+			return usagef("%s is required", f.name)
+		}
+	}
+	if err := routes.ValidName(o.workspace); err != nil {
+		return usagef("--workspace: %v", err)
+	}
+	switch o.output {
+	case "table", "json":
+	default:
+		return usagef("--output must be table or json, not %q", o.output)
+	}
+	if o.idle < 100*time.Millisecond {
+		return usagef("--stream-timeout must be at least 100ms")
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return usagef("%v", err)
+	}
+	return nil
+}
+
+func routesCommand(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usagef("a subcommand is required: get or watch (see -h)")
+	}
+	sub := args[0]
+	switch sub {
+	case "get", "watch":
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, routesUsage)
+		return nil
+	default:
+		return usagef("unknown subcommand %q: want get or watch", sub)
+	}
+	var o routesOptions
+	fs := flag.NewFlagSet("routes "+sub, flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	logger := newLogger("text", o.logLevel, stderr)
+	client := &control.DiscoveryClient{
+		Gateway:           o.gateway,
+		TokenFile:         o.tokenFile,
+		CAFile:            o.caFile,
+		StreamIdleTimeout: o.idle,
+		Logger:            logger,
+	}
+	defer client.CloseIdleConnections()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if sub == "get" {
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := client.Get(gctx, o.workspace)
+		if err != nil {
+			return err
+		}
+		return printRoutes(stdout, o.output, s, false)
+	}
+	return watchRoutes(ctx, client, &o, stdout)
+}
+
+// watchRoutes prints the unexpired set of routes each time it changes,
+// until ctx ends (exit 0) or the gateway refuses the token (exit 1).
+func watchRoutes(ctx context.Context, client *control.DiscoveryClient, o *routesOptions, stdout io.Writer) error {
+	var printErr error
+	err := client.WatchUnexpired(ctx, o.workspace, func(s *control.RouteSnapshot) {
+		if printErr == nil {
+			printErr = printRoutes(stdout, o.output, s, true)
+		}
+	})
+	if printErr != nil {
+		return fmt.Errorf("write: %w", printErr)
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// printRoutes writes s as a table or as one JSON line. For a watch the
+// table has a header line naming the revision and time.
+func printRoutes(w io.Writer, output string, s *control.RouteSnapshot, watch bool) error {
+	if output == "json" {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	if watch {
+		if _, err := fmt.Fprintf(w, "# %s workspace %s revision %s: %d route(s)\n",
+			time.Now().UTC().Format(time.RFC3339), s.Workspace, s.Revision, len(s.Routes)); err != nil {
+			return err
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOSTNAME\tSUPERVISOR\tENDPOINT\tVERSION\tEXPIRES")
+	for _, r := range s.Routes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Hostname, r.Supervisor, r.Endpoint.String(),
+			strconv.FormatUint(r.InstallationVersion, 10), r.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if watch {
+		_, err := fmt.Fprintln(w)
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,908 @@
+package control
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// Discovery: the gateway publishes, per workspace, the installations that
+// supervisors advertise (PUT /v1/supervisors/{id}/installations), as
+// snapshots and NDJSON watch streams for independent proxies and
+// controllers:
+//
+//	GET /v1/workspaces/{ws}/service-routes           one snapshot
+//	GET /v1/workspaces/{ws}/service-routes?watch=1   the snapshot, then every change, and keepalives
+//
+// A route is published while (1) its advertised expires_at has not passed
+// (a timer republishes at each expiry, so a watch gets a line even when
+// nothing else happens), (2) the gateway's current configuration still
+// grants it to the supervisor that advertised it: that supervisor's section
+// has a valid instance with the route's workspace and sandbox and a service
+// with its name, and (3) the tokens file still has a token for that
+// supervisor. All are re-checked whenever the set is published, so a
+// configuration or tokens change removes routes at once, before any
+// re-advertisement.
+//
+// One hostname is published once. When two supervisors advertise the same
+// hostname and both are granted it, the incumbent wins: the advertisement
+// whose installation (supervisor, installation_version, endpoint) the
+// gateway has known the longest, ties broken by the smaller supervisor id.
+// Renewals keep an installation's age, so the winner does not flap at every
+// renewal (which "latest expires_at" would do, closing the consumers'
+// connections each time); the other takes over when the incumbent is
+// withdrawn, expires or loses its grant. Conflicts are logged and counted.
+//
+// Fail closed: discovery answers 503 instead of possibly stale data when
+//   - the discovery maintenance loop (started by Run; it enforces expiry) is
+//     not running or has not run for discoveryStaleAfter: the published set
+//     could then hold expired routes;
+//   - the workspace's snapshot cannot be built: it would be larger than
+//     MaxDiscoverySnapshotBytes or fails to encode (a truncated set would
+//     withdraw routes at the consumers);
+//   - for watches, the gateway is shutting down.
+//
+// A tokens or configuration file that fails to reload keeps its previous
+// contents, as for the control protocol.
+
+// Defaults and limits of discovery.
+const (
+	// DefaultDiscoveryMaxWatchersPerToken bounds the open watches of one
+	// token; more are refused with 429.
+	DefaultDiscoveryMaxWatchersPerToken = 16
+	// DefaultDiscoverySendTimeout is how long a watcher may take to accept
+	// a line before it is disconnected.
+	DefaultDiscoverySendTimeout = 5 * time.Second
+	// DefaultDiscoveryMaxWatchLifetime ends every watch stream (cleanly)
+	// after this long; clients reconnect.
+	DefaultDiscoveryMaxWatchLifetime = 10 * time.Minute
+	// DefaultDiscoveryReauthPeriod is how often an open watch re-checks that
+	// its token is still granted the workspace.
+	DefaultDiscoveryReauthPeriod = 30 * time.Second
+	// MaxAdvertisedLifetime caps an advertisement's expires_at at its
+	// receipt plus this much: a supervisor that dies cannot leave a route
+	// published for longer, whatever it claimed.
+	MaxAdvertisedLifetime = 10 * time.Minute
+)
+
+// discoveryStaleAfter is how long the discovery loop may stay silent
+// before discovery answers 503; the loop runs at least every
+// discoveryLoopPeriod.
+const (
+	discoveryStaleAfter = 5 * time.Second
+	discoveryLoopPeriod = time.Second
+)
+
+// Values of the "reason" label of the watch disconnects metric.
+const (
+	discEndClient       = "client_gone"
+	discEndSendTimeout  = "send_timeout"
+	discEndWriteError   = "write_error"
+	discEndLifetime     = "max_lifetime"
+	discEndRevoked      = "grant_revoked"
+	discEndClosing      = "gateway_closing"
+	discEndUnusable     = "state_unusable"
+	discEndSnapshotFail = "snapshot_unavailable"
+)
+
+// Request endpoints of discovery, values of the "endpoint" label.
+const (
+	gwEndpointDiscovery      = "discovery"
+	gwEndpointDiscoveryWatch = "discovery_watch"
+)
+
+// grantKey is one service a supervisor's configuration section declares.
+type grantKey struct {
+	workspace, sandbox, name string
+}
+
+// discoveryGrants returns, per supervisor, the services its configuration
+// section declares in valid instances. A section that does not parse grants
+// nothing (its supervisor does not apply it either).
+func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]struct{} {
+	grants := make(map[string]map[grantKey]struct{}, len(docs))
+	for sup, d := range docs {
+		doc, err := routes.ParseDocument(d.body)
+		if err != nil {
+			continue
+		}
+		set := make(map[grantKey]struct{})
+		for _, inst := range doc.Instances {
+			for _, svc := range inst.Services {
+				set[grantKey{inst.Workspace, inst.Sandbox, svc.Name}] = struct{}{}
+			}
+		}
+		grants[sup] = set
+	}
+	return grants
+}
+
+// advertisedRoute is one valid advertised installation.
+type advertisedRoute struct {
+	ServiceRoute
+	// since is when the gateway first saw this installation (supervisor,
+	// hostname, installation_version, endpoint); renewals keep it.
+	since time.Time
+}
+
+// advertisedEntry is an installations entry as received. Required fields
+// are pointers so that a missing one is told from a zero value. Unknown
+// fields are ignored.
+type advertisedEntry struct {
+	Hostname            *string        `json:"hostname"`
+	Workspace           *string        `json:"workspace"`
+	Sandbox             *string        `json:"sandbox"`
+	Name                *string        `json:"name"`
+	InstallationVersion *uint64        `json:"installation_version"`
+	DeclarationRevision *int64         `json:"declaration_revision"`
+	ExpiresAt           *time.Time     `json:"expires_at"`
+	Endpoint            *RouteEndpoint `json:"endpoint"`
+}
+
+// parseAdvertisedRoutes validates the entries of supervisor sup's
+// advertisement received at now. Invalid entries are left out and
+// described in rejected (one line each).
+func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time) (out []advertisedRoute, rejected []string) {
+	seen := make(map[string]bool, len(entries))
+	for i, raw := range entries {
+		var e advertisedEntry
+		if err := json.Unmarshal(raw, &e); err != nil {
+			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
+			continue
+		}
+		var missing []string
+		for _, f := range []struct {
+			name string
+			ok   bool
+		}{
+			{"hostname", e.Hostname != nil}, {"workspace", e.Workspace != nil}, {"sandbox", e.Sandbox != nil},
+			{"installation_version", e.InstallationVersion != nil}, {"expires_at", e.ExpiresAt != nil},
+			{"endpoint", e.Endpoint != nil},
+		} {
+			if !f.ok {
+				missing = append(missing, f.name)
+			}
+		}
+		if len(missing) > 0 {
+			rejected = append(rejected, fmt.Sprintf("installations[%d]: missing %s", i, strings.Join(missing, ", ")))
+			continue
+		}
+		r := ServiceRoute{
+			Hostname:            *e.Hostname,
+			Workspace:           *e.Workspace,
+			Sandbox:             *e.Sandbox,
+			Supervisor:          sup,
+			InstallationVersion: *e.InstallationVersion,
+			ExpiresAt:           e.ExpiresAt.UTC(),
+			Endpoint:            *e.Endpoint,
+		}
+		if e.Name != nil {
+			r.Name = *e.Name
+		}
+		if e.DeclarationRevision != nil {
+			r.DeclarationRevision = *e.DeclarationRevision
+		}
+		if err := checkRoute(&r, r.Workspace); err != nil {
+			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
+			continue
+		}
+		if r.DeclarationRevision < 0 {
+			rejected = append(rejected, fmt.Sprintf("installations[%d]: negative declaration_revision", i))
+			continue
+		}
+		if seen[r.Hostname] {
+			rejected = append(rejected, fmt.Sprintf("installations[%d]: hostname %s advertised twice", i, r.Hostname))
+			continue
+		}
+		seen[r.Hostname] = true
+		if limit := now.Add(MaxAdvertisedLifetime); r.ExpiresAt.After(limit) {
+			r.ExpiresAt = limit.UTC().Truncate(time.Millisecond)
+		}
+		out = append(out, advertisedRoute{ServiceRoute: r, since: now})
+	}
+	return out, rejected
+}
+
+// discoveryConfig are the bounds of discovery watches.
+type discoveryConfig struct {
+	maxWatchersPerToken int
+	sendTimeout         time.Duration
+	maxLifetime         time.Duration
+	reauthPeriod        time.Duration
+}
+
+// discoveryState is the published state; guarded by Gateway.mu.
+type discoveryState struct {
+	// rev is the last revision handed out. It starts at the gateway's
+	// start time in Unix milliseconds, so that revisions keep increasing
+	// across restarts; revBase is that start value, the revision of a
+	// workspace that never had routes.
+	rev, revBase uint64
+	published    map[string]*publishedSnapshot
+	watchers     map[string]map[*discWatcher]struct{} // by workspace
+	perToken     map[[sha256.Size]byte]int
+	nextExpiry   time.Time           // earliest future expires_at stored, zero when none
+	conflicts    map[string]struct{} // hostnames advertised by more than one granted supervisor
+	routes       int                 // published routes, all workspaces
+}
+
+// publishedSnapshot is the published set of one workspace. Immutable once
+// stored.
+type publishedSnapshot struct {
+	revision  uint64
+	routes    []ServiceRoute
+	line      []byte    // the encoded snapshot and "\n"
+	minExpiry time.Time // earliest expires_at, zero when no routes
+	err       error     // the snapshot could not be built: 503
+}
+
+// discWatcher is one open discovery watch. pending, ended and reason are
+// guarded by Gateway.mu.
+type discWatcher struct {
+	workspace string
+	digest    [sha256.Size]byte
+	notify    chan struct{} // capacity 1: "pending has a snapshot"
+	done      chan struct{} // closed when the stream must end
+	pending   []byte        // the latest snapshot line not yet written, or nil
+	ended     bool
+	reason    string
+}
+
+type discoveryMetrics struct {
+	watchers    prometheus.Gauge
+	snapshots   *prometheus.CounterVec
+	disconnects *prometheus.CounterVec
+	routes      prometheus.Gauge
+	conflicts   prometheus.Gauge
+	rejected    prometheus.Counter
+}
+
+func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
+	m := &discoveryMetrics{
+		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_gateway_discovery_watchers", Help: "Open discovery watch streams.",
+		}),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_gateway_discovery_snapshots_total", Help: "Discovery snapshots served, by mode (get: a snapshot request, watch: a line of a watch stream).",
+		}, []string{"mode"}),
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_gateway_discovery_watch_disconnects_total", Help: "Discovery watch streams ended, by reason.",
+		}, []string{"reason"}),
+		routes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_gateway_discovery_routes", Help: "Routes published by discovery, all workspaces.",
+		}),
+		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_gateway_discovery_conflicts", Help: "Hostnames advertised by more than one granted supervisor (one is published).",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_gateway_installations_rejected_total", Help: "Advertised installations not published because they failed validation.",
+		}),
+	}
+	for _, r := range []string{discEndClient, discEndSendTimeout, discEndWriteError, discEndLifetime, discEndRevoked, discEndClosing, discEndUnusable, discEndSnapshotFail} {
+		m.disconnects.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.watchers, m.snapshots, m.disconnects, m.routes, m.conflicts, m.rejected)
+	}
+	return m
+}
+
+// newDiscoveryState returns the empty published state.
+func newDiscoveryState(now time.Time) discoveryState {
+	base := uint64(max(now.UnixMilli(), 1))
+	return discoveryState{
+		rev:       base,
+		revBase:   base,
+		published: make(map[string]*publishedSnapshot),
+		watchers:  make(map[string]map[*discWatcher]struct{}),
+		perToken:  make(map[[sha256.Size]byte]int),
+		conflicts: make(map[string]struct{}),
+	}
+}
+
+// storeInstallationsLocked replaces supervisor sup's advertisement and
+// republishes the workspaces it touched. g.mu is held.
+func (g *Gateway) storeInstallationsLocked(sup string, adv gatewayAdvertisement, now time.Time) {
+	prev, had := g.installations[sup]
+	affected := make(map[string]struct{})
+	if had {
+		type instKey struct {
+			host    string
+			version uint64
+			ep      RouteEndpoint
+		}
+		known := make(map[instKey]time.Time, len(prev.routes))
+		for _, r := range prev.routes {
+			known[instKey{r.Hostname, r.InstallationVersion, r.Endpoint}] = r.since
+			affected[r.Workspace] = struct{}{}
+		}
+		for i := range adv.routes {
+			r := &adv.routes[i]
+			if since, ok := known[instKey{r.Hostname, r.InstallationVersion, r.Endpoint}]; ok {
+				r.since = since
+			}
+		}
+	}
+	for _, r := range adv.routes {
+		affected[r.Workspace] = struct{}{}
+	}
+	g.installations[sup] = adv
+	g.discRepublishLocked(now, affected)
+}
+
+// discRepublishLocked recomputes the published snapshots of the workspaces
+// in only (every workspace when only is nil), stores those that changed
+// with a new revision, and hands them to their watchers. g.mu is held.
+func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
+	d := &g.disc
+	st := g.state.Load()
+	type candidate struct {
+		r     *advertisedRoute
+		count int
+	}
+	// A supervisor whose tokens were all removed is no longer trusted:
+	// its advertisements are not published.
+	trusted := make(map[string]bool)
+	for i := range st.tokens {
+		if st.tokens[i].supervisor != "" {
+			trusted[st.tokens[i].supervisor] = true
+		}
+	}
+	best := make(map[string]*candidate)
+	var next time.Time
+	for sup, adv := range g.installations {
+		grants := st.grants[sup]
+		if !trusted[sup] {
+			grants = nil
+		}
+		for i := range adv.routes {
+			r := &adv.routes[i]
+			if !now.Before(r.ExpiresAt) {
+				continue
+			}
+			if next.IsZero() || r.ExpiresAt.Before(next) {
+				next = r.ExpiresAt
+			}
+			if only != nil {
+				if _, ok := only[r.Workspace]; !ok {
+					continue
+				}
+			}
+			if _, ok := grants[grantKey{r.Workspace, r.Sandbox, r.Name}]; !ok {
+				continue
+			}
+			c := best[r.Hostname]
+			if c == nil {
+				best[r.Hostname] = &candidate{r: r, count: 1}
+				continue
+			}
+			c.count++
+			if r.since.Before(c.r.since) || r.since.Equal(c.r.since) && r.Supervisor < c.r.Supervisor {
+				c.r = r
+			}
+		}
+	}
+	d.nextExpiry = next
+
+	byWS := make(map[string][]ServiceRoute)
+	for host, c := range best {
+		byWS[c.r.Workspace] = append(byWS[c.r.Workspace], c.r.ServiceRoute)
+		_, known := d.conflicts[host]
+		switch {
+		case c.count > 1 && !known:
+			d.conflicts[host] = struct{}{}
+			g.log.Warn("discovery: hostname advertised by more than one granted supervisor; publishing the incumbent",
+				"hostname", host, "supervisors", c.count, "published_supervisor", c.r.Supervisor)
+		case c.count == 1 && known:
+			delete(d.conflicts, host)
+		}
+	}
+	for host := range d.conflicts {
+		if only != nil {
+			if _, considered := only[hostWorkspace(host)]; !considered {
+				continue
+			}
+		}
+		if best[host] == nil {
+			delete(d.conflicts, host)
+		}
+	}
+	workspaces := only
+	if workspaces == nil {
+		workspaces = make(map[string]struct{}, len(byWS)+len(d.published))
+		for ws := range byWS {
+			workspaces[ws] = struct{}{}
+		}
+		for ws := range d.published {
+			workspaces[ws] = struct{}{}
+		}
+	}
+	for ws := range workspaces {
+		rs := byWS[ws]
+		slices.SortFunc(rs, func(a, b ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
+		old := d.published[ws]
+		if old == nil && len(rs) == 0 {
+			continue
+		}
+		if old != nil && old.err == nil && equalRoutes(old.routes, rs) {
+			continue
+		}
+		d.rev++
+		p := g.encodeSnapshot(ws, d.rev, rs)
+		if old != nil {
+			d.routes -= len(old.routes)
+		}
+		d.routes += len(p.routes)
+		d.published[ws] = p
+		g.discNotifyLocked(ws, p)
+	}
+	g.dm.routes.Set(float64(d.routes))
+	g.dm.conflicts.Set(float64(len(d.conflicts)))
+	g.discWakeLoop()
+}
+
+// hostWorkspace returns the workspace a hostname names (the part of its
+// first label before "--").
+func hostWorkspace(host string) string {
+	ws, _, _ := strings.Cut(host, "--")
+	return ws
+}
+
+// encodeSnapshot builds the published snapshot of ws.
+func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []ServiceRoute) *publishedSnapshot {
+	if rs == nil {
+		rs = []ServiceRoute{}
+	}
+	p := &publishedSnapshot{revision: rev, routes: rs}
+	for _, r := range rs {
+		if p.minExpiry.IsZero() || r.ExpiresAt.Before(p.minExpiry) {
+			p.minExpiry = r.ExpiresAt
+		}
+	}
+	body, err := json.Marshal(RouteSnapshot{Workspace: ws, Revision: strconv.FormatUint(rev, 10), Routes: rs})
+	switch {
+	case err != nil:
+		p.err = fmt.Errorf("encode the snapshot: %w", err)
+	case len(body)+1 > MaxDiscoverySnapshotBytes:
+		p.err = fmt.Errorf("the snapshot is %d bytes, more than %d", len(body), MaxDiscoverySnapshotBytes)
+	default:
+		p.line = append(body, '\n')
+		return p
+	}
+	g.log.Error("discovery snapshot unavailable; answering 503", "workspace", ws, "routes", len(rs), "err", p.err)
+	return p
+}
+
+// discNotifyLocked hands p to the watchers of ws, or ends them when p could
+// not be built. g.mu is held.
+func (g *Gateway) discNotifyLocked(ws string, p *publishedSnapshot) {
+	for w := range g.disc.watchers[ws] {
+		if w.ended {
+			continue
+		}
+		if p.err != nil {
+			g.discEndLocked(w, discEndSnapshotFail)
+			continue
+		}
+		w.pending = p.line
+		select {
+		case w.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// discEndLocked tells w to end; it reports whether w was still open. g.mu
+// is held.
+func (g *Gateway) discEndLocked(w *discWatcher, reason string) bool {
+	if w.ended {
+		return false
+	}
+	w.ended, w.reason, w.pending = true, reason, nil
+	close(w.done)
+	return true
+}
+
+// discSnapshotLocked returns the current snapshot of ws, republishing it
+// first when one of its routes has expired (the loop may not have run yet).
+// g.mu is held.
+func (g *Gateway) discSnapshotLocked(ws string, now time.Time) *publishedSnapshot {
+	d := &g.disc
+	p := d.published[ws]
+	if p != nil && !p.minExpiry.IsZero() && !now.Before(p.minExpiry) {
+		g.discRepublishLocked(now, map[string]struct{}{ws: {}})
+		p = d.published[ws]
+	}
+	if p == nil {
+		// Never published: the empty set at the base revision. Not stored,
+		// so that unknown workspaces cost nothing.
+		p = g.encodeSnapshot(ws, d.revBase, nil)
+	}
+	return p
+}
+
+// discUnusable returns why discovery cannot answer now, or "".
+func (g *Gateway) discUnusable(now time.Time) string {
+	beat := g.discBeat.Load()
+	switch {
+	case g.state.Load() == nil:
+		return "the gateway has no state"
+	case beat == 0:
+		return "discovery is not running"
+	case now.Sub(time.Unix(0, beat)) > discoveryStaleAfter:
+		return "discovery state is not being maintained (expiry loop stalled)"
+	}
+	return ""
+}
+
+// runDiscovery is the discovery maintenance loop: it republishes when a
+// stored route expires, and beats so that discUnusable knows it runs. Run
+// starts it.
+func (g *Gateway) runDiscovery(ctx context.Context) {
+	defer g.discBeat.Store(0)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		g.discBeat.Store(time.Now().UnixNano())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-g.discWake:
+		}
+		now := time.Now()
+		g.mu.Lock()
+		if next := g.disc.nextExpiry; !next.IsZero() && !now.Before(next) {
+			g.discRepublishLocked(now, nil)
+		}
+		next := g.disc.nextExpiry
+		g.mu.Unlock()
+		wait := discoveryLoopPeriod
+		if !next.IsZero() {
+			wait = min(wait, max(time.Until(next), 0))
+		}
+		t.Reset(wait)
+	}
+}
+
+// discWakeLoop makes the loop re-read nextExpiry (it may have moved
+// earlier).
+func (g *Gateway) discWakeLoop() {
+	select {
+	case g.discWake <- struct{}{}:
+	default:
+	}
+}
+
+// discRevokeLocked ends the watches whose token is no longer granted their
+// workspace; it returns how many. g.mu is held.
+func (g *Gateway) discRevokeLocked(st *gatewayState) int {
+	n := 0
+	for _, set := range g.disc.watchers {
+		for w := range set {
+			if !st.grantsWorkspace(w.digest, w.workspace) && g.discEndLocked(w, discEndRevoked) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// grantsWorkspace reports whether the token with digest d is a workspace
+// token granted ws.
+func (s *gatewayState) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
+	t := s.lookupDigest(d)
+	return t != nil && t.supervisor == "" && slices.Contains(t.workspaces, ws)
+}
+
+// authorizeWorkspace checks the bearer token for discovery of ws: 401
+// without a known token, 400 for an invalid workspace name, 403 for a
+// supervisor token or a workspace token not granted ws. On failure it
+// answers the request and returns nil.
+func (g *Gateway) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *gatewayToken {
+	token, ok := bearerToken(r.Header)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		g.fail(w, endpoint, http.StatusUnauthorized, "missing bearer token")
+		return nil
+	}
+	t := g.state.Load().lookupDigest(sha256.Sum256([]byte(token)))
+	if t == nil {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		g.fail(w, endpoint, http.StatusUnauthorized, "unknown token")
+		g.log.Info("discovery request refused: unknown token", "remote", r.RemoteAddr)
+		return nil
+	}
+	if t.supervisor != "" {
+		g.fail(w, endpoint, http.StatusForbidden, "a supervisor token cannot read discovery")
+		g.log.Warn("discovery request refused: supervisor token", "token_supervisor", t.supervisor, "remote", r.RemoteAddr)
+		return nil
+	}
+	if err := routes.ValidName(ws); err != nil {
+		g.fail(w, endpoint, http.StatusBadRequest, "invalid workspace name")
+		return nil
+	}
+	if !slices.Contains(t.workspaces, ws) {
+		g.fail(w, endpoint, http.StatusForbidden, "the token is not granted this workspace")
+		g.log.Warn("discovery request refused: workspace not granted", "workspace", ws, "remote", r.RemoteAddr)
+		return nil
+	}
+	return t
+}
+
+func (g *Gateway) serveServiceRoutes(w http.ResponseWriter, r *http.Request) {
+	endpoint := gwEndpointDiscovery
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
+		return
+	}
+	var watch bool
+	switch r.URL.Query().Get("watch") {
+	case "", "0", "false":
+	case "1", "true":
+		watch, endpoint = true, gwEndpointDiscoveryWatch
+	default:
+		g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
+		return
+	}
+	ws := r.PathValue("ws")
+	tok := g.authorizeWorkspace(w, r, endpoint, ws)
+	if tok == nil {
+		return
+	}
+	if why := g.discUnusable(time.Now()); why != "" {
+		w.Header().Set("Retry-After", "1")
+		g.fail(w, endpoint, http.StatusServiceUnavailable, why)
+		return
+	}
+	if watch {
+		g.serveDiscoveryWatch(w, r, ws, tok.digest)
+		return
+	}
+	g.mu.Lock()
+	p := g.discSnapshotLocked(ws, time.Now())
+	g.mu.Unlock()
+	if p.err != nil {
+		w.Header().Set("Retry-After", "5")
+		g.fail(w, endpoint, http.StatusServiceUnavailable, "the snapshot of this workspace is unavailable")
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(p.line)))
+	w.WriteHeader(http.StatusOK)
+	g.m.request(endpoint, http.StatusOK)
+	g.dm.snapshots.WithLabelValues("get").Inc()
+	_, _ = w.Write(p.line)
+}
+
+// discAddWatcher registers w and returns the current snapshot of its
+// workspace, or a status code and reason when the watch is refused.
+func (g *Gateway) discAddWatcher(w *discWatcher) (*publishedSnapshot, int, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := &g.disc
+	if g.closed {
+		return nil, http.StatusServiceUnavailable, "the gateway is shutting down"
+	}
+	if d.perToken[w.digest] >= g.dcfg.maxWatchersPerToken {
+		return nil, http.StatusTooManyRequests,
+			fmt.Sprintf("too many watch streams for this token (limit %d)", g.dcfg.maxWatchersPerToken)
+	}
+	p := g.discSnapshotLocked(w.workspace, time.Now())
+	if p.err != nil {
+		return nil, http.StatusServiceUnavailable, "the snapshot of this workspace is unavailable"
+	}
+	set := d.watchers[w.workspace]
+	if set == nil {
+		set = make(map[*discWatcher]struct{})
+		d.watchers[w.workspace] = set
+	}
+	set[w] = struct{}{}
+	d.perToken[w.digest]++
+	return p, 0, ""
+}
+
+func (g *Gateway) discRemoveWatcher(w *discWatcher) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := &g.disc
+	if set := d.watchers[w.workspace]; set != nil {
+		delete(set, w)
+		if len(set) == 0 {
+			delete(d.watchers, w.workspace)
+		}
+	}
+	if d.perToken[w.digest]--; d.perToken[w.digest] <= 0 {
+		delete(d.perToken, w.digest)
+	}
+	g.discEndLocked(w, w.reason)
+}
+
+// discTake returns and clears w's pending line; open is false when w has
+// been told to end, with the reason.
+func (g *Gateway) discTake(w *discWatcher) (line []byte, open bool, reason string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	line, w.pending = w.pending, nil
+	return line, !w.ended, w.reason
+}
+
+// discStillGranted re-checks a watch's token and the state of discovery;
+// it returns the reason to end the watch, or "".
+func (g *Gateway) discStillGranted(w *discWatcher) string {
+	if !g.state.Load().grantsWorkspace(w.digest, w.workspace) {
+		return discEndRevoked
+	}
+	if g.discUnusable(time.Now()) != "" {
+		return discEndUnusable
+	}
+	return ""
+}
+
+// serveDiscoveryWatch holds one watch stream until the client goes away,
+// the grant is revoked, the lifetime ends, the gateway closes, or a write
+// fails or is not taken within the send timeout. The watcher holds only the
+// latest snapshot not yet written, never a queue.
+func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
+	const endpoint = gwEndpointDiscoveryWatch
+	wt := &discWatcher{
+		workspace: ws,
+		digest:    digest,
+		notify:    make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	first, code, why := g.discAddWatcher(wt)
+	if code != 0 {
+		w.Header().Set("Retry-After", "5")
+		g.fail(w, endpoint, code, why)
+		return
+	}
+	defer g.discRemoveWatcher(wt)
+	g.dm.watchers.Inc()
+	defer g.dm.watchers.Dec()
+
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	g.m.request(endpoint, http.StatusOK)
+
+	started := time.Now()
+	log := g.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)
+	log.Info("discovery watch opened")
+	write := func(line []byte) error {
+		if err := rc.SetWriteDeadline(time.Now().Add(g.dcfg.sendTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return fmt.Errorf("set write deadline: %w", err)
+		}
+		if _, err := w.Write(line); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		if err := rc.Flush(); err != nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+		// Clear it: on HTTP/2 a write deadline is a timer that resets the
+		// stream when it fires, even with no write pending.
+		if err := rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return fmt.Errorf("clear write deadline: %w", err)
+		}
+		return nil
+	}
+	end := func(reason string, err error) {
+		g.dm.disconnects.WithLabelValues(reason).Inc()
+		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
+		if err != nil {
+			attrs = append(attrs, "err", err)
+		}
+		log.Info("discovery watch ended", attrs...)
+	}
+	writeFailed := func(err error) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			end(discEndSendTimeout, err)
+			return
+		}
+		end(discEndWriteError, err)
+	}
+
+	if err := write(first.line); err != nil {
+		writeFailed(err)
+		return
+	}
+	g.dm.snapshots.WithLabelValues("watch").Inc()
+	last := first.line
+	// Lifetimes are spread over the last 10 % so that watches opened
+	// together do not all reconnect together.
+	life := g.dcfg.maxLifetime
+	life -= rand.N(life/10 + 1)
+	lifetime := time.NewTimer(life)
+	defer lifetime.Stop()
+	reauth := time.NewTicker(g.dcfg.reauthPeriod)
+	defer reauth.Stop()
+	keepalive := time.NewTicker(g.keepalive)
+	defer keepalive.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			end(discEndClient, nil)
+			return
+		case <-wt.done:
+			_, _, reason := g.discTake(wt)
+			end(reason, nil)
+			return
+		case <-lifetime.C:
+			end(discEndLifetime, nil)
+			return
+		case <-reauth.C:
+			if reason := g.discStillGranted(wt); reason != "" {
+				end(reason, nil)
+				return
+			}
+		case <-keepalive.C:
+			if err := write(gatewayKeepaliveLine); err != nil {
+				writeFailed(err)
+				return
+			}
+		case <-wt.notify:
+			line, open, reason := g.discTake(wt)
+			if !open {
+				end(reason, nil)
+				return
+			}
+			// Published lines are distinct allocations: the same
+			// pointer is the same snapshot.
+			if len(line) == 0 || &line[0] == &last[0] {
+				continue
+			}
+			if err := write(line); err != nil {
+				writeFailed(err)
+				return
+			}
+			last = line
+			g.dm.snapshots.WithLabelValues("watch").Inc()
+		}
+	}
+}
+
+// discoveryConfigFrom applies the defaults to cfg's discovery bounds.
+func discoveryConfigFrom(cfg GatewayConfig) discoveryConfig {
+	return discoveryConfig{
+		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
+		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
+		maxLifetime:         cmp.Or(max(cfg.DiscoveryMaxWatchLifetime, 0), DefaultDiscoveryMaxWatchLifetime),
+		reauthPeriod:        cmp.Or(max(cfg.DiscoveryReauthPeriod, 0), DefaultDiscoveryReauthPeriod),
+	}
+}
+
+// logRejectedInstallations logs the entries of sup's advertisement that
+// were not published, when the set of reasons differs from the last one.
+func (g *Gateway) logRejectedInstallations(sup string, rejected []string, prev string) string {
+	summary := strings.Join(rejected, "; ")
+	if len(rejected) > 0 {
+		g.dm.rejected.Add(float64(len(rejected)))
+	}
+	if summary != prev && len(rejected) > 0 {
+		g.log.Warn("advertised installations not published: invalid entries", "supervisor", sup,
+			"rejected", len(rejected), "reasons", oneLineReason(summary))
+	}
+	return summary
+}

@@ -1,0 +1,607 @@
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// RouteEndpoint is where a discovered route's traffic goes: the owning
+// supervisor's advertised address (the Pod IP) and app listener port.
+// Consumers connect there and keep the route's hostname as the TLS SNI and
+// the HTTP Host.
+type RouteEndpoint struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// String returns "host:port" ("[v6]:port" for an IPv6 address).
+func (e RouteEndpoint) String() string {
+	if strings.IndexByte(e.Host, ':') >= 0 {
+		return fmt.Sprintf("[%s]:%d", e.Host, e.Port)
+	}
+	return fmt.Sprintf("%s:%d", e.Host, e.Port)
+}
+
+// ServiceRoute is one published route of a discovery snapshot: an accepted
+// installation of a supervisor, still unexpired and still granted to that
+// supervisor by the gateway's configuration. Name is the sandbox route's
+// service name ("" for the unnamed service), not a Kubernetes Service.
+type ServiceRoute struct {
+	Hostname            string        `json:"hostname"`
+	Workspace           string        `json:"workspace"`
+	Sandbox             string        `json:"sandbox"`
+	Name                string        `json:"name"`
+	Supervisor          string        `json:"supervisor"`
+	InstallationVersion uint64        `json:"installation_version"`
+	DeclarationRevision int64         `json:"declaration_revision"`
+	ExpiresAt           time.Time     `json:"expires_at"`
+	Endpoint            RouteEndpoint `json:"endpoint"`
+}
+
+// RouteSnapshot is the complete set of published routes of one workspace:
+// the answer of GET /v1/workspaces/{ws}/service-routes and each line of its
+// watch stream. Revision is a decimal counter that increases whenever the
+// set changes. Routes are sorted by hostname.
+type RouteSnapshot struct {
+	Workspace string         `json:"workspace"`
+	Revision  string         `json:"revision"`
+	Routes    []ServiceRoute `json:"routes"`
+}
+
+// Unexpired returns a copy of s without the routes whose ExpiresAt is not
+// after now. Consumers must drop a route at its expires_at even when the
+// watch is silent; this is the helper for that. A nil s gives nil.
+func (s *RouteSnapshot) Unexpired(now time.Time) *RouteSnapshot {
+	if s == nil {
+		return nil
+	}
+	out := &RouteSnapshot{Workspace: s.Workspace, Revision: s.Revision, Routes: make([]ServiceRoute, 0, len(s.Routes))}
+	for _, r := range s.Routes {
+		if now.Before(r.ExpiresAt) {
+			out.Routes = append(out.Routes, r)
+		}
+	}
+	return out
+}
+
+// NextExpiry returns the earliest ExpiresAt of s's routes, or the zero time
+// when s has none.
+func (s *RouteSnapshot) NextExpiry() time.Time {
+	var next time.Time
+	if s == nil {
+		return next
+	}
+	for _, r := range s.Routes {
+		if next.IsZero() || r.ExpiresAt.Before(next) {
+			next = r.ExpiresAt
+		}
+	}
+	return next
+}
+
+// Lookup returns the route whose hostname is host, or nil.
+func (s *RouteSnapshot) Lookup(host string) *ServiceRoute {
+	if s == nil {
+		return nil
+	}
+	i, ok := slices.BinarySearchFunc(s.Routes, host, func(r ServiceRoute, h string) int { return strings.Compare(r.Hostname, h) })
+	if !ok {
+		return nil
+	}
+	return &s.Routes[i]
+}
+
+// equalRoutes reports whether a and b publish the same routes.
+func equalRoutes(a, b []ServiceRoute) bool {
+	return slices.EqualFunc(a, b, func(x, y ServiceRoute) bool {
+		return x.Hostname == y.Hostname && x.Workspace == y.Workspace && x.Sandbox == y.Sandbox &&
+			x.Name == y.Name && x.Supervisor == y.Supervisor && x.InstallationVersion == y.InstallationVersion &&
+			x.DeclarationRevision == y.DeclarationRevision && x.ExpiresAt.Equal(y.ExpiresAt) && x.Endpoint == y.Endpoint
+	})
+}
+
+// checkRoute validates a route of workspace ws: the hostname is normalized,
+// its first label names exactly the route's workspace, sandbox and service,
+// the workspace is ws, and the endpoint is usable. The gateway applies it to
+// advertisements and the client to snapshots, so that a route can never
+// send a host of another workspace anywhere.
+func checkRoute(r *ServiceRoute, ws string) error {
+	if r.Workspace != ws {
+		return fmt.Errorf("route %.80q: workspace %.40q, want %q", r.Hostname, r.Workspace, ws)
+	}
+	if h, ok := routes.NormalizeHost(r.Hostname); !ok || h != r.Hostname {
+		return fmt.Errorf("hostname %.80q: not a normalized (lower-case) host name", r.Hostname)
+	}
+	dot := strings.IndexByte(r.Hostname, '.')
+	if dot < 0 {
+		return fmt.Errorf("hostname %.80q: no domain", r.Hostname)
+	}
+	domain := r.Hostname[dot+1:]
+	if err := routes.ValidDomain(domain); err != nil {
+		return fmt.Errorf("hostname %.80q: %w", r.Hostname, err)
+	}
+	parts, err := routes.ParseHostname(r.Hostname, domain)
+	if err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	if parts.Workspace != r.Workspace || parts.Sandbox != r.Sandbox || parts.Service != r.Name {
+		return fmt.Errorf("hostname %.80q does not name workspace %.40q, sandbox %.40q, service %.40q",
+			r.Hostname, r.Workspace, r.Sandbox, r.Name)
+	}
+	if err := checkEndpoint(r.Endpoint); err != nil {
+		return fmt.Errorf("route %.80q: %w", r.Hostname, err)
+	}
+	if r.ExpiresAt.IsZero() {
+		return fmt.Errorf("route %.80q: no expires_at", r.Hostname)
+	}
+	return nil
+}
+
+// checkEndpoint checks an endpoint: a host of at most 253 characters made of
+// letters, digits, '.', '-', ':' (an IP address or a DNS name), and a port
+// from 1 to 65535.
+func checkEndpoint(e RouteEndpoint) error {
+	if e.Host == "" || len(e.Host) > 253 {
+		return fmt.Errorf("endpoint host %.80q: empty or too long", e.Host)
+	}
+	for i := 0; i < len(e.Host); i++ {
+		c := e.Host[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == ':' {
+			continue
+		}
+		return fmt.Errorf("endpoint host %.80q: character %q not allowed", e.Host, c)
+	}
+	if e.Port < 1 || e.Port > 65535 {
+		return fmt.Errorf("endpoint port %d: want 1 to 65535", e.Port)
+	}
+	return nil
+}
+
+// Defaults of the discovery client.
+const (
+	// DefaultDiscoveryStreamIdleTimeout ends a watch that sent nothing, not
+	// even a keepalive, for this long (three keepalives of the gateway).
+	DefaultDiscoveryStreamIdleTimeout = 15 * time.Second
+	// DefaultDiscoveryMaxBackoff caps the delay between reconnections.
+	DefaultDiscoveryMaxBackoff = 30 * time.Second
+	// MaxDiscoverySnapshotBytes is the largest snapshot (one line) a client
+	// reads and a gateway serves; a gateway whose snapshot would be larger
+	// answers 503 rather than a truncated set.
+	MaxDiscoverySnapshotBytes = 32 << 20
+)
+
+// DiscoveryStatusError is an answer of the gateway other than 200.
+type DiscoveryStatusError struct {
+	Code int
+	Body string // the first line of the body, cut to 300 bytes
+}
+
+func (e *DiscoveryStatusError) Error() string {
+	msg := fmt.Sprintf("gateway answered %d", e.Code)
+	if e.Body != "" {
+		msg += ": " + e.Body
+	}
+	return msg
+}
+
+// Refused reports whether the answer is a refusal that retrying will not
+// fix without a change of token, grant or request: 400, 401, 403 or 404.
+func (e *DiscoveryStatusError) Refused() bool {
+	switch e.Code {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return true
+	}
+	return false
+}
+
+// IsDiscoveryRefusal reports whether err is a *DiscoveryStatusError that
+// Refused: the token is unknown or not granted the workspace.
+func IsDiscoveryRefusal(err error) bool {
+	var se *DiscoveryStatusError
+	return errors.As(err, &se) && se.Refused()
+}
+
+// DiscoveryClient reads a gateway's discovery API: one snapshot (Get) or a
+// watch that delivers every change (Watch). It is safe for concurrent use
+// once its fields are set; the zero values of the optional fields are the
+// defaults.
+type DiscoveryClient struct {
+	// Gateway is the gateway's base URL, https://gateway:8080 (http:// for
+	// a reference gateway on loopback).
+	Gateway string
+	// TokenFile holds the workspace bearer token; it is re-read before
+	// every request, so a rotated token is picked up.
+	TokenFile string
+	// CAFile is a PEM bundle that verifies the gateway; system roots when
+	// empty.
+	CAFile string
+	// StreamIdleTimeout ends a watch stream that sent nothing, not even a
+	// keepalive, for this long (DefaultDiscoveryStreamIdleTimeout when not
+	// positive); the client then reconnects.
+	StreamIdleTimeout time.Duration
+	// MaxBackoff caps the reconnection delay (DefaultDiscoveryMaxBackoff).
+	MaxBackoff time.Duration
+	// Logger receives connection events; nil means slog.Default().
+	Logger *slog.Logger
+
+	initOnce sync.Once
+	initErr  error
+	client   *http.Client
+}
+
+func (c *DiscoveryClient) init() error {
+	c.initOnce.Do(func() {
+		u, err := url.Parse(c.Gateway)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			c.initErr = fmt.Errorf("discovery: gateway %q: want http(s)://host[:port]", c.Gateway)
+			return
+		}
+		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.CAFile != "" {
+			pem, err := os.ReadFile(c.CAFile)
+			if err != nil {
+				c.initErr = fmt.Errorf("discovery: gateway CA file: %w", err)
+				return
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				c.initErr = fmt.Errorf("discovery: gateway CA file %s: no PEM certificates", c.CAFile)
+				return
+			}
+			tlsCfg.RootCAs = pool
+		}
+		c.client = &http.Client{Transport: &http.Transport{
+			Proxy:                 nil,
+			TLSClientConfig:       tlsCfg,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ResponseHeaderTimeout: 15 * time.Second,
+			IdleConnTimeout:       90 * time.Second,
+			MaxIdleConnsPerHost:   4,
+		}}
+	})
+	return c.initErr
+}
+
+func (c *DiscoveryClient) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
+}
+
+func (c *DiscoveryClient) idleTimeout() time.Duration {
+	if c.StreamIdleTimeout > 0 {
+		return c.StreamIdleTimeout
+	}
+	return DefaultDiscoveryStreamIdleTimeout
+}
+
+// backoff returns the delay before attempt n+1 (n ≥ 0): exponential from
+// 250 ms, capped at MaxBackoff, with ±50 % jitter.
+func (c *DiscoveryClient) backoff(n int) time.Duration {
+	limit := c.MaxBackoff
+	if limit <= 0 {
+		limit = DefaultDiscoveryMaxBackoff
+	}
+	d := min(250*time.Millisecond<<min(n, 10), limit)
+	return d/2 + rand.N(d/2+1)
+}
+
+// CloseIdleConnections closes the client's idle connections to the gateway.
+func (c *DiscoveryClient) CloseIdleConnections() {
+	if c.client != nil {
+		c.client.CloseIdleConnections()
+	}
+}
+
+func (c *DiscoveryClient) request(ctx context.Context, ws string, watch bool) (*http.Response, error) {
+	if err := c.init(); err != nil {
+		return nil, err
+	}
+	if err := routes.ValidName(ws); err != nil {
+		return nil, fmt.Errorf("discovery: workspace: %w", err)
+	}
+	u := strings.TrimRight(c.Gateway, "/") + "/v1/workspaces/" + url.PathEscape(ws) + "/service-routes"
+	if watch {
+		u += "?watch=1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	if c.TokenFile != "" {
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: token file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return nil, fmt.Errorf("discovery: token file %s is empty", c.TokenFile)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if watch {
+		req.Header.Set("Accept", "application/x-ndjson")
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	req.Header.Set("User-Agent", "applistener-discovery")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		_ = resp.Body.Close()
+		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+		return nil, &DiscoveryStatusError{Code: resp.StatusCode, Body: oneLineReason(line)}
+	}
+	return resp, nil
+}
+
+// parseSnapshot decodes one snapshot of workspace ws and drops (with a
+// warning) the routes that fail checkRoute. Routes are sorted by hostname;
+// of two routes with one hostname the first is kept.
+func (c *DiscoveryClient) parseSnapshot(data []byte, ws string) (*RouteSnapshot, error) {
+	var s RouteSnapshot
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("discovery: snapshot: %w", err)
+	}
+	if s.Workspace != ws {
+		return nil, fmt.Errorf("discovery: snapshot of workspace %.40q, want %q", s.Workspace, ws)
+	}
+	kept := make([]ServiceRoute, 0, len(s.Routes))
+	for i := range s.Routes {
+		if err := checkRoute(&s.Routes[i], ws); err != nil {
+			c.logger().Warn("discovery route ignored", "workspace", ws, "err", err)
+			continue
+		}
+		s.Routes[i].ExpiresAt = s.Routes[i].ExpiresAt.UTC()
+		kept = append(kept, s.Routes[i])
+	}
+	slices.SortStableFunc(kept, func(a, b ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
+	kept = slices.CompactFunc(kept, func(a, b ServiceRoute) bool { return a.Hostname == b.Hostname })
+	s.Routes = kept
+	return &s, nil
+}
+
+// Get returns the current snapshot of workspace ws. A refusal is a
+// *DiscoveryStatusError (see IsDiscoveryRefusal).
+func (c *DiscoveryClient) Get(ctx context.Context, ws string) (*RouteSnapshot, error) {
+	resp, err := c.request(ctx, ws, false)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxDiscoverySnapshotBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("discovery: read snapshot: %w", err)
+	}
+	if len(data) > MaxDiscoverySnapshotBytes {
+		return nil, fmt.Errorf("discovery: snapshot larger than %d bytes", MaxDiscoverySnapshotBytes)
+	}
+	return c.parseSnapshot(data, ws)
+}
+
+// Watch holds a watch of workspace ws until ctx ends and calls fn with
+// every snapshot, in order, from one goroutine (the caller's). Lost or
+// silent streams (nothing, not even a keepalive, for StreamIdleTimeout) are
+// reopened with exponential backoff and jitter; a stream the gateway ends
+// cleanly (its maximum lifetime) is reopened at once.
+//
+// Watch returns ctx.Err() when ctx ends, and a *DiscoveryStatusError at once
+// when the gateway refuses the token or the workspace (400, 401, 403, 404;
+// see IsDiscoveryRefusal): retrying cannot help, and the caller should stop
+// using the routes it has from this workspace. Any other failure (network,
+// 429, 503, a malformed line) is retried.
+//
+// fn sees complete replacements; routes in them still expire at their
+// ExpiresAt (see Unexpired and WatchUnexpired).
+func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSnapshot)) error {
+	if err := c.init(); err != nil {
+		return err
+	}
+	if err := routes.ValidName(ws); err != nil {
+		return fmt.Errorf("discovery: workspace: %w", err)
+	}
+	log := c.logger().With("gateway", c.Gateway, "workspace", ws)
+	failures := 0
+	lastErr := ""
+	for {
+		got, err := c.watchOnce(ctx, ws, fn)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if IsDiscoveryRefusal(err) {
+			return err
+		}
+		if got {
+			failures = 0
+		}
+		var wait time.Duration
+		if err == nil {
+			// The gateway ended the stream cleanly (its lifetime bound):
+			// reconnect after a short jitter only.
+			wait = rand.N(100 * time.Millisecond)
+			log.Debug("discovery watch ended by the gateway; reconnecting")
+			lastErr = ""
+		} else {
+			wait = c.backoff(failures)
+			failures++
+			if msg := err.Error(); msg != lastErr {
+				log.Warn("discovery watch failed; retrying", "err", err, "retry_in", wait.Round(time.Millisecond))
+				lastErr = msg
+			}
+		}
+		if !discSleep(ctx, wait) {
+			return ctx.Err()
+		}
+	}
+}
+
+// watchOnce holds one stream; got reports whether a snapshot arrived.
+// err is nil when the gateway ended the stream cleanly.
+func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*RouteSnapshot)) (got bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	resp, err := c.request(sctx, ws, true)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	idleFor := c.idleTimeout()
+	var silent bool
+	var silentMu sync.Mutex
+	idle := time.AfterFunc(idleFor, func() {
+		silentMu.Lock()
+		silent = true
+		silentMu.Unlock()
+		cancel()
+	})
+	defer idle.Stop()
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	for {
+		line, err := discReadLine(br, MaxDiscoverySnapshotBytes)
+		if err != nil {
+			silentMu.Lock()
+			wasSilent := silent
+			silentMu.Unlock()
+			switch {
+			case wasSilent:
+				return got, fmt.Errorf("discovery: watch silent for %v", idleFor)
+			case errors.Is(err, io.EOF) && ctx.Err() == nil:
+				return got, nil
+			}
+			return got, fmt.Errorf("discovery: watch: %w", err)
+		}
+		idle.Reset(idleFor)
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || discIsKeepalive(line) {
+			continue
+		}
+		s, err := c.parseSnapshot(line, ws)
+		if err != nil {
+			// A line that does not parse: the stream cannot be trusted.
+			return got, err
+		}
+		got = true
+		fn(s)
+	}
+}
+
+// WatchUnexpired is Watch for consumers that want the usable set: fn gets
+// the unexpired routes of the latest snapshot whenever that set changes,
+// including when a route reaches its expires_at while the watch is silent
+// (a local timer drops it). fn runs on the caller's goroutine. It returns
+// like Watch.
+func (c *DiscoveryClient) WatchUnexpired(ctx context.Context, ws string, fn func(*RouteSnapshot)) error {
+	return watchUnexpired(ctx, func(ctx context.Context, fn func(*RouteSnapshot)) error {
+		return c.Watch(ctx, ws, fn)
+	}, fn)
+}
+
+// watchUnexpired runs watch in a goroutine it owns and calls fn from the
+// calling goroutine with the unexpired set whenever it changes.
+func watchUnexpired(ctx context.Context, watch func(context.Context, func(*RouteSnapshot)) error, fn func(*RouteSnapshot)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	latest := make(chan *RouteSnapshot, 1) // holds only the newest snapshot
+	done := make(chan error, 1)
+	go func() {
+		done <- watch(ctx, func(s *RouteSnapshot) {
+			select {
+			case <-latest:
+			default:
+			}
+			latest <- s
+		})
+	}()
+	var cur, printed *RouteSnapshot
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case s := <-latest:
+			cur = s
+		case <-timer.C:
+		}
+		now := time.Now()
+		view := cur.Unexpired(now)
+		if view != nil && (printed == nil || !equalRoutes(view.Routes, printed.Routes)) {
+			fn(view)
+			printed = view
+		}
+		timer.Stop()
+		if next := view.NextExpiry(); !next.IsZero() {
+			timer.Reset(max(time.Until(next), time.Millisecond))
+		} else {
+			timer.Reset(time.Hour)
+		}
+	}
+}
+
+// discSleep waits d or until ctx ends; it reports whether d passed.
+func discSleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// discIsKeepalive reports whether line is {"keepalive":true}, spaces aside.
+func discIsKeepalive(line []byte) bool {
+	if len(line) > 64 || line[0] != '{' {
+		return false
+	}
+	var k struct {
+		Keepalive bool `json:"keepalive"`
+	}
+	return json.Unmarshal(line, &k) == nil && k.Keepalive && bytes.Count(line, []byte(":")) == 1
+}
+
+// discReadLine reads one NDJSON line of at most limit bytes.
+func discReadLine(br *bufio.Reader, limit int) ([]byte, error) {
+	var buf []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(buf)+len(frag) > limit {
+			return nil, fmt.Errorf("line larger than %d bytes", limit)
+		}
+		if err == nil {
+			if buf == nil {
+				return frag, nil
+			}
+			return append(buf, frag...), nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			buf = append(buf, frag...)
+			continue
+		}
+		return nil, err
+	}
+}

@@ -1,0 +1,475 @@
+package e2e
+
+// Helpers of the discovery end-to-end tests (discovery_test.go): the
+// reference gateway, supervisors that advertise their installations, the
+// edge and `applistener routes`, all as real processes of the built binary.
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	discEdgeToken = "disc-edge-token"
+	// discKeepalive is the gateway's keepalive: supervisors renew (and
+	// advertise) at each one.
+	discKeepalive = 500 * time.Millisecond
+	// discFreshness is the supervisors' route freshness: the advertised
+	// expires_at is at most this far ahead.
+	discFreshness = 3 * time.Second
+)
+
+// discPKI is a CA and one leaf certificate for *.apps.test per supervisor,
+// each with its own key and serial number.
+type discPKI struct {
+	pool   *x509.CertPool
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+}
+
+func discNewPKI(t testing.TB) *discPKI {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1000),
+		Subject:               pkix.Name{CommonName: "applistener e2e discovery CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &discPKI{pool: pool, caCert: cert, caKey: key}
+}
+
+// tlsDir writes a TLS Secret directory with a new *.apps.test leaf of the
+// given serial number.
+func (p *discPKI) tlsDir(t testing.TB, serial int64) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: "*." + domain},
+		DNSNames:     []string{"*." + domain},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "tls")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// discChildEnv: without GORACE set, a -race binary skips its exit sleep.
+func discChildEnv() []string {
+	env := os.Environ()
+	if _, ok := os.LookupEnv("GORACE"); !ok {
+		env = append(env, "GORACE=atexit_sleep_ms=0")
+	}
+	return env
+}
+
+// discStart starts the binary with the args mk returns for fresh addresses
+// (retrying a lost port race) and waits until ready reports true. The
+// process is stopped with SIGTERM on cleanup; its output is logged if the
+// test failed.
+func discStart(t testing.TB, name string, mk func(addr, admin string) []string, ready func(p *proc) bool) *proc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p := &proc{t: t, appAddr: freeAddr(t), adminAddr: freeAddr(t), stderr: &syncBuffer{}, done: make(chan struct{})}
+		args := mk(p.appAddr, p.adminAddr)
+		p.cmd = exec.Command(binPath, args...)
+		p.cmd.Env = discChildEnv()
+		p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			p.waitErr = p.cmd.Wait()
+			p.exitCode = p.cmd.ProcessState.ExitCode()
+			close(p.done)
+		}()
+		deadline := time.Now().Add(waitTimeout)
+		for !p.exited() && !ready(p) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !p.exited() && ready(p) {
+			t.Cleanup(func() {
+				p.stop()
+				if t.Failed() {
+					t.Logf("%s output:\n%s", name, p.stderr.String())
+				}
+			})
+			return p
+		}
+		exited := p.exited()
+		p.kill()
+		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
+			continue
+		}
+		t.Fatalf("%s did not become ready (exited=%v)\nargs: %q\noutput:\n%s", name, exited, args, p.stderr.String())
+	}
+}
+
+// discInst is an instance of a supervisor's section: services by name
+// ("" is the unnamed one) with their app ports.
+type discInst struct {
+	sandbox  string
+	services map[string]int
+}
+
+// discGateway is the reference gateway process with its files.
+type discGateway struct {
+	*proc
+	configPath, tokensPath string
+}
+
+func (g *discGateway) url() string { return "http://" + g.appAddr }
+
+// writeConfig replaces the configuration: sections by supervisor id, all
+// in workspace team.
+func (g *discGateway) writeConfig(t testing.TB, sections map[string][]discInst) {
+	t.Helper()
+	sups := map[string]any{}
+	for sup, insts := range sections {
+		list := []any{}
+		for _, in := range insts {
+			svcs := []any{}
+			for name, port := range in.services {
+				svcs = append(svcs, map[string]any{"name": name, "port": port, "revision": 1})
+			}
+			list = append(list, map[string]any{"workspace": "team", "sandbox": in.sandbox, "generation": "1",
+				"connector": map[string]any{"type": "tcp", "host": "127.0.0.1"}, "services": svcs})
+		}
+		sups[sup] = map[string]any{"revision": fmt.Sprintf("r%d", revCounter.Add(1)), "instances": list}
+	}
+	b, err := json.Marshal(map[string]any{"supervisors": sups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, g.configPath, b)
+}
+
+// discStartGateway starts `applistener gateway` with tokens for sup-1,
+// sup-2 and the workspace token discEdgeToken (team).
+func discStartGateway(t testing.TB, sections map[string][]discInst, extra ...string) *discGateway {
+	t.Helper()
+	dir := t.TempDir()
+	g := &discGateway{configPath: filepath.Join(dir, "gateway.json"), tokensPath: filepath.Join(dir, "tokens.json")}
+	g.writeConfig(t, sections)
+	writeAtomic(t, g.tokensPath, []byte(`{"tokens": [
+		{"token": "disc-sup-1", "supervisor": "sup-1"},
+		{"token": "disc-sup-2", "supervisor": "sup-2"},
+		{"token": "`+discEdgeToken+`", "workspaces": ["team"]}]}`))
+	g.proc = discStart(t, "gateway", func(addr, admin string) []string {
+		return append([]string{"gateway", "--address", addr, "--config", g.configPath, "--tokens", g.tokensPath,
+			"--admin-address", admin, "--keepalive", discKeepalive.String(), "--log-format", "json"}, extra...)
+	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
+	return g
+}
+
+// discSup is a supervisor process advertising to the gateway.
+type discSup struct {
+	*proc
+	id     string
+	serial string
+}
+
+// discStartSup starts `applistener serve` with the gateway session, its
+// own certificate (serial) and --advertise-address 127.0.0.1, and waits
+// until it is ready.
+func discStartSup(t testing.TB, g *discGateway, pki *discPKI, id string, serial int64) *discSup {
+	t.Helper()
+	tlsDir := pki.tlsDir(t, serial)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeAtomic(t, tokenFile, []byte("disc-"+id+"\n"))
+	p := discStart(t, id, func(addr, admin string) []string {
+		return []string{"serve", "--mode", "shared",
+			"--gateway-endpoint", g.url(), "--supervisor-id", id, "--gateway-token-file", tokenFile,
+			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
+			"--advertise-address", "127.0.0.1",
+			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
+			"--admin-address", admin, "--route-freshness", discFreshness.String(),
+			"--drain-timeout", "1s", "--log-format", "json"}
+	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
+	return &discSup{proc: p, id: id, serial: strconv.FormatInt(serial, 10)}
+}
+
+func (s *discSup) port() int {
+	_, port, _ := net.SplitHostPort(s.appAddr)
+	n, _ := strconv.Atoi(port)
+	return n
+}
+
+// discStartEdge starts `applistener edge` for workspace team and waits
+// until it has a snapshot (/readyz 200).
+func discStartEdge(t testing.TB, g *discGateway) *proc {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeAtomic(t, tokenFile, []byte(discEdgeToken+"\n"))
+	return discStart(t, "edge", func(addr, admin string) []string {
+		return []string{"edge", "--address", addr, "--gateway", g.url(), "--token-file", tokenFile,
+			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
+			"--drain-timeout", "1s", "--log-format", "json"}
+	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
+}
+
+// discRoute and discSnapshot are the discovery wire format.
+type discRoute struct {
+	Hostname            string    `json:"hostname"`
+	Workspace           string    `json:"workspace"`
+	Sandbox             string    `json:"sandbox"`
+	Name                string    `json:"name"`
+	Supervisor          string    `json:"supervisor"`
+	InstallationVersion uint64    `json:"installation_version"`
+	DeclarationRevision int64     `json:"declaration_revision"`
+	ExpiresAt           time.Time `json:"expires_at"`
+	Endpoint            struct {
+		Host string `json:"host"`
+		Port int    `json:"port"`
+	} `json:"endpoint"`
+}
+
+type discSnapshot struct {
+	Workspace string      `json:"workspace"`
+	Revision  string      `json:"revision"`
+	Routes    []discRoute `json:"routes"`
+}
+
+func (s *discSnapshot) route(host string) *discRoute {
+	for i := range s.Routes {
+		if s.Routes[i].Hostname == host {
+			return &s.Routes[i]
+		}
+	}
+	return nil
+}
+
+// discGet reads the discovery snapshot of team with the edge's token.
+func discGet(t testing.TB, g *discGateway) *discSnapshot {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, g.url()+"/v1/workspaces/team/service-routes", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+discEdgeToken)
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		t.Fatalf("discovery GET: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("discovery GET: %d %s", resp.StatusCode, body)
+	}
+	var s discSnapshot
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatalf("discovery snapshot %s: %v", body, err)
+	}
+	return &s
+}
+
+// discThroughEdge does one GET https://host/ through the edge on a new
+// connection, verifying the certificate against the PKI, and returns the
+// body and the serial of the certificate the supervisor presented.
+func discThroughEdge(edgeAddr string, pool *x509.CertPool, host string) (body, serial string, err error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", edgeAddr)
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: host},
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := c.Get("https://" + host + "/")
+	if err != nil {
+		return "", "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return strings.TrimSpace(string(b)), resp.TLS.PeerCertificates[0].SerialNumber.String(), nil
+}
+
+// discEdgeConn opens a TLS connection through the edge and keeps it.
+func discEdgeConn(t testing.TB, edgeAddr string, pool *x509.CertPool, host string) *rawConn {
+	t.Helper()
+	raw, err := net.DialTimeout("tcp", edgeAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
+	_ = tc.SetDeadline(time.Now().Add(waitTimeout))
+	if err := tc.Handshake(); err != nil {
+		_ = raw.Close()
+		t.Fatalf("TLS through the edge to %s: %v", host, err)
+	}
+	_ = tc.SetDeadline(time.Time{})
+	t.Cleanup(func() { tc.Close() })
+	return &rawConn{Conn: tc, br: bufio.NewReader(tc)}
+}
+
+// discHandshakeErr is the error of a TLS handshake through the edge.
+func discHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
+	raw, err := net.DialTimeout("tcp", edgeAddr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
+	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+	return tc.Handshake()
+}
+
+// discLines runs a command and delivers its stdout lines.
+type discLines struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	stderr *syncBuffer
+	done   chan struct{}
+}
+
+// discRun starts the binary with args, its stdout read line by line. It is
+// stopped with SIGTERM on cleanup.
+func discRun(t testing.TB, args ...string) *discLines {
+	t.Helper()
+	l := &discLines{lines: make(chan string, 4096), stderr: &syncBuffer{}, done: make(chan struct{})}
+	l.cmd = exec.Command(binPath, args...)
+	l.cmd.Env = discChildEnv()
+	l.cmd.Stderr = l.stderr
+	out, err := l.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(l.lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			l.lines <- sc.Text()
+		}
+	})
+	go func() {
+		wg.Wait()
+		_ = l.cmd.Wait()
+		close(l.done)
+	}()
+	t.Cleanup(func() {
+		_ = l.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-l.done:
+			if c := l.cmd.ProcessState.ExitCode(); c != 0 {
+				t.Errorf("%q exited with %d after SIGTERM; stderr:\n%s", args, c, l.stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			_ = l.cmd.Process.Kill()
+			<-l.done
+			t.Errorf("%q did not exit within 10s of SIGTERM", args)
+		}
+	})
+	return l
+}
+
+// next returns the next stdout line that satisfies match, failing after
+// within.
+func (l *discLines) next(t testing.TB, within time.Duration, what string, match func(string) bool) string {
+	t.Helper()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	for {
+		select {
+		case line, ok := <-l.lines:
+			if !ok {
+				t.Fatalf("waiting for %s: output ended; stderr:\n%s", what, l.stderr.String())
+			}
+			if match(line) {
+				return line
+			}
+		case <-timer.C:
+			t.Fatalf("no output line with %s within %v; stderr:\n%s", what, within, l.stderr.String())
+		}
+	}
+}
+
+// discRunOnce runs the binary to completion and returns stdout, stderr and
+// the exit code.
+func discRunOnce(t testing.TB, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	cmd.Env = discChildEnv()
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+}

@@ -1,0 +1,704 @@
+// Package edge is an SNI pass-through front door: it reads the ClientHello
+// of each TCP connection (without terminating TLS; it holds no key), looks
+// the server name up in a cache fed by discovery, dials the owning
+// supervisor's advertised endpoint, replays the hello and splices the two
+// connections. Unknown, expired or missing names get the TLS alert
+// unrecognized_name from the edge itself.
+//
+// The cache is a set of complete replacements per workspace (discovery
+// snapshots). A route is used only until its expires_at, which the cache
+// enforces with its own timer even when discovery is silent. When a hostname
+// leaves the cache (withdrawn or expired) or its endpoint changes, the
+// edge closes the spliced connections it holds for that hostname and old
+// endpoint; new connections follow the current owner.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+)
+
+// Source delivers the discovery snapshots of one workspace:
+// *control.DiscoveryClient implements it. Watch calls fn with each complete
+// replacement until ctx ends (it then returns ctx.Err()); it returns early
+// with an error the edge logs before it calls Watch again, and with a
+// refusal (control.IsDiscoveryRefusal) after which the edge stops using the
+// workspace's routes until a new snapshot arrives.
+type Source interface {
+	Watch(ctx context.Context, workspace string, fn func(*control.RouteSnapshot)) error
+}
+
+// Defaults of the edge.
+const (
+	DefaultHelloTimeout     = 10 * time.Second
+	DefaultDialTimeout      = 5 * time.Second
+	DefaultHalfCloseTimeout = 60 * time.Second
+	// refusedRetry is the delay before a refused workspace is watched again.
+	refusedRetry = 5 * time.Second
+	// writeHelloTimeout bounds replaying the ClientHello to the supervisor.
+	writeHelloTimeout = 5 * time.Second
+)
+
+// Results of accepted connections, the values of the "result" label.
+const (
+	resultSpliced     = "spliced"
+	resultNoSNI       = "no_sni"
+	resultUnknownName = "unknown_name"
+	resultNotTLS      = "not_tls"
+	resultBadHello    = "malformed_hello"
+	resultHelloFailed = "hello_read_failed"
+	resultDialFailed  = "dial_failed"
+	resultOverLimit   = "over_limit"
+	resultDraining    = "draining"
+)
+
+// Config configures an Edge.
+type Config struct {
+	// Source feeds the route cache; required.
+	Source Source
+	// Workspaces are watched, one Source.Watch each; at least one.
+	Workspaces []string
+	// HelloTimeout bounds reading the ClientHello (DefaultHelloTimeout).
+	HelloTimeout time.Duration
+	// DialTimeout bounds connecting to a supervisor (DefaultDialTimeout).
+	DialTimeout time.Duration
+	// HalfCloseTimeout bounds a splice after one side has finished sending
+	// (DefaultHalfCloseTimeout).
+	HalfCloseTimeout time.Duration
+	// MaxConnections bounds concurrent client connections (0: no bound).
+	MaxConnections int
+	// Dial connects to supervisors; nil uses a net.Dialer.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Logger receives the edge's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the edge's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// route is one cached route; immutable.
+type route struct {
+	host       string
+	workspace  string
+	endpoint   string // host:port
+	supervisor string
+	version    uint64
+	expires    time.Time
+}
+
+// spliceKey identifies the connections that use one owner of a hostname.
+type spliceKey struct {
+	host, endpoint string
+}
+
+// splice is one client connection spliced to a supervisor.
+type splice struct {
+	client, backend net.Conn
+	once            sync.Once
+}
+
+func (s *splice) close() {
+	s.once.Do(func() {
+		_ = s.client.Close()
+		_ = s.backend.Close()
+	})
+}
+
+// Edge is the SNI pass-through front door. Create it with New, run Run (the
+// discovery feeds and the expiry timer) and Serve (the accept loop), and
+// stop it with Shutdown and by ending Run's context.
+type Edge struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	// table is the current host → route map, immutable, replaced whole.
+	table atomic.Pointer[map[string]*route]
+
+	mu         sync.Mutex
+	perWS      map[string][]control.ServiceRoute // latest snapshot per workspace
+	revision   map[string]string
+	have       map[string]bool // a usable snapshot arrived (and was not refused since)
+	splices    map[spliceKey]map[*splice]struct{}
+	pending    map[net.Conn]struct{} // accepted, not yet spliced
+	active     int                   // client connections being served
+	closed     bool
+	ln         net.Listener
+	nextExpiry time.Time
+	wake       chan struct{} // capacity 1: the expiry loop re-reads nextExpiry
+	wg         sync.WaitGroup
+}
+
+// New checks cfg and returns an Edge with an empty cache.
+func New(cfg Config) (*Edge, error) {
+	if cfg.Source == nil {
+		return nil, errors.New("edge: a Source is required")
+	}
+	if len(cfg.Workspaces) == 0 {
+		return nil, errors.New("edge: at least one workspace is required")
+	}
+	seen := map[string]bool{}
+	for _, ws := range cfg.Workspaces {
+		if err := routes.ValidName(ws); err != nil {
+			return nil, fmt.Errorf("edge: workspace: %w", err)
+		}
+		if seen[ws] {
+			return nil, fmt.Errorf("edge: workspace %q listed twice", ws)
+		}
+		seen[ws] = true
+	}
+	if cfg.HelloTimeout <= 0 {
+		cfg.HelloTimeout = DefaultHelloTimeout
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.HalfCloseTimeout <= 0 {
+		cfg.HalfCloseTimeout = DefaultHalfCloseTimeout
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{KeepAlive: 30 * time.Second}
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Edge{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		m:        newMetrics(cfg.Registerer),
+		perWS:    make(map[string][]control.ServiceRoute),
+		revision: make(map[string]string),
+		have:     make(map[string]bool),
+		splices:  make(map[spliceKey]map[*splice]struct{}),
+		pending:  make(map[net.Conn]struct{}),
+		wake:     make(chan struct{}, 1),
+	}
+	empty := map[string]*route{}
+	e.table.Store(&empty)
+	return e, nil
+}
+
+// Ready reports whether every workspace has a current snapshot.
+func (e *Edge) Ready() (bool, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ws := range e.cfg.Workspaces {
+		if !e.have[ws] {
+			return false, "no discovery snapshot yet for workspace " + ws
+		}
+	}
+	return true, ""
+}
+
+// Lookup returns the endpoint (host:port) that owns host now, if any.
+func (e *Edge) Lookup(host string) (string, bool) {
+	r := e.lookup(host, time.Now())
+	if r == nil {
+		return "", false
+	}
+	return r.endpoint, true
+}
+
+func (e *Edge) lookup(host string, now time.Time) *route {
+	r := (*e.table.Load())[host]
+	if r == nil || !now.Before(r.expires) {
+		return nil
+	}
+	return r
+}
+
+// Run feeds the cache from the Source, one watch per workspace, and drops
+// routes at their expires_at, until ctx ends. It returns when all its
+// goroutines have.
+func (e *Edge) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, ws := range e.cfg.Workspaces {
+		wg.Go(func() { e.watch(ctx, ws) })
+	}
+	wg.Go(func() { e.expiryLoop(ctx) })
+	wg.Wait()
+}
+
+// watch holds the Source's watch of ws until ctx ends.
+func (e *Edge) watch(ctx context.Context, ws string) {
+	log := e.log.With("workspace", ws)
+	failures := 0
+	for ctx.Err() == nil {
+		err := e.cfg.Source.Watch(ctx, ws, func(s *control.RouteSnapshot) { e.update(ws, s) })
+		if ctx.Err() != nil {
+			return
+		}
+		wait := min(100*time.Millisecond<<min(failures, 8), 30*time.Second)
+		failures++
+		if control.IsDiscoveryRefusal(err) {
+			// Not (or no longer) authorized: stop routing the workspace.
+			log.Error("discovery refused; the workspace's routes are dropped", "err", err, "retry_in", refusedRetry)
+			e.clear(ws)
+			wait = refusedRetry
+		} else {
+			log.Warn("discovery watch ended; retrying", "err", err, "retry_in", wait)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// update replaces the routes of ws with snapshot s.
+func (e *Edge) update(ws string, s *control.RouteSnapshot) {
+	kept := make([]control.ServiceRoute, 0, len(s.Routes))
+	for _, r := range s.Routes {
+		// The discovery client checks routes; the edge keeps its own
+		// guarantee that a feed cannot route another workspace's names.
+		if r.Workspace != ws || !strings.HasPrefix(r.Hostname, ws+"--") {
+			e.log.Warn("discovery route of another workspace ignored", "workspace", ws, "hostname", r.Hostname)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	e.mu.Lock()
+	e.perWS[ws] = kept
+	e.revision[ws] = s.Revision
+	e.have[ws] = true
+	e.rebuildLocked(time.Now(), "discovery update")
+	e.mu.Unlock()
+	e.m.updates.Inc()
+	e.log.Debug("discovery snapshot applied", "workspace", ws, "revision", s.Revision, "routes", len(kept))
+}
+
+// clear drops every route of ws.
+func (e *Edge) clear(ws string) {
+	e.mu.Lock()
+	delete(e.perWS, ws)
+	e.have[ws] = false
+	e.rebuildLocked(time.Now(), "discovery refused")
+	e.mu.Unlock()
+}
+
+// rebuildLocked builds the table from the latest snapshots without the
+// expired routes, and closes the splices whose hostname left the table or
+// now has another endpoint. e.mu is held.
+func (e *Edge) rebuildLocked(now time.Time, why string) {
+	table := make(map[string]*route)
+	var next time.Time
+	for ws, rs := range e.perWS {
+		for _, r := range rs {
+			if !now.Before(r.ExpiresAt) {
+				continue
+			}
+			if _, dup := table[r.Hostname]; dup {
+				continue
+			}
+			table[r.Hostname] = &route{
+				host: r.Hostname, workspace: ws, endpoint: r.Endpoint.String(), supervisor: r.Supervisor,
+				version: r.InstallationVersion, expires: r.ExpiresAt,
+			}
+			if next.IsZero() || r.ExpiresAt.Before(next) {
+				next = r.ExpiresAt
+			}
+		}
+	}
+	old := *e.table.Load()
+	e.table.Store(&table)
+	e.m.routes.Set(float64(len(table)))
+	for host, r := range table {
+		if o := old[host]; o == nil || o.endpoint != r.endpoint || o.version != r.version {
+			e.log.Info("edge route", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor,
+				"installation_version", r.version, "expires_at", r.expires)
+		}
+	}
+	for host, o := range old {
+		if table[host] == nil {
+			reason := "withdrawn"
+			if !now.Before(o.expires) {
+				reason = "expired"
+			}
+			e.log.Info("edge route removed", "hostname", host, "endpoint", o.endpoint, "reason", reason, "cause", why)
+		}
+	}
+	for key, set := range e.splices {
+		r := table[key.host]
+		if r != nil && r.endpoint == key.endpoint {
+			continue
+		}
+		reason := "route_gone"
+		if r != nil {
+			reason = "owner_changed"
+		}
+		for sp := range set {
+			sp.close()
+		}
+		e.m.revoked.WithLabelValues(reason).Add(float64(len(set)))
+		e.log.Info("edge closed spliced connections", "hostname", key.host, "endpoint", key.endpoint,
+			"connections", len(set), "reason", reason)
+		delete(e.splices, key)
+	}
+	if !next.Equal(e.nextExpiry) {
+		e.nextExpiry = next
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// expiryLoop rebuilds the table when a route reaches its expires_at.
+func (e *Edge) expiryLoop(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		e.mu.Lock()
+		next := e.nextExpiry
+		e.mu.Unlock()
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = max(time.Until(next), 0)
+		}
+		t.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+		case <-t.C:
+			e.mu.Lock()
+			if !e.nextExpiry.IsZero() && !time.Now().Before(e.nextExpiry) {
+				e.rebuildLocked(time.Now(), "expiry")
+			}
+			e.mu.Unlock()
+		}
+	}
+}
+
+// Serve accepts connections on ln until Shutdown; it then returns nil.
+func (e *Edge) Serve(ln net.Listener) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		_ = ln.Close()
+		return nil
+	}
+	e.ln = ln
+	e.mu.Unlock()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			e.mu.Lock()
+			closed := e.closed
+			e.mu.Unlock()
+			if closed {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("edge: accept: %w", err)
+			}
+			backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
+			e.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			e.m.conns.WithLabelValues(resultDraining).Inc()
+			_ = c.Close()
+			return nil
+		}
+		if e.cfg.MaxConnections > 0 && e.active >= e.cfg.MaxConnections {
+			e.mu.Unlock()
+			e.m.conns.WithLabelValues(resultOverLimit).Inc()
+			_ = c.Close()
+			continue
+		}
+		e.active++
+		e.pending[c] = struct{}{}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go e.serveConn(c)
+	}
+}
+
+// serveConn serves one client connection.
+func (e *Edge) serveConn(c net.Conn) {
+	defer func() {
+		e.mu.Lock()
+		e.active--
+		delete(e.pending, c)
+		e.mu.Unlock()
+		_ = c.Close()
+		e.wg.Done()
+	}()
+	src := c.RemoteAddr().String()
+	_ = c.SetDeadline(time.Now().Add(e.cfg.HelloTimeout))
+	hello, err := listener.ReadClientHello(c, listener.DefaultMaxClientHelloBytes)
+	if err != nil {
+		e.refuseHello(c, err)
+		return
+	}
+	host, ok := routes.NormalizeHost(hello.ServerName)
+	var r *route
+	if ok {
+		r = e.lookup(host, time.Now())
+	}
+	if r == nil {
+		result := resultUnknownName
+		if hello.ServerName == "" {
+			result = resultNoSNI
+		}
+		e.m.conns.WithLabelValues(result).Inc()
+		e.log.Info("edge refused connection", "reason", result, "sni", truncate(hello.ServerName, 255), "src", src)
+		_ = listener.WriteAlert(c, listener.AlertUnrecognizedName)
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+
+	// Dial the owner. If the owner changes while dialing, follow it.
+	var backend net.Conn
+	var sp *splice
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
+		backend, err = e.cfg.Dial(ctx, "tcp", r.endpoint)
+		cancel()
+		if err != nil {
+			e.m.conns.WithLabelValues(resultDialFailed).Inc()
+			e.log.Warn("edge could not reach the owning supervisor", "hostname", host, "endpoint", r.endpoint,
+				"supervisor", r.supervisor, "src", src, "err", err)
+			_ = listener.WriteAlert(c, listener.AlertInternalError)
+			return
+		}
+		var current *route
+		var closing bool
+		sp, current, closing = e.register(host, r.endpoint, c, backend)
+		if sp != nil {
+			break
+		}
+		_ = backend.Close()
+		if closing {
+			e.m.conns.WithLabelValues(resultDraining).Inc()
+			return
+		}
+		if current == nil || attempt == 2 {
+			// The route went away (or kept moving) while dialing.
+			e.m.conns.WithLabelValues(resultUnknownName).Inc()
+			_ = listener.WriteAlert(c, listener.AlertUnrecognizedName)
+			return
+		}
+		r = current
+	}
+	defer e.unregister(host, r.endpoint, sp)
+	e.m.conns.WithLabelValues(resultSpliced).Inc()
+	e.m.active.Inc()
+	defer e.m.active.Dec()
+	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
+
+	_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
+	if _, err := backend.Write(hello.Raw); err != nil {
+		sp.close()
+		return
+	}
+	_ = backend.SetWriteDeadline(time.Time{})
+	var wg sync.WaitGroup
+	wg.Go(func() { e.pipe(sp, backend, c) })
+	wg.Go(func() { e.pipe(sp, c, backend) })
+	wg.Wait()
+	sp.close()
+}
+
+// pipe copies src to dst. At src's end of stream it half-closes dst and
+// gives the other direction HalfCloseTimeout to finish; on an error it
+// closes the splice.
+func (e *Edge) pipe(sp *splice, dst, src net.Conn) {
+	_, err := io.Copy(dst, src)
+	if err != nil {
+		sp.close()
+		return
+	}
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		// The other direction reads from dst.
+		_ = dst.SetReadDeadline(time.Now().Add(e.cfg.HalfCloseTimeout))
+		return
+	}
+	sp.close()
+}
+
+// register records a splice of host to endpoint, if endpoint still owns
+// host and the edge is not closing. Otherwise it returns the current route
+// of host (nil when none), or closing.
+func (e *Edge) register(host, endpoint string, c, backend net.Conn) (sp *splice, current *route, closing bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, nil, true
+	}
+	cur := e.lookup(host, time.Now())
+	if cur == nil || cur.endpoint != endpoint {
+		return nil, cur, false
+	}
+	key := spliceKey{host, endpoint}
+	set := e.splices[key]
+	if set == nil {
+		set = make(map[*splice]struct{})
+		e.splices[key] = set
+	}
+	sp = &splice{client: c, backend: backend}
+	set[sp] = struct{}{}
+	delete(e.pending, c)
+	return sp, nil, false
+}
+
+func (e *Edge) unregister(host, endpoint string, sp *splice) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	key := spliceKey{host, endpoint}
+	if set := e.splices[key]; set != nil {
+		delete(set, sp)
+		if len(set) == 0 {
+			delete(e.splices, key)
+		}
+	}
+}
+
+func (e *Edge) refuseHello(c net.Conn, err error) {
+	var che *listener.ClientHelloError
+	switch {
+	case errors.Is(err, listener.ErrNotTLS):
+		e.m.conns.WithLabelValues(resultNotTLS).Inc()
+		_, _ = io.WriteString(c, plainHTTPAnswer)
+	case errors.As(err, &che):
+		e.m.conns.WithLabelValues(resultBadHello).Inc()
+		_ = listener.WriteAlert(c, che.Alert)
+	default:
+		e.m.conns.WithLabelValues(resultHelloFailed).Inc()
+	}
+	lvl := slog.LevelDebug
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		lvl = slog.LevelInfo
+	}
+	e.log.Log(context.Background(), lvl, "edge refused client hello", "src", c.RemoteAddr().String(), "err", err)
+}
+
+const plainHTTPBody = "400 Bad Request: this port only speaks TLS\n"
+
+var plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+	strconv.Itoa(len(plainHTTPBody)) + "\r\n\r\n" + plainHTTPBody
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// Shutdown stops accepting, closes connections that are not spliced yet,
+// lets spliced connections finish until ctx ends, then closes the rest. It
+// returns when every connection goroutine is done.
+func (e *Edge) Shutdown(ctx context.Context) error {
+	e.mu.Lock()
+	e.closed = true
+	for c := range e.pending {
+		_ = c.Close()
+	}
+	var err error
+	if e.ln != nil {
+		err = e.ln.Close()
+	}
+	e.mu.Unlock()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+drain:
+	for e.spliceCount() > 0 {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			e.closeAllSplices()
+			break drain
+		}
+	}
+	e.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+func (e *Edge) spliceCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, set := range e.splices {
+		n += len(set)
+	}
+	return n
+}
+
+// closeAllSplices closes every spliced connection (drain timeout).
+func (e *Edge) closeAllSplices() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	closed := 0
+	for key, set := range e.splices {
+		for sp := range set {
+			sp.close()
+			closed++
+		}
+		delete(e.splices, key)
+	}
+	e.m.revoked.WithLabelValues("shutdown").Add(float64(closed))
+	e.log.Warn("drain timeout: closing the remaining spliced connections", "connections", closed)
+}
+
+type metrics struct {
+	conns   *prometheus.CounterVec
+	active  prometheus.Gauge
+	routes  prometheus.Gauge
+	revoked *prometheus.CounterVec
+	updates prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_edge_connections_total", Help: "Client connections accepted by the edge, by result.",
+		}, []string{"result"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_edge_active_splices", Help: "Client connections currently spliced to a supervisor.",
+		}),
+		routes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_edge_routes", Help: "Unexpired routes in the edge's discovery cache.",
+		}),
+		revoked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_edge_splices_closed_total", Help: "Spliced connections closed by the edge, by reason (route_gone, owner_changed, shutdown).",
+		}, []string{"reason"}),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_edge_discovery_updates_total", Help: "Discovery snapshots applied to the cache.",
+		}),
+	}
+	for _, r := range []string{resultSpliced, resultNoSNI, resultUnknownName, resultNotTLS, resultBadHello, resultHelloFailed, resultDialFailed, resultOverLimit, resultDraining} {
+		m.conns.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.conns, m.active, m.routes, m.revoked, m.updates)
+	}
+	return m
+}
