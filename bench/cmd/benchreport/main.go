@@ -1,0 +1,351 @@
+// Command benchreport turns the raw figures of bench/run.sh (one
+// "target<TAB>metric<TAB>round<TAB>value" line each) into the markdown table
+// and the JSON document under bench/results/, with every figure's median,
+// spread (min, max), and ratios to nginx and to the app served directly over
+// TLS. With -behind it instead lists the workloads where applistener is
+// behind HAProxy (the ones run.sh profiles).
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+type metric struct {
+	ID       string `json:"id"`
+	Workload string `json:"workload"`
+	Title    string `json:"title"`
+	Unit     string `json:"unit"`
+	Better   string `json:"better"` // "higher" or "lower"
+	// Primary marks the figures that decide "behind HAProxy".
+	Primary bool `json:"-"`
+}
+
+var metrics = []metric{
+	{"small_rps", "small", "small keep-alive requests, saturating (wrk -c50)", "req/s", "higher", true},
+	{"small_p50_ms", "small", "  latency p50 at saturation", "ms", "lower", false},
+	{"small_p99_ms", "small", "  latency p99 at saturation", "ms", "lower", false},
+	{"small_cpu_us", "small", "  proxy CPU per request", "µs", "lower", true},
+	{"small_cpu_pct", "small", "  proxy core busy", "%", "info", false},
+	{"rate_p50_ms", "rate", "small requests at a fixed 5,000 req/s: p50", "ms", "lower", false},
+	{"rate_p99_ms", "rate", "  p99", "ms", "lower", true},
+	{"rate_max_ms", "rate", "  max", "ms", "lower", false},
+	{"rate_cpu_us", "rate", "  proxy CPU per request", "µs", "lower", true},
+	{"dl64k_mibs", "dl64k", "64 KiB responses (wrk -c16)", "MiB/s", "higher", true},
+	{"dl64k_cpu_us", "dl64k", "  proxy CPU per MiB", "µs", "lower", true},
+	{"dl1m_mibs", "dl1m", "1 MiB responses (wrk -c16)", "MiB/s", "higher", true},
+	{"dl1m_cpu_us", "dl1m", "  proxy CPU per MiB", "µs", "lower", true},
+	{"hs_full_cps", "hs_full", "new TLS connections, full handshake (+1 request)", "conn/s", "higher", true},
+	{"hs_full_cpu_us", "hs_full", "  proxy CPU per connection", "µs", "lower", true},
+	{"hs_resumed_cps", "hs_resumed", "new TLS connections, resumed (session tickets)", "conn/s", "higher", true},
+	{"hs_resumed_cpu_us", "hs_resumed", "  proxy CPU per connection", "µs", "lower", true},
+	{"hs_resumed_frac", "hs_resumed", "  share actually resumed", "", "info", false},
+	{"ws_echo_mps", "ws_echo", "WebSocket echo, 100 connections, 64 B messages", "msg/s", "higher", true},
+	{"ws_echo_p99_ms", "ws_echo", "  round-trip p99", "ms", "lower", false},
+	{"ws_echo_cpu_us", "ws_echo", "  proxy CPU per message (both directions)", "µs", "lower", true},
+	{"ws_idle_kib", "ws_idle", "idle proxied WebSocket: proxy RSS per connection", "KiB", "lower", true},
+	{"ws_idle_open", "ws_idle", "  idle WebSockets held", "conns", "info", false},
+	{"reload_base_max_ms", "reload", "5,000 req/s, route table unchanged: max latency", "ms", "lower", false},
+	{"reload_base_p99_ms", "reload", "  p99, table unchanged", "ms", "lower", false},
+	{"reload_max_ms", "reload", "5,000 req/s while 10,000 routes are added to the table: max latency", "ms", "lower", false},
+	{"reload_p99_ms", "reload", "  p99 while the table is replaced", "ms", "lower", false},
+	{"reload_seen_ms", "reload", "  file renamed → new table seen in applistener_routes (file polled every 250 ms)", "ms", "info", false},
+}
+
+// workloadNames label the follow-up rows of a workload in the detailed
+// table and in the JSON, where they stand alone.
+var workloadNames = map[string]string{
+	"small":      "small requests, saturating",
+	"rate":       "small requests at 5,000 req/s",
+	"dl64k":      "64 KiB responses",
+	"dl1m":       "1 MiB responses",
+	"hs_full":    "full TLS handshakes",
+	"hs_resumed": "resumed TLS handshakes",
+	"ws_echo":    "WebSocket echo",
+	"ws_idle":    "idle WebSockets",
+	"reload":     "route replacement",
+}
+
+// fullTitle is the title of m that stands alone.
+func fullTitle(m metric) string {
+	if strings.HasPrefix(m.Title, "  ") {
+		return workloadNames[m.Workload] + ": " + strings.TrimSpace(m.Title)
+	}
+	return m.Title
+}
+
+var targetOrder = []string{"applistener", "nginx", "haproxy", "caddy", "direct-tls", "direct-plain"}
+
+type stat struct {
+	Median float64   `json:"median"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+	Rounds []float64 `json:"rounds"`
+	// Ratios are this target's median divided by the reference's median.
+	VsNginx     *float64 `json:"ratio_to_nginx,omitempty"`
+	VsDirectTLS *float64 `json:"ratio_to_direct_tls,omitempty"`
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func main() {
+	raw := flag.String("raw", "", "raw figures (target, metric, round, value; tab-separated)")
+	meta := flag.String("meta", "", "machine and run description (key<TAB>value lines)")
+	notes := flag.String("notes", "", "free-text notes, one per line")
+	mdOut := flag.String("md", "", "markdown output")
+	jsonOut := flag.String("json", "", "JSON output")
+	behind := flag.Bool("behind", false, "print the workloads where applistener is behind HAProxy, one per line, and exit")
+	flag.Parse()
+
+	data := map[string]map[string][]float64{} // metric -> target -> rounds
+	f, err := os.Open(*raw)
+	if err != nil {
+		fail(err)
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Split(sc.Text(), "\t")
+		if len(fs) != 4 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fs[3], 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		if data[fs[1]] == nil {
+			data[fs[1]] = map[string][]float64{}
+		}
+		data[fs[1]][fs[0]] = append(data[fs[1]][fs[0]], v)
+	}
+	_ = f.Close()
+
+	stats := map[string]map[string]*stat{}
+	for _, m := range metrics {
+		stats[m.ID] = map[string]*stat{}
+		for t, vs := range data[m.ID] {
+			s := &stat{Median: median(vs), Rounds: vs, Min: vs[0], Max: vs[0]}
+			for _, v := range vs {
+				s.Min, s.Max = math.Min(s.Min, v), math.Max(s.Max, v)
+			}
+			stats[m.ID][t] = s
+		}
+		for _, s := range stats[m.ID] {
+			if ref := stats[m.ID]["nginx"]; ref != nil && ref.Median != 0 {
+				r := s.Median / ref.Median
+				s.VsNginx = &r
+			}
+			if ref := stats[m.ID]["direct-tls"]; ref != nil && ref.Median != 0 {
+				r := s.Median / ref.Median
+				s.VsDirectTLS = &r
+			}
+		}
+	}
+
+	if *behind {
+		// One line per workload: the workload, a tab, why (every primary
+		// figure where applistener's median is more than 3 % worse than
+		// HAProxy's; closer than that is a tie on these machines).
+		var order []string
+		why := map[string][]string{}
+		for _, m := range metrics {
+			a, h := stats[m.ID]["applistener"], stats[m.ID]["haproxy"]
+			if !m.Primary || a == nil || h == nil {
+				continue
+			}
+			worse := (m.Better == "higher" && a.Median < h.Median*0.97) ||
+				(m.Better == "lower" && a.Median > h.Median*1.03)
+			if worse {
+				if why[m.Workload] == nil {
+					order = append(order, m.Workload)
+				}
+				why[m.Workload] = append(why[m.Workload], fmt.Sprintf("%s: applistener %s vs HAProxy %s %s",
+					m.ID, num(a.Median), num(h.Median), m.Unit))
+			}
+		}
+		for _, w := range order {
+			fmt.Printf("%s\t%s\n", w, strings.Join(why[w], "; "))
+		}
+		return
+	}
+
+	metaKV := [][2]string{}
+	if *meta != "" {
+		if b, err := os.ReadFile(*meta); err == nil {
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if k, v, ok := strings.Cut(line, "\t"); ok {
+					metaKV = append(metaKV, [2]string{k, v})
+				}
+			}
+		}
+	}
+	var noteLines []string
+	if *notes != "" {
+		if b, err := os.ReadFile(*notes); err == nil {
+			for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if strings.TrimSpace(l) != "" {
+					noteLines = append(noteLines, l)
+				}
+			}
+		}
+	}
+	var targets []string
+	for _, t := range targetOrder {
+		for _, m := range metrics {
+			if stats[m.ID][t] != nil {
+				targets = append(targets, t)
+				break
+			}
+		}
+	}
+
+	if *jsonOut != "" {
+		type jm struct {
+			metric
+			Results map[string]*stat `json:"results"`
+		}
+		doc := map[string]any{}
+		mk := map[string]string{}
+		for _, kv := range metaKV {
+			mk[kv[0]] = kv[1]
+		}
+		doc["machine"] = mk
+		doc["targets"] = targets
+		doc["notes"] = noteLines
+		var ms []jm
+		for _, m := range metrics {
+			if len(stats[m.ID]) == 0 {
+				continue
+			}
+			m.Title = fullTitle(m)
+			ms = append(ms, jm{m, stats[m.ID]})
+		}
+		doc["metrics"] = ms
+		b, _ := json.MarshalIndent(doc, "", "  ")
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			fail(err)
+		}
+	}
+
+	var md strings.Builder
+	fmt.Fprintf(&md, "# applistener side-by-side benchmark\n\n")
+	for _, kv := range metaKV {
+		if kv[0] == "machine" {
+			fmt.Fprintf(&md, "**Machine:** %s\n\n", kv[1])
+		}
+	}
+	for _, kv := range metaKV {
+		if kv[0] != "machine" {
+			fmt.Fprintf(&md, "- %s: %s\n", kv[0], kv[1])
+		}
+	}
+	fmt.Fprintf(&md, "\nEach cell: median of the rounds. ↑ higher is better, ↓ lower is better. Ratios are applistener's median divided by the other's.\n\n")
+	fmt.Fprintf(&md, "| workload | unit |")
+	for _, t := range targets {
+		fmt.Fprintf(&md, " %s |", t)
+	}
+	fmt.Fprintf(&md, " appl./nginx | appl./haproxy | appl./direct-tls |\n|---|---|")
+	for range targets {
+		md.WriteString("---:|")
+	}
+	md.WriteString("---:|---:|---:|\n")
+	for _, m := range metrics {
+		if len(stats[m.ID]) == 0 {
+			continue
+		}
+		arrow := map[string]string{"higher": " ↑", "lower": " ↓"}[m.Better]
+		title := m.Title
+		if strings.HasPrefix(title, "  ") {
+			title = "&nbsp;&nbsp;" + strings.TrimSpace(title)
+		}
+		fmt.Fprintf(&md, "| %s | %s%s |", title, m.Unit, arrow)
+		for _, t := range targets {
+			if s := stats[m.ID][t]; s != nil {
+				fmt.Fprintf(&md, " %s |", num(s.Median))
+			} else {
+				md.WriteString(" – |")
+			}
+		}
+		a := stats[m.ID]["applistener"]
+		for _, ref := range []string{"nginx", "haproxy", "direct-tls"} {
+			r := stats[m.ID][ref]
+			if a == nil || r == nil || r.Median == 0 || m.Better == "info" {
+				md.WriteString(" – |")
+				continue
+			}
+			fmt.Fprintf(&md, " %.2f |", a.Median/r.Median)
+		}
+		md.WriteString("\n")
+	}
+	fmt.Fprintf(&md, "\n## Every figure with its spread and ratios\n\n")
+	fmt.Fprintf(&md, "| figure | target | median | min | max | ÷ nginx | ÷ direct-tls |\n|---|---|---:|---:|---:|---:|---:|\n")
+	for _, m := range metrics {
+		for _, t := range targets {
+			s := stats[m.ID][t]
+			if s == nil {
+				continue
+			}
+			unit := m.Unit
+			if unit != "" {
+				unit = " (" + unit + ")"
+			}
+			fmt.Fprintf(&md, "| %s%s | %s | %s | %s | %s | %s | %s |\n", fullTitle(m), unit, t,
+				num(s.Median), num(s.Min), num(s.Max), ratio(s.VsNginx), ratio(s.VsDirectTLS))
+		}
+	}
+	if len(noteLines) > 0 {
+		fmt.Fprintf(&md, "\n## Notes\n\n")
+		for _, l := range noteLines {
+			fmt.Fprintf(&md, "- %s\n", l)
+		}
+	}
+	if *mdOut != "" {
+		if err := os.WriteFile(*mdOut, []byte(md.String()), 0o644); err != nil {
+			fail(err)
+		}
+	} else {
+		fmt.Print(md.String())
+	}
+}
+
+func num(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1000:
+		return strconv.FormatFloat(math.Round(v), 'f', 0, 64)
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+}
+
+func ratio(r *float64) string {
+	if r == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", *r)
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "benchreport:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,838 @@
+#!/usr/bin/env bash
+# bench/run.sh — applistener side by side with nginx, HAProxy and Caddy doing
+# the same job on this machine: TLS termination on a loopback port, routing by
+# SNI/Host (team--demo--web.apps.test) to one backend app over HTTP/1.1
+# keep-alive, WebSocket upgrades. The app served directly (TLS and plain) is
+# the bound no proxy can beat. `make bench-compare` runs it; bench/README.md
+# explains every choice. Results: bench/results/latest.{md,json}.
+#
+# Environment:
+#   BENCH_QUICK=1         one round, short durations (~3 minutes)
+#   BENCH_ROUNDS=N        rounds (default 3; median reported, min/max as spread)
+#   BENCH_TARGETS="..."   subset of: applistener nginx haproxy caddy direct-tls direct-plain
+#   BENCH_PROFILE=0|1     profile applistener where it is behind HAProxy (default 1; 0 in quick mode)
+#   BENCH_SCHED=rr|nice|none  scheduling of the benchmark's processes (default rr:
+#                         SCHED_RR priority BENCH_RT_PRIO=10; nice: nice -n BENCH_NICE=-10)
+#   BENCH_PORT_BASE=N     first loopback port used (default 18400)
+#   BENCH_KEEP=1          keep the temporary directory (configs, logs)
+#   BENCH_RESULTS=DIR     write the results there instead of bench/results
+#   BENCH_CADDY=PATH      a caddy $CADDY_VERSION binary to use instead of building one
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH=$ROOT/bench
+RESULTS=${BENCH_RESULTS:-$BENCH/results}
+cd "$ROOT"
+
+QUICK=${BENCH_QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+	ROUNDS=${BENCH_ROUNDS:-1}
+	DUR=2          # seconds of the saturating small-request run
+	SHORT_DUR=2    # seconds of the download, handshake and WebSocket-echo runs
+	RATE_DUR=3     # seconds of the fixed-rate run (and of the route-replacement run)
+	IDLE_WS=1000   # idle WebSockets held
+	PROFILE=${BENCH_PROFILE:-0}
+else
+	ROUNDS=${BENCH_ROUNDS:-3}
+	DUR=4
+	SHORT_DUR=3
+	RATE_DUR=5
+	IDLE_WS=5000
+	PROFILE=${BENCH_PROFILE:-1}
+fi
+TARGETS=${BENCH_TARGETS:-"applistener nginx haproxy caddy direct-tls direct-plain"}
+# Scheduling of every benchmark process (proxy, backend, load generator):
+# rr = SCHED_RR real-time priority (default as root): on a small VM shared
+# with other work, wake-up latency behind other processes otherwise dominates
+# loopback latencies and caps throughput; the kernel's RT throttle (95 %)
+# keeps the machine responsive. nice = nice -n $BENCH_NICE. none = neither.
+SCHED=${BENCH_SCHED:-rr}
+RT_PRIO=${BENCH_RT_PRIO:-10}
+NICE=${BENCH_NICE:--10}
+PORT_BASE=${BENCH_PORT_BASE:-18400}
+RATE=5000          # fixed-rate workload, requests/s in total
+RATE_CONNS=50
+SMALL_CONNS=50     # wrk connections, small requests
+DL_CONNS=16        # wrk connections, 64 KiB / 1 MiB downloads
+HS_WORKERS=32      # parallel connection openers
+WS_CONNS=100       # WebSocket echo connections
+RELOAD_ROUTES=10000
+PROFILE_SECONDS=5
+HOST=team--demo--web.apps.test
+CADDY_VERSION=v2.11.9
+
+# Ports (loopback only).
+P_APP=$((PORT_BASE + 0))       # backend app, plain HTTP
+P_AL=$((PORT_BASE + 43))       # applistener
+P_ADMIN=$((PORT_BASE + 90))    # applistener admin (pprof)
+P_NGINX=$((PORT_BASE + 44))
+P_HAPROXY=$((PORT_BASE + 45))
+P_CADDY=$((PORT_BASE + 46))
+P_DTLS=$((PORT_BASE + 47))     # app directly, TLS
+P_DPLAIN=$((PORT_BASE + 48))   # app directly, plain HTTP
+
+# CPU pinning: the proxy under test owns core 0; the load generator and the
+# backend app share core 1. With one core, everything shares it.
+NPROC=$(nproc)
+if ((NPROC >= 2)); then PROXY_CPU=0 LOAD_CPU=1; else PROXY_CPU=0 LOAD_CPU=0; fi
+if [[ $(id -u) != 0 ]]; then
+	[[ $SCHED != rr ]] || SCHED=none
+	[[ $SCHED != nice ]] || ((NICE >= 0)) || NICE=0
+fi
+if [[ $SCHED == rr ]] && ! command -v chrt >/dev/null; then SCHED=nice; fi
+case $SCHED in
+rr) SCHED_DESC="SCHED_RR priority $RT_PRIO" ;;
+nice) SCHED_DESC="nice $NICE" ;;
+*) SCHED_DESC="default scheduling" ;;
+esac
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+TMP=$(mktemp -d /tmp/applistener-bench.XXXXXX)
+STARTED=()       # PIDs this script started (killed on exit, one by one)
+TARGET_PID=""
+cleanup() {
+	local rc=$?
+	set +e
+	for pid in "${STARTED[@]}"; do
+		kill -TERM "$pid" 2>/dev/null
+	done
+	sleep 0.3
+	for pid in "${STARTED[@]}"; do
+		if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
+	done
+	wait 2>/dev/null
+	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+forget() { # drop a PID from STARTED
+	local keep=() p
+	for p in "${STARTED[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+	STARTED=("${keep[@]}")
+}
+
+# ---------------------------------------------------------------- tools
+install_tools() {
+	local need=()
+	command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need+=(nginx)
+	command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || need+=(haproxy)
+	command -v wrk >/dev/null || need+=(wrk)
+	command -v openssl >/dev/null || need+=(openssl)
+	command -v jq >/dev/null || need+=(jq)
+	command -v curl >/dev/null || need+=(curl)
+	command -v taskset >/dev/null || need+=(util-linux)
+	if ((${#need[@]})); then
+		log "installing ${need[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	fi
+	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+	HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
+	# The Debian packages may start their services; they listen on :80 only
+	# and are left alone (no port of ours is shared).
+	if [[ " $TARGETS " == *" caddy "* ]]; then
+		CADDY=""
+		local have
+		have=${BENCH_CADDY:-$(command -v caddy || true)}
+		# `caddy version` says "unknown" for `go install` builds: ask Go.
+		if [[ -n $have ]] && { "$have" version 2>/dev/null | grep -q "^${CADDY_VERSION} " ||
+			go version -m "$have" 2>/dev/null | grep -Eq "mod[[:space:]]+github.com/caddyserver/caddy/v2[[:space:]]+${CADDY_VERSION}[[:space:]]"; }; then
+			CADDY=$have
+		else
+			local gobin
+			gobin=$(mktemp -d "$TMP/caddybin.XXXX")
+			log "building caddy $CADDY_VERSION (go install, temporary GOBIN)"
+			(cd "$TMP" && GOBIN=$gobin GOFLAGS= go install "github.com/caddyserver/caddy/v2/cmd/caddy@${CADDY_VERSION}") ||
+				die "go install caddy failed"
+			CADDY=$gobin/caddy
+		fi
+	fi
+}
+
+build() {
+	log "building applistener and the load tools"
+	go build -o "$TMP/applistener" ./cmd/applistener
+	go build -o "$TMP/benchapp" ./bench/cmd/benchapp
+	go build -o "$TMP/loadgen" ./bench/cmd/loadgen
+	go build -o "$TMP/benchreport" ./bench/cmd/benchreport
+}
+
+certs() {
+	local d=$TMP/certs
+	mkdir -p "$d"
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
+		-subj "/CN=applistener bench CA" -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+		-subj "/CN=*.apps.test" -keyout "$d/tls.key" -out "$d/tls.csr" 2>/dev/null
+	printf 'subjectAltName=DNS:*.apps.test,DNS:apps.test\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n' >"$d/ext.cnf"
+	openssl x509 -req -in "$d/tls.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 7 \
+		-extfile "$d/ext.cnf" -out "$d/tls.crt" 2>/dev/null
+	cat "$d/tls.crt" "$d/ca.crt" >"$d/chain.crt"
+	cat "$d/chain.crt" "$d/tls.key" >"$d/haproxy.pem"
+	mkdir -p "$d/applistener"
+	cp "$d/chain.crt" "$d/applistener/tls.crt"
+	cp "$d/tls.key" "$d/applistener/tls.key"
+}
+
+# ---------------------------------------------------------------- helpers
+now() { date +%s.%N; }
+
+# run_pinned CPU CMD... : a benchmark process, pinned, niced, GOMAXPROCS=1.
+# It execs, so the process keeps the PID of the subshell it is started in:
+# call it only in a subshell (`run_pinned ... &`, `$(...)`, a pipeline), so
+# that $! is the process itself and can be stopped by its PID.
+run_pinned() {
+	local cpu=$1
+	shift
+	case $SCHED in
+	rr) exec chrt -r "$RT_PRIO" taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
+	nice) exec nice -n "$NICE" taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
+	*) exec taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
+	esac
+}
+load() { run_pinned "$LOAD_CPU" "$@"; }
+
+# tree_pids PID: PID and its descendants (nginx: master + worker).
+tree_pids() {
+	local p=$1 c
+	echo "$p"
+	for c in $(pgrep -P "$p" 2>/dev/null); do tree_pids "$c"; done
+}
+watch_list() { tree_pids "$TARGET_PID" | paste -sd, -; }
+rss_kib() {
+	local sum=0 p v
+	for p in $(tree_pids "$TARGET_PID"); do
+		v=$(awk '/^VmRSS:/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+		sum=$((sum + ${v:-0}))
+	done
+	echo "$sum"
+}
+cpu_ticks() {
+	local sum=0 p v
+	for p in $(tree_pids "$TARGET_PID"); do
+		v=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12+$13}')
+		sum=$((sum + ${v:-0}))
+	done
+	echo "$sum"
+}
+CLK_TCK=$(getconf CLK_TCK)
+calc() { awk "BEGIN{ printf \"%.6g\", $* }"; }
+
+RAW=$TMP/raw.tsv
+NOTES=$TMP/notes.txt
+: >"$RAW"
+: >"$NOTES"
+RECORD=1
+record() { # target metric round value
+	[[ $RECORD == 1 ]] || return 0
+	[[ -n $4 && $4 != null ]] || return 0
+	printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RAW"
+}
+note() { grep -qxF -- "$*" "$NOTES" || echo "$*" >>"$NOTES"; }
+
+port_free() { ! ss -Hltn "sport = :$1" | grep -q .; }
+
+wait_ready() { # scheme port
+	local i
+	for i in $(seq 1 150); do
+		if curl -fsk -o /dev/null --max-time 1 --resolve "$HOST:$2:127.0.0.1" "$1://$HOST:$2/"; then return 0; fi
+		if [[ -n $TARGET_PID ]] && ! kill -0 "$TARGET_PID" 2>/dev/null; then return 1; fi
+		sleep 0.1
+	done
+	return 1
+}
+
+# ---------------------------------------------------------------- backend
+start_backend() {
+	"$TMP/benchapp" -h >/dev/null 2>&1 || true
+	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APP" >"$TMP/benchapp.log" 2>&1 &
+	BACKEND_PID=$!
+	STARTED+=("$BACKEND_PID")
+	local i
+	for i in $(seq 1 50); do
+		curl -fs -o /dev/null "http://127.0.0.1:$P_APP/" && return 0
+		sleep 0.1
+	done
+	die "backend app did not start: $(cat "$TMP/benchapp.log")"
+}
+
+# ---------------------------------------------------------------- proxies
+routes_doc() { # extra-route-count revision
+	local n=$1 rev=$2
+	awk -v n="$n" -v rev="$rev" -v app="$P_APP" 'BEGIN{
+		printf "{\"revision\":\"%s\",\"instances\":[", rev
+		printf "{\"workspace\":\"team\",\"sandbox\":\"demo\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", app
+		for (i = 0; i < n; i++)
+			printf ",\n{\"workspace\":\"ws%05d\",\"sandbox\":\"sb%05d\",\"generation\":\"%s\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", i, i, rev, 20000 + i
+		printf "]}\n"
+	}'
+}
+put_routes() { # file-content-command...: atomic replacement (rename)
+	"$@" >"$TMP/routes.json.new"
+	mv -f "$TMP/routes.json.new" "$TMP/routes.json"
+}
+
+start_applistener() {
+	put_routes routes_doc 0 base
+	run_pinned "$PROXY_CPU" "$TMP/applistener" serve --app-listener --app-domain apps.test \
+		--app-address "127.0.0.1:$P_AL" --app-tls-dir "$TMP/certs/applistener" \
+		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" \
+		--default-max-streams 0 --drain-timeout 2s >>"$TMP/applistener.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_AL SCHEME=https
+}
+
+start_nginx() {
+	local d=$TMP/nginx
+	mkdir -p "$d/logs" "$d/tmp"
+	cat >"$d/nginx.conf" <<EOF
+worker_processes 1;
+worker_rlimit_nofile 19000;
+daemon off;
+pid $d/nginx.pid;
+error_log $d/logs/error.log warn;
+events { worker_connections 16000; }
+http {
+    access_log off;
+    client_body_temp_path $d/tmp/body;
+    proxy_temp_path $d/tmp/proxy;
+    fastcgi_temp_path $d/tmp/fastcgi;
+    uwsgi_temp_path $d/tmp/uwsgi;
+    scgi_temp_path $d/tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    # nginx 1.22 leaves TLS 1.3 out by default, and the listen socket's
+    # default server decides the version: set it for every server.
+    ssl_protocols TLSv1.2 TLSv1.3;
+    # Same cipher as the Go servers pick (AES-128-GCM): OpenSSL clients such
+    # as wrk list AES-256-GCM first, and nginx follows the client by default.
+    ssl_prefer_server_ciphers on;
+    ssl_conf_command Ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256;
+    upstream app {
+        server 127.0.0.1:$P_APP;
+        keepalive 256;
+        keepalive_requests 1000000;
+        keepalive_timeout 60s;
+    }
+    map \$http_upgrade \$connection_upgrade { default upgrade; '' ''; }
+    server {
+        listen 127.0.0.1:$P_NGINX ssl default_server;
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        ssl_reject_handshake on;
+    }
+    server {
+        listen 127.0.0.1:$P_NGINX ssl;
+        server_name $HOST;
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Host \$host;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection \$connection_upgrade;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto https;
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }
+    }
+}
+EOF
+	run_pinned "$PROXY_CPU" "$NGINX" -p "$d" -c "$d/nginx.conf" -e "$d/logs/error.log" >>"$d/logs/stderr.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_NGINX SCHEME=https
+}
+
+start_haproxy() {
+	local d=$TMP/haproxy
+	mkdir -p "$d"
+	cat >"$d/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 9000
+    # Same cipher as the Go servers pick (AES-128-GCM), server's choice.
+    ssl-default-bind-ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+    timeout http-keep-alive 120s
+    timeout tunnel 1h
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$P_HAPROXY ssl crt $TMP/certs/haproxy.pem alpn http/1.1
+    option forwardfor
+    http-request set-header X-Forwarded-Proto https
+    acl sni_ok ssl_fc_sni -m str $HOST
+    acl host_ok req.hdr(host),field(1,:),lower -m str $HOST
+    use_backend app if sni_ok host_ok
+    default_backend none
+backend app
+    server s1 127.0.0.1:$P_APP
+backend none
+EOF
+	run_pinned "$PROXY_CPU" "$HAPROXY" -db -f "$d/haproxy.cfg" >>"$d/haproxy.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_HAPROXY SCHEME=https
+}
+
+start_caddy() {
+	local d=$TMP/caddy
+	mkdir -p "$d/home"
+	cat >"$d/Caddyfile" <<EOF
+{
+    admin off
+    auto_https off
+    persist_config off
+    servers {
+        protocols h1
+    }
+}
+https://$HOST:$P_CADDY {
+    bind 127.0.0.1
+    tls $TMP/certs/chain.crt $TMP/certs/tls.key
+    reverse_proxy 127.0.0.1:$P_APP {
+        transport http {
+            keepalive 60s
+            keepalive_idle_conns 256
+            keepalive_idle_conns_per_host 256
+        }
+    }
+}
+EOF
+	HOME=$d/home XDG_DATA_HOME=$d/home XDG_CONFIG_HOME=$d/home \
+		run_pinned "$PROXY_CPU" "$CADDY" run --config "$d/Caddyfile" --adapter caddyfile >>"$d/caddy.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_CADDY SCHEME=https
+}
+
+# The app itself on the proxy's core: the bound no proxy can beat.
+start_direct-tls() {
+	run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "" -tls-addr "127.0.0.1:$P_DTLS" \
+		-cert "$TMP/certs/chain.crt" -key "$TMP/certs/tls.key" >>"$TMP/direct.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_DTLS SCHEME=https
+}
+start_direct-plain() {
+	run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_DPLAIN" >>"$TMP/direct.log" 2>&1 &
+	TARGET_PID=$!
+	PORT=$P_DPLAIN SCHEME=http
+}
+
+start_target() {
+	TARGET=$1
+	"start_$TARGET"
+	STARTED+=("$TARGET_PID")
+	wait_ready "$SCHEME" "$PORT" || die "$TARGET did not come up (see logs in $TMP; BENCH_KEEP=1 keeps them)"
+	if [[ $SCHEME == https ]]; then
+		SNI=$HOST
+		# What an OpenSSL client (like wrk) negotiates: the same for all.
+		local neg
+		neg=$(openssl s_client -connect "127.0.0.1:$PORT" -servername "$HOST" -alpn http/1.1 </dev/null 2>/dev/null |
+			awk '/^New, /{v=$2; c=$5} /Server Temp Key/{k=$4} END{gsub(/,/,"",v); gsub(/,/,"",k); print v, c, k}')
+		grep -q "^$TARGET	" "$TMP/negotiated.tsv" 2>/dev/null || printf '%s\t%s\n' "$TARGET" "$neg" >>"$TMP/negotiated.tsv"
+	else
+		SNI=""
+	fi
+}
+
+stop_target() {
+	[[ -n $TARGET_PID ]] || return 0
+	kill -TERM "$TARGET_PID" 2>/dev/null || true
+	local i
+	for i in $(seq 1 50); do
+		kill -0 "$TARGET_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$TARGET_PID" 2>/dev/null || true
+	wait "$TARGET_PID" 2>/dev/null || true
+	forget "$TARGET_PID"
+	TARGET_PID=""
+	sleep 0.5
+}
+
+# ---------------------------------------------------------------- workloads
+# wrk: connects to 127.0.0.1 (bench/sni.lua overrides name resolution) while
+# the URL's host is the SNI and the Host header.
+to_ms() { # wrk latency: 1.23ms / 850.00us / 1.01s
+	awk -v v="$1" 'BEGIN{
+		if (v ~ /us$/) { sub(/us$/, "", v); printf "%.4f", v/1000 }
+		else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.4f", v }
+		else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.4f", v*1000 }
+		else print "" }'
+}
+run_wrk() { # conns duration path -> sets WRK_OUT, WRK_CPU_S, WRK_WALL
+	local c0 c1 t0 t1
+	c0=$(cpu_ticks)
+	t0=$(now)
+	WRK_OUT=$(load wrk -t1 -c"$1" -d"${2}s" --latency -s "$BENCH/sni.lua" "$SCHEME://$HOST:$PORT$3" 2>&1) || true
+	t1=$(now)
+	c1=$(cpu_ticks)
+	WRK_CPU_S=$(calc "($c1 - $c0) / $CLK_TCK")
+	WRK_WALL=$(calc "$t1 - $t0")
+	echo "$WRK_OUT" >>"$TMP/wrk.log"
+	WRK_RPS=$(awk '/^Requests\/sec:/{print $2}' <<<"$WRK_OUT")
+	WRK_N=$(awk '/requests in/{print $1}' <<<"$WRK_OUT")
+	local bad
+	bad=$(awk '/Non-2xx|Socket errors/' <<<"$WRK_OUT")
+	[[ -z $bad ]] || note "$TARGET $3: wrk reported: $(tr '\n' ' ' <<<"$bad")"
+	[[ -n $WRK_RPS && ${WRK_N:-0} -gt 0 ]] || { note "$TARGET $3: wrk failed: $(tail -n 3 <<<"$WRK_OUT" | tr '\n' ' ')"; WRK_RPS=""; WRK_N=1; }
+}
+
+wl_warmup() { run_wrk "$SMALL_CONNS" 1 / >/dev/null; }
+
+wl_small() { # round duration
+	run_wrk "$SMALL_CONNS" "$2" /
+	record "$TARGET" small_rps "$1" "$WRK_RPS"
+	record "$TARGET" small_p50_ms "$1" "$(to_ms "$(awk '$1=="50%"{print $2}' <<<"$WRK_OUT")")"
+	record "$TARGET" small_p99_ms "$1" "$(to_ms "$(awk '$1=="99%"{print $2}' <<<"$WRK_OUT")")"
+	record "$TARGET" small_cpu_us "$1" "$(calc "$WRK_CPU_S * 1e6 / $WRK_N")"
+	record "$TARGET" small_cpu_pct "$1" "$(calc "$WRK_CPU_S / $WRK_WALL * 100")"
+}
+
+wl_dl() { # round duration path metric-prefix bytes
+	run_wrk "$DL_CONNS" "$2" "$3"
+	[[ -n $WRK_RPS ]] || return 0
+	record "$TARGET" "${4}_mibs" "$1" "$(calc "$WRK_RPS * $5 / 1048576")"
+	record "$TARGET" "${4}_cpu_us" "$1" "$(calc "$WRK_CPU_S * 1e6 / ($WRK_N * $5 / 1048576)")"
+}
+wl_dl64k() { wl_dl "$1" "$2" /64k dl64k 65536; }
+wl_dl1m() { wl_dl "$1" "$2" /1m dl1m 1048576; }
+
+lg() { # mode flags... : loadgen against the current target, one JSON line
+	local mode=$1
+	shift
+	load "$TMP/loadgen" "$mode" -addr "127.0.0.1:$PORT" -sni "$SNI" -host "$HOST" -watch "$(watch_list)" "$@" 2>>"$TMP/loadgen.err" | tee -a "$TMP/loadgen.log" | tail -n 1 || true
+}
+jget() { jq -r "$1 // empty" <<<"$2" 2>/dev/null || true; }
+check_errors() { # label json
+	local e n
+	e=$(jget '.errors' "$2")
+	n=$(jget '.non_2xx' "$2")
+	if [[ ${e:-0} != 0 || ${n:-0} != 0 ]]; then note "$TARGET $1: ${e:-0} errors, ${n:-0} non-2xx responses"; fi
+}
+
+wl_rate() { # round duration
+	local j
+	j=$(lg rate -rate "$RATE" -conns "$RATE_CONNS" -duration "${2}s" -warmup 1s)
+	[[ -n $j ]] || { note "$TARGET rate: loadgen failed"; return 0; }
+	check_errors rate "$j"
+	record "$TARGET" rate_p50_ms "$1" "$(jget .p50_ms "$j")"
+	record "$TARGET" rate_p99_ms "$1" "$(jget .p99_ms "$j")"
+	record "$TARGET" rate_max_ms "$1" "$(jget .max_ms "$j")"
+	record "$TARGET" rate_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / $(jget .samples "$j")")"
+	if [[ $TARGET == applistener ]]; then
+		# The same run is the baseline of the route-replacement workload.
+		record "$TARGET" reload_base_max_ms "$1" "$(jget .max_ms "$j")"
+		record "$TARGET" reload_base_p99_ms "$1" "$(jget .p99_ms "$j")"
+	fi
+}
+
+wl_hs() { # round duration resume(0|1)
+	local j name=hs_full flag=""
+	if [[ $3 == 1 ]]; then name=hs_resumed flag=-resume; fi
+	j=$(lg hs -conns "$HS_WORKERS" -duration "${2}s" $flag)
+	[[ -n $j ]] || { note "$TARGET $name: loadgen failed"; return 0; }
+	check_errors "$name" "$j"
+	local cps
+	cps=$(jget .conns_per_s "$j")
+	record "$TARGET" "${name}_cps" "$1" "$cps"
+	record "$TARGET" "${name}_cpu_us" "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / ($cps * $(jget .watch_wall_s "$j"))")"
+	if [[ $3 == 1 ]]; then record "$TARGET" hs_resumed_frac "$1" "$(jget .resumed_fraction "$j")"; fi
+}
+wl_hs_full() { wl_hs "$1" "$2" 0; }
+wl_hs_resumed() { wl_hs "$1" "$2" 1; }
+
+wl_ws_echo() { # round duration
+	local j
+	j=$(lg wsecho -conns "$WS_CONNS" -size 64 -duration "${2}s")
+	[[ -n $j ]] || { note "$TARGET ws_echo: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
+	check_errors ws_echo "$j"
+	local mps
+	mps=$(jget .msgs_per_s "$j")
+	record "$TARGET" ws_echo_mps "$1" "$mps"
+	record "$TARGET" ws_echo_p99_ms "$1" "$(jget .p99_ms "$j")"
+	record "$TARGET" ws_echo_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / ($mps * $(jget .watch_wall_s "$j"))")"
+}
+
+# Idle WebSockets: RSS of the proxy's processes before and after opening
+# them (one echo each, then idle), divided by the number held. Run first,
+# on a freshly started proxy, so earlier workloads' heap does not hide it.
+IDLE_PID=""
+open_idle() { # conns -> IDLE_JSON ; leaves IDLE_PID holding them
+	local out=$TMP/idle.out i
+	: >"$out"
+	load "$TMP/loadgen" wsidle -addr "127.0.0.1:$PORT" -sni "$SNI" -host "$HOST" -conns "$1" -parallel 50 -hold 5m >"$out" 2>>"$TMP/loadgen.err" &
+	IDLE_PID=$!
+	STARTED+=("$IDLE_PID")
+	IDLE_JSON=""
+	for i in $(seq 1 1800); do
+		if grep -q '^READY' "$out"; then
+			IDLE_JSON=$(sed -n 's/^READY //p' "$out")
+			return 0
+		fi
+		kill -0 "$IDLE_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	return 1
+}
+close_idle() {
+	[[ -n $IDLE_PID ]] || return 0
+	kill -TERM "$IDLE_PID" 2>/dev/null || true
+	wait "$IDLE_PID" 2>/dev/null || true
+	forget "$IDLE_PID"
+	IDLE_PID=""
+	sleep 1
+}
+wl_ws_idle() { # round
+	local before after open
+	sleep 0.5
+	before=$(rss_kib)
+	if ! open_idle "$IDLE_WS"; then
+		note "$TARGET ws_idle: could not open the WebSockets ($(tail -n 1 "$TMP/loadgen.err"))"
+		close_idle
+		return 0
+	fi
+	sleep 2
+	after=$(rss_kib)
+	open=$(jget .open "$IDLE_JSON")
+	if [[ ${open:-0} -lt $IDLE_WS ]]; then note "$TARGET ws_idle: only ${open:-0} of $IDLE_WS opened ($(jget .first_error "$IDLE_JSON"))"; fi
+	if [[ ${open:-0} -gt 0 ]]; then
+		record "$TARGET" ws_idle_kib "$1" "$(calc "($after - $before) / $open")"
+		record "$TARGET" ws_idle_open "$1" "$open"
+	fi
+	close_idle
+}
+
+# applistener only: the routes file is replaced by one with 10,000 more
+# routes (the benchmarked one unchanged) while a 5,000 req/s load runs; the
+# longest request stall is compared with the same run without a change.
+routes_installed() {
+	curl -fs --max-time 1 "http://127.0.0.1:$P_ADMIN/metrics" 2>/dev/null | awk '$1=="applistener_routes"{print $2}'
+}
+wl_reload() { # round
+	local j at
+	put_routes routes_doc 0 "base-$1"
+	sleep 1
+	routes_doc "$RELOAD_ROUTES" "big-$1" >"$TMP/routes.big.json"
+	at=$(calc "1 + $RATE_DUR / 3")
+	# Replace the file at a third of the measured run, then watch the
+	# route gauge until the new table is in (the file is polled every 250 ms).
+	(
+		sleep "$at"
+		t0=$(now)
+		mv -f "$TMP/routes.big.json" "$TMP/routes.json"
+		for _ in $(seq 1 200); do
+			n=$(routes_installed)
+			if [[ ${n:-0} -ge $((RELOAD_ROUTES + 1)) ]]; then
+				calc "($(now) - $t0) * 1000" >"$TMP/reload.applied"
+				exit 0
+			fi
+			sleep 0.02
+		done
+	) &
+	local mover=$!
+	: >"$TMP/reload.applied"
+	j=$(lg rate -rate "$RATE" -conns "$RATE_CONNS" -duration "${RATE_DUR}s" -warmup 1s)
+	wait "$mover" || true
+	check_errors reload "$j"
+	local seen
+	seen=$(cat "$TMP/reload.applied")
+	if [[ -z $seen ]]; then
+		note "applistener reload round $1: the 10,000-route table was not seen installed (applistener_routes) within 4 s of the file change"
+	else
+		record "$TARGET" reload_seen_ms "$1" "$seen"
+	fi
+	record "$TARGET" reload_max_ms "$1" "$(jget .max_ms "$j")"
+	record "$TARGET" reload_p99_ms "$1" "$(jget .p99_ms "$j")"
+	echo "reload round $1: file replaced ${at}s into the run (after the 1 s warm-up: $(calc "$at - 1")s), new table seen after ${seen:-?} ms; the slowest request was sent $(jget .max_at_s "$j")s after the warm-up and took $(jget .max_ms "$j") ms" >>"$TMP/reload.log"
+	put_routes routes_doc 0 "after-$1"
+	sleep 1
+}
+
+workloads_for() {
+	case $1 in
+	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
+	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	*) echo "ws_idle small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	esac
+}
+
+run_workload() { # name round
+	case $1 in
+	ws_idle) wl_ws_idle "$2" ;;
+	small) wl_small "$2" "$DUR" ;;
+	rate) wl_rate "$2" "$RATE_DUR" ;;
+	dl64k) wl_dl64k "$2" "$SHORT_DUR" ;;
+	dl1m) wl_dl1m "$2" "$SHORT_DUR" ;;
+	hs_full) wl_hs_full "$2" "$SHORT_DUR" ;;
+	hs_resumed) wl_hs_resumed "$2" "$SHORT_DUR" ;;
+	ws_echo) wl_ws_echo "$2" "$SHORT_DUR" ;;
+	esac
+}
+
+# ---------------------------------------------------------------- profiles
+# applistener under one workload, with a CPU profile (a heap profile for
+# idle WebSockets) taken from its admin endpoint while the load runs.
+profile_workload() { # workload
+	local w=$1 out=$RESULTS/profiles/$1.txt prof=$TMP/$1.pprof
+	local pdur=$((PROFILE_SECONDS + 2)) cpid
+	start_target applistener
+	wl_warmup
+	{
+		echo "# applistener profile: workload $w ($(date -u +%FT%TZ))"
+		echo "# GOMAXPROCS=1, pinned to core $PROXY_CPU; load generator and backend on core $LOAD_CPU"
+		echo "# why: ${PROFILE_WHY:-}"
+	} >"$out"
+	case $w in
+	ws_idle)
+		open_idle "$IDLE_WS" || true
+		sleep 2
+		curl -fs -o "$prof" "http://127.0.0.1:$P_ADMIN/debug/pprof/heap?gc=1" || true
+		{
+			echo "# (heap profile, in use after GC, with $(jget .open "$IDLE_JSON") idle WebSockets held)"
+			echo "# goroutines: $(curl -fs "http://127.0.0.1:$P_ADMIN/debug/pprof/goroutine?debug=1" | head -n 1)"
+			echo "# RSS of the process: $(rss_kib) KiB"
+			go tool pprof -top -nodecount=20 -sample_index=inuse_space "$TMP/applistener" "$prof" 2>&1
+		} >>"$out"
+		close_idle
+		stop_target
+		return 0
+		;;
+	reload)
+		# The window spans the replacement of the table under 5,000 req/s.
+		put_routes routes_doc 0 base-profile
+		sleep 1.5
+		routes_doc "$RELOAD_ROUTES" big-profile >"$TMP/routes.big.json"
+		echo "# (3 s window; the 10,000-route file replaces the table 1 s into it, under $RATE req/s)" >>"$out"
+		(sleep 1; curl -fs -o "$prof" "http://127.0.0.1:$P_ADMIN/debug/pprof/profile?seconds=3") &
+		cpid=$!
+		(sleep 2; mv -f "$TMP/routes.big.json" "$TMP/routes.json") &
+		local mover=$!
+		lg rate -rate "$RATE" -conns "$RATE_CONNS" -duration 4s -warmup 0.5s >/dev/null
+		wait "$cpid" || true
+		wait "$mover" || true
+		stop_target
+		{
+			echo
+			echo "## top 20 by flat CPU"
+			go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+			echo
+			echo "## top 20 by cumulative CPU"
+			go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+			echo
+			echo "## top 20 by cumulative CPU, control plane only (focus: routes, control, slog, logsink)"
+			go tool pprof -top -cum -nodecount=20 -focus='applistener/(routes|control|internal/logsink)|log/slog' "$TMP/applistener" "$prof" 2>&1
+		} >>"$out"
+		return 0
+		;;
+	esac
+	echo "# CPU profile over ${PROFILE_SECONDS}s while the workload runs (started 1 s into a $((PROFILE_SECONDS + 2))s run)" >>"$out"
+	(sleep 1; curl -fs -o "$prof" "http://127.0.0.1:$P_ADMIN/debug/pprof/profile?seconds=$PROFILE_SECONDS") &
+	cpid=$!
+	RECORD=0
+	case $w in
+	rate) wl_rate 0 "$pdur" ;;
+	*) "wl_$w" 0 "$pdur" ;;
+	esac
+	RECORD=1
+	wait "$cpid" || true
+	stop_target
+	{
+		echo
+		echo "## top 20 by flat CPU"
+		go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+		echo
+		echo "## top 20 by cumulative CPU"
+		go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+	} >>"$out"
+}
+
+# ---------------------------------------------------------------- main
+START=$(date +%s)
+install_tools
+build
+certs
+mkdir -p "$RESULTS/profiles"
+
+for p in $P_APP $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS $P_DPLAIN; do
+	port_free "$p" || die "port $p is in use (set BENCH_PORT_BASE)"
+done
+
+# File descriptors: the proxy holds two per idle WebSocket, the load tool one.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+if ((NOFILE < 2 * IDLE_WS + 1000)); then
+	IDLE_WS=$(((NOFILE - 1000) / 2))
+	note "ws_idle: the open-file limit is $NOFILE, so $IDLE_WS idle WebSockets are held instead of 5,000"
+fi
+if ((IDLE_WS > 8000)); then IDLE_WS=8000; fi
+
+start_backend
+log "rounds=$ROUNDS durations: small ${DUR}s, others ${SHORT_DUR}s, fixed rate ${RATE_DUR}s; idle WebSockets $IDLE_WS; targets: $TARGETS"
+
+for round in $(seq 1 "$ROUNDS"); do
+	for t in $TARGETS; do
+		log "round $round/$ROUNDS: $t"
+		start_target "$t"
+		wl=$(workloads_for "$t")
+		# ws_idle first (fresh process), then a warm-up, then the rest.
+		if [[ " $wl " == *" ws_idle "* ]]; then run_workload ws_idle "$round"; fi
+		wl_warmup
+		for w in $wl; do
+			[[ $w == ws_idle ]] && continue
+			run_workload "$w" "$round"
+		done
+		if [[ $t == applistener ]]; then wl_reload "$round"; fi
+		stop_target
+	done
+done
+
+# Machine and run description.
+META=$TMP/meta.tsv
+{
+	printf 'machine\t%s\n' "nproc $NPROC; $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); kernel $(uname -r); $(go version | awk '{print $3}'); $(date -u +%FT%TZ)"
+	printf 'tools\t%s\n' "$("$NGINX" -v 2>&1 | sed 's/.*: //'); HAProxy $("$HAPROXY" -v | awk 'NR==1{print $3}'); Caddy $CADDY_VERSION; $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}'); $(openssl version | awk '{print $1, $2}')"
+	printf 'run\t%s\n' "$ROUNDS round(s), interleaved (every target once per round); runs of ${DUR}s (small requests), ${SHORT_DUR}s (downloads, handshakes, WebSocket echo), ${RATE_DUR}s (fixed rate), after warm-ups; quick=$QUICK; took $(( $(date +%s) - START ))s"
+	printf 'pinning\t%s\n' "proxy under test on core $PROXY_CPU (one worker/thread, GOMAXPROCS=1); load generator (wrk -t1, Go tools with GOMAXPROCS=1) and backend app (GOMAXPROCS=1) on core $LOAD_CPU; $SCHED_DESC"
+	printf 'TLS negotiated by an OpenSSL client\t%s\n' "$(awk -F'\t' '{sep = (NR > 1) ? "; " : ""; printf "%s%s: %s", sep, $1, $2}' "$TMP/negotiated.tsv" 2>/dev/null)"
+	printf 'load average at the end\t%s\n' "$(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine adds noise)"
+} >"$META"
+
+if [[ $PROFILE == 1 && " $TARGETS " == *" applistener "* && " $TARGETS " == *" haproxy "* ]]; then
+	rm -f "$RESULTS"/profiles/*.txt
+	"$TMP/benchreport" -raw "$RAW" -behind >"$TMP/behind.tsv"
+	behind=$(cut -f1 "$TMP/behind.tsv")
+	while IFS=$'\t' read -r w why; do
+		[[ -n $w && $w != reload ]] || continue
+		log "profiling applistener under $w (behind HAProxy: $why)"
+		PROFILE_WHY="behind HAProxy in this run: $why"
+		profile_workload "$w"
+	done <"$TMP/behind.tsv"
+	log "profiling applistener during a 10,000-route replacement"
+	PROFILE_WHY="applistener only: where the request stall of a route-table replacement goes"
+	profile_workload reload
+	while IFS=$'\t' read -r w why; do
+		[[ -n $w ]] && note "applistener behind HAProxy in $w ($why): profile in bench/results/profiles/$w.txt"
+	done <"$TMP/behind.tsv"
+fi
+
+cat "$TMP/reload.log" >>"$NOTES" 2>/dev/null || true
+# The inputs are kept beside the outputs, so the tables can be rebuilt:
+#   go run ./bench/cmd/benchreport -raw bench/results/latest.raw.tsv \
+#     -meta bench/results/latest.meta.tsv -notes bench/results/latest.notes.txt \
+#     -md bench/results/latest.md -json bench/results/latest.json
+cp "$RAW" "$RESULTS/latest.raw.tsv"
+cp "$META" "$RESULTS/latest.meta.tsv"
+cp "$NOTES" "$RESULTS/latest.notes.txt"
+"$TMP/benchreport" -raw "$RAW" -meta "$META" -notes "$NOTES" -md "$RESULTS/latest.md" -json "$RESULTS/latest.json"
+log "done in $(( $(date +%s) - START ))s"
+cat "$RESULTS/latest.md"
