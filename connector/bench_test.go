@@ -31,7 +31,7 @@ func closeNow(conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
-	conn.Close()
+	_ = conn.Close()
 }
 
 func benchDial(b *testing.B, c Connector, port int) {

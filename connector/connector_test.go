@@ -36,12 +36,12 @@ func echoServer(t testing.TB, ln net.Listener, name string) {
 		}
 	}()
 	t.Cleanup(func() {
-		ln.Close()
+		_ = ln.Close()
 		<-done
 		for {
 			select {
 			case c := <-conns:
-				c.Close()
+				_ = c.Close()
 			default:
 				return
 			}
@@ -51,7 +51,7 @@ func echoServer(t testing.TB, ln net.Listener, name string) {
 
 // serveLines answers each line read from c with "<name> <line>" until EOF.
 func serveLines(c net.Conn, name string) {
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	br := bufio.NewReader(c)
 	for {
 		line, err := br.ReadString('\n')
@@ -68,7 +68,7 @@ func serveLines(c net.Conn, name string) {
 func ask(t testing.TB, c net.Conn, line string) string {
 	t.Helper()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
 	if _, err := io.WriteString(c, line+"\n"); err != nil {
 		t.Fatalf("write: %v", err)
 	}
@@ -93,7 +93,7 @@ func boundPort(t testing.TB) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
+	t.Cleanup(func() { _ = syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestTCPDial(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	if got := conn.RemoteAddr().String(); got != ln.Addr().String() {
 		t.Errorf("RemoteAddr = %s; want %s", got, ln.Addr())
 	}
@@ -145,7 +145,7 @@ func TestTCPDialIPv6Loopback(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Dial [::1]: %v", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	if got := ask(t, conn, "hi"); got != "v6-app hi" {
 		t.Fatalf("answer %q", got)
 	}
@@ -176,10 +176,10 @@ func TestTCPDialCanceled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	conn, err := TCP{Host: "127.0.0.1"}.Dial(ctx, ln.Addr().(*net.TCPAddr).Port)
 	if err == nil {
-		conn.Close()
+		_ = conn.Close()
 		t.Fatal("Dial with a cancelled context succeeded")
 	}
 	if !errors.Is(err, context.Canceled) {
@@ -215,7 +215,7 @@ func shortTempDir(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
 }
 
@@ -243,7 +243,7 @@ func TestUnixDial(t *testing.T) {
 		if got, want := conn.RemoteAddr().String(), filepath.Join(dir, strconv.Itoa(port)+".sock"); got != want {
 			t.Errorf("RemoteAddr = %q; want %q", got, want)
 		}
-		conn.Close()
+		_ = conn.Close()
 	}
 }
 
@@ -269,7 +269,7 @@ func TestUnixDialNoSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	ln.Close()
+	_ = ln.Close()
 	_, err = Unix{PathTemplate: filepath.Join(dir, "{port}.sock")}.Dial(testCtx(t), 7000)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("Dial to a stale socket: %v; want ECONNREFUSED", err)

@@ -45,7 +45,7 @@ func (c NetNS) Dial(ctx context.Context, port int) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: netns %s: %v", ErrUnavailable, c.Path, err)
 	}
-	defer unix.Close(target)
+	defer func() { _ = unix.Close(target) }()
 	if err := c.Alive(); err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func dialIn(ctx context.Context, target, port int) (conn net.Conn, err error, re
 	if err != nil {
 		return nil, fmt.Errorf("netns: own namespace: %w", err), true
 	}
-	defer unix.Close(self)
+	defer func() { _ = unix.Close(self) }()
 	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
 		if errors.Is(err, unix.EPERM) {
 			err = fmt.Errorf("%w (entering a network namespace needs CAP_SYS_ADMIN)", err)

@@ -72,10 +72,10 @@ func TestNSHelperProcess(t *testing.T) {
 	})
 	fmt.Println("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin or dies
-	ln.Close()
+	_ = ln.Close()
 	mu.Lock()
 	for c := range conns {
-		c.Close()
+		_ = c.Close()
 	}
 	mu.Unlock()
 	wg.Wait()
@@ -189,7 +189,7 @@ func nsStartEcho(t testing.TB, ns *nsNamespace, name string) {
 		close(done)
 	}()
 	t.Cleanup(func() {
-		stdin.Close()
+		_ = stdin.Close()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -225,14 +225,14 @@ func probeInside(t testing.TB, path string) string {
 			ch <- result{err: err}
 			return
 		}
-		defer unix.Close(self)
+		defer func() { _ = unix.Close(self) }()
 		target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			runtime.UnlockOSThread()
 			ch <- result{err: err}
 			return
 		}
-		defer unix.Close(target)
+		defer func() { _ = unix.Close(target) }()
 		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
 			ch <- result{err: err}
@@ -304,7 +304,7 @@ func TestNetNSDial(t *testing.T) {
 		if got := conn.RemoteAddr().String(); got != "127.0.0.1:"+strconv.Itoa(nsPort) {
 			t.Errorf("RemoteAddr = %s; want 127.0.0.1:%d", got, nsPort)
 		}
-		conn.Close()
+		_ = conn.Close()
 	}
 	if bad := threadsOutside(t, root); len(bad) > 0 {
 		t.Fatalf("threads left outside the root network namespace %s: %v", root, bad)
@@ -315,7 +315,7 @@ func TestNetNSDial(t *testing.T) {
 		_ = conn.SetDeadline(time.Now().Add(300 * time.Millisecond))
 		_, _ = io.WriteString(conn, "who\n")
 		line, _ := bufio.NewReader(conn).ReadString('\n')
-		conn.Close()
+		_ = conn.Close()
 		if strings.HasPrefix(line, "inside-") {
 			t.Fatalf("a root-namespace dial to 127.0.0.1:%d reached the namespace's app: %q", nsPort, line)
 		}
@@ -348,7 +348,7 @@ func TestNetNSDialMissingPath(t *testing.T) {
 	for _, path := range []string{missing, regular, t.TempDir()} {
 		conn, err := NetNS{Path: path}.Dial(testCtx(t), nsPort)
 		if err == nil {
-			conn.Close()
+			_ = conn.Close()
 			t.Errorf("Dial via %s succeeded", path)
 			continue
 		}
@@ -390,7 +390,7 @@ func TestNetNSAlive(t *testing.T) {
 	}
 	if conn, err := c.Dial(testCtx(t), nsPort); !errors.Is(err, ErrUnavailable) {
 		if conn != nil {
-			conn.Close()
+			_ = conn.Close()
 		}
 		t.Errorf("Dial after ip netns del: %v; want an error wrapping ErrUnavailable", err)
 	}
@@ -406,7 +406,7 @@ func TestNetNSDeletedWhileConnected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ns.del(t)
 	if got := ask(t, conn, "still"); got != "app still" {
 		t.Fatalf("answer %q after the namespace file was removed", got)
@@ -424,7 +424,7 @@ func TestNetNSDialCanceled(t *testing.T) {
 	cancel()
 	conn, err := NetNS{Path: ns.path}.Dial(ctx, nsPort)
 	if err == nil {
-		conn.Close()
+		_ = conn.Close()
 		t.Fatal("Dial with a cancelled context succeeded")
 	}
 	if !errors.Is(err, context.Canceled) {
@@ -520,7 +520,7 @@ func TestNetNSNoLeak(t *testing.T) {
 				if err == nil {
 					line, err = bufio.NewReader(conn).ReadString('\n')
 				}
-				conn.Close()
+				_ = conn.Close()
 				if err != nil || line != "leak-check "+msg+"\n" {
 					dialErrs.Add(1)
 					errc <- fmt.Errorf("dial %s: answer %q, %v", msg, line, err)

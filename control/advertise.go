@@ -135,7 +135,7 @@ func (a *Advertiser) put(ctx context.Context, body []byte) error {
 	if err != nil {
 		return fmt.Errorf("PUT installations: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode/100 != 2 {
 		return readStatusError(resp)
 	}

@@ -307,7 +307,7 @@ func (c *GatewayClient) poll(ctx context.Context) error {
 		c.Metrics.delivery("poll", "error")
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		c.Sink.Renew()
@@ -375,7 +375,7 @@ func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return false, readStatusError(resp)
 	}

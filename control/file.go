@@ -194,7 +194,7 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var buf bytes.Buffer
 	n, err := io.Copy(&buf, io.LimitReader(f, limit+1))
 	if err != nil {

@@ -52,14 +52,6 @@ func eofIsUnexpected(err error) error {
 	return err
 }
 
-// writeFlusher is the destination of a body copy: a buffered writer whose
-// buffer is flushed whenever the source has nothing more buffered, so
-// streamed responses (server-sent events) are not held back.
-type writeFlusher interface {
-	io.Writer
-	Flush() error
-}
-
 // copyN copies exactly n bytes from in to w, using in's own buffer.
 func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
 	var done int64

@@ -400,10 +400,10 @@ func FuzzParseResponseHead(f *testing.F) {
 			t.Fatalf("status line %q", start)
 		}
 		var wantCL, wantTE, wantConn, wantUp []string
-		switch {
-		case out == bodyLength:
+		switch out {
+		case bodyLength:
 			wantCL = []string{strconv.FormatInt(r.length, 10)}
-		case out == bodyChunked:
+		case bodyChunked:
 			wantTE = []string{"chunked"}
 		}
 		if got := values(fields, "Content-Length"); (headReq || r.status == 304) && out == bodyNone {

@@ -38,36 +38,48 @@ const (
 )
 
 // h2State is the Server's HTTP/2 machinery, created on first use.
+//
+// It is x/net's HTTP/2 server driven one connection at a time through
+// Server.ServeConn. x/net marks that API deprecated in favour of net/http's
+// own HTTP/2 (http.Server.Protocols and Serve), but net/http cannot serve a
+// single connection accepted, handshaken and routed by someone else:
+// ServeH2 hands over a connection whose Close closes the raw TCP connection
+// (h2NetConn, which net/http would not take for TLS and so not for h2),
+// and returns when that connection ends. Hence the SA1019 exceptions below.
 type h2State struct {
 	once sync.Once
-	srv  *http2.Server
+	srv  *http2.Server //nolint:staticcheck // SA1019: ServeConn has no net/http equivalent, see h2State.
 	// base carries the settings x/net takes from an http.Server
-	// (MaxHeaderBytes → MAX_HEADER_LIST_SIZE, IdleTimeout, ErrorLog) and,
-	// through http2.ConfigureServer, the graceful shutdown hook: its
-	// Shutdown makes every connection served with it send GOAWAY.
+	// (MaxHeaderBytes → MAX_HEADER_LIST_SIZE, IdleTimeout, ErrorLog, the
+	// HTTP2 settings) and, through http2.ConfigureServer, the graceful
+	// shutdown hook: its Shutdown makes every connection served with it
+	// send GOAWAY.
 	base *http.Server
 	used atomic.Bool // srv and base exist
 }
 
 // h2Server returns the http2.Server and its base configuration.
-func (s *Server) h2Server() (*http2.Server, *http.Server) {
+func (s *Server) h2Server() (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
 	s.h2.once.Do(func() {
 		base := &http.Server{
 			MaxHeaderBytes: s.cfg.MaxHeaderBytes,
 			IdleTimeout:    s.cfg.IdleTimeout,
 			ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+			// x/net reads these from the base server and lets them take
+			// precedence over its own (deprecated) fields.
+			HTTP2: &http.HTTP2Config{
+				MaxConcurrentStreams: H2MaxConcurrentStreams,
+				SendPingTimeout:      H2ReadIdleTimeout,
+				PingTimeout:          H2PingTimeout,
+				// A peer that reads nothing for this long loses the connection.
+				WriteByteTimeout: s.cfg.BodyTimeout,
+			},
 		}
-		srv := &http2.Server{
-			MaxConcurrentStreams: H2MaxConcurrentStreams,
-			IdleTimeout:          s.cfg.IdleTimeout,
-			ReadIdleTimeout:      H2ReadIdleTimeout,
-			PingTimeout:          H2PingTimeout,
-			// A peer that reads nothing for this long loses the connection.
-			WriteByteTimeout: s.cfg.BodyTimeout,
-		}
+		// Its idle timeout is base's (ConfigureServer copies it).
+		srv := &http2.Server{} //nolint:staticcheck // SA1019: see h2State.
 		// ConfigureServer fails only for a TLSConfig with an unusable
 		// cipher suite list; base has none.
-		if err := http2.ConfigureServer(base, srv); err != nil {
+		if err := http2.ConfigureServer(base, srv); err != nil { //nolint:staticcheck // SA1019: the GOAWAY-on-Shutdown hook for ServeConn, see h2State.
 			s.log.Error("http2 configuration failed", "err", err)
 		}
 		s.h2.srv, s.h2.base = srv, base
@@ -160,6 +172,7 @@ func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes
 	// Deadlines left by the handshake would end the connection; x/net
 	// keeps its own timers (idle, ping, write-byte).
 	_ = conn.SetDeadline(time.Time{})
+	//nolint:staticcheck // SA1019: no net/http equivalent, see h2State.
 	srv.ServeConn(&h2NetConn{Conn: conn, raw: raw}, &http2.ServeConnOpts{
 		BaseConfig: base,
 		Handler:    hc,
@@ -365,7 +378,7 @@ func (st *h2Stream) buildRequest() (*request, *parseError) {
 	}
 	// Bytes that HTTP/2 allows in :path (a space, say) would break the
 	// HTTP/1.1 request line.
-	if !validTarget([]byte(target)) || (target[0] != '/' && !(target == "*" && r.Method == "OPTIONS")) {
+	if !validTarget([]byte(target)) || (target[0] != '/' && (target != "*" || r.Method != "OPTIONS")) {
 		return nil, &parseError{400, "malformed request target"}
 	}
 	n, size := 0, 0
@@ -545,17 +558,20 @@ func (st *h2Stream) proxy(req *request) bool {
 			bodyDone <- err
 		}()
 	}
-	abortBody := func() {
-		if bodyDone != nil {
-			bodyAborted.Store(true)
-			_ = r.Body.Close()
-			_ = bc.conn.Close()
-			<-bodyDone
-			bodyDone = nil
+	// abortBody stops the body copy and returns how it ended.
+	abortBody := func() error {
+		if bodyDone == nil {
+			return nil
 		}
+		bodyAborted.Store(true)
+		_ = r.Body.Close()
+		_ = bc.conn.Close()
+		err := <-bodyDone
+		bodyDone = nil
+		return err
 	}
 	fail := func() {
-		abortBody()
+		_ = abortBody()
 		st.detach(bc)
 		bc.close()
 	}
@@ -624,7 +640,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	out := h2BodyWriter{st}
 	var n int64
 	var err error
-	if resp.body != bodyNone && bc.in.buffered() == 0 && !(resp.body == bodyLength && resp.length == 0) {
+	if resp.body != bodyNone && bc.in.buffered() == 0 && (resp.body != bodyLength || resp.length != 0) {
 		// Nothing of the body is here yet (a stream of events, say): let
 		// the client have the head now.
 		err = st.flush()
@@ -656,7 +672,7 @@ func (st *h2Stream) proxy(req *request) bool {
 				reusable = false
 			}
 		default:
-			abortBody()
+			_ = abortBody()
 			reusable = false
 		}
 	}

@@ -93,7 +93,7 @@ func (a *h2App) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), 500)
 			return
 		}
-		fmt.Fprintf(w, "%s %d %d %s", h2Sha(body), len(body), r.ContentLength, strings.Join(r.TransferEncoding, ","))
+		_, _ = fmt.Fprintf(w, "%s %d %d %s", h2Sha(body), len(body), r.ContentLength, strings.Join(r.TransferEncoding, ","))
 	case "/big":
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(h2Big)))
@@ -130,7 +130,7 @@ func (a *h2App) serve(w http.ResponseWriter, r *http.Request) {
 		_ = conn.Close()
 	default:
 		w.Header().Set("X-App", a.name)
-		fmt.Fprintf(w, "%s %s", a.name, r.URL.RawQuery)
+		_, _ = fmt.Fprintf(w, "%s %s", a.name, r.URL.RawQuery)
 	}
 }
 
@@ -186,7 +186,7 @@ func newH2Env(t *testing.T, maxStreams int, cfg Config) *h2Env {
 		t.Fatal(err)
 	}
 	e.downPort = dl.Addr().(*net.TCPAddr).Port
-	dl.Close()
+	_ = dl.Close()
 
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
 	e.apply(maxStreams, true)
@@ -270,7 +270,7 @@ func (e *h2Env) apply(maxStreams int, withWeb bool) {
 
 // dial opens one HTTP/2 connection with SNI serverName; every request
 // sent on the returned ClientConn uses that one connection.
-func (e *h2Env) dial(serverName string) *http2.ClientConn {
+func (e *h2Env) dial(serverName string) *http.ClientConn {
 	e.t.Helper()
 	tc, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{
 		ServerName: serverName, RootCAs: e.ca.Pool(), NextProtos: []string{"h2"},
@@ -281,13 +281,32 @@ func (e *h2Env) dial(serverName string) *http2.ClientConn {
 	if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
 		e.t.Fatalf("negotiated %q, want h2", p)
 	}
-	tr := &http2.Transport{}
-	cc, err := tr.NewClientConn(tc)
+	cc, err := h2NewClientConn(tc)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = cc.Close() })
 	return cc
+}
+
+// h2NewClientConn runs net/http's HTTP/2 client on tc, a TLS connection
+// that negotiated h2: a Transport that speaks HTTP/2 only and whose TLS
+// "dial" hands over tc, once. The ClientConn it returns is that one
+// connection (never pooled, never redialled); closing it closes tc.
+func h2NewClientConn(tc *tls.Conn) (*http.ClientConn, error) {
+	var protocols http.Protocols
+	protocols.SetHTTP2(true)
+	var dialed atomic.Bool
+	tr := &http.Transport{
+		Protocols: &protocols,
+		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
+			if !dialed.CompareAndSwap(false, true) {
+				return nil, errors.New("h2 test: the client connection dialled twice")
+			}
+			return tc, nil
+		},
+	}
+	return tr.NewClientConn(context.Background(), "https", tc.RemoteAddr().String())
 }
 
 func h2Req(t testing.TB, method, host, path string, body io.Reader) *http.Request {
@@ -307,17 +326,20 @@ type h2Result struct {
 	err    error
 }
 
-func h2Do(cc *http2.ClientConn, req *http.Request) h2Result {
+func h2Do(cc *http.ClientConn, req *http.Request) h2Result {
 	resp, err := cc.RoundTrip(req)
 	if err != nil {
 		return h2Result{err: err}
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
+	if resp.ProtoMajor != 2 {
+		return h2Result{err: fmt.Errorf("response over %s, want HTTP/2", resp.Proto)}
+	}
 	b, err := io.ReadAll(resp.Body)
 	return h2Result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
-func h2MustDo(t *testing.T, cc *http2.ClientConn, req *http.Request, status int) h2Result {
+func h2MustDo(t *testing.T, cc *http.ClientConn, req *http.Request, status int) h2Result {
 	t.Helper()
 	res := h2Do(cc, req)
 	if res.err != nil {
@@ -391,8 +413,9 @@ func TestH2CoalescedMisdirected(t *testing.T) {
 	if n := e.accepted.Load(); n != 1 {
 		t.Fatalf("%d connections accepted, want 1", n)
 	}
-	if st := cc.State(); st.Closed || st.Closing {
-		t.Fatalf("client connection state %+v", st)
+	// Neither closed nor closing (GOAWAY): free to take another request.
+	if err, n := cc.Err(), cc.Available(); err != nil || n == 0 {
+		t.Fatalf("client connection: err %v, %d streams available", err, n)
 	}
 }
 
@@ -594,7 +617,7 @@ func TestH2Denials(t *testing.T) {
 	}
 	e.web.unblock()
 	rest, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil || string(rest) != "data: last\n\n" {
 		t.Fatalf("rest %q, %v", rest, err)
 	}
@@ -636,7 +659,7 @@ func TestH2Revocation(t *testing.T) {
 		t.Fatal("in-flight request still running 2 s after revocation")
 	}
 	h2WaitFor(t, 2*time.Second, "connections closed", func() bool { return e.srv.Connections() == 0 })
-	h2WaitFor(t, 2*time.Second, "client sees the idle connection closed", func() bool { return idle.State().Closed })
+	h2WaitFor(t, 2*time.Second, "client sees the idle connection closed", func() bool { return idle.Err() != nil })
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("revocation took %v", d)
 	}
@@ -690,8 +713,9 @@ func TestH2Drain(t *testing.T) {
 		defer cancel()
 		shutdownDone <- e.srv.Shutdown(ctx)
 	}()
-	h2WaitFor(t, 2*time.Second, "GOAWAY on the busy connection", func() bool { return !cc.CanTakeNewRequest() })
-	h2WaitFor(t, 2*time.Second, "GOAWAY on the idle connection", func() bool { return !idle.CanTakeNewRequest() })
+	// After a GOAWAY a connection has no stream available for new requests.
+	h2WaitFor(t, 2*time.Second, "GOAWAY on the busy connection", func() bool { return cc.Available() == 0 })
+	h2WaitFor(t, 2*time.Second, "GOAWAY on the idle connection", func() bool { return idle.Available() == 0 })
 	if r := h2Do(cc, h2Req(t, "GET", h2WebHost, "/", nil)); r.err == nil {
 		t.Fatalf("new request after GOAWAY answered %d", r.status)
 	}
@@ -750,13 +774,12 @@ func TestH2DrainDeadline(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("in-flight request not ended")
 	}
-	h2WaitFor(t, 2*time.Second, "client sees the connection closed", func() bool { return cc.State().Closed })
+	h2WaitFor(t, 2*time.Second, "client sees the connection closed", func() bool { return cc.Err() != nil })
 	// New connections are refused while draining.
 	tc, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{ServerName: h2WebHost, RootCAs: e.ca.Pool(), NextProtos: []string{"h2"}})
 	if err == nil {
 		_ = tc.SetDeadline(time.Now().Add(2 * time.Second))
-		tr := &http2.Transport{}
-		c2, err := tr.NewClientConn(tc)
+		c2, err := h2NewClientConn(tc)
 		if err == nil {
 			if r := h2Do(c2, h2Req(t, "GET", h2WebHost, "/", nil)); r.err == nil {
 				t.Fatalf("request on a new connection during drain answered %d", r.status)
@@ -832,7 +855,7 @@ func TestH2ContinuationFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tc.Close()
+	defer func() { _ = tc.Close() }()
 	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
 
 	var block bytes.Buffer
@@ -888,7 +911,7 @@ func TestH2ContinuationFlood(t *testing.T) {
 			break
 		}
 	}
-	tc.Close()
+	_ = tc.Close()
 	<-writeDone
 	if n := e.web.hits.Load(); n != 0 {
 		t.Fatalf("app received %d requests", n)
@@ -911,7 +934,7 @@ func TestH2StalledClient(t *testing.T) {
 	// The client's stream window (4 MiB) is less than the body (5 MiB).
 	h2WaitFor(t, 3*time.Second, "stalled stream reset", func() bool { return inst.Active() == 0 })
 	_, err = io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err == nil {
 		t.Fatal("a stalled response was completed")
 	}
@@ -928,7 +951,7 @@ func TestH2StalledClient(t *testing.T) {
 	time.Sleep(900 * time.Millisecond)
 	e.web.unblock()
 	rest, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil || string(rest) != "data: last\n\n" {
 		t.Fatalf("idle event stream: %q, %v", rest, err)
 	}
@@ -942,7 +965,7 @@ func TestH2StalledUpload(t *testing.T) {
 	e := newH2Env(t, 0, Config{BodyTimeout: 300 * time.Millisecond})
 	cc := e.dial(h2WebHost)
 	pr, pw := io.Pipe()
-	defer pw.Close()
+	defer func() { _ = pw.Close() }()
 	go func() { _, _ = pw.Write([]byte("partial")) }()
 	req := h2Req(t, "POST", h2WebHost, "/upload", pr)
 	req.ContentLength = 1000

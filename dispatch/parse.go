@@ -120,10 +120,7 @@ func (e *parseError) Error() string { return e.reason }
 
 func badRequest(reason string) error { return &parseError{400, reason} }
 
-var (
-	errHeadTooLarge = &parseError{431, "request header fields too large"}
-	errNeedMore     = errors.New("need more bytes")
-)
+var errHeadTooLarge = &parseError{431, "request header fields too large"}
 
 // findHeadEnd returns the length of the head including the final CRLFCRLF,
 // or -1 when it is not complete.

@@ -730,7 +730,7 @@ func (c *clientConn) proxy() bool {
 			return c.backendFailed(err, true)
 		}
 		if err := parseResponseHead(&c.resp, head, isHead, 200); err != nil {
-			abortBody()
+			_ = abortBody()
 			bc.close()
 			if wroteHead {
 				return false
@@ -741,7 +741,7 @@ func (c *clientConn) proxy() bool {
 		resp := &c.resp
 		if resp.status == 101 {
 			if !req.upgrade || !resp.upgradeWS {
-				abortBody()
+				_ = abortBody()
 				bc.close()
 				return c.deny(502, reasonBadResponse, true, false)
 			}
@@ -754,7 +754,7 @@ func (c *clientConn) proxy() bool {
 				c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
 				_, _ = w.Write(c.out)
 				if err := c.flush(); err != nil {
-					abortBody()
+					_ = abortBody()
 					bc.close()
 					return false
 				}
@@ -794,7 +794,7 @@ func (c *clientConn) proxy() bool {
 	c.s.m.bytesToClient.Add(float64(n))
 	c.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	if err != nil {
-		abortBody()
+		_ = abortBody()
 		bc.close()
 		return false
 	}
@@ -810,7 +810,7 @@ func (c *clientConn) proxy() bool {
 				return false
 			}
 		default:
-			abortBody()
+			_ = abortBody()
 			bc.close()
 			return false
 		}

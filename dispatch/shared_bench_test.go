@@ -99,7 +99,7 @@ func (a *sharedBenchApp) serve(c net.Conn) {
 		a.mu.Lock()
 		delete(a.conns, c)
 		a.mu.Unlock()
-		c.Close()
+		_ = c.Close()
 	}()
 	br := bufio.NewReaderSize(c, 8<<10)
 	for {
@@ -120,10 +120,10 @@ func (a *sharedBenchApp) serve(c net.Conn) {
 }
 
 func (a *sharedBenchApp) close() {
-	a.ln.Close()
+	_ = a.ln.Close()
 	a.mu.Lock()
 	for c := range a.conns {
-		c.Close()
+		_ = c.Close()
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
@@ -268,7 +268,7 @@ func benchSharedListener(b *testing.B, instances int) {
 	var all []*sharedBenchClient
 	defer func() {
 		for _, c := range all {
-			c.conn.Close()
+			_ = c.conn.Close()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -304,7 +304,7 @@ func TestUnitBackendPoolRevokeNetPipe(t *testing.T) {
 		if _, err := peer.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 			t.Errorf("pipe %d after Revoke: %v; want EOF", i, err)
 		}
-		peer.Close()
+		_ = peer.Close()
 	}
 }
 
@@ -420,7 +420,7 @@ func TestUnitBackendPoolDialError(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	_ = ln.Close()
 	p := &backendPool{connector: connector.TCP{Host: "127.0.0.1"}, port: port, maxIdle: 1, idleTimeout: time.Second, bufPool: newTestPool(64)}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

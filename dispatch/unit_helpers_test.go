@@ -168,12 +168,6 @@ func (c *recConn) setWriteErr(err error) {
 	c.mu.Unlock()
 }
 
-func (c *recConn) reset() {
-	c.mu.Lock()
-	c.buf.Reset()
-	c.mu.Unlock()
-}
-
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -122,7 +122,7 @@ func clientOf(t *testing.T, s *Server, route *routes.Route) (net.Conn, *bufio.Re
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	cl, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func roundTripErr(cl net.Conn, br *bufio.Reader) (int, error) {
 		return 0, fmt.Errorf("reading the response: %w", err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return resp.StatusCode, nil
 }
 

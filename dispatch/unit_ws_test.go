@@ -288,7 +288,7 @@ func TestUnitCloseFrameGorillaServer(t *testing.T) {
 			got <- err
 			return
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, _, err = c.ReadMessage()
 		got <- err
@@ -298,7 +298,7 @@ func TestUnitCloseFrameGorillaServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	key := "dGhlIHNhbXBsZSBub25jZQ=="
 	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
@@ -329,7 +329,7 @@ func TestUnitCloseFrameGorillaClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	srvDone := make(chan error, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -337,7 +337,7 @@ func TestUnitCloseFrameGorillaClient(t *testing.T) {
 			srvDone <- err
 			return
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
@@ -359,14 +359,14 @@ func TestUnitCloseFrameGorillaClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, _, err = c.ReadMessage()
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != 1001 || ce.Text != "going away" {
 		t.Errorf("gorilla client read %v; want close 1001 \"going away\"", err)
 	}
-	c.Close()
+	_ = c.Close()
 	if err := <-srvDone; err != nil {
 		t.Fatal(err)
 	}

@@ -313,7 +313,7 @@ func discGet(t testing.TB, g *discGateway) *discSnapshot {
 	if err != nil {
 		t.Fatalf("discovery GET: %v", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("discovery GET: %d %s", resp.StatusCode, body)
@@ -343,7 +343,7 @@ func discThroughEdge(edgeAddr string, pool *x509.CertPool, host string) (body, s
 	if err != nil {
 		return "", "", err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return "", "", err
@@ -368,7 +368,7 @@ func discEdgeConn(t testing.TB, edgeAddr string, pool *x509.CertPool, host strin
 		t.Fatalf("TLS through the edge to %s: %v", host, err)
 	}
 	_ = tc.SetDeadline(time.Time{})
-	t.Cleanup(func() { tc.Close() })
+	t.Cleanup(func() { _ = tc.Close() })
 	return &rawConn{Conn: tc, br: bufio.NewReader(tc)}
 }
 
@@ -378,7 +378,7 @@ func discHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
 	if err != nil {
 		return err
 	}
-	defer raw.Close()
+	defer func() { _ = raw.Close() }()
 	tc := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
 	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
 	return tc.Handshake()

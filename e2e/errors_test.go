@@ -138,7 +138,7 @@ func TestErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		_ = c.SetDeadline(deadline())
 		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+hostWeb+"\r\n\r\n"); err != nil {
 			t.Fatal(err)

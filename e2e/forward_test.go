@@ -158,7 +158,7 @@ func TestForwarding(t *testing.T) {
 					t.Fatalf("POST: %v", err)
 				}
 				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
+				_ = resp.Body.Close()
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("POST %s: %d %q", uri, resp.StatusCode, body)
 				}

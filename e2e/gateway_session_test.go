@@ -475,7 +475,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 				refused = time.Since(sig)
 				return true
 			}
-			conn.Close()
+			_ = conn.Close()
 			return false
 		})
 		eventually(t, 3*time.Second, "the health port to close", func() bool {
@@ -597,12 +597,12 @@ func TestStderrStalled(t *testing.T) {
 	// Registered before the supervisor's cleanup, so it runs after the
 	// supervisor has exited: the read end stays open (and unread) for the
 	// whole life of the process.
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() { _ = r.Close() })
 	stalled := gwStartSup(t, gw, gwSupConfig{setup: func(cmd *exec.Cmd) {
 		cmd.Stdout = nil
 		cmd.Stderr = w
 	}})
-	w.Close()
+	_ = w.Close()
 	drained := gwStartSup(t, gw, gwSupConfig{})
 
 	const measured = 300
@@ -620,7 +620,7 @@ func TestStderrStalled(t *testing.T) {
 			}
 			rc := &rawConn{Conn: conn, br: bufio.NewReader(conn)}
 			wg.Go(func() {
-				defer conn.Close()
+				defer func() { _ = conn.Close() }()
 				for i := range perFlooder {
 					resp, _, err := rc.tryRoundTrip(fmt.Sprintf("GET /flood?%d HTTP/1.1\r\nHost: other--host.%s\r\n\r\n", i, domain))
 					if err != nil || resp.StatusCode != http.StatusMisdirectedRequest {

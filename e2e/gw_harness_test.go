@@ -255,7 +255,7 @@ func (g *gwGateway) answers() bool {
 		return false
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return resp.StatusCode == http.StatusNotFound && strings.HasPrefix(string(body), "404 Not Found")
 }
 
@@ -449,7 +449,7 @@ func gwReadyz(adminAddr string) (int, string) {
 		return 0, err.Error()
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return resp.StatusCode, strings.TrimSpace(string(body))
 }
 
@@ -462,7 +462,7 @@ func gwReadyzString(adminAddr string) string {
 func gwDialHealth(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err == nil {
-		c.Close()
+		_ = c.Close()
 	}
 	return err
 }
@@ -485,7 +485,7 @@ func gwMetric(adminAddr, name string, want map[string]string) (sum float64, foun
 	if err != nil {
 		return 0, false, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return 0, false, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
@@ -596,7 +596,7 @@ func gwGet(c *http.Client, url string, timeout time.Duration) (int, string, erro
 	if err != nil {
 		return 0, "", err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
 }
@@ -622,7 +622,7 @@ func gwWSDial(p *proc, sni string) (*websocket.Conn, error) {
 	}
 	c, resp, err := d.Dial("wss://"+sni+"/ws", nil)
 	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
+		_ = resp.Body.Close()
 	}
 	return c, err
 }
@@ -664,7 +664,7 @@ func gwHandshakeOK(p *proc, sni string) bool {
 	if err != nil {
 		return false
 	}
-	c.Close()
+	_ = c.Close()
 	return true
 }
 

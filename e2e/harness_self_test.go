@@ -22,7 +22,7 @@ func TestHarnessBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		_ = c.SetDeadline(time.Now().Add(waitTimeout))
 		if _, err := io.WriteString(c, req); err != nil {
 			t.Fatal(err)

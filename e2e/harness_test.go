@@ -76,11 +76,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	if err := setup(dir); err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
-	goleak.VerifyTestMain(runner{m: m, cleanup: func() { os.RemoveAll(dir) }})
+	goleak.VerifyTestMain(runner{m: m, cleanup: func() { _ = os.RemoveAll(dir) }})
 }
 
 func setup(dir string) error {
@@ -223,7 +223,7 @@ func freeAddr(t testing.TB) string {
 			t.Fatal(err)
 		}
 		addr := ln.Addr().String()
-		ln.Close()
+		_ = ln.Close()
 		portsMu.Lock()
 		used := portsUsed[addr]
 		portsUsed[addr] = true
@@ -243,7 +243,7 @@ func deadPort(t testing.TB) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
+	t.Cleanup(func() { _ = syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func (b *backend) hostPort() string { return "127.0.0.1:" + strconv.Itoa(b.port)
 func (b *backend) close() {
 	b.mu.Lock()
 	for c := range b.ws {
-		c.Close()
+		_ = c.Close()
 	}
 	b.mu.Unlock()
 	b.srv.Close()
@@ -424,27 +424,27 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
 		_ = rw.Flush()
-		c.Close()
+		_ = c.Close()
 		return
 	}
-	switch {
-	case r.URL.Path == "/ws":
+	switch r.URL.Path {
+	case "/ws":
 		b.serveWS(w, r)
 		return
-	case r.URL.Path == "/big":
+	case "/big":
 		b.record(r, nil, nil)
 		body := bigResponse
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
 		return
-	case r.URL.Path == "/hop":
+	case "/hop":
 		// Hop-by-hop response headers the listener must not pass on.
 		w.Header().Set("Connection", "X-Hop")
 		w.Header().Set("X-Hop", "secret")
 		w.Header().Set("Proxy-Authenticate", `Basic realm="app"`)
 		w.Header().Set("Keep-Alive", "timeout=99")
-	case r.URL.Path == "/slow":
+	case "/slow":
 		b.record(r, nil, nil)
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 		select {
@@ -461,7 +461,7 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Backend", b.name)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "hello from %s\n", b.name)
+	_, _ = fmt.Fprintf(w, "hello from %s\n", b.name)
 }
 
 func (b *backend) serveWS(w http.ResponseWriter, r *http.Request) {
@@ -478,7 +478,7 @@ func (b *backend) serveWS(w http.ResponseWriter, r *http.Request) {
 		b.mu.Lock()
 		delete(b.ws, c)
 		b.mu.Unlock()
-		c.Close()
+		_ = c.Close()
 		b.wsWG.Done()
 	}()
 	for {
@@ -645,7 +645,7 @@ func (p *proc) readyz() int {
 		return 0
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if !strings.HasPrefix(string(body), "ready") && !strings.HasPrefix(string(body), "not ready") {
 		return 0
 	}
@@ -659,7 +659,7 @@ func (p *proc) metric(t testing.TB, name string) float64 {
 	if err != nil {
 		t.Fatalf("GET /metrics: %v", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var sum float64
 	found := false
 	sc := bufio.NewScanner(resp.Body)
@@ -783,7 +783,7 @@ func (p *proc) dialTLS(cfg *tls.Config) (*tls.Conn, error) {
 	tc := tls.Client(c, cfg)
 	_ = tc.SetDeadline(time.Now().Add(waitTimeout))
 	if err := tc.Handshake(); err != nil {
-		c.Close()
+		_ = c.Close()
 		return nil, err
 	}
 	_ = tc.SetDeadline(time.Time{})
@@ -802,7 +802,7 @@ func (p *proc) raw(t testing.TB, sni string) *rawConn {
 	if err != nil {
 		t.Fatalf("TLS handshake with SNI %q: %v", sni, err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return &rawConn{Conn: c, br: bufio.NewReader(c)}
 }
 
@@ -818,7 +818,7 @@ func (r *rawConn) roundTrip(t testing.TB, req string) (*http.Response, []byte) {
 
 func (r *rawConn) tryRoundTrip(req string) (*http.Response, []byte, error) {
 	_ = r.SetDeadline(time.Now().Add(waitTimeout))
-	defer r.SetDeadline(time.Time{})
+	defer func() { _ = r.SetDeadline(time.Time{}) }()
 	if _, err := io.WriteString(r.Conn, req); err != nil {
 		return nil, nil, fmt.Errorf("write: %w", err)
 	}
@@ -831,7 +831,7 @@ func readResponse(br *bufio.Reader, method string) (*http.Response, []byte, erro
 		return nil, nil, fmt.Errorf("read response: %w", err)
 	}
 	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil {
 		return resp, body, fmt.Errorf("read body: %w", err)
 	}
@@ -876,7 +876,7 @@ func (p *proc) wsDial(t testing.TB, sni string) *websocket.Conn {
 		}
 		t.Fatalf("WebSocket dial %s: %v (status %d)", sni, err, status)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -928,7 +928,7 @@ func (p *proc) handshakeRefused(t testing.TB, cfg *tls.Config) {
 	}
 	c, err := p.dialTLS(cfg)
 	if err == nil {
-		c.Close()
+		_ = c.Close()
 		t.Fatalf("TLS handshake with SNI %q succeeded; want alert unrecognized_name", cfg.ServerName)
 	}
 	if !strings.Contains(err.Error(), "unrecognized name") {
@@ -943,7 +943,7 @@ func (p *proc) handshakeRefused(t testing.TB, cfg *tls.Config) {
 func (p *proc) handshakeErr(sni string) error {
 	c, err := p.dialTLS(tlsConfig(sni))
 	if err == nil {
-		c.Close()
+		_ = c.Close()
 	}
 	return err
 }
@@ -979,7 +979,7 @@ func get(t testing.TB, c *http.Client, url string) (*http.Response, []byte) {
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatalf("GET %s: reading body: %v", url, err)

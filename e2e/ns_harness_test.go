@@ -77,16 +77,22 @@ func nsServeApp(name, addr string, stdin io.Reader, stdout io.Writer) error {
 	srv := &http.Server{Handler: a, ReadHeaderTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintln(stdout, "ready")
+	if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
+		_ = srv.Close()
+		return err
+	}
 	_, _ = io.Copy(io.Discard, stdin) // until the test closes stdin, or dies
 	_ = srv.Close()                   // cancels the contexts of /slow
 	a.mu.Lock()
 	for c := range a.ws {
-		c.Close()
+		_ = c.Close()
 	}
 	a.mu.Unlock()
-	<-served
+	err = <-served // http.ErrServerClosed, unless serving failed before
 	a.wg.Wait()
+	if !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
 	return nil
 }
 
@@ -107,7 +113,7 @@ func (a *nsAppServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			a.mu.Lock()
 			delete(a.ws, c)
 			a.mu.Unlock()
-			c.Close()
+			_ = c.Close()
 		}()
 		for {
 			typ, msg, err := c.ReadMessage()
@@ -251,7 +257,7 @@ func nsLaunch(t testing.TB, ns *nsNamespace, name string) *nsApp {
 		close(a.done)
 	}()
 	t.Cleanup(func() {
-		stdin.Close()
+		_ = stdin.Close()
 		select {
 		case <-a.done:
 		case <-time.After(15 * time.Second):
@@ -327,7 +333,7 @@ func nsMetric(t testing.TB, p *proc, name string, want map[string]string) (sum f
 	if err != nil {
 		t.Fatalf("GET /metrics: %v", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -432,7 +438,7 @@ func nsFreshGet(t testing.TB, p *proc, sni, path string) (*http.Response, []byte
 	if err != nil {
 		t.Fatalf("TLS handshake with SNI %q: %v", sni, err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	rc := &rawConn{Conn: c, br: bufio.NewReader(c)}
 	return rc.roundTrip(t, "GET "+path+" HTTP/1.1\r\nHost: "+sni+"\r\nConnection: close\r\n\r\n")
 }

@@ -56,7 +56,7 @@ func TestShutdown(t *testing.T) {
 				return
 			}
 			b, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			done <- result{resp.StatusCode, string(b), err}
 		}()
 		eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
@@ -258,7 +258,7 @@ func TestDev(t *testing.T) {
 			return false
 		}
 		body, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		status = resp.StatusCode
 		return status == http.StatusOK
 	})

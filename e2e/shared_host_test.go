@@ -202,7 +202,7 @@ func TestSharedHostLimits(t *testing.T) {
 			bErr = err
 			return
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		rc := &rawConn{Conn: c, br: bufio.NewReader(c)}
 		bResp, bBody, bErr = rc.tryRoundTrip("GET / HTTP/1.1\r\nHost: " + e.hostB + "\r\n\r\n")
 	})
@@ -245,8 +245,8 @@ func TestSharedHostLimits(t *testing.T) {
 		// header timeout: an ingress stops waiting for a response nobody
 		// will read.
 		start := time.Now()
-		slow1.Close()
-		slow2.Close()
+		_ = slow1.Close()
+		_ = slow2.Close()
 		ok := false
 		for time.Since(start) < 5*time.Second {
 			if v, _ := nsMetric(t, p, "applistener_instance_streams_active", la); v == 0 {
@@ -309,7 +309,7 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 			t.Errorf("request %d for A after its namespace is gone: %d %q; want 502", i, resp.StatusCode, body)
 		}
 	}
-	again.Close()
+	_ = again.Close()
 	eventually(t, waitTimeout, "A's streams_active to drop to 0", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", nsInstanceLabels("a"))
 		return v == 0
@@ -323,8 +323,8 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 	nsExpectApp(t, "B after A's namespace is gone", resp, body, e.nameB)
 
 	// No leaks in the supervisor once A's streams are closed.
-	wsA.Close()
-	ka.Close()
+	_ = wsA.Close()
+	_ = ka.Close()
 	const goroutineSlack, fdSlack = 3, 2
 	var g2, fd2 float64
 	deadline := time.Now().Add(waitTimeout)
@@ -353,7 +353,7 @@ func newUnixBackend(t *testing.T, name, path string) *backend {
 	}
 	b := &backend{name: name, ws: map[*websocket.Conn]struct{}{}}
 	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.serveHTTP))
-	b.srv.Listener.Close()
+	_ = b.srv.Listener.Close()
 	b.srv.Listener = &countingListener{Listener: ln, b: b}
 	b.srv.Start()
 	t.Cleanup(b.close)

@@ -110,7 +110,7 @@ func TestSoak(t *testing.T) {
 			var ws *websocket.Conn
 			defer func() {
 				if ws != nil {
-					ws.Close()
+					_ = ws.Close()
 				}
 			}()
 			for n := 0; ctx.Err() == nil; n++ {
@@ -131,7 +131,7 @@ func TestSoak(t *testing.T) {
 						wsErrs.Add(1)
 						stableErr("WebSocket %s: %v", host, err)
 					}
-					ws.Close()
+					_ = ws.Close()
 					ws = nil
 					continue
 				}
@@ -171,7 +171,7 @@ func TestSoak(t *testing.T) {
 				}
 				gwSleepCtx(ctx, 50*time.Millisecond)
 			}
-			ws.Close()
+			_ = ws.Close()
 		}
 	})
 	// Configuration churn.
@@ -276,7 +276,7 @@ func gwNewSoakBackend(t testing.TB, name string) *gwSoakBackend {
 	t.Cleanup(func() {
 		b.mu.Lock()
 		for c := range b.ws {
-			c.Close()
+			_ = c.Close()
 		}
 		b.mu.Unlock()
 		b.srv.Close()
@@ -288,7 +288,7 @@ func gwNewSoakBackend(t testing.TB, name string) *gwSoakBackend {
 func (b *gwSoakBackend) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/ws" {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "hello from %s\n", b.name)
+		_, _ = fmt.Fprintf(w, "hello from %s\n", b.name)
 		return
 	}
 	c, err := wsUpgrader.Upgrade(w, r, nil)
@@ -303,7 +303,7 @@ func (b *gwSoakBackend) serve(w http.ResponseWriter, r *http.Request) {
 		b.mu.Lock()
 		delete(b.ws, c)
 		b.mu.Unlock()
-		c.Close()
+		_ = c.Close()
 		b.wg.Done()
 	}()
 	for {

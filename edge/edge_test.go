@@ -97,7 +97,7 @@ func newFakeSupervisor(t *testing.T, ca *tlsconf.Authority, name string) *fakeSu
 				}
 				_ = tc.SetDeadline(time.Time{})
 				s.served.Add(1)
-				fmt.Fprintf(tc, "%s %s\n", name, tc.ConnectionState().ServerName)
+				_, _ = fmt.Fprintf(tc, "%s %s\n", name, tc.ConnectionState().ServerName)
 				br := bufio.NewReader(tc)
 				for {
 					line, err := br.ReadString('\n')
@@ -137,9 +137,8 @@ func (s *fakeSupervisor) close() {
 // a Source fed by the test
 
 type fakeSource struct {
-	mu     sync.Mutex
-	feeds  map[string]chan fakeUpdate
-	refuse atomic.Bool
+	mu    sync.Mutex
+	feeds map[string]chan fakeUpdate
 }
 
 type fakeUpdate struct {

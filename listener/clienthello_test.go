@@ -118,9 +118,9 @@ func captureHello(t testing.TB, k chHelloKind) []byte {
 	go func() {
 		defer close(done)
 		_ = tls.Client(c1, chClientConfig(t, k)).Handshake()
-		c1.Close()
+		_ = c1.Close()
 	}()
-	defer func() { c2.Close(); <-done }()
+	defer func() { _ = c2.Close(); <-done }()
 	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
 	var raw, msg []byte
 	for need := -1; need < 0 || len(msg) < need; {
@@ -180,7 +180,7 @@ func chTCPPair(t testing.TB) (client, server net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	type res struct {
 		c   net.Conn
 		err error
@@ -198,7 +198,7 @@ func chTCPPair(t testing.TB) (client, server net.Conn) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	t.Cleanup(func() { client.Close(); r.c.Close() })
+	t.Cleanup(func() { _ = client.Close(); _ = r.c.Close() })
 	return client, r.c
 }
 
@@ -276,7 +276,7 @@ func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 			cres := make(chan clientResult, 1)
 			go func() {
 				tc := tls.Client(cli, chClientConfig(t, k))
-				defer tc.Close()
+				defer func() { _ = tc.Close() }()
 				var r clientResult
 				if r.err = tc.Handshake(); r.err == nil {
 					r.state = tc.ConnectionState()
@@ -335,7 +335,7 @@ func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 			if r.state.NegotiatedProtocol != wantProto {
 				t.Errorf("ALPN negotiated %q, want %q", r.state.NegotiatedProtocol, wantProto)
 			}
-			ts.Close()
+			_ = ts.Close()
 		})
 	}
 }
@@ -358,7 +358,7 @@ func TestReadClientHelloReframedReplay(t *testing.T) {
 				if err == nil {
 					_, err = tc.Write([]byte("x"))
 				}
-				tc.Close()
+				_ = tc.Close()
 				cerr <- err
 			}()
 			orig, err := ReadClientHello(srv, 64<<10)
@@ -387,7 +387,7 @@ func TestReadClientHelloReframedReplay(t *testing.T) {
 			if err := <-cerr; err != nil {
 				t.Fatal(err)
 			}
-			ts.Close()
+			_ = ts.Close()
 		})
 	}
 }
@@ -707,8 +707,8 @@ func TestReadClientHelloReadErrors(t *testing.T) {
 	}
 	// A timeout surfaces as a net.Error.
 	c1, c2 := net.Pipe()
-	defer c1.Close()
-	defer c2.Close()
+	defer func() { _ = c1.Close() }()
+	defer func() { _ = c2.Close() }()
 	_ = c2.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	_, err := ReadClientHello(c2, 0)
 	var ne net.Error
@@ -762,7 +762,7 @@ func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 				tc := tls.Client(cli, cfg)
 				r.err = tc.Handshake()
 				r.state = tc.ConnectionState()
-				tc.Close()
+				_ = tc.Close()
 				res <- r
 			}()
 			hello, err := ReadClientHello(srv, 64<<10)
@@ -775,7 +775,7 @@ func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 			if err := WriteAlert(srv, AlertUnrecognizedName); err != nil {
 				t.Fatal(err)
 			}
-			srv.Close()
+			_ = srv.Close()
 			r := <-res
 			// crypto/tls reports a received alert 112 as
 			// "remote error: tls: unrecognized name".
@@ -791,10 +791,10 @@ func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
 
 func TestPrefixConn(t *testing.T) {
 	c1, c2 := net.Pipe()
-	defer c1.Close()
+	defer func() { _ = c1.Close() }()
 	go func() {
-		c2.Write([]byte("world"))
-		c2.Close()
+		_, _ = c2.Write([]byte("world"))
+		_ = c2.Close()
 	}()
 	pc := NewPrefixConn(c1, []byte("hello "))
 	p := pc.(*PrefixConn)

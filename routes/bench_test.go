@@ -254,7 +254,7 @@ func BenchmarkExpire10k(b *testing.B) {
 // connStream is a stream whose revocation closes a connection.
 type connStream struct{ c net.Conn }
 
-func (s *connStream) Revoke(error) { s.c.Close() }
+func (s *connStream) Revoke(error) { _ = s.c.Close() }
 
 const revokeStreams = 10_000
 
@@ -283,7 +283,7 @@ func BenchmarkRevoke10kStreams(b *testing.B) {
 			}
 			return mine, func() {
 				for _, c := range theirs {
-					c.Close()
+					_ = c.Close()
 				}
 			}
 		})
@@ -307,7 +307,7 @@ func BenchmarkRevoke10kStreams(b *testing.B) {
 			b.StartTimer()
 			start := time.Now()
 			for _, c := range conns {
-				c.Close()
+				_ = c.Close()
 			}
 			total += time.Since(start)
 			b.StopTimer()
@@ -377,8 +377,8 @@ func startRevokePeer(b *testing.B) *revokePeer {
 	}
 	p := &revokePeer{in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout)}
 	b.Cleanup(func() {
-		stdin.Close()
-		cmd.Wait()
+		_ = stdin.Close()
+		_ = cmd.Wait()
 	})
 	if !p.out.Scan() {
 		b.Fatalf("peer process: no address (%v)", p.out.Err())
@@ -409,7 +409,7 @@ func (p *revokePeer) dial(b *testing.B, n int) []net.Conn {
 	if err := failed.Load(); err != nil {
 		for _, c := range conns {
 			if c != nil {
-				c.Close()
+				_ = c.Close()
 			}
 		}
 		b.Fatalf("dial: %v", err)
@@ -423,7 +423,7 @@ func (p *revokePeer) dial(b *testing.B, n int) []net.Conn {
 func (p *revokePeer) drop(b *testing.B) { p.command(b, "drop") }
 
 func (p *revokePeer) command(b *testing.B, cmd string) {
-	fmt.Fprintln(p.in, cmd)
+	_, _ = fmt.Fprintln(p.in, cmd) // a write error sticks: Flush reports it
 	if err := p.in.Flush(); err != nil {
 		b.Fatal(err)
 	}
@@ -474,11 +474,11 @@ func TestRevokePeerProcess(t *testing.T) {
 			notEOF := 0
 			var buf [1]byte
 			for _, c := range conns {
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				if _, err := c.Read(buf[:]); err != io.EOF {
 					notEOF++
 				}
-				c.Close()
+				_ = c.Close()
 			}
 			if notEOF > 0 {
 				fmt.Printf("%d of %d connections not closed by the other side\n", notEOF, len(conns))

@@ -673,7 +673,7 @@ func (s *keyScanner) object(depth int) error {
 		}
 		key := s.data[start:end]
 		for _, c := range key {
-			if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
 				return fmt.Errorf("invalid entry: field name %s not allowed (field names are lower case)", quoteShort(string(key)))
 			}
 		}

@@ -75,7 +75,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	go func() {
 		defer close(appDone)
 		if err := app.Serve(appLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintln(stderr, "demo app:", err)
+			_, _ = fmt.Fprintln(stderr, "demo app:", err)
 		}
 	}()
 	defer func() {
@@ -133,7 +133,10 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	}()
 	defer func() {
 		stopGateway()
-		<-gwDone
+		// Only waits for the gateway to stop: a failure to start is
+		// returned below, and its exit status after we stopped it is not
+		// this command's result.
+		<-gwDone //nolint:errcheck // waiting for the exit, see above
 	}()
 	var endpoint string
 	select {
@@ -177,7 +180,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		if ip == "0.0.0.0" || ip == "::" {
 			ip = "127.0.0.1"
 		}
-		fmt.Fprintf(stdout, `
+		_, _ = fmt.Fprintf(stdout, `
 applistener dev is running: the reference gateway (%[8]s) pushes routes to a
 shared-mode supervisor whose TLS listener forwards to a demo app.
   route:   https://%[1]s:%[2]s/  ->  demo app on 127.0.0.1:%[5]d

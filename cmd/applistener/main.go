@@ -43,7 +43,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, topUsage)
+		_, _ = fmt.Fprint(stderr, topUsage)
 		return 2
 	}
 	var err error
@@ -59,10 +59,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "edge":
 		err = edgeCommand(args[1:], stderr)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, topUsage)
+		_, _ = fmt.Fprint(stdout, topUsage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "applistener: unknown command %q\n%s", args[0], topUsage)
+		_, _ = fmt.Fprintf(stderr, "applistener: unknown command %q\n%s", args[0], topUsage)
 		return 2
 	}
 	var ue *usageError
@@ -72,10 +72,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "applistener %s: %s\n", args[0], ue.msg)
+		_, _ = fmt.Fprintf(stderr, "applistener %s: %s\n", args[0], ue.msg)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "applistener %s: %v\n", args[0], err)
+		_, _ = fmt.Fprintf(stderr, "applistener %s: %v\n", args[0], err)
 		return 1
 	}
 }

@@ -77,7 +77,7 @@ func routesCommand(args []string, stdout, stderr io.Writer) error {
 	switch sub {
 	case "get", "watch":
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, routesUsage)
+		_, _ = fmt.Fprint(stdout, routesUsage)
 		return nil
 	default:
 		return usagef("unknown subcommand %q: want get or watch", sub)
@@ -150,10 +150,14 @@ func printRoutes(w io.Writer, output string, s *control.RouteSnapshot, watch boo
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOSTNAME\tSUPERVISOR\tENDPOINT\tVERSION\tEXPIRES")
+	if _, err := fmt.Fprintln(tw, "HOSTNAME\tSUPERVISOR\tENDPOINT\tVERSION\tEXPIRES"); err != nil {
+		return err
+	}
 	for _, r := range s.Routes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Hostname, r.Supervisor, r.Endpoint.String(),
-			strconv.FormatUint(r.InstallationVersion, 10), r.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		if _, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Hostname, r.Supervisor, r.Endpoint.String(),
+			strconv.FormatUint(r.InstallationVersion, 10), r.ExpiresAt.UTC().Format(time.RFC3339Nano)); err != nil {
+			return err
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

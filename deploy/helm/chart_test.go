@@ -368,7 +368,7 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 			t.Errorf("the TLS Secret is mounted with subPath %q: Kubernetes never updates those, certificate renewals would be missed", m.SubPath)
 		case v.Secret == nil || v.Secret.SecretName != e.tlsSecret:
 			t.Errorf("the volume at --app-tls-dir is %+v, want Secret %q", v.VolumeSource, e.tlsSecret)
-		case len(v.Secret.Items) > 0 && !(projects(v.Secret.Items, "tls.crt", "tls.crt") && projects(v.Secret.Items, "tls.key", "tls.key")):
+		case len(v.Secret.Items) > 0 && (!projects(v.Secret.Items, "tls.crt", "tls.crt") || !projects(v.Secret.Items, "tls.key", "tls.key")):
 			t.Errorf("the TLS volume projects %+v, not tls.crt and tls.key", v.Secret.Items)
 		}
 		if args["advertise-address"] != "$(POD_IP)" {

@@ -115,7 +115,7 @@ func TestDockerfile(t *testing.T) {
 
 	// Final base: scratch or a distroless static image (the binary is
 	// static: no libc needed).
-	if final.base != "scratch" && !(strings.HasPrefix(final.base, "gcr.io/distroless/static") || strings.HasPrefix(final.base, "gcr.io/distroless/base-nossl")) {
+	if final.base != "scratch" && !strings.HasPrefix(final.base, "gcr.io/distroless/static") && !strings.HasPrefix(final.base, "gcr.io/distroless/base-nossl") {
 		t.Errorf("final stage FROM %s: want scratch or gcr.io/distroless/static*", final.base)
 	}
 
@@ -259,7 +259,7 @@ func TestBinaryIsStatic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
 			t.Errorf("the binary has a %s program header: it is dynamically linked", p.Type)

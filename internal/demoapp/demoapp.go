@@ -22,7 +22,7 @@ func Handler(name string) http.Handler {
 		if err != nil {
 			return
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		for {
 			mt, msg, err := c.ReadMessage()
 			if err != nil {
@@ -41,21 +41,21 @@ func Handler(name string) http.Handler {
 		sort.Strings(names)
 		if strings.Contains(r.Header.Get("Accept"), "text/html") {
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
-			fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>Hello from %s</h1><p>Host seen by the app: <code>%s</code></p><ul>",
+			_, _ = fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>Hello from %s</h1><p>Host seen by the app: <code>%s</code></p><ul>",
 				html.EscapeString(name), html.EscapeString(name), html.EscapeString(r.Host))
 			for _, k := range names {
-				fmt.Fprintf(w, "<li><code>%s: %s</code></li>", html.EscapeString(k), html.EscapeString(strings.Join(r.Header[k], ", ")))
+				_, _ = fmt.Fprintf(w, "<li><code>%s: %s</code></li>", html.EscapeString(k), html.EscapeString(strings.Join(r.Header[k], ", ")))
 			}
-			fmt.Fprint(w, `</ul><p>WebSocket echo: <span id=ws>connecting…</span></p><script>
+			_, _ = fmt.Fprint(w, `</ul><p>WebSocket echo: <span id=ws>connecting…</span></p><script>
 const s=new WebSocket((location.protocol==="https:"?"wss://":"ws://")+location.host+"/ws");
 s.onopen=()=>s.send("hello over the listener");s.onmessage=e=>{document.getElementById("ws").textContent="echoed: "+e.data};
 </script>`)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "Hello from %s\nHost: %s\n", name, r.Host)
+		_, _ = fmt.Fprintf(w, "Hello from %s\nHost: %s\n", name, r.Host)
 		for _, k := range names {
-			fmt.Fprintf(w, "%s: %s\n", k, strings.Join(r.Header[k], ", "))
+			_, _ = fmt.Fprintf(w, "%s: %s\n", k, strings.Join(r.Header[k], ", "))
 		}
 	})
 	return mux

@@ -64,7 +64,7 @@ func TestBlockedDestinationDropsAndCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	w := New(wr, 8, 10*time.Millisecond, true)
 	line := []byte(strings.Repeat("x", 4095) + "\n")
 	start := time.Now()
@@ -101,7 +101,7 @@ func TestBlockedDestinationDropsAndCounts(t *testing.T) {
 	}
 	go func() { _, _ = r.Read(make([]byte, 1<<20)) }()
 	w.Close(time.Second)
-	wr.Close()
+	_ = wr.Close()
 }
 
 func TestConcurrentWritersNeverInterleave(t *testing.T) {
