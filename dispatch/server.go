@@ -1056,15 +1056,11 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 
 	done := make(chan int64, 1)
 	go func() {
-		buf := c.s.bufPool.Get().(*[]byte)
-		n, _ := sp.pump(bc.conn, &sp.toClient, appPending, *buf)
-		c.s.bufPool.Put(buf)
+		n, _ := sp.pump(pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, &sp.toClient, appPending, &c.s.bufPool)
 		sp.closeBoth()
 		done <- n
 	}()
-	buf := c.s.bufPool.Get().(*[]byte)
-	up, _ := sp.pump(c.conn, &sp.toApp, clientPending, *buf)
-	c.s.bufPool.Put(buf)
+	up, _ := sp.pump(pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, &sp.toApp, clientPending, &c.s.bufPool)
 	sp.closeBoth()
 	downN := <-done
 	c.s.m.bytesToApp.Add(float64(up))

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -506,7 +507,8 @@ func TestUnitWSSplicePump(t *testing.T) {
 	sp := newWSSplice(client, client, app, time.Hour)
 	pending := wsFrame(true, 1, []byte("early"), true, 0)
 	rest := wsFrame(true, 2, patterned(5000), true, 0)
-	n, err := sp.pump(eofReader(rest), &sp.toApp, pending, make([]byte, 64))
+	pool := &sync.Pool{New: func() any { b := make([]byte, 64); return &b }}
+	n, err := sp.pump(pumpSource{r: eofReader(rest)}, &sp.toApp, pending, pool)
 	if err != nil || n != int64(len(pending)+len(rest)) {
 		t.Fatalf("pump = %d, %v", n, err)
 	}

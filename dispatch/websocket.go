@@ -263,8 +263,21 @@ func (w *wsSplice) startIdleTimer(d time.Duration) {
 	w.timerMu.Unlock()
 }
 
-// pump copies src to d until src ends or d finishes, using buf.
-func (w *wsSplice) pump(src io.Reader, d *wsDirection, pending []byte, buf []byte) (int64, error) {
+// pumpSource is one direction's input: the reader, and, for parking while
+// idle, the connection whose read deadline bounds a read (conn) and the
+// socket whose readiness is awaited (raw). Without conn and raw the
+// direction never parks.
+type pumpSource struct {
+	r    io.Reader
+	conn net.Conn
+	raw  net.Conn
+}
+
+// pump copies src to d until src ends or d finishes. It holds a pooled
+// buffer only while the stream is active: a read that waits longer than
+// parkAfter gives the buffer back and parks on the socket's readiness, so
+// idle WebSockets hold no read buffers.
+func (w *wsSplice) pump(src pumpSource, d *wsDirection, pending []byte, pool *sync.Pool) (int64, error) {
 	var total int64
 	if len(pending) > 0 {
 		finished, err := d.write(pending)
@@ -273,21 +286,46 @@ func (w *wsSplice) pump(src io.Reader, d *wsDirection, pending []byte, buf []byt
 			return total, err
 		}
 	}
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			pool.Put(bp)
+		}
+	}()
+	park := src.conn != nil && src.raw != nil
 	for {
-		n, err := src.Read(buf)
+		if bp == nil {
+			bp = pool.Get().(*[]byte)
+		}
+		if park {
+			_ = src.conn.SetReadDeadline(time.Now().Add(parkAfter))
+		}
+		n, err := src.r.Read(*bp)
 		if n > 0 {
 			w.activity.Store(time.Now().UnixNano())
-			finished, werr := d.write(buf[:n])
+			finished, werr := d.write((*bp)[:n])
 			total += int64(n)
 			if finished || werr != nil {
 				return total, werr
 			}
 		}
-		if err != nil {
-			if err == io.EOF {
-				err = nil
-			}
-			return total, err
+		if err == nil {
+			continue
 		}
+		if park && isDeadline(err) {
+			// Idle: give the buffer back and wait for the next bytes
+			// without one.
+			pool.Put(bp)
+			bp = nil
+			_ = src.conn.SetReadDeadline(time.Time{})
+			if err := waitReadable(src.raw); err != nil {
+				return total, err
+			}
+			continue
+		}
+		if err == io.EOF {
+			err = nil
+		}
+		return total, err
 	}
 }
