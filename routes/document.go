@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -185,6 +186,11 @@ func ParseDocument(data []byte) (*Document, error) {
 	results := make([]result, len(entries))
 	counts := make(map[InstanceKey]int, len(entries))
 	for i, raw := range entries {
+		if i%256 == 255 {
+			// A large document must not hold the only processor for long
+			// (GOMAXPROCS=1 deployments): let the data plane run.
+			runtime.Gosched()
+		}
 		r := &results[i]
 		spec, err := parseInstance(raw)
 		if err != nil {

@@ -3,6 +3,7 @@ package routes
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -399,6 +400,11 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 	next := make(map[string]*Route, len(old.byHost))
 	seenInstances := make(map[InstanceKey]bool, len(doc.Instances))
 	for i := range doc.Instances {
+		if i%512 == 511 {
+			// Lookups take no lock; let them run during a large change
+			// when there is a single processor.
+			runtime.Gosched()
+		}
 		spec := &doc.Instances[i]
 		key := spec.Key()
 		seenInstances[key] = true
@@ -533,16 +539,49 @@ func (t *Table) finish(revs []revocation, events []Event) int {
 	if len(revs) > 0 {
 		t.metrics.revocationSeconds.Observe(time.Since(start).Seconds())
 	}
-	for _, e := range events {
-		t.logEvent(e)
-	}
+	t.logEvents(events)
 	return total
 }
 
-func (t *Table) logEvent(e Event) {
+// maxEventLines is how many route events one change logs one by one; a
+// larger change (a 10,000-route replacement) logs one summary line at INFO
+// and the individual events at DEBUG, so that it neither floods the bounded
+// log writer nor spends the data plane's CPU on formatting.
+const maxEventLines = 64
+
+func (t *Table) logEvents(events []Event) {
+	if len(events) <= maxEventLines {
+		for _, e := range events {
+			t.logEvent(e, false)
+		}
+		return
+	}
+	counts := map[string]int{}
+	streams := 0
+	for _, e := range events {
+		counts[e.Kind]++
+		streams += e.Streams
+	}
+	t.log.LogAttrs(context.Background(), slog.LevelInfo, "routes changed",
+		slog.Int("class_uid", 5019), slog.Int("events", len(events)),
+		slog.Int("installed", counts["installed"]), slog.Int("changed", counts["changed"]),
+		slog.Int("withdrawn", counts["withdrawn"]), slog.Int("rejected", counts["rejected"]),
+		slog.Int("expired", counts["expired"]), slog.Int("stopped", counts["stopped"]),
+		slog.Int("streams_closed", streams))
+	if t.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, e := range events {
+			t.logEvent(e, true)
+		}
+	}
+}
+
+func (t *Table) logEvent(e Event, debug bool) {
 	level := slog.LevelInfo
 	msg := "route " + e.Kind
-	if e.Kind == "rejected" || e.Kind == "expired" || e.Kind == "stopped" {
+	switch {
+	case debug:
+		level = slog.LevelDebug
+	case e.Kind == "rejected" || e.Kind == "expired" || e.Kind == "stopped":
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
