@@ -1,0 +1,136 @@
+package dispatch
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
+)
+
+// BenchmarkProtocols compares small requests through the listener over
+// HTTP/1.1 (keep-alive, one connection per client worker) and HTTP/2 (all
+// workers multiplexed on net/http's HTTP/2 client), with the same real TLS,
+// route table and backend; req/s is reported for each, side by side.
+//
+//	go test -run XXX -bench Protocols ./dispatch/
+func BenchmarkProtocols(b *testing.B) {
+	for _, proto := range []string{"http1", "http2"} {
+		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto) })
+	}
+}
+
+func benchProtocol(b *testing.B, proto string) {
+	discard := slog.New(slog.DiscardHandler)
+	ca, err := tlsconf.NewAuthority("protocol bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		b.Fatal(err)
+	}
+	app := newSharedBenchApp(b)
+	defer app.close()
+	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": []any{map[string]any{
+		"workspace": "team", "sandbox": "s0",
+		"services": []any{map[string]any{"name": "web", "port": app.port()}},
+	}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	doc, err := routes.ParseDocument(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
+	defer table.Close()
+	table.Apply(doc)
+
+	srv := New(Config{Logger: discard})
+	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	lis := listener.New(tcpLn, listener.Config{
+		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
+		Routes:  table,
+		Handler: srv,
+		Logger:  discard,
+	})
+	served := make(chan error, 1)
+	go func() { served <- lis.Serve() }()
+
+	host := sharedBenchHost(0)
+	tr := &http.Transport{
+		TLSClientConfig:     &tls.Config{ServerName: host, RootCAs: ca.Pool()},
+		MaxIdleConnsPerHost: 64,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", tcpLn.Addr().String())
+		},
+		Protocols: new(http.Protocols),
+	}
+	if proto == "http2" {
+		tr.Protocols.SetHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	client := &http.Client{Transport: tr, Timeout: sharedBenchTimeout}
+	defer func() {
+		tr.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := lis.Shutdown(ctx); err != nil {
+			b.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			b.Errorf("serve: %v", err)
+		}
+	}()
+	url := "https://" + host + "/bench"
+	get := func() error {
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return &parseError{resp.StatusCode, "unexpected status"}
+		}
+		if want := proto == "http2"; (resp.ProtoMajor == 2) != want {
+			return &parseError{500, "wrong protocol " + resp.Proto}
+		}
+		return nil
+	}
+	if err := get(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetParallelism(sharedBenchParallelism)
+	start := time.Now()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := get(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+}
