@@ -8,16 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control"
 	"github.com/applistener/applistener/edge"
 	"github.com/applistener/applistener/internal/logsink"
@@ -118,11 +115,8 @@ func edgeCommand(args []string, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
-	defer sink.Close(2 * time.Second)
-	logger := newLogger(o.logFormat, o.logLevel, sink)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	defer done()
 	return runEdge(ctx, &o, logger, sink, nil)
 }
 
@@ -163,23 +157,11 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 
-	var adm *admin.Server
-	if o.adminAddress != "" {
-		adm, err = admin.New(o.adminAddress, reg, e.Ready, logger)
-		if err != nil {
-			return err
-		}
-		wg.Go(func() {
-			if err := adm.Serve(); err != nil {
-				logger.Error("admin server stopped", "err", err)
-			}
-		})
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_ = adm.Shutdown(sctx)
-		}()
+	adm, err := startAdmin(&wg, o.adminAddress, reg, e.Ready, logger, nil)
+	if err != nil {
+		return err
 	}
+	defer adm.Stop()
 	ln, err := net.Listen("tcp", o.address)
 	if err != nil {
 		return fmt.Errorf("edge listener: %w", err)
@@ -187,10 +169,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 	wg.Go(func() { e.Run(bg) })
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- e.Serve(ln) })
-	admAddr := ""
-	if adm != nil {
-		admAddr = adm.Addr().String()
-	}
+	admAddr := adm.Addr()
 	logger.Info("edge listening", "address", ln.Addr().String(), "gateway", o.gateway, "workspaces", o.wsList,
 		"admin_address", admAddr)
 	if onStarted != nil {

@@ -11,18 +11,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control"
-	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/tlsconf"
 )
 
@@ -120,11 +116,8 @@ func gatewayCommand(args []string, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
-	defer sink.Close(2 * time.Second)
-	logger := newLogger(o.logFormat, o.logLevel, sink)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx, logger, _, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	defer done()
 	return runGateway(ctx, &o, logger, nil)
 }
 
@@ -187,23 +180,11 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
 
-	var adm *admin.Server
-	if o.adminAddress != "" {
-		adm, err = admin.New(o.adminAddress, reg, func() (bool, string) { return true, "" }, logger)
-		if err != nil {
-			return err
-		}
-		wg.Go(func() {
-			if err := adm.Serve(); err != nil {
-				logger.Error("admin server stopped", "err", err)
-			}
-		})
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_ = adm.Shutdown(sctx)
-		}()
+	adm, err := startAdmin(&wg, o.adminAddress, reg, func() (bool, string) { return true, "" }, logger, nil)
+	if err != nil {
+		return err
 	}
+	defer adm.Stop()
 
 	ln, err := net.Listen("tcp", o.address)
 	if err != nil {
@@ -217,10 +198,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 	wg.Go(func() { gw.Run(bg) })
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
-	admAddr := ""
-	if adm != nil {
-		admAddr = adm.Addr().String()
-	}
+	admAddr := adm.Addr()
 	logger.Info("gateway listening", "address", ln.Addr().String(), "tls", o.tlsDir != "", "push", !o.noPush,
 		"keepalive", o.keepalive, "config", o.configFile, "tokens", o.tokensFile, "admin_address", admAddr)
 	if onStarted != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -231,11 +232,8 @@ func serveCommand(args []string, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
-	defer sink.Close(2 * time.Second)
-	logger := newLogger(o.logFormat, o.logLevel, sink)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	defer done()
 	if o.parentLiveness {
 		ctx = watchParentLiveness(ctx, os.Stdin, logger)
 	}
@@ -463,22 +461,13 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			wg.Go(func() { adv.Run(bg) })
 		}
 	}
-	var adm *admin.Server
-	if o.adminAddress != "" {
-		var err error
-		adm, err = admin.New(o.adminAddress, reg, ready, logger)
-		if err != nil {
-			if appLn != nil {
-				_ = appLn.Shutdown(context.Background())
-			}
-			return err
+	adm, err := startAdmin(&wg, o.adminAddress, reg, ready, logger,
+		map[string]http.Handler{"GET /v1/installations": control.InstallationsHandler(table, endpoint)})
+	if err != nil {
+		if appLn != nil {
+			_ = appLn.Shutdown(context.Background())
 		}
-		adm.Handle("GET /v1/installations", control.InstallationsHandler(table, endpoint))
-		wg.Go(func() {
-			if err := adm.Serve(); err != nil {
-				logger.Error("admin server stopped", "err", err)
-			}
-		})
+		return err
 	}
 	var health *admin.HealthListener
 	if o.healthAddress != "" {
@@ -511,12 +500,9 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	if appLn != nil {
 		wg.Go(func() { serveErr <- appLn.Serve() })
 	}
-	appAddr, admAddr := "", ""
+	appAddr, admAddr := "", adm.Addr()
 	if appLn != nil {
 		appAddr = appLn.Addr().String()
-	}
-	if adm != nil {
-		admAddr = adm.Addr().String()
 	}
 	logger.Info("applistener started", "mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
 		"admin_address", admAddr, "domain", o.appDomain, "route_freshness", o.freshness)
@@ -542,11 +528,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		cancel()
 	}
 	cancelBG()
-	if adm != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = adm.Shutdown(sctx)
-		cancel()
-	}
+	adm.Stop()
 	logger.Info("stopped")
 	return runErr
 }
