@@ -430,7 +430,7 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 	for {
 		frag, err := br.ReadSlice('\n')
 		if len(buf)+len(frag) > max {
-			return nil, fmt.Errorf("push line larger than %d bytes", max)
+			return nil, fmt.Errorf("NDJSON line larger than %d bytes", max)
 		}
 		if err == nil {
 			if buf == nil {

@@ -645,19 +645,8 @@ func (g *Gateway) authorizeWorkspace(w http.ResponseWriter, r *http.Request, end
 }
 
 func (g *Gateway) serveServiceRoutes(w http.ResponseWriter, r *http.Request) {
-	endpoint := gwEndpointDiscovery
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
-		return
-	}
-	var watch bool
-	switch r.URL.Query().Get("watch") {
-	case "", "0", "false":
-	case "1", "true":
-		watch, endpoint = true, gwEndpointDiscoveryWatch
-	default:
-		g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
+	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointDiscovery, gwEndpointDiscoveryWatch)
+	if !ok {
 		return
 	}
 	ws := r.PathValue("ws")

@@ -480,7 +480,7 @@ func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*Rou
 	defer idle.Stop()
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {
-		line, err := discReadLine(br, MaxDiscoverySnapshotBytes)
+		line, err := readLine(br, MaxDiscoverySnapshotBytes)
 		if err != nil {
 			silentMu.Lock()
 			wasSilent := silent
@@ -582,26 +582,4 @@ func discIsKeepalive(line []byte) bool {
 		Keepalive bool `json:"keepalive"`
 	}
 	return json.Unmarshal(line, &k) == nil && k.Keepalive && bytes.Count(line, []byte(":")) == 1
-}
-
-// discReadLine reads one NDJSON line of at most limit bytes.
-func discReadLine(br *bufio.Reader, limit int) ([]byte, error) {
-	var buf []byte
-	for {
-		frag, err := br.ReadSlice('\n')
-		if len(buf)+len(frag) > limit {
-			return nil, fmt.Errorf("line larger than %d bytes", limit)
-		}
-		if err == nil {
-			if buf == nil {
-				return frag, nil
-			}
-			return append(buf, frag...), nil
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			buf = append(buf, frag...)
-			continue
-		}
-		return nil, err
-	}
 }

@@ -417,7 +417,7 @@ func (f *discFixture) watch(ws, token string) *discWatch {
 		defer close(w.lines)
 		br := bufio.NewReaderSize(resp.Body, 1<<20)
 		for {
-			line, err := discReadLine(br, 64<<20)
+			line, err := readLine(br, 64<<20)
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					w.err = err

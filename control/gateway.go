@@ -539,20 +539,28 @@ func bearerToken(h http.Header) (string, bool) {
 	return token, token != ""
 }
 
-func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
-	endpoint := gwEndpointConfig
+// getOrWatch checks that r is a GET and reads its watch parameter; it
+// answers the request itself (405, 400) and returns ok=false when not.
+func (g *Gateway) getOrWatch(w http.ResponseWriter, r *http.Request, getEndpoint, watchEndpoint string) (watch bool, endpoint string, ok bool) {
+	endpoint = getEndpoint
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
-		return
+		return false, endpoint, false
 	}
-	var watch bool
 	switch r.URL.Query().Get("watch") {
 	case "", "0", "false":
+		return false, endpoint, true
 	case "1", "true":
-		watch, endpoint = true, gwEndpointWatch
-	default:
-		g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
+		return true, watchEndpoint, true
+	}
+	g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
+	return false, endpoint, false
+}
+
+func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
+	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointConfig, gwEndpointWatch)
+	if !ok {
 		return
 	}
 	sup := r.PathValue("id")
