@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -584,7 +583,7 @@ func (e *Edge) refuseHello(c net.Conn, err error) {
 	switch {
 	case errors.Is(err, listener.ErrNotTLS):
 		e.m.conns.WithLabelValues(resultNotTLS).Inc()
-		_, _ = io.WriteString(c, plainHTTPAnswer)
+		_, _ = io.WriteString(c, listener.PlainHTTPAnswer)
 	case errors.As(err, &che):
 		e.m.conns.WithLabelValues(resultBadHello).Inc()
 		_ = listener.WriteAlert(c, che.Alert)
@@ -597,11 +596,6 @@ func (e *Edge) refuseHello(c net.Conn, err error) {
 	}
 	e.log.Log(context.Background(), lvl, "edge refused client hello", "src", c.RemoteAddr().String(), "err", err)
 }
-
-const plainHTTPBody = "400 Bad Request: this port only speaks TLS\n"
-
-var plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
-	strconv.Itoa(len(plainHTTPBody)) + "\r\n\r\n" + plainHTTPBody
 
 func truncate(s string, n int) string {
 	if len(s) > n {

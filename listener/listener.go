@@ -193,7 +193,7 @@ func (l *Listener) refuseHello(raw net.Conn, err error) {
 	switch {
 	case errors.Is(err, ErrNotTLS):
 		l.m.rejections.WithLabelValues("not_tls").Inc()
-		_, _ = io.WriteString(raw, plainHTTPAnswer)
+		_, _ = io.WriteString(raw, PlainHTTPAnswer)
 	case errors.As(err, &che):
 		l.m.rejections.WithLabelValues("malformed_hello").Inc()
 		_ = WriteAlert(raw, che.Alert)
@@ -203,10 +203,10 @@ func (l *Listener) refuseHello(raw net.Conn, err error) {
 	l.log.Debug("client hello refused", "src", raw.RemoteAddr().String(), "err", err)
 }
 
-const plainHTTPBody = "400 Bad Request: this port only speaks HTTPS\n"
+const plainHTTPBody = "400 Bad Request: this port only speaks TLS\n"
 
-// plainHTTPAnswer is written to a client that sent plain HTTP to the TLS port.
-var plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+// PlainHTTPAnswer is written to a client that sent plain HTTP to a TLS port.
+var PlainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
 	strconv.Itoa(len(plainHTTPBody)) + "\r\n\r\n" + plainHTTPBody
 
 func truncate(s string, n int) string {
