@@ -121,6 +121,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 	}
 	var last fileIdentity
 	var lastRead time.Time
+	var lastGood []byte // the bytes of the document last applied
 	var lastErr string
 	report := func(msg string, err error) {
 		// Log a failure once per distinct error, not every poll.
@@ -150,6 +151,19 @@ func (s *FileSource) Run(ctx context.Context) error {
 				report("routes file unreadable", rerr)
 				break
 			}
+			if lastGood != nil && bytes.Equal(data, lastGood) {
+				// The document that is installed, read again: a renewal.
+				// Re-parsing a large document every refresh would only burn
+				// the data plane's CPU.
+				last, lastRead = id, time.Now()
+				if lastErr != "" {
+					log.Info("routes file readable again", "path", s.Path)
+					lastErr = ""
+				}
+				s.Sink.Renew()
+				s.Metrics.delivery("file", "renewed")
+				break
+			}
 			doc, perr := routes.ParseDocument(data)
 			if perr != nil {
 				s.Metrics.delivery("file", "unparsable")
@@ -164,6 +178,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 				log.Info("routes file readable again", "path", s.Path)
 				lastErr = ""
 			}
+			lastGood = data
 			res := s.Sink.Apply(doc)
 			s.Metrics.delivery("file", "applied")
 			if changed || len(doc.Rejected) > 0 && res.Rejected > 0 {

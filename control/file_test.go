@@ -1,0 +1,123 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// countingSink records deliveries.
+type countingSink struct {
+	mu        sync.Mutex
+	applied   []string // document revisions
+	renewals  int
+	instances int
+}
+
+func (c *countingSink) Apply(doc *routes.Document) routes.ApplyResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.applied = append(c.applied, doc.Revision)
+	c.instances = len(doc.Instances)
+	return routes.ApplyResult{}
+}
+
+func (c *countingSink) Renew() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.renewals++
+}
+
+func (c *countingSink) snapshot() ([]string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.applied...), c.renewals
+}
+
+func writeAtomic(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func eventuallyTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+const fileDoc = `{"revision":"%s","instances":[{"workspace":"team","sandbox":"demo","services":[{"name":"web","port":8080}]}]}`
+
+// The routes file: a change is applied; re-reading the same document is a
+// renewal without re-applying it; an unparsable or missing file delivers
+// nothing (so routes go stale on time).
+func TestFileSourceDeliveries(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "routes.json")
+	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r1"))
+	sink := &countingSink{}
+	metrics := NewMetrics(nil)
+	src := &FileSource{Path: path, Sink: sink, Refresh: 30 * time.Millisecond, Poll: 10 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler), Metrics: metrics}
+	seen := func(result string) float64 {
+		return testutil.ToFloat64(metrics.deliveries.WithLabelValues("file", result))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	eventuallyTrue(t, "r1 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 1 && a[0] == "r1" })
+	eventuallyTrue(t, "renewals by re-reading", func() bool { _, r := sink.snapshot(); return r >= 3 })
+	if a, _ := sink.snapshot(); len(a) != 1 {
+		t.Fatalf("the unchanged document was applied again: %v", a)
+	}
+
+	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r2"))
+	eventuallyTrue(t, "r2 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 2 && a[1] == "r2" })
+
+	// Unparsable: no apply, no renewal.
+	writeAtomic(t, path, `{"revision": "r3", "instances": [`)
+	eventuallyTrue(t, "the unparsable file read", func() bool { return seen("unparsable") >= 1 })
+	a0, r0 := sink.snapshot()
+	for range 10 {
+		time.Sleep(20 * time.Millisecond)
+		if a, r := sink.snapshot(); len(a) != len(a0) || r != r0 {
+			t.Fatalf("an unparsable file delivered something: applied %v renewals %d→%d", a, r0, r)
+		}
+	}
+
+	// Missing: no apply, no renewal; back: applied again.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "the file seen missing", func() bool { return seen("missing") >= 1 })
+	a0, r0 = sink.snapshot()
+	for range 10 {
+		time.Sleep(20 * time.Millisecond)
+		if a, r := sink.snapshot(); len(a) != len(a0) || r != r0 {
+			t.Fatalf("a missing file delivered something: applied %v renewals %d→%d", a, r0, r)
+		}
+	}
+	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r4"))
+	eventuallyTrue(t, "r4 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 3 && a[2] == "r4" })
+}
