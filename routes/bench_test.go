@@ -3,12 +3,14 @@ package routes
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -507,4 +509,55 @@ func TestRevokePeerProcess(t *testing.T) {
 		}
 	}
 	os.Exit(0)
+}
+
+// BenchmarkReplace10kLag parses and applies a 10,000-instance document on
+// one processor (GOMAXPROCS=1) while a goroutine that wakes every 500 µs
+// measures how late it runs: the longest lag is what a request would wait
+// for the route table's work. Reported as max-lag-ms next to ns/op.
+//
+//	go test -run XXX -bench Replace10kLag ./routes/
+func BenchmarkReplace10kLag(b *testing.B) {
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	list := make([]map[string]any, 10000)
+	for i := range list {
+		list[i] = map[string]any{"workspace": "team", "sandbox": "s" + strconv.Itoa(i),
+			"services": []any{map[string]any{"name": "web", "port": 8080}}}
+	}
+	raw, err := json.Marshal(map[string]any{"revision": "lag", "instances": list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var worst time.Duration
+	for b.Loop() {
+		table := NewTable(Options{Domain: "apps.test", Logger: slog.New(slog.DiscardHandler)})
+		var maxLag atomic.Int64
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			last := time.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(500 * time.Microsecond):
+				}
+				if d := int64(time.Since(last)); d > maxLag.Load() {
+					maxLag.Store(d)
+				}
+				last = time.Now()
+			}
+		}()
+		doc, err := ParseDocument(raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		table.Apply(doc)
+		close(stop)
+		<-done
+		table.Close()
+		worst = max(worst, time.Duration(maxLag.Load()))
+	}
+	b.ReportMetric(float64(worst)/float64(time.Millisecond), "max-lag-ms")
 }
