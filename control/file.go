@@ -210,7 +210,11 @@ func readLimited(path string, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
+	// Size the buffer from the file once instead of doubling it.
 	var buf bytes.Buffer
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size() <= limit {
+		buf.Grow(int(fi.Size()) + 1)
+	}
 	n, err := io.Copy(&buf, io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
