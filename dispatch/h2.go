@@ -102,33 +102,6 @@ func (s *Server) h2GoAway() {
 	_ = base.Shutdown(context.Background())
 }
 
-// trackH2 registers an HTTP/2 connection for drain; false while draining.
-func (s *Server) trackH2(hc *h2Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.draining.Load() {
-		return false
-	}
-	if s.h2conns == nil {
-		s.h2conns = make(map[*h2Conn]struct{})
-	}
-	s.h2conns[hc] = struct{}{}
-	return true
-}
-
-func (s *Server) untrackH2(hc *h2Conn) {
-	s.mu.Lock()
-	delete(s.h2conns, hc)
-	n := len(s.conns) + len(s.h2conns)
-	s.mu.Unlock()
-	if n == 0 && s.draining.Load() {
-		select {
-		case s.idleCh <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // routePool returns the route's backend pool, the one the HTTP/1.1 path
 // uses (same creation as clientConn.pool).
 func (s *Server) routePool(route *routes.Route) *backendPool {
@@ -154,19 +127,11 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route) {
 	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
 	hc.peer, hc.trusted = s.peerOf(raw)
-	if !s.trackH2(hc) {
-		_ = raw.Close()
+	release, ok := admit(s, &s.h2conns, hc, raw, route)
+	if !ok {
 		return
 	}
-	defer s.untrackH2(hc)
-	if !route.Lease.Attach(hc) {
-		// Revoked between the handshake and now.
-		_ = raw.Close()
-		return
-	}
-	defer route.Lease.Detach(hc)
-	s.m.connsActive.Inc()
-	defer s.m.connsActive.Dec()
+	defer release()
 
 	srv, base := s.h2Server()
 	// Deadlines left by the handshake would end the connection; x/net

@@ -167,20 +167,57 @@ func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *route
 		in:    inbuf{src: conn, pool: &s.bufPool},
 	}
 	c.peer, c.trusted = s.peerOf(raw)
-	if !s.track(c) {
-		_ = raw.Close()
+	release, ok := admit(s, &s.conns, c, raw, route)
+	if !ok {
 		return
 	}
-	defer s.untrack(c)
+	defer release()
+	c.serve()
+}
+
+// admit registers a client connection in set (for drain) and on its
+// route's lease (for revocation), and counts it. It closes raw and returns
+// false while draining or when the route was revoked after the handshake;
+// release undoes everything.
+func admit[C interface {
+	comparable
+	routes.Stream
+}](s *Server, set *map[C]struct{}, c C, raw net.Conn, route *routes.Route) (release func(), ok bool) {
+	s.mu.Lock()
+	if s.draining.Load() {
+		s.mu.Unlock()
+		_ = raw.Close()
+		return nil, false
+	}
+	if *set == nil {
+		*set = make(map[C]struct{})
+	}
+	(*set)[c] = struct{}{}
+	s.mu.Unlock()
+	untrack := func() {
+		s.mu.Lock()
+		delete(*set, c)
+		n := len(s.conns) + len(s.h2conns)
+		s.mu.Unlock()
+		if n == 0 && s.draining.Load() {
+			select {
+			case s.idleCh <- struct{}{}:
+			default:
+			}
+		}
+	}
 	if !route.Lease.Attach(c) {
 		// Revoked between the handshake and now.
 		_ = raw.Close()
-		return
+		untrack()
+		return nil, false
 	}
-	defer route.Lease.Detach(c)
 	s.m.connsActive.Inc()
-	defer s.m.connsActive.Dec()
-	c.serve()
+	return func() {
+		s.m.connsActive.Dec()
+		route.Lease.Detach(c)
+		untrack()
+	}, true
 }
 
 // peerOf returns the client address of raw and whether it is a trusted proxy.
@@ -196,29 +233,6 @@ func (s *Server) peerOf(raw net.Conn) (netip.Addr, bool) {
 		}
 	}
 	return peer, false
-}
-
-func (s *Server) track(c *clientConn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.draining.Load() {
-		return false
-	}
-	s.conns[c] = struct{}{}
-	return true
-}
-
-func (s *Server) untrack(c *clientConn) {
-	s.mu.Lock()
-	delete(s.conns, c)
-	n := len(s.conns) + len(s.h2conns)
-	s.mu.Unlock()
-	if n == 0 && s.draining.Load() {
-		select {
-		case s.idleCh <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // Connections returns the number of client connections being served,
