@@ -250,32 +250,7 @@ func (f *discFixture) do(method, path, token string, body io.Reader) (*http.Resp
 // metric returns the value of a counter or gauge with the given labels.
 func (f *discFixture) metric(name string, labels ...string) float64 {
 	f.t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	return gatheredValue(f.t, f.reg, name, labels...)
 }
 
 // discRoute is an installation for put.

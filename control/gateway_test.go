@@ -231,32 +231,7 @@ func (f *gwFixture) do(method, path, token string, body io.Reader, header ...str
 // include labels (name=value pairs), or 0.
 func (f *gwFixture) metric(name string, labels ...string) float64 {
 	f.t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	return gatheredValue(f.t, f.reg, name, labels...)
 }
 
 // gwLine is one line of a watch stream and when it arrived.
@@ -949,4 +924,36 @@ func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "write failed") {
 		t.Errorf("no log of the failed write:\n%.2000s", f.logs)
 	}
+}
+
+// gatheredValue returns the value of the counter or gauge name in g whose
+// labels include labels (name=value pairs), or 0.
+func gatheredValue(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }
