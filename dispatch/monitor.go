@@ -23,7 +23,7 @@ func WatchConnectors(ctx context.Context, table *routes.Table, interval time.Dur
 	defer t.Stop()
 	for {
 		seen := map[routes.InstanceKey]bool{}
-		for _, r := range table.Snapshot().Routes() {
+		for r := range table.Snapshot().All() {
 			if seen[r.Instance.Key] {
 				continue
 			}

@@ -561,3 +561,84 @@ func BenchmarkReplace10kLag(b *testing.B) {
 	}
 	b.ReportMetric(float64(worst)/float64(time.Millisecond), "max-lag-ms")
 }
+
+// BenchmarkReplace10kNetworkLag parses and applies a 10,000-instance
+// document on one processor (GOMAXPROCS=1) while two goroutines play
+// ping-pong over a loopback TCP connection: every round trip needs the
+// runtime's network poller, so the longest round trip is how long a
+// connection whose bytes have arrived waits for the route table's work
+// (a timer-woken goroutine, as in BenchmarkReplace10kLag, is favoured by the
+// scheduler and does not show this). Reported as max-rtt-ms.
+//
+//	go test -run XXX -bench Replace10kNetworkLag ./routes/
+func BenchmarkReplace10kNetworkLag(b *testing.B) {
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	list := make([]map[string]any, 10000)
+	for i := range list {
+		list[i] = map[string]any{"workspace": "team", "sandbox": "s" + strconv.Itoa(i),
+			"services": []any{map[string]any{"name": "web", "port": 8080}}}
+	}
+	raw, err := json.Marshal(map[string]any{"revision": "lag", "instances": list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	serverDone := make(chan struct{})
+	go func() { // echo server
+		defer close(serverDone)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer func() { _ = c.Close() }()
+		_, _ = io.Copy(c, c)
+	}()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var worst time.Duration
+	for b.Loop() {
+		table := NewTable(Options{Domain: "apps.test", Logger: slog.New(slog.DiscardHandler)})
+		var maxRTT atomic.Int64
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { // ping-pong until stopped
+			defer close(done)
+			var one [1]byte
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				if _, err := client.Write(one[:]); err != nil {
+					return
+				}
+				if _, err := io.ReadFull(client, one[:]); err != nil {
+					return
+				}
+				if d := int64(time.Since(t0)); d > maxRTT.Load() {
+					maxRTT.Store(d)
+				}
+			}
+		}()
+		doc, err := ParseDocument(raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		table.Apply(doc)
+		close(stop)
+		<-done
+		table.Close()
+		worst = max(worst, time.Duration(maxRTT.Load()))
+	}
+	_ = client.Close()
+	<-serverDone
+	b.ReportMetric(float64(worst)/float64(time.Millisecond), "max-rtt-ms")
+}

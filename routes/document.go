@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/netip"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -169,7 +168,9 @@ type RejectedInstance struct {
 // when two or more entries name the same workspace/sandbox, all of them are
 // rejected.
 func ParseDocument(data []byte) (*Document, error) {
-	revision, entries, err := parseTopLevel(data)
+	y := newYielder()
+	defer y.close()
+	revision, entries, err := parseTopLevel(data, y)
 	if err != nil {
 		return nil, err
 	}
@@ -186,11 +187,7 @@ func ParseDocument(data []byte) (*Document, error) {
 	results := make([]result, len(entries))
 	counts := make(map[InstanceKey]int, len(entries))
 	for i, raw := range entries {
-		if i%256 == 255 {
-			// A large document must not hold the only processor for long
-			// (GOMAXPROCS=1 deployments): let the data plane run.
-			runtime.Gosched()
-		}
+		y.step()
 		r := &results[i]
 		spec, err := parseInstance(raw)
 		if err != nil {
@@ -204,7 +201,9 @@ func ParseDocument(data []byte) (*Document, error) {
 			counts[r.key]++
 		}
 	}
+	doc.Instances = make([]InstanceSpec, 0, len(results))
 	for i := range results {
+		y.step()
 		r := &results[i]
 		if r.reason == "" && counts[r.key] > 1 {
 			r.reason = oneLine("duplicate instance " + r.key.String())
@@ -224,21 +223,25 @@ func ParseDocument(data []byte) (*Document, error) {
 }
 
 // parseTopLevel checks the document's top level and returns its revision and
-// its instance entries (sub-slices of data).
-func parseTopLevel(data []byte) (string, [][]byte, error) {
+// its instance entries (sub-slices of data). It validates the JSON one value
+// at a time (each entry on its own) rather than the whole document at once,
+// stepping aside through y between entries, so that a large document never
+// holds the processor for long; the document is accepted only if it is one
+// valid JSON value, exactly as json.Valid would decide, and an invalid one
+// is reported by invalidJSON before any other error.
+func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 	if len(data) > MaxDocumentBytes {
 		return "", nil, fmt.Errorf("document: %d bytes, larger than the limit of %d", len(data), MaxDocumentBytes)
 	}
 	if !utf8.Valid(data) {
 		return "", nil, errors.New("document: not valid UTF-8")
 	}
-	if !json.Valid(data) {
-		return "", nil, invalidJSON(data)
-	}
-	// data is one valid JSON value from here on.
 	s := keyScanner{data: data}
 	s.skipSpace()
 	if s.peek() != '{' {
+		if !json.Valid(data) {
+			return "", nil, invalidJSON(data)
+		}
 		return "", nil, errors.New("document: top level must be a JSON object")
 	}
 	s.pos++
@@ -247,61 +250,117 @@ func parseTopLevel(data []byte) (string, [][]byte, error) {
 		entries      [][]byte
 		seenRevision bool
 		seenEntries  bool
+		semantic     error // the first error other than invalid JSON
 	)
-	for {
-		s.skipSpace()
-		if s.peek() == '}' {
-			break
+	// value consumes one JSON value and reports whether it is valid.
+	value := func() ([]byte, bool) {
+		start := s.pos
+		s.skipValue()
+		v := data[start:s.pos]
+		return v, len(v) > 0 && json.Valid(v)
+	}
+	fail := func(err error) {
+		if semantic == nil {
+			semantic = err
 		}
-		start, end, _ := s.str()
-		key := string(data[start:end])
-		s.skipSpace()
-		s.pos++ // ':'
-		s.skipSpace()
-		switch key {
-		case "revision":
-			if seenRevision {
-				return "", nil, errors.New(`document: duplicate field "revision"`)
-			}
-			seenRevision = true
+	}
+	s.skipSpace()
+	if s.peek() == '}' {
+		s.pos++
+	} else {
+		for {
+			s.skipSpace()
 			if s.peek() != '"' {
-				return "", nil, errors.New(`document: "revision" must be a string`)
+				return "", nil, invalidJSON(data)
 			}
-			vstart := s.pos
-			s.skipValue()
-			if err := json.Unmarshal(data[vstart:s.pos], &revision); err != nil {
-				return "", nil, fmt.Errorf("document: revision: %w", err)
+			quoted := s.pos
+			start, end, err := s.str()
+			if err != nil || !json.Valid(data[quoted:s.pos]) {
+				return "", nil, invalidJSON(data)
 			}
-		case "instances":
-			if seenEntries {
-				return "", nil, errors.New(`document: duplicate field "instances"`)
-			}
-			seenEntries = true
-			if s.peek() != '[' {
-				return "", nil, errors.New(`document: "instances" must be an array`)
+			key := string(data[start:end])
+			s.skipSpace()
+			if s.peek() != ':' {
+				return "", nil, invalidJSON(data)
 			}
 			s.pos++
-			for {
+			s.skipSpace()
+			switch {
+			case key == "instances" && !seenEntries && s.peek() == '[':
+				seenEntries = true
+				s.pos++
 				s.skipSpace()
 				if s.peek() == ']' {
 					s.pos++
 					break
 				}
-				vstart := s.pos
-				s.skipValue()
-				entries = append(entries, data[vstart:s.pos])
-				s.skipSpace()
-				if s.peek() == ',' {
+				for {
+					s.skipSpace()
+					v, ok := value()
+					if !ok {
+						return "", nil, invalidJSON(data)
+					}
+					entries = append(entries, v)
+					y.step()
+					s.skipSpace()
+					if s.peek() == ',' {
+						s.pos++
+						continue
+					}
+					if s.peek() != ']' {
+						return "", nil, invalidJSON(data)
+					}
 					s.pos++
+					break
+				}
+			default:
+				isString := s.peek() == '"'
+				v, ok := value()
+				if !ok {
+					return "", nil, invalidJSON(data)
+				}
+				switch key {
+				case "instances":
+					if seenEntries {
+						fail(errors.New(`document: duplicate field "instances"`))
+					} else {
+						seenEntries = true
+						fail(errors.New(`document: "instances" must be an array`))
+					}
+				case "revision":
+					switch {
+					case seenRevision:
+						fail(errors.New(`document: duplicate field "revision"`))
+					case !isString:
+						fail(errors.New(`document: "revision" must be a string`))
+					default:
+						if err := json.Unmarshal(v, &revision); err != nil {
+							fail(fmt.Errorf("document: revision: %w", err))
+						}
+					}
+					seenRevision = true
+				default:
+					fail(fmt.Errorf("document: unknown field %s", quoteShort(key)))
 				}
 			}
-		default:
-			return "", nil, fmt.Errorf("document: unknown field %s", quoteShort(key))
-		}
-		s.skipSpace()
-		if s.peek() == ',' {
+			s.skipSpace()
+			if s.peek() == ',' {
+				s.pos++
+				continue
+			}
+			if s.peek() != '}' {
+				return "", nil, invalidJSON(data)
+			}
 			s.pos++
+			break
 		}
+	}
+	s.skipSpace()
+	if s.pos != len(data) {
+		return "", nil, invalidJSON(data)
+	}
+	if semantic != nil {
+		return "", nil, semantic
 	}
 	if !seenEntries {
 		return "", nil, errors.New(`document: "instances" is missing`)

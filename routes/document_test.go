@@ -575,3 +575,61 @@ func BenchmarkParseDocument10000(b *testing.B) {
 		}
 	}
 }
+
+// TestParseDocumentInvalidJSON checks that the incremental validation of
+// the top level refuses exactly what json.Valid refuses, with the same
+// message as a whole-document check, and that an invalid document is
+// reported as such before any other error.
+func TestParseDocumentInvalidJSON(t *testing.T) {
+	for _, in := range []string{
+		`{"instances":[1,]}`,
+		`{"instances":[1 2]}`,
+		`{"instances":[{"a":1}}]}`,
+		`{"instances":[{"a":[1}]}`,
+		`{"instances":[],}`,
+		`{"instances" []}`,
+		`{"instances":[]`,
+		`{"instances":[]}}`,
+		`{"instances":[]} x`,
+		`{"instances":[]}{}`,
+		`{,}`,
+		`{"revision":"x" "instances":[]}`,
+		`{"\x":1,"instances":[]}`,
+		`{"revision":"\u12","instances":[]}`,
+		`{"instances":[tru]}`,
+		`{"instances":[01]}`,
+		`{"instances":["a\qb"]}`,
+		`{"unknown":1,"instances":[nul]}`,
+		`{"revision":1,"revision":2,"instances":{"a":}}`,
+		`{"instances":[]`,
+		`{"instances":[{}],"revision":"r"`,
+		`{"instances":[],"revision":"r\`,
+	} {
+		if json.Valid([]byte(in)) {
+			t.Fatalf("%s is valid JSON: fix the table", in)
+		}
+		_, err := ParseDocument([]byte(in))
+		want := invalidJSON([]byte(in))
+		if err == nil || err.Error() != want.Error() {
+			t.Errorf("ParseDocument(%s) = %v, want %v", in, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		`{"revision":1,"instances":[]}`:                  `document: "revision" must be a string`,
+		`{"revision":"a","revision":"b","instances":[]}`: `document: duplicate field "revision"`,
+		`{"instances":[],"instances":[]}`:                `document: duplicate field "instances"`,
+		`{"instances":{}}`:                               `document: "instances" must be an array`,
+		`{"x":[1,{"y":2}],"instances":[]}`:               `document: unknown field "x"`,
+		`{"revision":"r"}`:                               `document: "instances" is missing`,
+		` [1] `:                                          `document: top level must be a JSON object`,
+	} {
+		_, err := ParseDocument([]byte(in))
+		if err == nil || err.Error() != want {
+			t.Errorf("ParseDocument(%s) = %v, want %s", in, err, want)
+		}
+	}
+	doc, err := ParseDocument([]byte(" {\n\"instances\" : [ ] , \"revision\" : \"r\\u0031\" }\n"))
+	if err != nil || doc.Revision != "r1" || len(doc.Instances) != 0 {
+		t.Fatalf("spaced document: %+v, %v", doc, err)
+	}
+}

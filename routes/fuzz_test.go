@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func FuzzNormalizeHost(f *testing.F) {
@@ -125,6 +126,14 @@ func FuzzParseDocument(f *testing.F) {
 		if err != nil {
 			if doc != nil {
 				t.Fatalf("document and error %v", err)
+			}
+			// The incremental validation must agree with json.Valid: a
+			// valid document is never refused as invalid JSON.
+			if json.Valid(data) && len(data) <= MaxDocumentBytes && utf8.Valid(data) && strings.HasPrefix(err.Error(), "document: invalid JSON") {
+				t.Fatalf("valid JSON refused: %v", err)
+			}
+			if !json.Valid(data) && !strings.Contains(err.Error(), "document: ") {
+				t.Fatalf("invalid JSON refused with a strange error: %v", err)
 			}
 			return
 		}

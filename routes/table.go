@@ -2,8 +2,8 @@ package routes
 
 import (
 	"context"
+	"iter"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -136,6 +136,18 @@ type Snapshot struct {
 
 // Len returns the number of routes.
 func (s *Snapshot) Len() int { return len(s.byHost) }
+
+// All yields the routes in no particular order, without copying them:
+// cheaper than Routes for a scan of a large table.
+func (s *Snapshot) All() iter.Seq[*Route] {
+	return func(yield func(*Route) bool) {
+		for _, r := range s.byHost {
+			if !yield(r) {
+				return
+			}
+		}
+	}
+}
 
 // Routes returns the routes sorted by hostname.
 func (s *Snapshot) Routes() []*Route {
@@ -397,14 +409,12 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 	var events []Event
 	old := t.snap.Load()
 	fresh := t.Fresh()
-	next := make(map[string]*Route, len(old.byHost))
+	next := make(map[string]*Route, max(len(old.byHost), len(doc.Instances)))
 	seenInstances := make(map[InstanceKey]bool, len(doc.Instances))
+	y := newYielder() // lookups take no lock: let them run during a large change
+	defer y.close()
 	for i := range doc.Instances {
-		if i%512 == 511 {
-			// Lookups take no lock; let them run during a large change
-			// when there is a single processor.
-			runtime.Gosched()
-		}
+		y.step()
 		spec := &doc.Instances[i]
 		key := spec.Key()
 		seenInstances[key] = true
@@ -460,6 +470,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		rejected[InstanceKey{rj.Workspace, rj.Sandbox}] = rj.Reason
 	}
 	for host, r := range old.byHost {
+		y.step()
 		if _, ok := next[host]; ok {
 			continue
 		}
@@ -475,6 +486,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		events = append(events, Event{Kind: kind, Host: host, Port: r.Port, Version: r.InstallationVersion, Reason: reason})
 	}
 	for key := range t.instances {
+		y.step()
 		if !seenInstances[key] {
 			delete(t.instances, key)
 		}
