@@ -47,5 +47,22 @@ func waitReadable(raw net.Conn) error {
 	return nil
 }
 
+// socketFD returns the file descriptor of raw, valid while raw is open.
+func socketFD(raw net.Conn) (int, bool) {
+	sc, ok := raw.(syscall.Conn)
+	if !ok {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	fd := -1
+	if err := rc.Control(func(s uintptr) { fd = int(s) }); err != nil || fd < 0 {
+		return 0, false
+	}
+	return fd, true
+}
+
 // isDeadline reports whether err is a read deadline expiring.
 func isDeadline(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }

@@ -108,6 +108,8 @@ type Server struct {
 	idleCh   chan struct{} // signalled when a connection ends during drain
 
 	h2 h2State // the HTTP/2 server, created on first use (h2.go)
+
+	idle idlePoller // idle WebSocket directions (idlepoll.go)
 }
 
 // New returns a Server.
@@ -171,7 +173,12 @@ func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *route
 	if !ok {
 		return
 	}
-	defer release()
+	c.release = release
+	defer func() {
+		if !c.handedOff {
+			release()
+		}
+	}()
 	c.serve()
 }
 
@@ -320,6 +327,10 @@ type clientConn struct {
 	detached *detachedHead
 	body     deadlineReader
 	one      [1]byte
+	// release undoes admit; after an upgrade (handedOff) the WebSocket
+	// calls it when it ends, not ServeConn.
+	release   func()
+	handedOff bool
 
 	mu      sync.Mutex
 	idle    bool
@@ -372,6 +383,9 @@ func (c *clientConn) revokedErr() error {
 
 func (c *clientConn) serve() {
 	defer func() {
+		if c.handedOff {
+			return // the WebSocket closes the connection when it ends
+		}
 		if c.revokedErr() == nil {
 			// A normal end sends close_notify, so that a client can tell a
 			// close-delimited response from a truncated one.
@@ -562,6 +576,9 @@ func (c *clientConn) handle(head []byte) bool {
 	inst.CountRequest()
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()
+	if c.handedOff {
+		return false // the WebSocket releases its stream when it ends
+	}
 	c.s.m.streamsActive.Dec()
 	inst.Release()
 	return keep
@@ -1058,7 +1075,6 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 		sp.startIdleTimer(d)
 	}
 	c.s.m.websocketsActive.Inc()
-	defer c.s.m.websocketsActive.Dec()
 
 	// Bytes that arrived with the heads belong to the stream.
 	clientPending := append([]byte(nil), c.in.bytes()...)
@@ -1068,18 +1084,31 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	bc.in.r = bc.in.w
 	bc.in.release()
 
-	done := make(chan int64, 1)
-	go func() {
-		n, _ := sp.pump(pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, &sp.toClient, appPending, &c.s.bufPool)
-		sp.closeBoth()
-		done <- n
-	}()
-	up, _ := sp.pump(pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, &sp.toApp, clientPending, &c.s.bufPool)
-	sp.closeBoth()
-	downN := <-done
-	c.s.m.bytesToApp.Add(float64(up))
-	c.s.m.bytesToClient.Add(float64(downN))
-	c.s.m.requests.WithLabelValues("1xx").Inc()
+	// From here the WebSocket owns the connection: this goroutine (with
+	// the stack the TLS handshake grew) ends, and the two directions run
+	// in goroutines of their own only while bytes flow. The last one to
+	// end releases what handle and ServeConn would have released.
+	up := &wsPump{w: sp, src: pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, d: &sp.toApp,
+		pending: clientPending, pool: &c.s.bufPool, poller: &c.s.idle}
+	down := &wsPump{w: sp, src: pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, d: &sp.toClient,
+		pending: appPending, pool: &c.s.bufPool, poller: &c.s.idle}
+	sp.pumps = [2]*wsPump{up, down}
+	sp.running.Store(2)
+	inst, release := c.route.Instance, c.release
+	sp.onDone = func() {
+		c.s.m.websocketsActive.Dec()
+		c.s.m.bytesToApp.Add(float64(up.total))
+		c.s.m.bytesToClient.Add(float64(down.total))
+		c.s.m.requests.WithLabelValues("1xx").Inc()
+		c.s.m.streamsActive.Dec()
+		inst.Release()
+		if release != nil {
+			release()
+		}
+	}
+	c.handedOff = true
+	go down.run()
+	go up.run()
 	return false
 }
 

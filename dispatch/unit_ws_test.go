@@ -508,8 +508,9 @@ func TestUnitWSSplicePump(t *testing.T) {
 	pending := wsFrame(true, 1, []byte("early"), true, 0)
 	rest := wsFrame(true, 2, patterned(5000), true, 0)
 	pool := &sync.Pool{New: func() any { b := make([]byte, 64); return &b }}
-	n, err := sp.pump(pumpSource{r: eofReader(rest)}, &sp.toApp, pending, pool)
-	if err != nil || n != int64(len(pending)+len(rest)) {
+	p := &wsPump{w: sp, src: pumpSource{r: eofReader(rest)}, d: &sp.toApp, pending: pending, pool: pool}
+	err := p.copy()
+	if n := p.total; err != nil || n != int64(len(pending)+len(rest)) {
 		t.Fatalf("pump = %d, %v", n, err)
 	}
 	if !bytes.Equal(app.written(), append(append([]byte(nil), pending...), rest...)) {

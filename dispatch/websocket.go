@@ -184,6 +184,11 @@ type wsSplice struct {
 	timerMu   sync.Mutex
 	timer     *time.Timer // the grace backstop after a revocation
 	idleTimer *time.Timer
+
+	pumps   [2]*wsPump   // client to app, app to client
+	parkMu  sync.Mutex   // orders parking against closeBoth
+	running atomic.Int32 // directions not yet ended
+	onDone  func()       // runs once both directions have ended
 }
 
 func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
@@ -199,9 +204,25 @@ func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice
 
 func (w *wsSplice) closeBoth() {
 	w.closeOnce.Do(func() {
+		// A parked direction leaves the poller before its socket is
+		// closed, and resumes to see the close and end.
+		var resume []*wsPump
+		w.parkMu.Lock()
 		w.closed.Store(true)
+		for _, p := range w.pumps {
+			if p != nil && p.parked != 0 {
+				if p.poller.cancel(p.parked) {
+					resume = append(resume, p)
+				}
+				p.parked = 0
+			}
+		}
+		w.parkMu.Unlock()
 		_ = w.clientRaw.Close()
 		_ = w.app.Close()
+		for _, p := range resume {
+			go p.run()
+		}
 		w.timerMu.Lock()
 		if w.timer != nil {
 			w.timer.Stop()
@@ -273,40 +294,76 @@ type pumpSource struct {
 	raw  net.Conn
 }
 
-// pump copies src to d until src ends or d finishes. It holds a pooled
-// buffer only while the stream is active: a read that waits longer than
-// parkAfter gives the buffer back and parks on the socket's readiness, so
-// idle WebSockets hold no read buffers.
-func (w *wsSplice) pump(src pumpSource, d *wsDirection, pending []byte, pool *sync.Pool) (int64, error) {
-	var total int64
-	if len(pending) > 0 {
-		finished, err := d.write(pending)
-		total += int64(len(pending))
+// errParked ends a pump's goroutine whose direction was handed to the idle
+// poller: the copy resumes in a new goroutine when bytes arrive.
+var errParked = errors.New("parked")
+
+// wsPump copies one direction of a WebSocket. It holds a pooled buffer
+// only while bytes flow: a read that waits longer than parkAfter gives the
+// buffer back and parks the direction in the idle poller, which ends the
+// goroutine; an idle WebSocket thus holds neither buffers nor goroutines.
+// Without a poller (or a file descriptor) it waits in place, still without
+// a buffer.
+type wsPump struct {
+	w       *wsSplice
+	src     pumpSource
+	d       *wsDirection
+	pending []byte // bytes that arrived with the heads, forwarded first
+	pool    *sync.Pool
+	poller  *idlePoller
+	total   int64  // bytes forwarded; read once both directions ended
+	parked  uint64 // the poller registration while parked; under w.parkMu
+}
+
+// run copies until the direction ends or parks; the last direction to end
+// finishes the splice.
+func (p *wsPump) run() {
+	p.w.parkMu.Lock()
+	p.parked = 0
+	p.w.parkMu.Unlock()
+	if err := p.copy(); err == errParked {
+		return
+	}
+	p.w.closeBoth()
+	if p.w.running.Add(-1) == 0 && p.w.onDone != nil {
+		p.w.onDone()
+	}
+}
+
+// copy forwards src to d until src ends, d finishes, or the direction
+// parks (errParked).
+func (p *wsPump) copy() error {
+	if len(p.pending) > 0 {
+		pending := p.pending
+		p.pending = nil
+		finished, err := p.d.write(pending)
+		p.total += int64(len(pending))
 		if finished || err != nil {
-			return total, err
+			return err
 		}
 	}
 	var bp *[]byte
 	defer func() {
 		if bp != nil {
-			pool.Put(bp)
+			p.pool.Put(bp)
 		}
 	}()
+	src := p.src
 	park := src.conn != nil && src.raw != nil
 	for {
 		if bp == nil {
-			bp = pool.Get().(*[]byte)
+			bp = p.pool.Get().(*[]byte)
 		}
 		if park {
 			_ = src.conn.SetReadDeadline(time.Now().Add(parkAfter))
 		}
 		n, err := src.r.Read(*bp)
 		if n > 0 {
-			w.activity.Store(time.Now().UnixNano())
-			finished, werr := d.write((*bp)[:n])
-			total += int64(n)
+			p.w.activity.Store(time.Now().UnixNano())
+			finished, werr := p.d.write((*bp)[:n])
+			p.total += int64(n)
 			if finished || werr != nil {
-				return total, werr
+				return werr
 			}
 		}
 		if err == nil {
@@ -314,18 +371,46 @@ func (w *wsSplice) pump(src pumpSource, d *wsDirection, pending []byte, pool *sy
 		}
 		if park && isDeadline(err) {
 			// Idle: give the buffer back and wait for the next bytes
-			// without one.
-			pool.Put(bp)
+			// without one, and if possible without this goroutine.
+			p.pool.Put(bp)
 			bp = nil
 			_ = src.conn.SetReadDeadline(time.Time{})
+			if p.park() {
+				return errParked
+			}
 			if err := waitReadable(src.raw); err != nil {
-				return total, err
+				return err
 			}
 			continue
 		}
 		if err == io.EOF {
 			err = nil
 		}
-		return total, err
+		return err
 	}
+}
+
+// park registers the direction with the idle poller; false means the
+// caller waits in place (no poller, no descriptor, or the splice is
+// closing and the next read fails at once).
+func (p *wsPump) park() bool {
+	if p.poller == nil {
+		return false
+	}
+	fd, ok := socketFD(p.src.raw)
+	if !ok {
+		return false
+	}
+	w := p.w
+	w.parkMu.Lock()
+	defer w.parkMu.Unlock()
+	if w.closed.Load() {
+		return false
+	}
+	id, err := p.poller.wait(fd, p.run)
+	if err != nil {
+		return false
+	}
+	p.parked = id
+	return true
 }
