@@ -11,9 +11,13 @@ import (
 const otherLabel = "_other"
 
 // instanceCollector exports per-instance series, labelled by workspace and
-// sandbox, for at most MaxInstanceLabels instances (in key order); the rest
-// are summed under workspace="_other", sandbox="_other", so a shared host
-// with many sandboxes cannot blow up the metric cardinality.
+// sandbox, for the instances that have seen traffic (a request admitted or
+// refused, or streams open), at most MaxInstanceLabels of them (in key
+// order); the rest are summed under workspace="_other", sandbox="_other", so
+// a shared host with many sandboxes cannot blow up the metric cardinality.
+// Instances that never received a request have no series: a scrape of a
+// table of 10,000 mostly idle instances stays small (formatting 40,000
+// series would hold a one-core supervisor for milliseconds every scrape).
 type instanceCollector struct {
 	t        *Table
 	active   *prometheus.Desc
@@ -46,7 +50,9 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.t.mu.Lock()
 	list := make([]*Instance, 0, len(c.t.instances))
 	for _, i := range c.t.instances {
-		list = append(list, i)
+		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 {
+			list = append(list, i)
+		}
 	}
 	c.t.mu.Unlock()
 	slices.SortFunc(list, func(a, b *Instance) int {

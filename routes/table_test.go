@@ -1593,6 +1593,19 @@ func TestTableMetrics(t *testing.T) {
 	tbl, clk := newTB(t, func(o *Options) { o.Registerer = reg })
 	tbApply(t, tbl, "r1", tbBase())
 	tbAttach(t, tbl.Lookup(tbWeb))
+	tbl.Lookup(tbWeb).Instance.CountRequest() // team/demo has seen traffic
+	// team/other never received a request: no series of its own.
+	if v, ok := metricValue(t, reg, "applistener_instance_max_streams", map[string]string{"workspace": "team", "sandbox": "other"}); ok {
+		t.Errorf("idle instance team/other has a series (%v)", v)
+	}
+	other := tbl.Lookup("team--other--api.apps.test").Instance
+	if !other.Acquire() {
+		t.Fatal("Acquire refused")
+	}
+	if v, ok := metricValue(t, reg, "applistener_instance_streams_active", map[string]string{"workspace": "team", "sandbox": "other"}); !ok || v != 1 {
+		t.Errorf("team/other with a stream open: streams_active = %v (present %v); want 1", v, ok)
+	}
+	other.Release()
 
 	clk.Advance(time.Second)
 	specs := tbBase()
