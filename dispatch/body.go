@@ -52,6 +52,9 @@ func eofIsUnexpected(err error) error {
 	return err
 }
 
+// maxTLSRecord is the largest plaintext of one TLS record.
+const maxTLSRecord = 16 << 10
+
 // copyN copies exactly n bytes from in to w, using in's own buffer.
 func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
 	var done int64
@@ -65,6 +68,10 @@ func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
 		p := in.bytes()
 		if int64(len(p)) > n-done {
 			p = p[:n-done]
+		} else if len(p) > maxTLSRecord && int64(len(p)) < n-done {
+			// Whole TLS records: a 17 KiB write would end in a 1 KiB
+			// record of its own; the rest goes with the next read.
+			p = p[:len(p)/maxTLSRecord*maxTLSRecord]
 		}
 		m, err := w.Write(p)
 		in.r += m

@@ -15,6 +15,37 @@ type inbuf struct {
 	bufp *[]byte // the pooled slice buf came from; nil for a grown buffer
 	r, w int
 	pool *sync.Pool
+	big  *sync.Pool // where bufp goes back to after enlarge; nil: pool
+}
+
+// putBuf gives the pooled slice back to the pool it came from.
+func (b *inbuf) putBuf() {
+	if b.bufp == nil {
+		return
+	}
+	if b.big != nil {
+		b.big.Put(b.bufp)
+		b.big = nil
+	} else {
+		b.pool.Put(b.bufp)
+	}
+	b.bufp = nil
+}
+
+// enlarge swaps the buffer for a larger one from big, keeping the buffered
+// bytes, for a large body: fewer, larger reads. release gives it back.
+func (b *inbuf) enlarge(big *sync.Pool) {
+	if b.big != nil || b.buf == nil {
+		return
+	}
+	bp := big.Get().(*[]byte)
+	if len(*bp) <= len(b.buf) {
+		big.Put(bp)
+		return
+	}
+	n := copy(*bp, b.buf[b.r:b.w])
+	b.putBuf()
+	b.bufp, b.buf, b.r, b.w, b.big = bp, *bp, 0, n, big
 }
 
 func (b *inbuf) buffered() int { return b.w - b.r }
@@ -38,10 +69,7 @@ func (b *inbuf) grow(max int) bool {
 	nb := make([]byte, min(2*len(b.buf), max))
 	b.w = copy(nb, b.buf[b.r:b.w])
 	b.r = 0
-	if b.bufp != nil {
-		b.pool.Put(b.bufp)
-		b.bufp = nil
-	}
+	b.putBuf()
 	b.buf = nb
 	return true
 }
@@ -49,10 +77,7 @@ func (b *inbuf) grow(max int) bool {
 // release gives the buffer back when it holds no unread bytes.
 func (b *inbuf) release() {
 	if b.buf != nil && b.r == b.w {
-		if b.bufp != nil {
-			b.pool.Put(b.bufp)
-			b.bufp = nil
-		}
+		b.putBuf()
 		b.buf = nil
 		b.r, b.w = 0, 0
 	}

@@ -10,6 +10,7 @@ package dispatch
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +101,7 @@ type Server struct {
 	m       *metrics
 	bufPool sync.Pool // *[]byte read buffers, client and app side
 	bwPool  sync.Pool // *bufio.Writer towards clients
+	bigPool sync.Pool // *[]byte app-side buffers while a large body is copied
 
 	mu       sync.Mutex
 	conns    map[*clientConn]struct{}
@@ -146,6 +148,7 @@ func New(cfg Config) *Server {
 	}
 	s.bufPool.New = func() any { b := make([]byte, bufSize); return &b }
 	s.bwPool.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
+	s.bigPool.New = func() any { b := make([]byte, bigBodyBuf); return &b }
 	return s
 }
 
@@ -623,6 +626,53 @@ func (c *clientConn) releaseWriter() {
 	}
 }
 
+// bigBody is the response length from which the body is read from the app
+// in bigBodyBuf chunks and written to the client with one system call per
+// chunk (heldWriter), instead of one per 16 KiB TLS record.
+const (
+	bigBody    = 64 << 10
+	bigBodyBuf = 64 << 10
+)
+
+// writeHolder is the transport under a client's TLS connection
+// (listener.PrefixConn): it can collect the records of one large write and
+// send them with one system call.
+type writeHolder interface {
+	HoldWrites()
+	FlushWrites() error
+}
+
+// heldWriter returns w, writing through it with the TLS records of each
+// large write collected into one system call when the transport allows.
+func (c *clientConn) heldWriter(w *bufio.Writer) io.Writer {
+	tc, ok := c.conn.(*tls.Conn)
+	if !ok {
+		return w
+	}
+	h, ok := tc.NetConn().(writeHolder)
+	if !ok {
+		return w
+	}
+	return holdingWriter{w: w, h: h}
+}
+
+type holdingWriter struct {
+	w *bufio.Writer
+	h writeHolder
+}
+
+func (hw holdingWriter) Write(p []byte) (int, error) {
+	if len(p) < 2*maxTLSRecord {
+		return hw.w.Write(p)
+	}
+	hw.h.HoldWrites()
+	n, err := hw.w.Write(p)
+	if ferr := hw.h.FlushWrites(); err == nil {
+		err = ferr
+	}
+	return n, err
+}
+
 func (c *clientConn) flush() error {
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	return c.bw.Flush()
@@ -813,6 +863,11 @@ func (c *clientConn) proxy() bool {
 	var err error
 	switch resp.body {
 	case bodyLength:
+		if resp.length >= bigBody && !isHead {
+			bc.in.enlarge(&c.s.bigPool)
+			n, err = copyN(c.heldWriter(w), &bc.in, resp.length, c.flush)
+			break
+		}
 		n, err = copyN(w, &bc.in, resp.length, c.flush)
 	case bodyChunked:
 		n, err = copyChunked(w, &bc.in, out == bodyChunked, c.flush)

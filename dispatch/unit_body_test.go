@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http/httputil"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 )
@@ -438,5 +439,45 @@ func TestUnitInbufParkAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("acquire+release allocates %.0f time(s) per cycle; want 0", allocs)
+	}
+}
+
+// TestUnitInbufEnlarge: enlarge keeps the buffered bytes, reads into the
+// larger buffer, and release gives it back to the big pool (not to the
+// small one); a second enlarge is a no-op.
+func TestUnitInbufEnlarge(t *testing.T) {
+	var smallGets, bigGets int
+	small := &sync.Pool{New: func() any { smallGets++; b := make([]byte, 8); return &b }}
+	big := &sync.Pool{New: func() any { bigGets++; b := make([]byte, 64); return &b }}
+	in := &inbuf{src: strings.NewReader("0123456789abcdefghijklmnopqrstuvwxyz"), pool: small}
+	if err := in.fill(); err != nil {
+		t.Fatal(err)
+	}
+	in.r = 3 // "3456789" still buffered
+	in.enlarge(big)
+	if len(in.buf) != 64 || string(in.bytes()) != "34567" || bigGets != 1 {
+		t.Fatalf("after enlarge: len %d, buffered %q, big gets %d", len(in.buf), in.bytes(), bigGets)
+	}
+	in.enlarge(big)
+	if bigGets != 1 {
+		t.Fatal("second enlarge took another buffer")
+	}
+	if err := in.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(in.bytes()); got != "3456789abcdefghijklmnopqrstuvwxyz" {
+		t.Fatalf("after a fill into the large buffer: %q", got)
+	}
+	in.r = in.w
+	bp := in.bufp
+	in.release()
+	if in.buf != nil || in.bufp != nil || in.big != nil {
+		t.Fatal("release kept the buffer")
+	}
+	// The large buffer went back to big: the small pool never saw it.
+	for range 3 {
+		if p := small.Get().(*[]byte); p == bp {
+			t.Fatal("the large buffer went back to the small pool")
+		}
 	}
 }

@@ -184,6 +184,16 @@ func TestForwarding(t *testing.T) {
 			t.Fatalf("got %d bytes (sha256 %x); want %d (sha256 %x)",
 				len(body), sha256.Sum256(body), len(bigResponse), sha256.Sum256(bigResponse))
 		}
+		// Sizes around the large-body path (64 KiB reads, TLS records
+		// collected into one write) and the 16 KiB record boundary, one
+		// after the other on the same kept-alive connections.
+		for _, n := range []int{16<<10 - 1, 16 << 10, 16<<10 + 1, 17 << 10, 64<<10 - 1, 64 << 10, 64<<10 + 1, 100000, 1<<20 + 3, 5, 3<<20 - 7} {
+			resp, body := get(t, c, fmt.Sprintf("https://%s/sized?n=%d", hostWeb, n))
+			if resp.StatusCode != http.StatusOK || !bytes.Equal(body, bigResponse[:n]) {
+				t.Fatalf("/sized?n=%d: status %d, %d bytes (sha256 %x); want %d bytes (sha256 %x)",
+					n, resp.StatusCode, len(body), sha256.Sum256(body), n, sha256.Sum256(bigResponse[:n]))
+			}
+		}
 	})
 
 	t.Run("Head", func(t *testing.T) {

@@ -431,6 +431,18 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/ws":
 		b.serveWS(w, r)
 		return
+	case "/sized":
+		// The first n bytes of bigResponse.
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || n < 0 || n > len(bigResponse) {
+			http.Error(w, "bad n", http.StatusBadRequest)
+			return
+		}
+		b.record(r, nil, nil)
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		_, _ = w.Write(bigResponse[:n])
+		return
 	case "/big":
 		b.record(r, nil, nil)
 		body := bigResponse

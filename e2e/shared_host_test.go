@@ -185,14 +185,18 @@ func TestSharedHostLimits(t *testing.T) {
 	p := e.p
 	la, lb := nsInstanceLabels("a"), nsInstanceLabels("b")
 
-	if v := nsMetricMust(t, p, "applistener_instance_max_streams", la); v != 2 {
-		t.Errorf("applistener_instance_max_streams for a = %v; want 2", v)
+	// Instances that have seen no traffic have no series yet.
+	if v, ok := nsMetric(t, p, "applistener_instance_max_streams", la); ok {
+		t.Errorf("applistener_instance_max_streams for a before any request = %v; want no series", v)
 	}
 	slow1, slow2 := sendSlow(t, p, e.hostA), sendSlow(t, p, e.hostA)
 	eventually(t, waitTimeout, "two streams in flight for a", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", la)
 		return v == 2
 	})
+	if v := nsMetricMust(t, p, "applistener_instance_max_streams", la); v != 2 {
+		t.Errorf("applistener_instance_max_streams for a = %v; want 2", v)
+	}
 
 	// The third request to A and one to B, at the same moment.
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 )
 
 // TLS alert descriptions (RFC 8446 §6) that the listener sends before, or
@@ -594,11 +595,64 @@ func WriteAlert(w io.Writer, desc uint8) error {
 
 // PrefixConn is a net.Conn whose Read returns a prefix (the ClientHello
 // records ReadClientHello consumed) before reading from the connection, so
-// that crypto/tls, or a backend, sees the stream from its first byte. All
-// other methods are the embedded connection's.
+// that crypto/tls, or a backend, sees the stream from its first byte.
+//
+// As the transport under crypto/tls it can also hold writes: crypto/tls
+// writes every record (at most 16 KiB) with a Write of its own, so a
+// 64 KiB chunk of a download costs four system calls; between HoldWrites
+// and FlushWrites the records are collected and written with one.
+// All other methods are the embedded connection's.
 type PrefixConn struct {
 	net.Conn
 	prefix []byte
+
+	mu   sync.Mutex // guards held
+	held *[]byte    // writes collected since HoldWrites; nil when not holding
+}
+
+// heldPool holds the buffers of held writes.
+var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, 80<<10); return &b }}
+
+// HoldWrites collects the following Writes until FlushWrites.
+func (p *PrefixConn) HoldWrites() {
+	p.mu.Lock()
+	if p.held == nil {
+		p.held = heldPool.Get().(*[]byte)
+	}
+	p.mu.Unlock()
+}
+
+// FlushWrites writes what was collected since HoldWrites in one Write and
+// stops holding.
+func (p *PrefixConn) FlushWrites() error {
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	if held == nil {
+		return nil
+	}
+	var err error
+	if len(*held) > 0 {
+		_, err = p.Conn.Write(*held)
+	}
+	if cap(*held) <= 256<<10 {
+		*held = (*held)[:0]
+		heldPool.Put(held)
+	}
+	return err
+}
+
+// Write writes b, or collects it while writes are held.
+func (p *PrefixConn) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	if p.held != nil {
+		*p.held = append(*p.held, b...)
+		p.mu.Unlock()
+		return len(b), nil
+	}
+	p.mu.Unlock()
+	return p.Conn.Write(b)
 }
 
 // NewPrefixConn returns a *PrefixConn that replays prefix and then reads
