@@ -13,7 +13,9 @@ type metrics struct {
 	dials            *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics creates the data plane's metrics; parked reports how many
+// WebSocket directions wait in the idle poller.
+func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "applistener_bytes_total", Help: "Body and stream bytes relayed, by direction.",
 	}, []string{"direction"})
@@ -40,7 +42,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials)
+		idle := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "applistener_websocket_directions_idle",
+			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",
+		}, parked)
+		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials, idle)
 	}
 	return m
 }

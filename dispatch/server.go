@@ -142,10 +142,10 @@ func New(cfg Config) *Server {
 	s := &Server{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		m:      newMetrics(cfg.Registerer),
 		conns:  make(map[*clientConn]struct{}),
 		idleCh: make(chan struct{}, 1),
 	}
+	s.m = newMetrics(cfg.Registerer, func() float64 { return float64(s.idle.waiters()) })
 	s.bufPool.New = func() any { b := make([]byte, bufSize); return &b }
 	s.bwPool.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
 	s.bigPool.New = func() any { b := make([]byte, bigBodyBuf); return &b }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/applistener/applistener/routes"
@@ -42,6 +43,21 @@ func wsEchoApp(t *testing.T) int {
 	return ts.Listener.Addr().(*net.TCPAddr).Port
 }
 
+// gatherGauge reads an unlabelled gauge from reg.
+func gatherGauge(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
 // pumpGoroutines counts goroutines running a WebSocket direction.
 func pumpGoroutines() int {
 	buf := make([]byte, 1<<20)
@@ -56,7 +72,8 @@ func pumpGoroutines() int {
 // end: the poller's own goroutine is gone too).
 func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 	h2Verify(t)
-	e := newH2Env(t, 0, Config{})
+	reg := prometheus.NewRegistry()
+	e := newH2Env(t, 0, Config{Registerer: reg})
 	port := wsEchoApp(t)
 	apply := func(withWS bool) {
 		services := fmt.Sprintf(`{"name":"api","port":%d,"revision":1}`, e.api.port())
@@ -105,6 +122,9 @@ func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 		return func() bool { return e.srv.idle.waiters() == want && pumpGoroutines() == 0 }
 	}
 	h2WaitFor(t, 5*time.Second, "every direction parked, no pump goroutine", parked(2*n))
+	if v, ok := gatherGauge(t, reg, "applistener_websocket_directions_idle"); !ok || v != 2*n {
+		t.Errorf("applistener_websocket_directions_idle = %v (present %v); want %d", v, ok, 2*n)
+	}
 
 	// Bytes from the client wake the client direction; the app's echo wakes
 	// the app direction; afterwards they park again.
