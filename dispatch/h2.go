@@ -56,36 +56,83 @@ type h2State struct {
 	// send GOAWAY.
 	base *http.Server
 	used atomic.Bool // srv and base exist
+
+	// byIdle holds a server (and its base) per instance idle timeout
+	// (limits.idle_timeout_seconds): x/net takes the idle timeout from the
+	// server, not per connection. At most maxH2IdleVariants; further
+	// values get the default.
+	mu     sync.Mutex
+	byIdle map[time.Duration]h2Variant
 }
+
+// h2Variant is an HTTP/2 server and its base for one idle timeout.
+type h2Variant struct {
+	srv  *http2.Server //nolint:staticcheck // SA1019: see h2State.
+	base *http.Server
+}
+
+// maxH2IdleVariants bounds the distinct per-instance idle timeouts that get
+// an HTTP/2 server of their own.
+const maxH2IdleVariants = 32
 
 // h2Server returns the http2.Server and its base configuration.
 func (s *Server) h2Server() (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
 	s.h2.once.Do(func() {
-		base := &http.Server{
-			MaxHeaderBytes: s.cfg.MaxHeaderBytes,
-			IdleTimeout:    s.cfg.IdleTimeout,
-			ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-			// x/net reads these from the base server and lets them take
-			// precedence over its own (deprecated) fields.
-			HTTP2: &http.HTTP2Config{
-				MaxConcurrentStreams: H2MaxConcurrentStreams,
-				SendPingTimeout:      H2ReadIdleTimeout,
-				PingTimeout:          H2PingTimeout,
-				// A peer that reads nothing for this long loses the connection.
-				WriteByteTimeout: s.cfg.BodyTimeout,
-			},
-		}
-		// Its idle timeout is base's (ConfigureServer copies it).
-		srv := &http2.Server{} //nolint:staticcheck // SA1019: see h2State.
-		// ConfigureServer fails only for a TLSConfig with an unusable
-		// cipher suite list; base has none.
-		if err := http2.ConfigureServer(base, srv); err != nil { //nolint:staticcheck // SA1019: the GOAWAY-on-Shutdown hook for ServeConn, see h2State.
-			s.log.Error("http2 configuration failed", "err", err)
-		}
-		s.h2.srv, s.h2.base = srv, base
+		s.h2.srv, s.h2.base = s.newH2Server(s.cfg.IdleTimeout)
 		s.h2.used.Store(true)
 	})
 	return s.h2.srv, s.h2.base
+}
+
+// h2ServerFor returns the HTTP/2 server for a connection whose instance
+// has idle timeout idle (0: the server's).
+func (s *Server) h2ServerFor(idle time.Duration) (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
+	srv, base := s.h2Server()
+	if idle <= 0 || idle == s.cfg.IdleTimeout {
+		return srv, base
+	}
+	s.h2.mu.Lock()
+	defer s.h2.mu.Unlock()
+	if v, ok := s.h2.byIdle[idle]; ok {
+		return v.srv, v.base
+	}
+	if len(s.h2.byIdle) >= maxH2IdleVariants {
+		return srv, base
+	}
+	if s.h2.byIdle == nil {
+		s.h2.byIdle = make(map[time.Duration]h2Variant)
+	}
+	v := h2Variant{}
+	v.srv, v.base = s.newH2Server(idle)
+	s.h2.byIdle[idle] = v
+	return v.srv, v.base
+}
+
+// newH2Server builds an HTTP/2 server whose connections close after idle
+// without streams.
+func (s *Server) newH2Server(idle time.Duration) (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
+	base := &http.Server{
+		MaxHeaderBytes: s.cfg.MaxHeaderBytes,
+		IdleTimeout:    idle,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		// x/net reads these from the base server and lets them take
+		// precedence over its own (deprecated) fields.
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: H2MaxConcurrentStreams,
+			SendPingTimeout:      H2ReadIdleTimeout,
+			PingTimeout:          H2PingTimeout,
+			// A peer that reads nothing for this long loses the connection.
+			WriteByteTimeout: s.cfg.BodyTimeout,
+		},
+	}
+	// Its idle timeout is base's (ConfigureServer copies it).
+	srv := &http2.Server{} //nolint:staticcheck // SA1019: see h2State.
+	// ConfigureServer fails only for a TLSConfig with an unusable
+	// cipher suite list; base has none.
+	if err := http2.ConfigureServer(base, srv); err != nil { //nolint:staticcheck // SA1019: the GOAWAY-on-Shutdown hook for ServeConn, see h2State.
+		s.log.Error("http2 configuration failed", "err", err)
+	}
+	return srv, base
 }
 
 // h2GoAway asks every HTTP/2 connection to finish gracefully: GOAWAY, then
@@ -100,6 +147,15 @@ func (s *Server) h2GoAway() {
 	// With no listener and no HTTP/1 connection of its own, Shutdown runs
 	// the registered hooks and returns at once.
 	_ = base.Shutdown(context.Background())
+	s.h2.mu.Lock()
+	variants := make([]*http.Server, 0, len(s.h2.byIdle))
+	for _, v := range s.h2.byIdle {
+		variants = append(variants, v.base)
+	}
+	s.h2.mu.Unlock()
+	for _, b := range variants {
+		_ = b.Shutdown(context.Background())
+	}
 }
 
 // routePool returns the route's backend pool, the one the HTTP/1.1 path
@@ -133,7 +189,8 @@ func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes
 	}
 	defer release()
 
-	srv, base := s.h2Server()
+	// The instance's idle timeout, as it is when the connection starts.
+	srv, base := s.h2ServerFor(route.Instance.IdleTimeout())
 	// Deadlines left by the handshake would end the connection; x/net
 	// keeps its own timers (idle, ping, write-byte).
 	_ = conn.SetDeadline(time.Time{})
