@@ -126,25 +126,27 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		keepalive: control.DefaultGatewayKeepalive, logFormat: *logFormat, logLevel: "info",
 	}
 	gwCtx, stopGateway := context.WithCancel(context.Background())
+	// The supervisor stops too when the gateway ends on its own.
+	ctx, stopSupervisor := context.WithCancel(ctx)
+	defer stopSupervisor()
 	gwAddr := make(chan string, 1)
-	gwDone := make(chan error, 1)
+	gwExited := make(chan struct{})
+	var gwErr error // set before gwExited is closed
 	go func() {
-		gwDone <- runGateway(gwCtx, &gwOpts, logger.With("component", "gateway"), func(addr string) { gwAddr <- addr })
+		defer close(gwExited)
+		gwErr = runGateway(gwCtx, &gwOpts, logger.With("component", "gateway"), func(addr string) { gwAddr <- addr })
+		stopSupervisor()
 	}()
 	defer func() {
 		stopGateway()
-		// Only waits for the gateway to stop: a failure to start is
-		// returned below, and its exit status after we stopped it is not
-		// this command's result.
-		<-gwDone //nolint:errcheck // waiting for the exit, see above
+		<-gwExited
 	}()
 	var endpoint string
 	select {
 	case addr := <-gwAddr:
 		endpoint = "http://" + addr
-	case err := <-gwDone:
-		gwDone <- err
-		return fmt.Errorf("gateway: %w", err)
+	case <-gwExited:
+		return fmt.Errorf("gateway: %w", gwErr)
 	}
 
 	o := serveOptions{
@@ -174,7 +176,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	host := routes.Hostname("team", "demo", "web", *domain)
-	return runSupervisor(ctx, &o, logger.With("component", "supervisor"), sink, nil, func(appAddr, admAddr string) {
+	err = runSupervisor(ctx, &o, logger.With("component", "supervisor"), sink, nil, func(appAddr, admAddr string) {
 		_, port, _ := net.SplitHostPort(appAddr)
 		ip, _, _ := net.SplitHostPort(appAddr)
 		if ip == "0.0.0.0" || ip == "::" {
@@ -195,4 +197,15 @@ Press Ctrl-C to stop.
 
 `, host, port, *dir, caFile, appPort, admAddr, ip, endpoint)
 	})
+	select {
+	case <-gwExited:
+		// The gateway ended by itself (it is stopped only after this):
+		// that, not the supervisor's orderly stop, is the result.
+		if gwErr == nil {
+			gwErr = errors.New("stopped unexpectedly")
+		}
+		return fmt.Errorf("gateway: %w", gwErr)
+	default:
+	}
+	return err
 }
