@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -16,29 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/routes"
 )
 
-// wsEchoApp is a real WebSocket echo app (gorilla/websocket) on loopback.
+// wsEchoApp is the demo app (gorilla/websocket echo at /ws) on loopback.
 func wsEchoApp(t *testing.T) int {
 	t.Helper()
-	up := websocket.Upgrader{}
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := up.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer func() { _ = c.Close() }()
-		for {
-			mt, msg, err := c.ReadMessage()
-			if err != nil {
-				return
-			}
-			if err := c.WriteMessage(mt, msg); err != nil {
-				return
-			}
-		}
-	}))
+	ts := httptest.NewServer(demoapp.Handler("ws"))
 	t.Cleanup(ts.Close)
 	return ts.Listener.Addr().(*net.TCPAddr).Port
 }
@@ -109,7 +93,7 @@ func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 		}
 	}
 	for i := range conns {
-		c, resp, err := dialer.Dial("wss://"+host+"/echo", nil)
+		c, resp, err := dialer.Dial("wss://"+host+"/ws", nil)
 		if err != nil {
 			t.Fatalf("dial %d: %v (%v)", i, err, resp)
 		}

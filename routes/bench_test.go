@@ -511,15 +511,9 @@ func TestRevokePeerProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-// BenchmarkReplace10kLag parses and applies a 10,000-instance document on
-// one processor (GOMAXPROCS=1) while a goroutine that wakes every 500 µs
-// measures how late it runs: the longest lag is what a request would wait
-// for the route table's work. Reported as max-lag-ms next to ns/op.
-//
-//	go test -run XXX -bench Replace10kLag ./routes/
-func BenchmarkReplace10kLag(b *testing.B) {
-	prev := runtime.GOMAXPROCS(1)
-	defer runtime.GOMAXPROCS(prev)
+// replace10kDocument is a document of 10,000 instances with one service each.
+func replace10kDocument(b *testing.B) []byte {
+	b.Helper()
 	list := make([]map[string]any, 10000)
 	for i := range list {
 		list[i] = map[string]any{"workspace": "team", "sandbox": "s" + strconv.Itoa(i),
@@ -529,6 +523,29 @@ func BenchmarkReplace10kLag(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return raw
+}
+
+// parseApply parses raw and applies it to table.
+func parseApply(b *testing.B, table *Table, raw []byte) {
+	b.Helper()
+	doc, err := ParseDocument(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	table.Apply(doc)
+}
+
+// BenchmarkReplace10kLag parses and applies a 10,000-instance document on
+// one processor (GOMAXPROCS=1) while a goroutine that wakes every 500 µs
+// measures how late it runs: the longest lag is what a request would wait
+// for the route table's work. Reported as max-lag-ms next to ns/op.
+//
+//	go test -run XXX -bench Replace10kLag ./routes/
+func BenchmarkReplace10kLag(b *testing.B) {
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	raw := replace10kDocument(b)
 	var worst time.Duration
 	for b.Loop() {
 		table := NewTable(Options{Domain: "apps.test", Logger: slog.New(slog.DiscardHandler)})
@@ -549,11 +566,7 @@ func BenchmarkReplace10kLag(b *testing.B) {
 				last = time.Now()
 			}
 		}()
-		doc, err := ParseDocument(raw)
-		if err != nil {
-			b.Fatal(err)
-		}
-		table.Apply(doc)
+		parseApply(b, table, raw)
 		close(stop)
 		<-done
 		table.Close()
@@ -574,15 +587,7 @@ func BenchmarkReplace10kLag(b *testing.B) {
 func BenchmarkReplace10kNetworkLag(b *testing.B) {
 	prev := runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(prev)
-	list := make([]map[string]any, 10000)
-	for i := range list {
-		list[i] = map[string]any{"workspace": "team", "sandbox": "s" + strconv.Itoa(i),
-			"services": []any{map[string]any{"name": "web", "port": 8080}}}
-	}
-	raw, err := json.Marshal(map[string]any{"revision": "lag", "instances": list})
-	if err != nil {
-		b.Fatal(err)
-	}
+	raw := replace10kDocument(b)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -628,11 +633,7 @@ func BenchmarkReplace10kNetworkLag(b *testing.B) {
 				}
 			}
 		}()
-		doc, err := ParseDocument(raw)
-		if err != nil {
-			b.Fatal(err)
-		}
-		table.Apply(doc)
+		parseApply(b, table, raw)
 		close(stop)
 		<-done
 		table.Close()
