@@ -60,18 +60,13 @@ func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
 	var done int64
 	for done < n {
 		if in.buffered() == 0 {
-			in.r, in.w = 0, 0
-			if err := in.fill(); err != nil {
+			if err := in.fillRecords(); err != nil {
 				return done, eofIsUnexpected(err)
 			}
 		}
 		p := in.bytes()
 		if int64(len(p)) > n-done {
 			p = p[:n-done]
-		} else if len(p) > maxTLSRecord && int64(len(p)) < n-done {
-			// Whole TLS records: a 17 KiB write would end in a 1 KiB
-			// record of its own; the rest goes with the next read.
-			p = p[:len(p)/maxTLSRecord*maxTLSRecord]
 		}
 		m, err := w.Write(p)
 		in.r += m
@@ -93,8 +88,7 @@ func copyUntilEOF(w io.Writer, in *inbuf, flush func() error) (int64, error) {
 	var done int64
 	for {
 		if in.buffered() == 0 {
-			in.r, in.w = 0, 0
-			if err := in.fill(); err != nil {
+			if err := in.fillRecords(); err != nil {
 				if err == io.EOF {
 					return done, nil
 				}

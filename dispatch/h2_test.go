@@ -223,7 +223,7 @@ func newH2Env(t *testing.T, maxStreams int, cfg Config) *h2Env {
 				if cs.NegotiatedProtocol == "h2" {
 					e.srv.ServeH2(tc, raw, cs.ServerName, route)
 				} else {
-					e.srv.ServeConn(tc, raw, cs.ServerName, route)
+					e.srv.ServeConn(tc, raw, cs.ServerName, route, nil)
 				}
 			})
 		}

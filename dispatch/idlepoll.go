@@ -124,6 +124,9 @@ func (p *idlePoller) run(ep *os.File) {
 		woke = woke[:0]
 		err := rc.Read(func(fd uintptr) bool {
 			n, err := unix.EpollWait(int(fd), events, 0)
+			for err == unix.EINTR {
+				n, err = unix.EpollWait(int(fd), events, 0)
+			}
 			if err != nil || n <= 0 {
 				return false // nothing pending: park until ep is readable
 			}

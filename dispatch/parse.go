@@ -108,6 +108,28 @@ func (b *inbuf) fill() error {
 	return err
 }
 
+// fillRecords reads into the emptied buffer at most a whole number of TLS
+// records' worth of bytes (when it holds at least one record), so that
+// relaying them to a TLS client makes full records: the 17 KiB buffer
+// would otherwise send a 16 KiB and a 1 KiB record, two write(2), per read.
+func (b *inbuf) fillRecords() error {
+	b.acquire()
+	b.r, b.w = 0, 0
+	size := len(b.buf)
+	if size > maxTLSRecord {
+		size -= size % maxTLSRecord
+	}
+	n, err := b.src.Read(b.buf[:size])
+	b.w = n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
 // compact moves unread bytes to the front.
 func (b *inbuf) compact() {
 	if b.r > 0 {

@@ -160,9 +160,15 @@ func setDefault(d *time.Duration, v time.Duration) {
 
 // ServeConn serves HTTP/1.1 on conn, a TLS connection whose handshake is
 // complete and whose SNI named route. raw is the underlying TCP connection
-// (closed to revoke without waiting on TLS). It returns when the connection
-// is closed; it closes conn.
-func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route) {
+// (closed to revoke without waiting on TLS). It closes conn and calls done
+// (nil: nothing to call) once the connection has ended. It returns then,
+// or earlier for an upgraded WebSocket, whose two directions run in
+// goroutines of their own (none at all while idle) and call done when the
+// WebSocket ends.
+func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route, done func()) {
+	if done == nil {
+		done = func() {}
+	}
 	c := &clientConn{
 		s:     s,
 		conn:  conn,
@@ -174,12 +180,16 @@ func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *route
 	c.peer, c.trusted = s.peerOf(raw)
 	release, ok := admit(s, &s.conns, c, raw, route)
 	if !ok {
+		done()
 		return
 	}
-	c.release = release
+	c.release = func() {
+		release()
+		done()
+	}
 	defer func() {
 		if !c.handedOff {
-			release()
+			c.release()
 		}
 	}()
 	c.serve()
@@ -1119,17 +1129,6 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	_ = c.conn.SetDeadline(time.Time{})
 	_ = bc.conn.SetDeadline(time.Time{})
 	sp := newWSSplice(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
-	c.mu.Lock()
-	revoked := c.revoked
-	c.ws = sp
-	c.mu.Unlock()
-	if revoked != nil {
-		sp.revoke(revoked)
-	}
-	if d := c.route.Instance.IdleTimeout(); d > 0 {
-		sp.startIdleTimer(d)
-	}
-	c.s.m.websocketsActive.Inc()
 
 	// Bytes that arrived with the heads belong to the stream.
 	clientPending := append([]byte(nil), c.in.bytes()...)
@@ -1142,7 +1141,8 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	// From here the WebSocket owns the connection: this goroutine (with
 	// the stack the TLS handshake grew) ends, and the two directions run
 	// in goroutines of their own only while bytes flow. The last one to
-	// end releases what handle and ServeConn would have released.
+	// end releases what handle and ServeConn would have released. All of
+	// it is set up before the splice is published to Revoke.
 	up := &wsPump{w: sp, src: pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, d: &sp.toApp,
 		pending: clientPending, pool: &c.s.bufPool, poller: &c.s.idle}
 	down := &wsPump{w: sp, src: pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, d: &sp.toClient,
@@ -1160,6 +1160,18 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 		if release != nil {
 			release()
 		}
+	}
+	c.s.m.websocketsActive.Inc()
+
+	c.mu.Lock()
+	revoked := c.revoked
+	c.ws = sp
+	c.mu.Unlock()
+	if revoked != nil {
+		sp.revoke(revoked)
+	}
+	if d := c.route.Instance.IdleTimeout(); d > 0 {
+		sp.startIdleTimer(d)
 	}
 	c.handedOff = true
 	go down.run()

@@ -134,7 +134,7 @@ func clientOf(t *testing.T, s *Server, route *routes.Route) (net.Conn, *bufio.Re
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.ServeConn(srv, srv, testHost, route)
+		s.ServeConn(srv, srv, testHost, route, nil)
 	}()
 	t.Cleanup(func() {
 		_ = cl.Close()

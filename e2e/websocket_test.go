@@ -53,3 +53,40 @@ func TestWebSocket(t *testing.T) {
 		})
 	}
 }
+
+// TestWebSocketsHoldConnectionSlots: WebSockets, idle ones included (served
+// without a goroutine of their own), count against --app-max-connections
+// until they end: with three open and a limit of three, a fourth connection
+// is refused; when one WebSocket closes, a new connection is accepted.
+func TestWebSocketsHoldConnectionSlots(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "--app-max-connections", "3")
+	p := e.p
+	conns := make([]*websocket.Conn, 3)
+	for i := range conns {
+		conns[i] = p.wsDial(t, hostWeb)
+		wsEcho(t, conns[i], websocket.TextMessage, fmt.Appendf(nil, "hello %d", i))
+	}
+	eventually(t, waitTimeout, "all six directions idle", func() bool {
+		v, _ := nsMetric(t, p, "applistener_websocket_directions_idle", nil)
+		return v == 6
+	})
+	if tc, err := p.dialTLS(tlsConfig(hostWeb)); err == nil {
+		_ = tc.Close()
+		t.Fatal("a fourth connection was accepted with three WebSockets open and --app-max-connections 3")
+	}
+	if v, _ := nsMetric(t, p, "applistener_handshake_rejections_total", map[string]string{"reason": "max_connections"}); v < 1 {
+		t.Errorf("max_connections rejections = %v; want >= 1", v)
+	}
+	// The WebSockets still work, and closing one frees its slot.
+	wsEcho(t, conns[1], websocket.TextMessage, []byte("still here"))
+	_ = conns[0].Close()
+	eventually(t, waitTimeout, "a new connection once a WebSocket closed", func() bool {
+		tc, err := p.dialTLS(tlsConfig(hostWeb))
+		if err != nil {
+			return false
+		}
+		_ = tc.Close()
+		return true
+	})
+}

@@ -606,8 +606,11 @@ type PrefixConn struct {
 	net.Conn
 	prefix []byte
 
-	mu   sync.Mutex // guards held
-	held *[]byte    // writes collected since HoldWrites; nil when not holding
+	// mu guards held and is held across every Write to the connection, so
+	// that a record written by another goroutine (crypto/tls answering a
+	// KeyUpdate) can never overtake the held ones.
+	mu   sync.Mutex
+	held *[]byte // writes collected since HoldWrites; nil when not holding
 }
 
 // heldPool holds the buffers of held writes.
@@ -626,9 +629,9 @@ func (p *PrefixConn) HoldWrites() {
 // stops holding.
 func (p *PrefixConn) FlushWrites() error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	held := p.held
 	p.held = nil
-	p.mu.Unlock()
 	if held == nil {
 		return nil
 	}
@@ -646,12 +649,11 @@ func (p *PrefixConn) FlushWrites() error {
 // Write writes b, or collects it while writes are held.
 func (p *PrefixConn) Write(b []byte) (int, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.held != nil {
 		*p.held = append(*p.held, b...)
-		p.mu.Unlock()
 		return len(b), nil
 	}
-	p.mu.Unlock()
 	return p.Conn.Write(b)
 }
 

@@ -21,12 +21,16 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// Handler serves one connection after its handshake; it must close conn
-// before returning. dispatch.Server implements it.
+// Handler serves one connection after its handshake. dispatch.Server
+// implements it.
 type Handler interface {
-	// ServeConn serves HTTP/1.1.
-	ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route)
-	// ServeH2 serves a connection that negotiated ALPN "h2".
+	// ServeConn serves HTTP/1.1. It calls done exactly once, when the
+	// connection has ended and is closed; it may return before that (an
+	// upgraded WebSocket is served by goroutines of its own). Until done,
+	// the connection counts against MaxConnections and Shutdown waits.
+	ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route, done func())
+	// ServeH2 serves a connection that negotiated ALPN "h2"; it must close
+	// conn before returning.
 	ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route)
 	Shutdown(ctx context.Context) error
 }
@@ -129,14 +133,22 @@ func (l *Listener) Serve() error {
 
 func (l *Listener) serveConn(raw net.Conn) {
 	handedOff := false
-	defer func() {
+	slotPassed := false // the handler releases the connection slot (done)
+	releaseSlot := func() {
 		l.mu.Lock()
 		l.active--
-		if !handedOff {
-			delete(l.handshaking, raw)
-		}
 		l.mu.Unlock()
 		l.wg.Done()
+	}
+	defer func() {
+		if !handedOff {
+			l.mu.Lock()
+			delete(l.handshaking, raw)
+			l.mu.Unlock()
+		}
+		if !slotPassed {
+			releaseSlot()
+		}
 	}()
 	l.m.accepted.Inc()
 	_ = raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
@@ -185,7 +197,8 @@ func (l *Listener) serveConn(raw net.Conn) {
 		l.cfg.Handler.ServeH2(tc, raw, host, route)
 		return
 	}
-	l.cfg.Handler.ServeConn(tc, raw, host, route)
+	slotPassed = true
+	l.cfg.Handler.ServeConn(tc, raw, host, route, sync.OnceFunc(releaseSlot))
 }
 
 func (l *Listener) refuseHello(raw net.Conn, err error) {

@@ -252,12 +252,14 @@ func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 		seenEntries  bool
 		semantic     error // the first error other than invalid JSON
 	)
-	// value consumes one JSON value and reports whether it is valid.
-	value := func() ([]byte, bool) {
+	// value consumes one JSON value nested in enclosing objects and arrays
+	// and reports whether it is valid, within encoding/json's nesting
+	// limit for the whole document.
+	value := func(enclosing int) ([]byte, bool) {
 		start := s.pos
-		s.skipValue()
+		deepest := s.skipValue()
 		v := data[start:s.pos]
-		return v, len(v) > 0 && json.Valid(v)
+		return v, len(v) > 0 && enclosing+deepest <= maxJSONDepth && json.Valid(v)
 	}
 	fail := func(err error) {
 		if semantic == nil {
@@ -296,7 +298,7 @@ func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 				}
 				for {
 					s.skipSpace()
-					v, ok := value()
+					v, ok := value(2) // the top-level object, the instances array
 					if !ok {
 						return "", nil, invalidJSON(data)
 					}
@@ -315,7 +317,7 @@ func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 				}
 			default:
 				isString := s.peek() == '"'
-				v, ok := value()
+				v, ok := value(1) // the top-level object
 				if !ok {
 					return "", nil, invalidJSON(data)
 				}
@@ -367,6 +369,9 @@ func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 	}
 	return revision, entries, nil
 }
+
+// maxJSONDepth is encoding/json's limit on nested objects and arrays.
+const maxJSONDepth = 10000
 
 // invalidJSON explains why data is not one valid JSON value.
 func invalidJSON(data []byte) error {
@@ -775,34 +780,38 @@ func (s *keyScanner) object(depth int) error {
 
 // skipValue consumes one JSON value (with no key checks) starting at the
 // current position, which must not be white space.
-func (s *keyScanner) skipValue() {
+// skipValue consumes one value and returns the deepest nesting of objects
+// and arrays inside it (0 for a scalar).
+func (s *keyScanner) skipValue() (deepest int) {
 	depth := 0
 	for s.pos < len(s.data) {
 		switch s.data[s.pos] {
 		case '"':
 			_, _, _ = s.str()
 			if depth == 0 {
-				return
+				return deepest
 			}
 			continue
 		case '{', '[':
 			depth++
+			deepest = max(deepest, depth)
 		case '}', ']':
 			if depth == 0 {
-				return // the end of the enclosing value: a scalar ended
+				return deepest // the end of the enclosing value: a scalar ended
 			}
 			depth--
 			if depth == 0 {
 				s.pos++
-				return
+				return deepest
 			}
 		case ',', ':', ' ', '\t', '\r', '\n':
 			if depth == 0 {
-				return
+				return deepest
 			}
 		}
 		s.pos++
 	}
+	return deepest
 }
 
 // str consumes a string starting at the opening quote and returns the span
@@ -813,7 +822,7 @@ func (s *keyScanner) str() (start, end int, err error) {
 	for s.pos < len(s.data) {
 		switch s.data[s.pos] {
 		case '\\':
-			s.pos += 2
+			s.pos = min(s.pos+2, len(s.data)) // a trailing backslash ends the input
 		case '"':
 			end = s.pos
 			s.pos++

@@ -604,15 +604,34 @@ func TestParseDocumentInvalidJSON(t *testing.T) {
 		`{"instances":[]`,
 		`{"instances":[{}],"revision":"r"`,
 		`{"instances":[],"revision":"r\`,
+		// Input ending in a backslash (read with no spare capacity).
+		`{"revision":"\`,
+		`{"instances":["\`,
+		`{"instances":[{"a":"\`,
+		`{"x\`,
+		// One level deeper than encoding/json allows (10,000) for the
+		// whole document, though each entry alone would be within it.
+		`{"instances":[` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `]}`,
+		`{"x":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"instances":[]}`,
 	} {
-		if json.Valid([]byte(in)) {
-			t.Fatalf("%s is valid JSON: fix the table", in)
+		data := []byte(in)
+		data = data[:len(data):len(data)]
+		if json.Valid(data) {
+			t.Fatalf("%.60s is valid JSON: fix the table", in)
 		}
-		_, err := ParseDocument([]byte(in))
+		_, err := ParseDocument(data)
 		want := invalidJSON([]byte(in))
 		if err == nil || err.Error() != want.Error() {
-			t.Errorf("ParseDocument(%s) = %v, want %v", in, err, want)
+			t.Errorf("ParseDocument(%.60s) = %v, want %v", in, err, want)
 		}
+	}
+	// At the limit exactly: valid, and accepted as such.
+	deepest := `{"instances":[` + strings.Repeat("[", 9998) + strings.Repeat("]", 9998) + `]}`
+	if !json.Valid([]byte(deepest)) {
+		t.Fatal("the deepest valid document is not valid: fix the test")
+	}
+	if doc, err := ParseDocument([]byte(deepest)); err != nil || len(doc.Rejected) != 1 {
+		t.Errorf("deepest valid document: %v (%+v); want one rejected entry", err, doc)
 	}
 	for in, want := range map[string]string{
 		`{"revision":1,"instances":[]}`:                  `document: "revision" must be a string`,

@@ -118,10 +118,13 @@ func FuzzParseDocument(f *testing.F) {
 		`{"instances":{}}`,
 		`[`,
 		"{\"revision\":\"\xff\",\"instances\":[]}",
+		`{"revision":"\`,
+		`{"instances":["\`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		data = data[:len(data):len(data)] // no spare capacity to read past the end into
 		doc, err := ParseDocument(data)
 		if err != nil {
 			if doc != nil {
