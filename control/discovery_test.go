@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -131,8 +130,8 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 		logs:       &gwLogBuffer{},
 		stopRun:    func() {},
 	}
-	discWriteFile(t, f.configPath, discDefaultConfig())
-	discWriteFile(t, f.tokensPath, discTokens())
+	writeFileAtomic(t, f.configPath, discDefaultConfig())
+	writeFileAtomic(t, f.tokensPath, discTokens())
 	if o.keepalive == 0 {
 		o.keepalive = time.Hour
 	}
@@ -191,36 +190,6 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 		}
 	})
 	return f
-}
-
-// discWriteFile replaces path atomically.
-func discWriteFile(t *testing.T, path, data string) {
-	t.Helper()
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tmp.WriteString(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := tmp.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// discWaitFor polls cond every 2 ms until it holds or within passes.
-func discWaitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func (f *discFixture) url(path string) string { return f.srv.URL + path }
@@ -706,7 +675,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 		t.Fatalf("routes %+v", s.Routes)
 	}
 	// The operator removes the web service from sup-1's section.
-	discWriteFile(t, f.configPath, discConfig(map[string][]discInstance{
+	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
 		"sup-1": {{"team", "demo", []string{""}}},
 	}))
 	if err := f.g.Reload(); err != nil {
@@ -720,7 +689,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 		t.Fatalf("watch after the reload: %v", hostnames(s))
 	}
 	// The sandbox moves to sup-2: sup-1's routes vanish at once.
-	discWriteFile(t, f.configPath, discConfig(map[string][]discInstance{
+	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
 		"sup-2": {{"team", "demo", []string{"", "web"}}},
 	}))
 	if err := f.g.Reload(); err != nil {
@@ -735,7 +704,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 		t.Fatalf("after sup-2 advertised: %+v", s.Routes)
 	}
 	// A section that does not parse grants nothing (fail closed).
-	discWriteFile(t, f.configPath, `{"supervisors": {"sup-2": {"instances": "nope"}}}`)
+	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-2": {"instances": "nope"}}}`)
 	if err := f.g.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -746,7 +715,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 
 func TestDiscoveryConflictIncumbentWins(t *testing.T) {
 	f := newDiscFixture(t, discOptions{})
-	discWriteFile(t, f.configPath, discConfig(map[string][]discInstance{
+	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
 		"sup-1": {{"team", "demo", []string{"web"}}},
 		"sup-2": {{"team", "demo", []string{"web"}}},
 	}))
@@ -790,7 +759,7 @@ func TestDiscoverySlowReaderDisconnected(t *testing.T) {
 	f := newDiscFixture(t, discOptions{sendTimeout: 100 * time.Millisecond})
 	conn := discRawWatch(t, f, "team", discTokTeam)
 	defer func() { _ = conn.Close() }()
-	discWaitFor(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 1 })
+	waitFor(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 1 })
 	exp := time.Now().Add(time.Minute)
 	start := time.Now()
 	for i := 0; f.metric("applistener_gateway_discovery_watchers") != 0; i++ {
@@ -868,7 +837,7 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 	for range watchers {
 		conns = append(conns, discRawWatch(t, f, "team", discTokTeam))
 	}
-	discWaitFor(t, 10*time.Second, "the watches", func() bool {
+	waitFor(t, 10*time.Second, "the watches", func() bool {
 		return f.metric("applistener_gateway_discovery_watchers") == watchers
 	})
 	for i := 1; i <= changes; i++ {
@@ -892,7 +861,7 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 	}
 	conns = nil
 	f.g.Close()
-	discWaitFor(t, 10*time.Second, "the watches to end", func() bool {
+	waitFor(t, 10*time.Second, "the watches to end", func() bool {
 		return f.metric("applistener_gateway_discovery_watchers") == 0
 	})
 }
@@ -906,7 +875,7 @@ func TestDiscoveryGrantNarrowedEndsWatch(t *testing.T) {
 	wLab.next(time.Second)
 	// The token file no longer grants team to discTokTeam (it gets lab).
 	changed := time.Now()
-	discWriteFile(t, f.tokensPath, discTokens("lab"))
+	writeFileAtomic(t, f.tokensPath, discTokens("lab"))
 	end := wTeam.waitEnd(2 * time.Second)
 	t.Logf("watch ended %v after the tokens file changed (file poll 20 ms, reauth period %v)", end.Sub(changed).Round(time.Millisecond), period)
 	if end.Sub(changed) > period+500*time.Millisecond {
@@ -980,7 +949,7 @@ func TestDiscoveryWatcherLimit(t *testing.T) {
 	// Snapshots are not limited.
 	f.snapshot("team", discTokTeam)
 	w1.close()
-	discWaitFor(t, 2*time.Second, "a slot", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
+	waitFor(t, 2*time.Second, "a slot", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
 	f.watch("team", discTokTeam).next(time.Second)
 }
 
@@ -1060,7 +1029,7 @@ func TestDiscoverySupervisorTokenRemoved(t *testing.T) {
 	if s, _ := w.next(time.Second); len(s.Routes) != 2 {
 		t.Fatalf("routes %+v", s.Routes)
 	}
-	discWriteFile(t, f.tokensPath, strings.Replace(discTokens(), `{"token": "`+discTokSup1+`", "supervisor": "sup-1"},`, "", 1))
+	writeFileAtomic(t, f.tokensPath, strings.Replace(discTokens(), `{"token": "`+discTokSup1+`", "supervisor": "sup-1"},`, "", 1))
 	if err := f.g.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -1105,7 +1074,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = stuck.Body.Close() }()
-	discWaitFor(t, 2*time.Second, "two watchers", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
+	waitFor(t, 2*time.Second, "two watchers", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
 	exp := time.Now().Add(time.Minute)
 	// The client's HTTP/2 transport buffers 4 MiB per stream before flow
 	// control stops the writer: push well beyond that.

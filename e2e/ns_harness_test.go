@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,53 +328,8 @@ func nsHostname(sandbox, svc string) string {
 // found reports whether there was any.
 func nsMetric(t testing.TB, p *proc, name string, want map[string]string) (sum float64, found bool) {
 	t.Helper()
-	resp, err := adminClient.Get("http://" + p.adminAddr + "/metrics")
+	sum, found, err := gwMetric(p.adminAddr, name, want)
 	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		rest := line[len(name):]
-		labels := map[string]string{}
-		if strings.HasPrefix(rest, "{") {
-			end := strings.LastIndex(rest, "}")
-			if end < 0 {
-				t.Fatalf("metric line %q: no closing brace", line)
-			}
-			labels, err = nsParseLabels(rest[1:end])
-			if err != nil {
-				t.Fatalf("metric line %q: %v", line, err)
-			}
-			rest = rest[end+1:]
-		}
-		if !strings.HasPrefix(rest, " ") {
-			continue // another metric with this prefix
-		}
-		match := true
-		for k, v := range want {
-			if labels[k] != v {
-				match = false
-				break
-			}
-		}
-		if !match {
-			continue
-		}
-		f := strings.Fields(rest)
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
-		found = true
-	}
-	if err := sc.Err(); err != nil {
 		t.Fatalf("reading /metrics: %v", err)
 	}
 	return sum, found
@@ -389,40 +343,6 @@ func nsMetricMust(t testing.TB, p *proc, name string, want map[string]string) fl
 		t.Fatalf("no sample of %s with labels %v on /metrics", name, want)
 	}
 	return v
-}
-
-// nsParseLabels parses `a="x",b="y"` (Prometheus text format).
-func nsParseLabels(s string) (map[string]string, error) {
-	m := map[string]string{}
-	for s != "" {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return nil, fmt.Errorf("bad labels %q", s)
-		}
-		key := s[:eq]
-		s = s[eq+2:]
-		var v strings.Builder
-		i := 0
-		for ; i < len(s) && s[i] != '"'; i++ {
-			if s[i] == '\\' && i+1 < len(s) {
-				i++
-				switch s[i] {
-				case 'n':
-					v.WriteByte('\n')
-				default:
-					v.WriteByte(s[i])
-				}
-				continue
-			}
-			v.WriteByte(s[i])
-		}
-		if i >= len(s) {
-			return nil, fmt.Errorf("unterminated label value in %q", s)
-		}
-		m[key] = v.String()
-		s = strings.TrimPrefix(s[i+1:], ",")
-	}
-	return m, nil
 }
 
 // nsInstanceLabels selects the per-instance series of sandbox in team.
