@@ -768,14 +768,7 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 	g.dm.watchers.Inc()
 	defer g.dm.watchers.Dec()
 
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	g.m.request(endpoint, http.StatusOK)
+	rc := g.startStream(w, endpoint, "")
 
 	started := time.Now()
 	log := g.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)

@@ -627,15 +627,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 	g.m.watchers.Inc()
 	defer g.m.watchers.Dec()
 
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("ETag", first.etag)
-	w.WriteHeader(http.StatusOK)
-	g.m.request(gwEndpointWatch, http.StatusOK)
+	rc := g.startStream(w, gwEndpointWatch, first.etag)
 
 	started := time.Now()
 	log := g.log.With("supervisor", sup, "remote", r.RemoteAddr, "proto", r.Proto)
@@ -1166,4 +1158,21 @@ func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// startStream answers 200 with the headers of a streamed NDJSON watch (no
+// caching, no buffering by proxies in between, etag when not empty) and
+// returns the controller that flushes it.
+func (g *Gateway) startStream(w http.ResponseWriter, endpoint, etag string) *http.ResponseController {
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Accel-Buffering", "no")
+	if etag != "" {
+		h.Set("ETag", etag)
+	}
+	w.WriteHeader(http.StatusOK)
+	g.m.request(endpoint, http.StatusOK)
+	return http.NewResponseController(w)
 }
