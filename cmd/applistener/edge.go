@@ -107,12 +107,7 @@ func (o *edgeOptions) validate() error {
 
 func edgeCommand(args []string, stderr io.Writer) error {
 	var o edgeOptions
-	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseCommand("edge", args, &o); err != nil {
 		return err
 	}
 	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)

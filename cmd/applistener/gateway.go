@@ -108,12 +108,7 @@ func isLoopbackHost(host string) bool {
 
 func gatewayCommand(args []string, stderr io.Writer) error {
 	var o gatewayOptions
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseCommand("gateway", args, &o); err != nil {
 		return err
 	}
 	ctx, logger, _, done := commandSetup(stderr, o.logFormat, o.logLevel)

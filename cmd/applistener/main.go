@@ -80,6 +80,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// commandOptions are a subcommand's settings: its flags and their checks.
+type commandOptions interface {
+	flags(fs *flag.FlagSet)
+	validate() error
+}
+
+// parseCommand parses args into o (flags of the subcommand name) and
+// validates them; errors are one-line usage errors.
+func parseCommand(name string, args []string, o commandOptions) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return o.validate()
+}
+
 // parseFlags parses fs and turns flag errors into one-line usage errors.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)

@@ -83,12 +83,7 @@ func routesCommand(args []string, stdout, stderr io.Writer) error {
 		return usagef("unknown subcommand %q: want get or watch", sub)
 	}
 	var o routesOptions
-	fs := flag.NewFlagSet("routes "+sub, flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseCommand("routes "+sub, args[1:], &o); err != nil {
 		return err
 	}
 	logger := newLogger("text", o.logLevel, stderr)

@@ -224,12 +224,7 @@ func newLogger(format, level string, w io.Writer) *slog.Logger {
 
 func serveCommand(args []string, stderr io.Writer) error {
 	var o serveOptions
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseCommand("serve", args, &o); err != nil {
 		return err
 	}
 	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)
