@@ -338,23 +338,7 @@ type discWatch struct {
 
 func (f *discFixture) watch(ws, token string) *discWatch {
 	f.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, f.url("/v1/workspaces/"+ws+"/service-routes?watch=1"), nil)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.client.Do(req)
-	if err != nil {
-		f.t.Fatalf("watch %s: %v", ws, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		f.t.Fatalf("watch %s: %d %q", ws, resp.StatusCode, b)
-	}
-	if ct := resp.Header.Get("Content-Type"); ct != "application/x-ndjson" {
-		f.t.Errorf("watch Content-Type = %q", ct)
-	}
+	resp := openWatch(f.t, f.client, f.url("/v1/workspaces/"+ws+"/service-routes?watch=1"), token)
 	w := &discWatch{t: f.t, resp: resp, lines: make(chan gwLine, 4096), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)

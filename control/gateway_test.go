@@ -249,27 +249,35 @@ type gwWatch struct {
 	done  chan struct{}
 }
 
-// watch opens a watch stream for supervisor sup and checks it is a 200
-// NDJSON stream.
-func (f *gwFixture) watch(sup, token string) *gwWatch {
-	f.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, f.url("/v1/supervisors/"+sup+"/config?watch=1"), nil)
+// openWatch GETs url with token and checks that the answer is a 200 NDJSON
+// stream.
+func openWatch(t *testing.T, client *http.Client, url, token string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		f.t.Fatalf("watch %s: %v", sup, err)
+		t.Fatalf("watch %s: %v", url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
-		f.t.Fatalf("watch %s: %d %q", sup, resp.StatusCode, b)
+		t.Fatalf("watch %s: %d %q", url, resp.StatusCode, b)
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/x-ndjson" {
-		f.t.Errorf("watch Content-Type = %q", ct)
+		t.Errorf("watch Content-Type = %q", ct)
 	}
+	return resp
+}
+
+// watch opens a watch stream for supervisor sup and checks it is a 200
+// NDJSON stream.
+func (f *gwFixture) watch(sup, token string) *gwWatch {
+	f.t.Helper()
+	resp := openWatch(f.t, f.client, f.url("/v1/supervisors/"+sup+"/config?watch=1"), token)
 	w := &gwWatch{t: f.t, resp: resp, lines: make(chan gwLine, 1024), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
