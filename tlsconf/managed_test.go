@@ -237,11 +237,49 @@ func (p *pebbleCA) orders() int {
 type dnsServer struct {
 	addr string
 	ln   net.Listener
-	wg   sync.WaitGroup
 
 	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
 	queries []string // question names, lower case, without the final dot
+}
+
+// acceptLoop serves every connection ln accepts with serve in a goroutine
+// of its own and closes it when serve returns; at the end of the test it
+// closes ln and the open connections and waits for every goroutine.
+func acceptLoop(t *testing.T, ln net.Listener, serve func(net.Conn)) {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]struct{}{}
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[c] = struct{}{}
+			mu.Unlock()
+			wg.Go(func() {
+				defer func() {
+					mu.Lock()
+					delete(conns, c)
+					mu.Unlock()
+					_ = c.Close()
+				}()
+				serve(c)
+			})
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 }
 
 func startDNS(t *testing.T) *dnsServer {
@@ -250,42 +288,12 @@ func startDNS(t *testing.T) *dnsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &dnsServer{addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]struct{}{}}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			d.mu.Lock()
-			d.conns[c] = struct{}{}
-			d.mu.Unlock()
-			d.wg.Add(1)
-			go d.serve(c)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		d.mu.Lock()
-		for c := range d.conns {
-			_ = c.Close()
-		}
-		d.mu.Unlock()
-		d.wg.Wait()
-	})
+	d := &dnsServer{addr: ln.Addr().String(), ln: ln}
+	acceptLoop(t, ln, d.serve)
 	return d
 }
 
 func (d *dnsServer) serve(c net.Conn) {
-	defer d.wg.Done()
-	defer func() {
-		d.mu.Lock()
-		delete(d.conns, c)
-		d.mu.Unlock()
-		_ = c.Close()
-	}()
 	for {
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		var size [2]byte
@@ -382,51 +390,19 @@ type slowServer struct {
 	addr string
 	ln   net.Listener
 	cfg  *tls.Config
-	wg   sync.WaitGroup
 
 	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
 	protos []string
 }
 
 func serveSlow(t *testing.T, ln net.Listener, cfg *tls.Config) *slowServer {
 	t.Helper()
-	s := &slowServer{addr: ln.Addr().String(), ln: ln, cfg: cfg, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.conns[c] = struct{}{}
-			s.mu.Unlock()
-			s.wg.Add(1)
-			go s.serve(c)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			_ = c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
+	s := &slowServer{addr: ln.Addr().String(), ln: ln, cfg: cfg}
+	acceptLoop(t, ln, s.serve)
 	return s
 }
 
 func (s *slowServer) serve(raw net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, raw)
-		s.mu.Unlock()
-		_ = raw.Close()
-	}()
 	conn := tls.Server(raw, s.cfg)
 	_ = conn.SetDeadline(time.Now().Add(issueTimeout))
 	if err := conn.Handshake(); err != nil {
