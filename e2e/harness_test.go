@@ -344,13 +344,60 @@ type backend struct {
 
 	mu   sync.Mutex
 	reqs []*recorded
-	ws   map[*websocket.Conn]struct{}
-	wsWG sync.WaitGroup
+	ws   wsEchoes
+}
+
+// wsEchoes is a WebSocket echo handler that keeps track of its
+// connections, so that a test app can close them when it stops.
+type wsEchoes struct {
+	mu    sync.Mutex
+	conns map[*websocket.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// serve upgrades r and echoes every message until the connection ends.
+func (e *wsEchoes) serve(w http.ResponseWriter, r *http.Request) {
+	c, err := wsUpgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	if e.conns == nil {
+		e.conns = map[*websocket.Conn]struct{}{}
+	}
+	e.conns[c] = struct{}{}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.conns, c)
+		e.mu.Unlock()
+		_ = c.Close()
+		e.wg.Done()
+	}()
+	for {
+		typ, msg, err := c.ReadMessage()
+		if err != nil {
+			return
+		}
+		if err := c.WriteMessage(typ, msg); err != nil {
+			return
+		}
+	}
+}
+
+// closeAll closes the open WebSockets.
+func (e *wsEchoes) closeAll() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for c := range e.conns {
+		_ = c.Close()
+	}
 }
 
 func newBackend(t testing.TB, name string) *backend {
 	t.Helper()
-	b := &backend{name: name, ws: map[*websocket.Conn]struct{}{}}
+	b := &backend{name: name}
 	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.serveHTTP))
 	b.srv.Listener = &countingListener{Listener: b.srv.Listener, b: b}
 	b.srv.Start()
@@ -362,13 +409,9 @@ func newBackend(t testing.TB, name string) *backend {
 func (b *backend) hostPort() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
 
 func (b *backend) close() {
-	b.mu.Lock()
-	for c := range b.ws {
-		_ = c.Close()
-	}
-	b.mu.Unlock()
+	b.ws.closeAll()
 	b.srv.Close()
-	b.wsWG.Wait()
+	b.ws.wg.Wait()
 }
 
 func (b *backend) record(r *http.Request, body []byte, err error) *recorded {
@@ -478,30 +521,7 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (b *backend) serveWS(w http.ResponseWriter, r *http.Request) {
 	b.record(r, nil, nil)
-	c, err := wsUpgrader.Upgrade(w, r, nil)
-	if err != nil {
-		return
-	}
-	b.mu.Lock()
-	b.ws[c] = struct{}{}
-	b.wsWG.Add(1)
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.ws, c)
-		b.mu.Unlock()
-		_ = c.Close()
-		b.wsWG.Done()
-	}()
-	for {
-		typ, msg, err := c.ReadMessage()
-		if err != nil {
-			return
-		}
-		if err := c.WriteMessage(typ, msg); err != nil {
-			return
-		}
-	}
+	b.ws.serve(w, r)
 }
 
 var bigResponse = bigBody(5 << 20)

@@ -62,8 +62,7 @@ func TestNSHelperBackend(t *testing.T) {
 type nsAppServer struct {
 	name string
 	wg   sync.WaitGroup
-	mu   sync.Mutex
-	ws   map[*websocket.Conn]struct{}
+	ws   wsEchoes
 }
 
 // nsServeApp serves the sandbox app on addr until stdin reaches EOF.
@@ -72,7 +71,7 @@ func nsServeApp(name, addr string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	a := &nsAppServer{name: name, ws: map[*websocket.Conn]struct{}{}}
+	a := &nsAppServer{name: name}
 	srv := &http.Server{Handler: a, ReadHeaderTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -82,11 +81,7 @@ func nsServeApp(name, addr string, stdin io.Reader, stdout io.Writer) error {
 	}
 	_, _ = io.Copy(io.Discard, stdin) // until the test closes stdin, or dies
 	_ = srv.Close()                   // cancels the contexts of /slow
-	a.mu.Lock()
-	for c := range a.ws {
-		_ = c.Close()
-	}
-	a.mu.Unlock()
+	a.ws.closeAll()
 	err = <-served // http.ErrServerClosed, unless serving failed before
 	a.wg.Wait()
 	if !errors.Is(err, http.ErrServerClosed) {
@@ -101,28 +96,7 @@ func (a *nsAppServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Sandbox-App", a.name)
 	switch r.URL.Path {
 	case "/ws":
-		c, err := wsUpgrader.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		a.mu.Lock()
-		a.ws[c] = struct{}{}
-		a.mu.Unlock()
-		defer func() {
-			a.mu.Lock()
-			delete(a.ws, c)
-			a.mu.Unlock()
-			_ = c.Close()
-		}()
-		for {
-			typ, msg, err := c.ReadMessage()
-			if err != nil {
-				return
-			}
-			if err := c.WriteMessage(typ, msg); err != nil {
-				return
-			}
-		}
+		a.ws.serve(w, r)
 	case "/slow":
 		<-r.Context().Done()
 	default:

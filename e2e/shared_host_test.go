@@ -358,7 +358,7 @@ func newUnixBackend(t *testing.T, name, path string) *backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{name: name, ws: map[*websocket.Conn]struct{}{}}
+	b := &backend{name: name}
 	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.serveHTTP))
 	_ = b.srv.Listener.Close()
 	b.srv.Listener = &countingListener{Listener: ln, b: b}

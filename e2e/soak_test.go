@@ -263,24 +263,18 @@ type gwSoakBackend struct {
 	srv  *httptest.Server
 	port int
 
-	mu sync.Mutex
-	ws map[*websocket.Conn]struct{}
-	wg sync.WaitGroup
+	ws wsEchoes
 }
 
 func gwNewSoakBackend(t testing.TB, name string) *gwSoakBackend {
 	t.Helper()
-	b := &gwSoakBackend{name: name, ws: map[*websocket.Conn]struct{}{}}
+	b := &gwSoakBackend{name: name}
 	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
 	b.port = b.srv.Listener.Addr().(*net.TCPAddr).Port
 	t.Cleanup(func() {
-		b.mu.Lock()
-		for c := range b.ws {
-			_ = c.Close()
-		}
-		b.mu.Unlock()
+		b.ws.closeAll()
 		b.srv.Close()
-		b.wg.Wait()
+		b.ws.wg.Wait()
 	})
 	return b
 }
@@ -291,28 +285,5 @@ func (b *gwSoakBackend) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = fmt.Fprintf(w, "hello from %s\n", b.name)
 		return
 	}
-	c, err := wsUpgrader.Upgrade(w, r, nil)
-	if err != nil {
-		return
-	}
-	b.mu.Lock()
-	b.ws[c] = struct{}{}
-	b.wg.Add(1)
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.ws, c)
-		b.mu.Unlock()
-		_ = c.Close()
-		b.wg.Done()
-	}()
-	for {
-		typ, msg, err := c.ReadMessage()
-		if err != nil {
-			return
-		}
-		if err := c.WriteMessage(typ, msg); err != nil {
-			return
-		}
-	}
+	b.ws.serve(w, r)
 }
