@@ -826,8 +826,9 @@ type h2ClientBodyError struct {
 func (e *h2ClientBodyError) Error() string { return "request body: " + e.err.Error() }
 func (e *h2ClientBodyError) Unwrap() error { return e.err }
 
-// readAppResponseHead reads the app's response head (the HTTP/1.1 path's
-// readResponseHead, which needs no client connection).
+// readAppResponseHead reads the app's response head (ending with
+// CRLFCRLF), growing the buffer up to 64 KiB for a large head; the HTTP/1.1
+// and HTTP/2 paths share it.
 func readAppResponseHead(bc *backendConn) ([]byte, error) {
 	const maxResponseHead = 64 << 10
 	for {
@@ -842,7 +843,9 @@ func readAppResponseHead(bc *backendConn) ([]byte, error) {
 		err := bc.in.fill()
 		if errors.Is(err, errBufferFull) {
 			bc.in.compact()
-			err = bc.in.fill()
+			if err = bc.in.fill(); errors.Is(err, errBufferFull) && bc.in.grow(maxResponseHead+4) {
+				err = bc.in.fill()
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -801,7 +801,7 @@ func (c *clientConn) proxy() bool {
 	wroteHead := false
 	for {
 		_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
-		head, err := c.readResponseHead(bc)
+		head, err := readAppResponseHead(bc)
 		if err != nil {
 			berr := abortBody()
 			bc.close()
@@ -1055,30 +1055,6 @@ func (d *deadlineReader) abort() {
 	d.aborted = true
 	_ = d.conn.SetReadDeadline(time.Now())
 	d.mu.Unlock()
-}
-
-func (c *clientConn) readResponseHead(bc *backendConn) ([]byte, error) {
-	const maxResponseHead = 64 << 10
-	for {
-		p := bc.in.bytes()
-		if end := findHeadEnd(p); end >= 0 {
-			bc.in.r += end
-			return p[:end], nil
-		}
-		if len(p) > maxResponseHead {
-			return nil, errors.New("response head too large")
-		}
-		err := bc.in.fill()
-		if errors.Is(err, errBufferFull) {
-			bc.in.compact()
-			if err = bc.in.fill(); errors.Is(err, errBufferFull) && bc.in.grow(maxResponseHead+4) {
-				err = bc.in.fill()
-			}
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
 }
 
 func dialResult(err error) string {

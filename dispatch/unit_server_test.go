@@ -255,7 +255,7 @@ func TestUnitGzipChunkedResponseRelayed(t *testing.T) {
 	}
 }
 
-// TestUnitLargeResponseHead: readResponseHead allows app response heads up
+// TestUnitLargeResponseHead: readAppResponseHead allows app response heads up
 // to 64 KiB (maxResponseHead), but the backend read buffer is only
 // max(MaxHeaderBytes+1024, 16 KiB) = 17 KiB by default, so a 20 KiB head
 // (a large Content-Security-Policy or several big cookies) fills the buffer
