@@ -197,23 +197,7 @@ func (f *discFixture) url(path string) string { return f.srv.URL + path }
 // do sends a request and returns the response with its body read.
 func (f *discFixture) do(method, path, token string, body io.Reader) (*http.Response, string) {
 	f.t.Helper()
-	req, err := http.NewRequest(method, f.url(path), body)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := f.client.Do(req)
-	if err != nil {
-		f.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		f.t.Fatalf("%s %s: read body: %v", method, path, err)
-	}
-	return resp, string(b)
+	return doRequest(f.t, f.client, method, f.url(path), token, body)
 }
 
 // metric returns the value of a counter or gauge with the given labels.

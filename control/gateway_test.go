@@ -205,9 +205,16 @@ func (f *gwFixture) url(path string) string { return f.srv.URL + path }
 // the response with its body read.
 func (f *gwFixture) do(method, path, token string, body io.Reader, header ...string) (*http.Response, string) {
 	f.t.Helper()
-	req, err := http.NewRequest(method, f.url(path), body)
+	return doRequest(f.t, f.client, method, f.url(path), token, body, header...)
+}
+
+// doRequest sends a request with the given bearer token ("" for none) and
+// header (name, value pairs) and returns the response with its body read.
+func doRequest(t *testing.T, client *http.Client, method, url, token string, body io.Reader, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -215,14 +222,14 @@ func (f *gwFixture) do(method, path, token string, body io.Reader, header ...str
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := f.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		f.t.Fatalf("%s %s: %v", method, path, err)
+		t.Fatalf("%s %s: %v", method, url, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		f.t.Fatalf("%s %s: read body: %v", method, path, err)
+		t.Fatalf("%s %s: read body: %v", method, url, err)
 	}
 	return resp, string(b)
 }
