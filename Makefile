@@ -14,7 +14,7 @@ FUZZ_TARGETS = \
 	./dispatch:FuzzCopyChunked \
 	./dispatch:FuzzParseResponseHead
 
-.PHONY: all build run test vet unit fuzz-brief fuzz bench bench-compare lint clean
+.PHONY: all build run test deps vet cross unit fuzz-brief fuzz bench bench-compare lint clean
 
 all: build
 
@@ -25,11 +25,20 @@ build:
 run:
 	$(GO) run ./cmd/applistener dev
 
-## test: vet, every test with the race detector, and a short fuzz pass.
-test: vet unit fuzz-brief
+## test: what the tests need (installed once), vet, a cross-compile check,
+## every test with the race detector, and a short fuzz pass.
+test: deps vet cross unit fuzz-brief
+
+## deps: tools the tests use that Go does not build (Chromium), installed once.
+deps:
+	bash scripts/test-deps.sh
 
 vet:
 	$(GO) vet ./...
+
+## cross: the tree builds and vets on macOS and builds on Windows (no run).
+cross:
+	GOOS=darwin $(GO) build ./... && GOOS=darwin $(GO) vet ./... && GOOS=windows $(GO) build ./...
 
 unit:
 	$(GO) test -race -count=1 ./...
