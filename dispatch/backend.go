@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/applistener/applistener/connector"
@@ -16,6 +17,7 @@ type backendConn struct {
 	in        inbuf
 	idleSince time.Time
 	reused    bool
+	probe     idleProbe
 }
 
 func (b *backendConn) close() {
@@ -35,6 +37,15 @@ type backendPool struct {
 	idleTimeout time.Duration
 	bufPool     *sync.Pool
 
+	// hostHeader is the Host sent to the app (unless the public one is
+	// preserved): host:port of its loopback address.
+	hostHeader string
+	// cookieWarned: a widened cookie Domain was logged for this route.
+	cookieWarned atomic.Bool
+	// onStale, when set, counts an idle connection found closed by the
+	// app (or carrying unsolicited bytes) when it was about to be reused.
+	onStale func()
+
 	mu     sync.Mutex
 	idle   []*backendConn
 	closed bool
@@ -49,8 +60,30 @@ func newBackendPool(c connector.Connector, port, maxIdle int, idleTimeout time.D
 	return p
 }
 
-// get returns an idle connection, or nil.
+// get returns an idle connection that the app has not closed, or nil.
+// Connections the app closed while they were idle are discarded here,
+// before any request byte is written on them (see idleProbe), so that the
+// request goes to a new connection exactly once.
 func (p *backendPool) get() *backendConn {
+	for {
+		bc := p.pop()
+		if bc == nil {
+			return nil
+		}
+		if bc.probe.usable() {
+			bc.reused = true
+			return bc
+		}
+		if p.onStale != nil {
+			p.onStale()
+		}
+		bc.close()
+	}
+}
+
+// pop takes the most recently used idle connection that has not outlived
+// the idle timeout, closing the expired ones it passes.
+func (p *backendPool) pop() *backendConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
@@ -58,7 +91,6 @@ func (p *backendPool) get() *backendConn {
 		bc := p.idle[len(p.idle)-1]
 		p.idle = p.idle[:len(p.idle)-1]
 		if now.Sub(bc.idleSince) < p.idleTimeout {
-			bc.reused = true
 			return bc
 		}
 		bc.close()
@@ -72,7 +104,9 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &backendConn{conn: conn, in: inbuf{src: conn, pool: p.bufPool}}, nil
+	bc := &backendConn{conn: conn, in: inbuf{src: conn, pool: p.bufPool}}
+	bc.probe.init(conn)
+	return bc, nil
 }
 
 // put returns a connection for reuse, or closes it when the pool is closed

@@ -158,8 +158,8 @@ func (s *Server) h2GoAway() {
 	}
 }
 
-// routePool returns the route's backend pool, the one the HTTP/1.1 path
-// uses (same creation as clientConn.pool).
+// routePool returns the route's backend pool, shared by its HTTP/1.1 and
+// HTTP/2 clients; it is created on first use and closed with the route.
 func (s *Server) routePool(route *routes.Route) *backendPool {
 	return route.Data(func() any {
 		conn, err := s.cfg.NewConnector(route.Connector)
@@ -167,7 +167,16 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 			s.log.Error("connector unavailable", "host", route.Host, "err", err)
 			conn = failingConnector{err}
 		}
-		return newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
+		p := newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
+		p.onStale = s.m.staleConns.Inc
+		// The Host the app sees unless PreserveHost: its own loopback
+		// address, what dev servers accept.
+		host := routes.DefaultConnectorHost
+		if route.Connector.Type == "tcp" && route.Connector.Host != "" {
+			host = route.Connector.Host
+		}
+		p.hostHeader = net.JoinHostPort(host, strconv.Itoa(route.Port))
+		return p
 	}).(*backendPool)
 }
 
@@ -194,8 +203,10 @@ func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes
 	// Deadlines left by the handshake would end the connection; x/net
 	// keeps its own timers (idle, ping, write-byte).
 	_ = conn.SetDeadline(time.Time{})
+	nc := &h2NetConn{Conn: conn, raw: raw, onHeadTimeout: hc.headTimedOut}
+	nc.heads.start(conn, s.cfg.HeaderTimeout)
 	//nolint:staticcheck // SA1019: no net/http equivalent, see h2State.
-	srv.ServeConn(&h2NetConn{Conn: conn, raw: raw}, &http2.ServeConnOpts{
+	srv.ServeConn(nc, &http2.ServeConnOpts{
 		BaseConfig: base,
 		Handler:    hc,
 	})
@@ -208,10 +219,25 @@ func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes
 // is needed, and a stalled peer cannot block the close.
 type h2NetConn struct {
 	*tls.Conn
-	raw net.Conn
+	raw   net.Conn
+	heads h2HeadClock
+	// onHeadTimeout runs once when a request head took too long.
+	onHeadTimeout func()
 }
 
 func (c *h2NetConn) Close() error { return c.raw.Close() }
+
+// Read reads for x/net, bounding request heads in time (h2HeadClock).
+func (c *h2NetConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.heads.observe(p[:n])
+	}
+	if err != nil && c.heads.timedOut(err) && c.onHeadTimeout != nil {
+		c.onHeadTimeout()
+	}
+	return n, err
+}
 
 // h2Conn is one HTTP/2 client connection bound to one route. It is the
 // http.Handler of its streams and the routes.Stream attached to the
@@ -249,6 +275,24 @@ func (hc *h2Conn) Revoke(cause error) {
 	_ = hc.raw.Close()
 	for _, bc := range bcs {
 		_ = bc.conn.Close()
+	}
+}
+
+// headTimedOut records a connection closed because a request head (or the
+// first one) did not arrive within the head timeout.
+func (hc *h2Conn) headTimedOut() {
+	s := hc.s
+	s.m.requests.WithLabelValues(statusClass(408)).Inc()
+	s.m.denials.WithLabelValues("408").Inc()
+	if s.log.Enabled(context.Background(), slog.LevelInfo) {
+		s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
+			slog.Int("class_uid", 4002),
+			slog.String("rule", "app-listener"),
+			slog.Int("status", 408),
+			slog.String("reason", reasonReqTimeout),
+			slog.String("sni", hc.sni),
+			slog.String("src", hc.peer.String()),
+			slog.String("protocol", "HTTP/2.0"))
 	}
 }
 
@@ -458,21 +502,6 @@ func (st *h2Stream) buildRequest() (*request, *parseError) {
 	return req, nil
 }
 
-func (st *h2Stream) forwardInfo() *forwardInfo {
-	route := st.hc.route
-	fi := &forwardInfo{
-		client:      st.hc.peer,
-		trusted:     st.hc.trusted,
-		publicHost:  st.hc.sni,
-		backendHost: "127.0.0.1:" + strconv.Itoa(route.Port),
-		preserve:    st.s.cfg.PreserveHost,
-	}
-	if route.Connector.Type == "tcp" && route.Connector.Host != "" && route.Connector.Host != "127.0.0.1" {
-		fi.backendHost = net.JoinHostPort(route.Connector.Host, strconv.Itoa(route.Port))
-	}
-	return fi
-}
-
 // attach makes bc the stream's app connection: revocation and the end of
 // the stream close it. False when the connection is revoked.
 func (st *h2Stream) attach(bc *backendConn) bool {
@@ -508,7 +537,9 @@ func (st *h2Stream) proxy(req *request) bool {
 	isHead := r.Method == "HEAD"
 	hasBody := req.body != bodyNone
 	pool := s.routePool(st.hc.route)
-	head := appendRequestHead(make([]byte, 0, 1024), req, st.forwardInfo())
+	fi := s.forwardInfo(pool, st.hc.sni, st.hc.peer, st.hc.trusted)
+	head := appendRequestHead(make([]byte, 0, 1024), req, &fi)
+	s.countDropped(&fi, st.hc.route)
 
 	var bc *backendConn
 	for attempt := 0; ; attempt++ {
@@ -538,14 +569,7 @@ func (st *h2Stream) proxy(req *request) bool {
 			return false
 		}
 		_ = bc.conn.SetWriteDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		_, err := bc.conn.Write(head)
-		wrote := err == nil
-		if wrote && !hasBody {
-			// Wait for the first response bytes here so that a stale
-			// pooled connection can be retried on a new one.
-			_ = bc.conn.SetReadDeadline(time.Now().Add(s.cfg.ResponseHeaderTimeout))
-			err = bc.in.fill()
-		}
+		n, err := bc.conn.Write(head)
 		if err == nil {
 			break
 		}
@@ -554,14 +578,12 @@ func (st *h2Stream) proxy(req *request) bool {
 		if st.gone() {
 			return true
 		}
-		// Only a reused connection that the app had already closed is
-		// retried, once; a slow app is not asked twice, a body not sent twice.
-		if fresh || attempt > 0 || hasBody || isTimeout(err) {
-			st.backendFailed(err, wrote)
-			return false
+		if mayRetry(req.method, !hasBody, !fresh, writeFailure(n), attempt) {
+			continue
 		}
+		st.backendFailed(err, false)
+		return false
 	}
-
 	// Stream the request body alongside reading the response.
 	var bodyDone chan error
 	var bodyAborted atomic.Bool
@@ -623,6 +645,7 @@ func (st *h2Stream) proxy(req *request) bool {
 			st.deny(502, reasonBadResponse, false, false)
 			return false
 		}
+		s.scopeCookies(&resp, st.hc.sni, pool)
 		if resp.status == 101 {
 			// No upgrades over HTTP/2 (and none was asked for: the
 			// request carried no Upgrade).

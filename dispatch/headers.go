@@ -2,8 +2,12 @@ package dispatch
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"net/netip"
 	"strconv"
+
+	"github.com/applistener/applistener/routes"
 )
 
 // hopByHop reports whether a header (any case) is removed in both directions
@@ -43,6 +47,40 @@ func forwardingHeader(name []byte) bool {
 		equalFoldDash(name, "x-real-ip") ||
 		equalFoldDash(name, "x-client-cert") ||
 		equalFoldDash(name, "x-ssl-client-cert")
+}
+
+// reservedAlias reports whether name, read as CGI/WSGI servers read it
+// (case folded, '_' taken as '-'), is a field the listener owns: Host, the
+// framing fields, every hop-by-hop field, Proxy-*, and the forwarding and
+// client-identity claims. Such a name spelled with '_' is never forwarded,
+// even where underscores are allowed: the app could read it as the real
+// field and frame the body differently from the listener.
+func reservedAlias(name []byte) bool {
+	switch len(name) {
+	case 2:
+		return equalFoldDash(name, "te")
+	case 4:
+		return equalFoldDash(name, "host")
+	case 7:
+		return equalFoldDash(name, "trailer") || equalFoldDash(name, "upgrade")
+	case 10:
+		return equalFoldDash(name, "connection") || equalFoldDash(name, "keep-alive")
+	case 14:
+		return equalFoldDash(name, "content-length")
+	case 17:
+		return equalFoldDash(name, "transfer-encoding")
+	}
+	return hasPrefixFold(name, "proxy-") || forwardingHeader(name)
+}
+
+// underscoreDropped reports whether a request field is not forwarded
+// because its name contains '_': all such fields by default (as nginx and
+// Caddy do), only the reserved aliases when allow is set.
+func underscoreDropped(name []byte, allow bool) bool {
+	if bytes.IndexByte(name, '_') < 0 {
+		return false
+	}
+	return !allow || reservedAlias(name)
 }
 
 // foldDash lower-cases an ASCII letter and maps '_' to '-'.
@@ -88,6 +126,40 @@ type forwardInfo struct {
 	publicHost  string // the SNI, normalized
 	backendHost string // Host sent to the app unless preserveHost
 	preserve    bool
+	// allowUnderscore forwards field names containing '_' other than the
+	// reserved aliases (Config.AllowUnderscoreHeaders).
+	allowUnderscore bool
+	// dropped counts the fields appendRequestHead left out because of an
+	// underscore in their name (set by it, read by the caller).
+	dropped int
+}
+
+// forwardInfo returns what the listener adds to a request forwarded
+// through pool for a client at peer that reached sni; HTTP/1.1 and HTTP/2
+// share it.
+func (s *Server) forwardInfo(pool *backendPool, sni string, peer netip.Addr, trusted bool) forwardInfo {
+	fi := forwardInfo{
+		client:          peer,
+		trusted:         trusted,
+		publicHost:      sni,
+		backendHost:     pool.hostHeader,
+		preserve:        s.cfg.PreserveHost,
+		allowUnderscore: s.cfg.AllowUnderscoreHeaders,
+	}
+	return fi
+}
+
+// countDropped counts (and logs at debug level) the fields that
+// appendRequestHead left out because of an underscore in their name.
+func (s *Server) countDropped(fi *forwardInfo, route *routes.Route) {
+	if fi.dropped == 0 {
+		return
+	}
+	s.m.headersDropped.WithLabelValues("underscore").Add(float64(fi.dropped))
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.LogAttrs(context.Background(), slog.LevelDebug, "request header fields with '_' in their names dropped",
+			slog.String("host", route.Host), slog.Int("fields", fi.dropped))
+	}
 }
 
 // appendRequestHead writes the request head sent to the app.
@@ -107,6 +179,10 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	for i := range r.fields {
 		f := &r.fields[i]
 		if asciiEqualFold(f.name, "host") || hopByHop(f.name) || connectionNamed(f.name, r.connTokens) {
+			continue
+		}
+		if underscoreDropped(f.name, fi.allowUnderscore) {
+			fi.dropped++
 			continue
 		}
 		if forwardingHeader(f.name) {

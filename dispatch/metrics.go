@@ -11,6 +11,9 @@ type metrics struct {
 	bytesToClient    prometheus.Counter
 	bytesToApp       prometheus.Counter
 	dials            *prometheus.CounterVec
+	staleConns       prometheus.Counter
+	headersDropped   *prometheus.CounterVec
+	cookieDomains    prometheus.Counter
 }
 
 // newMetrics creates the data plane's metrics; parked reports how many
@@ -40,13 +43,26 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_connector_dials_total", Help: "Connections opened to apps, by result.",
 		}, []string{"result"}),
+		staleConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_app_connections_stale_total",
+			Help: "Idle app connections found closed by the app when about to be reused (discarded before any request byte was written).",
+		}),
+		headersDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_request_headers_dropped_total",
+			Help: "Request header fields not forwarded to apps, by reason (underscore: a name containing '_').",
+		}, []string{"reason"}),
+		cookieDomains: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_cookie_domains_removed_total",
+			Help: "Set-Cookie Domain attributes removed because they named more than the request's host.",
+		}),
 	}
 	if reg != nil {
 		idle := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "applistener_websocket_directions_idle",
 			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",
 		}, parked)
-		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials, idle)
+		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials, idle,
+			m.staleConns, m.headersDropped, m.cookieDomains)
 	}
 	return m
 }

@@ -179,6 +179,25 @@ func findHeadEnd(p []byte) int {
 	return i + 4
 }
 
+// bareLineBreak reports whether p, from index from on, holds an LF not
+// preceded by CR or a CR not followed by LF (a CR that ends p is
+// undecided until more bytes arrive).
+func bareLineBreak(p []byte, from int) bool {
+	for i := from; i < len(p); i++ {
+		switch p[i] {
+		case '\n':
+			if i == 0 || p[i-1] != '\r' {
+				return true
+			}
+		case '\r':
+			if i+1 < len(p) && p[i+1] != '\n' {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 var (
 	crlfcrlf = []byte("\r\n\r\n")
 	crlf     = []byte("\r\n")

@@ -33,6 +33,15 @@ import (
 type Config struct {
 	// PreserveHost forwards the public Host instead of 127.0.0.1:PORT.
 	PreserveHost bool
+	// AllowUnderscoreHeaders forwards request fields whose names contain
+	// '_' (dropped by default, as nginx and Caddy do). Aliases of Host, the
+	// framing, hop-by-hop and forwarding fields are dropped regardless.
+	AllowUnderscoreHeaders bool
+	// PassCookieDomain forwards the Domain attribute of an app's Set-Cookie
+	// as it is. By default a Domain other than the request's host is
+	// removed, so that one sandbox cannot set cookies for the others (safe
+	// to turn on only when the app domain is on the Public Suffix List).
+	PassCookieDomain bool
 	// TrustedProxies may send X-Forwarded-*, Forwarded and client identity headers.
 	TrustedProxies []netip.Prefix
 	// MaxHeaderBytes bounds a request head (request line and fields); 431 beyond it.
@@ -463,12 +472,14 @@ func (c *clientConn) readHead() ([]byte, bool) {
 	}
 	_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.HeaderTimeout))
 	max := c.s.cfg.MaxHeaderBytes
+	scanned := 0 // bytes of p already checked for bare CR or LF
 	for {
 		p := c.in.bytes()
 		// Ignore empty lines before a request line (RFC 9112 §2.2).
 		for len(p) >= 2 && p[0] == '\r' && p[1] == '\n' {
 			c.in.r += 2
 			p = p[2:]
+			scanned = 0
 		}
 		if end := findHeadEnd(p); end >= 0 {
 			if end > max {
@@ -477,6 +488,16 @@ func (c *clientConn) readHead() ([]byte, bool) {
 			}
 			c.in.r += end
 			return p[:end], true
+		}
+		// A head that ends its lines with a bare LF (or holds a bare CR)
+		// never completes: refuse it now rather than at the head timeout.
+		if bareLineBreak(p, scanned) {
+			c.reject(&parseError{400, "bare CR or LF in the request head"})
+			return nil, false
+		}
+		scanned = len(p) - 1
+		if scanned < 0 {
+			scanned = 0
 		}
 		if len(p) > max {
 			c.reject(errHeadTooLarge)
@@ -597,17 +618,6 @@ func (c *clientConn) handle(head []byte) bool {
 	return keep
 }
 
-func (c *clientConn) pool() *backendPool {
-	return c.route.Data(func() any {
-		conn, err := c.s.cfg.NewConnector(c.route.Connector)
-		if err != nil {
-			c.s.log.Error("connector unavailable", "host", c.route.Host, "err", err)
-			conn = failingConnector{err}
-		}
-		return newBackendPool(conn, c.route.Port, c.s.cfg.MaxIdlePerRoute, c.s.cfg.BackendIdleTimeout, &c.s.bufPool, c.route.Lease)
-	}).(*backendPool)
-}
-
 type failingConnector struct{ err error }
 
 func (f failingConnector) Dial(context.Context, int) (net.Conn, error) { return nil, f.err }
@@ -693,18 +703,10 @@ func (c *clientConn) flush() error {
 func (c *clientConn) proxy() bool {
 	req := &c.req
 	isHead := string(req.method) == "HEAD"
-	pool := c.pool()
-	fi := forwardInfo{
-		client:      c.peer,
-		trusted:     c.trusted,
-		publicHost:  c.sni,
-		backendHost: "127.0.0.1:" + strconv.Itoa(c.route.Port),
-		preserve:    c.s.cfg.PreserveHost,
-	}
-	if c.route.Connector.Type == "tcp" && c.route.Connector.Host != "" && c.route.Connector.Host != "127.0.0.1" {
-		fi.backendHost = net.JoinHostPort(c.route.Connector.Host, strconv.Itoa(c.route.Port))
-	}
+	pool := c.s.routePool(c.route)
+	fi := c.s.forwardInfo(pool, c.sni, c.peer, c.trusted)
 	c.out = appendRequestHead(c.out[:0], req, &fi)
+	c.s.countDropped(&fi, c.route)
 	// A small body that has fully arrived goes out with the head.
 	inline := req.body == bodyNone
 	if req.body == bodyLength && req.length <= int64(c.in.buffered()) && req.length <= 64<<10 {
@@ -738,26 +740,28 @@ func (c *clientConn) proxy() bool {
 			return false
 		}
 		_ = bc.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
-		_, err := bc.conn.Write(c.out)
-		wrote := err == nil
-		if wrote && inline {
-			// Wait for the first response bytes here so that a stale
-			// pooled connection can be retried on a fresh one.
-			err = c.awaitResponse(bc)
-		}
+		n, err := bc.conn.Write(c.out)
 		if err == nil {
 			break
 		}
 		bc.close()
 		c.setBackend(nil)
-		// Only a reused connection that the app had already closed (EOF or
-		// reset before any response byte) is retried, once, on a new one;
-		// a slow app is not asked twice.
-		if errors.Is(err, errClientGone) {
-			return false
+		if mayRetry(req.method, inline, !fresh, writeFailure(n), attempt) {
+			continue
 		}
-		if fresh || attempt > 0 || !inline || isTimeout(err) {
-			return c.backendFailed(err, wrote)
+		return c.backendFailed(err, false)
+	}
+	if inline {
+		// Wait for the first response bytes here, watching the client
+		// meanwhile. A failure now is never retried (retry.go): the app
+		// may have read the request.
+		if err := c.awaitResponse(bc); err != nil {
+			bc.close()
+			c.setBackend(nil)
+			if errors.Is(err, errClientGone) {
+				return false
+			}
+			return c.backendFailed(err, true)
 		}
 	}
 	defer c.setBackend(nil)
@@ -829,6 +833,7 @@ func (c *clientConn) proxy() bool {
 			c.s.log.Warn("invalid response from app", "class_uid", 4001, "host", c.route.Host, "err", err)
 			return c.deny(502, reasonBadResponse, true, false)
 		}
+		c.s.scopeCookies(&c.resp, c.sni, pool)
 		resp := &c.resp
 		if resp.status == 101 {
 			if !req.upgrade || !resp.upgradeWS {
@@ -1106,8 +1111,11 @@ func (c *clientConn) websocket(bc *backendConn) bool {
 	_ = bc.conn.SetDeadline(time.Time{})
 	sp := newWSSplice(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
 
-	// Bytes that arrived with the heads belong to the stream.
-	clientPending := append([]byte(nil), c.in.bytes()...)
+	// Bytes that arrived with the heads belong to the stream: those read
+	// with the request head, then those the client watch read while the
+	// 101 was awaited (awaitResponse), in that order.
+	clientPending := append(append([]byte(nil), c.in.bytes()...), c.pending...)
+	c.pending = c.pending[:0]
 	c.in.r = c.in.w
 	c.in.release()
 	appPending := append([]byte(nil), bc.in.bytes()...)
