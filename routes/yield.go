@@ -1,20 +1,13 @@
 package routes
 
 import (
-	"encoding/binary"
 	"os"
-	"runtime"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // yieldSlice is how long control-plane work on a large document (parsing,
 // applying) runs before it steps aside for the data plane.
 const yieldSlice = 500 * time.Microsecond
-
-// yieldBackstop bounds one step aside should the wake-up never come.
-const yieldBackstop = 20 * time.Millisecond
 
 // yielder lets a long control-plane computation step aside every
 // yieldSlice so that the data plane keeps serving while a large document
@@ -33,6 +26,10 @@ const yieldBackstop = 20 * time.Millisecond
 // the same poll that wakes the connections whose bytes have arrived, so
 // every goroutine that was runnable or became ready runs before the
 // computation resumes; when nothing else waits, the poll returns at once.
+//
+// The eventfd wait is Linux-only (yield_linux.go). Elsewhere yield is
+// runtime.Gosched (yield_other.go), the fallback Linux also uses when no
+// eventfd can be opened.
 type yielder struct {
 	n      int
 	next   time.Time
@@ -56,42 +53,6 @@ func (y *yielder) step() {
 	}
 	y.yield()
 	y.next = time.Now().Add(yieldSlice)
-}
-
-// yield parks until the network poller has run once.
-func (y *yielder) yield() {
-	if y.ev == nil && !y.failed {
-		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-		if err != nil {
-			y.failed = true
-		} else {
-			y.ev = os.NewFile(uintptr(fd), "yield")
-		}
-	}
-	if y.failed {
-		runtime.Gosched()
-		return
-	}
-	rc, err := y.ev.SyscallConn()
-	if err != nil {
-		runtime.Gosched()
-		return
-	}
-	_ = y.ev.SetReadDeadline(time.Now().Add(yieldBackstop))
-	var buf [8]byte
-	first := true
-	_ = rc.Read(func(fd uintptr) bool {
-		if first {
-			// Made readable only now, after the poller's read state was
-			// reset for this wait, so the wake-up cannot be lost.
-			first = false
-			binary.NativeEndian.PutUint64(buf[:], 1)
-			_, werr := unix.Write(int(fd), buf[:])
-			return werr != nil
-		}
-		_, _ = unix.Read(int(fd), buf[:]) // drain; the wait is over either way
-		return true
-	})
 }
 
 // close releases the eventfd.
