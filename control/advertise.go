@@ -11,39 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/routes"
 )
 
-// AdvertisedEndpoint is where a route's traffic goes: the supervisor's
-// advertised address (the Pod IP) and its app listener port.
-type AdvertisedEndpoint struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-}
-
-// AdvertisedRoute is one installed route as supervisors advertise it and
-// as GET /v1/installations shows it.
-type AdvertisedRoute struct {
-	Hostname            string             `json:"hostname"`
-	Workspace           string             `json:"workspace"`
-	Sandbox             string             `json:"sandbox"`
-	Name                string             `json:"name"` // "" for the unnamed service
-	InstallationVersion uint64             `json:"installation_version"`
-	DeclarationRevision int64              `json:"declaration_revision"`
-	ExpiresAt           time.Time          `json:"expires_at"`
-	Endpoint            AdvertisedEndpoint `json:"endpoint"`
-}
-
-// InstallationSet is the body of PUT /v1/supervisors/{id}/installations
-// and of GET /v1/installations.
-type InstallationSet struct {
-	Installations []AdvertisedRoute `json:"installations"`
-}
-
 // Installations lists the table's usable routes with the endpoint they are
 // reached at.
-func Installations(t *routes.Table, endpoint AdvertisedEndpoint) InstallationSet {
-	set := InstallationSet{Installations: []AdvertisedRoute{}}
+func Installations(t *routes.Table, endpoint api.AdvertisedEndpoint) api.InstallationSet {
+	set := api.InstallationSet{Installations: []api.AdvertisedRoute{}}
 	if !t.Fresh() {
 		return set
 	}
@@ -51,7 +26,7 @@ func Installations(t *routes.Table, endpoint AdvertisedEndpoint) InstallationSet
 		if !r.Usable() {
 			continue
 		}
-		set.Installations = append(set.Installations, AdvertisedRoute{
+		set.Installations = append(set.Installations, api.AdvertisedRoute{
 			Hostname:            r.Host,
 			Workspace:           r.Workspace,
 			Sandbox:             r.Sandbox,
@@ -67,7 +42,7 @@ func Installations(t *routes.Table, endpoint AdvertisedEndpoint) InstallationSet
 
 // InstallationsHandler serves the installed routes read-only (for the admin
 // address).
-func InstallationsHandler(t *routes.Table, endpoint AdvertisedEndpoint) http.Handler {
+func InstallationsHandler(t *routes.Table, endpoint api.AdvertisedEndpoint) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
@@ -84,7 +59,7 @@ func InstallationsHandler(t *routes.Table, endpoint AdvertisedEndpoint) http.Han
 type Advertiser struct {
 	Client   *GatewayClient // for the endpoint, id, token and HTTP client
 	Table    *routes.Table
-	Endpoint AdvertisedEndpoint
+	Endpoint api.AdvertisedEndpoint
 	Logger   *slog.Logger
 }
 

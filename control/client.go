@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -384,7 +385,7 @@ func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
 	defer idle.Stop()
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {
-		line, err := readLine(br, routes.MaxDocumentBytes)
+		line, err := api.ReadLine(br, routes.MaxDocumentBytes)
 		if err != nil {
 			if sctx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("push session silent for %v", c.StreamIdleTimeout)
@@ -422,26 +423,4 @@ func isKeepalive(line []byte) bool {
 	// Tolerate whitespace variations: {"keepalive": true}
 	compact := bytes.ReplaceAll(line, []byte(" "), nil)
 	return bytes.Equal(compact, keepaliveLine)
-}
-
-// readLine reads one NDJSON line of at most max bytes.
-func readLine(br *bufio.Reader, max int) ([]byte, error) {
-	var buf []byte
-	for {
-		frag, err := br.ReadSlice('\n')
-		if len(buf)+len(frag) > max {
-			return nil, fmt.Errorf("NDJSON line larger than %d bytes", max)
-		}
-		if err == nil {
-			if buf == nil {
-				return frag, nil
-			}
-			return append(buf, frag...), nil
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			buf = append(buf, frag...)
-			continue
-		}
-		return nil, err
-	}
 }

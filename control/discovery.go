@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -52,7 +53,7 @@ import (
 //     not running or has not run for discoveryStaleAfter: the published set
 //     could then hold expired routes;
 //   - the workspace's snapshot cannot be built: it would be larger than
-//     MaxDiscoverySnapshotBytes or fails to encode (a truncated set would
+//     api.MaxDiscoverySnapshotBytes or fails to encode (a truncated set would
 //     withdraw routes at the consumers);
 //   - for watches, the gateway is shutting down.
 //
@@ -133,7 +134,7 @@ func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]st
 
 // advertisedRoute is one valid advertised installation.
 type advertisedRoute struct {
-	ServiceRoute
+	api.ServiceRoute
 	// since is when the gateway first saw this installation (supervisor,
 	// hostname, installation_version, endpoint); renewals keep it.
 	since time.Time
@@ -143,14 +144,14 @@ type advertisedRoute struct {
 // are pointers so that a missing one is told from a zero value. Unknown
 // fields are ignored.
 type advertisedEntry struct {
-	Hostname            *string        `json:"hostname"`
-	Workspace           *string        `json:"workspace"`
-	Sandbox             *string        `json:"sandbox"`
-	Name                *string        `json:"name"`
-	InstallationVersion *uint64        `json:"installation_version"`
-	DeclarationRevision *int64         `json:"declaration_revision"`
-	ExpiresAt           *time.Time     `json:"expires_at"`
-	Endpoint            *RouteEndpoint `json:"endpoint"`
+	Hostname            *string            `json:"hostname"`
+	Workspace           *string            `json:"workspace"`
+	Sandbox             *string            `json:"sandbox"`
+	Name                *string            `json:"name"`
+	InstallationVersion *uint64            `json:"installation_version"`
+	DeclarationRevision *int64             `json:"declaration_revision"`
+	ExpiresAt           *time.Time         `json:"expires_at"`
+	Endpoint            *api.RouteEndpoint `json:"endpoint"`
 }
 
 // parseAdvertisedRoutes validates the entries of supervisor sup's
@@ -181,7 +182,7 @@ func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time)
 			rejected = append(rejected, fmt.Sprintf("installations[%d]: missing %s", i, strings.Join(missing, ", ")))
 			continue
 		}
-		r := ServiceRoute{
+		r := api.ServiceRoute{
 			Hostname:            *e.Hostname,
 			Workspace:           *e.Workspace,
 			Sandbox:             *e.Sandbox,
@@ -196,7 +197,7 @@ func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time)
 		if e.DeclarationRevision != nil {
 			r.DeclarationRevision = *e.DeclarationRevision
 		}
-		if err := checkRoute(&r, r.Workspace); err != nil {
+		if err := api.CheckRoute(&r, r.Workspace); err != nil {
 			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
 			continue
 		}
@@ -244,7 +245,7 @@ type discoveryState struct {
 // stored.
 type publishedSnapshot struct {
 	revision  uint64
-	routes    []ServiceRoute
+	routes    []api.ServiceRoute
 	line      []byte    // the encoded snapshot and "\n"
 	minExpiry time.Time // earliest expires_at, zero when no routes
 	err       error     // the snapshot could not be built: 503
@@ -323,7 +324,7 @@ func (g *Gateway) storeInstallationsLocked(sup string, adv gatewayAdvertisement,
 		type instKey struct {
 			host    string
 			version uint64
-			ep      RouteEndpoint
+			ep      api.RouteEndpoint
 		}
 		known := make(map[instKey]time.Time, len(prev.routes))
 		for _, r := range prev.routes {
@@ -398,7 +399,7 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 	}
 	d.nextExpiry = next
 
-	byWS := make(map[string][]ServiceRoute)
+	byWS := make(map[string][]api.ServiceRoute)
 	for host, c := range best {
 		byWS[c.r.Workspace] = append(byWS[c.r.Workspace], c.r.ServiceRoute)
 		_, known := d.conflicts[host]
@@ -433,12 +434,12 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 	}
 	for ws := range workspaces {
 		rs := byWS[ws]
-		slices.SortFunc(rs, func(a, b ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
+		slices.SortFunc(rs, func(a, b api.ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
 		old := d.published[ws]
 		if old == nil && len(rs) == 0 {
 			continue
 		}
-		if old != nil && old.err == nil && equalRoutes(old.routes, rs) {
+		if old != nil && old.err == nil && api.EqualRoutes(old.routes, rs) {
 			continue
 		}
 		d.rev++
@@ -463,9 +464,9 @@ func hostWorkspace(host string) string {
 }
 
 // encodeSnapshot builds the published snapshot of ws.
-func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []ServiceRoute) *publishedSnapshot {
+func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *publishedSnapshot {
 	if rs == nil {
-		rs = []ServiceRoute{}
+		rs = []api.ServiceRoute{}
 	}
 	p := &publishedSnapshot{revision: rev, routes: rs}
 	for _, r := range rs {
@@ -473,12 +474,12 @@ func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []ServiceRoute) *publ
 			p.minExpiry = r.ExpiresAt
 		}
 	}
-	body, err := json.Marshal(RouteSnapshot{Workspace: ws, Revision: strconv.FormatUint(rev, 10), Routes: rs})
+	body, err := json.Marshal(api.RouteSnapshot{Workspace: ws, Revision: strconv.FormatUint(rev, 10), Routes: rs})
 	switch {
 	case err != nil:
 		p.err = fmt.Errorf("encode the snapshot: %w", err)
-	case len(body)+1 > MaxDiscoverySnapshotBytes:
-		p.err = fmt.Errorf("the snapshot is %d bytes, more than %d", len(body), MaxDiscoverySnapshotBytes)
+	case len(body)+1 > api.MaxDiscoverySnapshotBytes:
+		p.err = fmt.Errorf("the snapshot is %d bytes, more than %d", len(body), api.MaxDiscoverySnapshotBytes)
 	default:
 		p.line = append(body, '\n')
 		return p
@@ -884,7 +885,7 @@ func (g *Gateway) logRejectedInstallations(sup string, rejected []string, prev s
 	}
 	if summary != prev && len(rejected) > 0 {
 		g.log.Warn("advertised installations not published: invalid entries", "supervisor", sup,
-			"rejected", len(rejected), "reasons", oneLineReason(summary))
+			"rejected", len(rejected), "reasons", api.OneLineReason(summary))
 	}
 	return summary
 }

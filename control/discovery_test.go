@@ -23,6 +23,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/controltest"
 )
 
 // Tokens of the discovery fixture.
@@ -262,7 +265,7 @@ func (f *discFixture) put(sup, token string, rs ...discRoute) {
 }
 
 // snapshot GETs the snapshot of ws.
-func (f *discFixture) snapshot(ws, token string) *RouteSnapshot {
+func (f *discFixture) snapshot(ws, token string) *api.RouteSnapshot {
 	f.t.Helper()
 	resp, body := f.do(http.MethodGet, "/v1/workspaces/"+ws+"/service-routes", token, nil)
 	if resp.StatusCode != http.StatusOK {
@@ -274,11 +277,11 @@ func (f *discFixture) snapshot(ws, token string) *RouteSnapshot {
 	return discDecode(f.t, body)
 }
 
-func discDecode(t *testing.T, line string) *RouteSnapshot {
+func discDecode(t *testing.T, line string) *api.RouteSnapshot {
 	t.Helper()
 	dec := json.NewDecoder(strings.NewReader(line))
 	dec.DisallowUnknownFields()
-	var s RouteSnapshot
+	var s api.RouteSnapshot
 	if err := dec.Decode(&s); err != nil {
 		t.Fatalf("snapshot %.300q: %v", line, err)
 	}
@@ -288,21 +291,13 @@ func discDecode(t *testing.T, line string) *RouteSnapshot {
 	if _, err := strconv.ParseUint(s.Revision, 10, 64); err != nil {
 		t.Fatalf("revision %q is not a decimal counter", s.Revision)
 	}
-	if !slices.IsSortedFunc(s.Routes, func(a, b ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) }) {
+	if !slices.IsSortedFunc(s.Routes, func(a, b api.ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) }) {
 		t.Fatalf("routes not sorted by hostname: %.300q", line)
 	}
 	return &s
 }
 
-func hostnames(s *RouteSnapshot) []string {
-	var out []string
-	for _, r := range s.Routes {
-		out = append(out, r.Hostname)
-	}
-	return out
-}
-
-func revNum(t *testing.T, s *RouteSnapshot) uint64 {
+func revNum(t *testing.T, s *api.RouteSnapshot) uint64 {
 	t.Helper()
 	n, err := strconv.ParseUint(s.Revision, 10, 64)
 	if err != nil {
@@ -329,7 +324,7 @@ func (f *discFixture) watch(ws, token string) *discWatch {
 		defer close(w.lines)
 		br := bufio.NewReaderSize(resp.Body, 1<<20)
 		for {
-			line, err := readLine(br, 64<<20)
+			line, err := api.ReadLine(br, 64<<20)
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					w.err = err
@@ -349,7 +344,7 @@ func (w *discWatch) close() {
 }
 
 // next returns the next snapshot line (keepalives skipped).
-func (w *discWatch) next(within time.Duration) (*RouteSnapshot, time.Time) {
+func (w *discWatch) next(within time.Duration) (*api.RouteSnapshot, time.Time) {
 	w.t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -465,14 +460,14 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		discRoute{ws: "team", sb: "demo", name: "api", version: 7, expires: exp},
 	)
 	s := f.snapshot("team", discTokTeam)
-	want := []ServiceRoute{
+	want := []api.ServiceRoute{
 		{Hostname: "team--demo--web.apps.test", Workspace: "team", Sandbox: "demo", Name: "web", Supervisor: "sup-1",
-			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: RouteEndpoint{"10.42.1.27", 8443}},
+			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443}},
 		{Hostname: "team--demo.apps.test", Workspace: "team", Sandbox: "demo", Name: "", Supervisor: "sup-1",
-			InstallationVersion: 4, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: RouteEndpoint{"10.42.1.27", 8443}},
+			InstallationVersion: 4, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443}},
 	}
-	slices.SortFunc(want, func(a, b ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
-	if !equalRoutes(s.Routes, want) {
+	slices.SortFunc(want, func(a, b api.ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
+	if !api.EqualRoutes(s.Routes, want) {
 		t.Fatalf("team snapshot:\n got %+v\nwant %+v", s.Routes, want)
 	}
 	// The raw JSON has exactly the documented shape.
@@ -483,7 +478,7 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		t.Errorf("snapshot body %s", body)
 	}
 	// Workspace isolation: lab only sees lab.
-	if got := hostnames(f.snapshot("lab", discTokLab)); !slices.Equal(got, []string{"lab--x--api.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("lab", discTokLab)); !slices.Equal(got, []string{"lab--x--api.apps.test"}) {
 		t.Errorf("lab snapshot: %v", got)
 	}
 
@@ -511,7 +506,7 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		t.Fatalf("PUT with invalid entries: %d %q", resp.StatusCode, rb)
 	}
 	s = f.snapshot("team", discTokTeam)
-	if got := hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) || s.Routes[0].InstallationVersion != 9 {
+	if got := controltest.Hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) || s.Routes[0].InstallationVersion != 9 {
 		t.Errorf("after invalid entries: %+v", s.Routes)
 	}
 	if n := f.metric("applistener_gateway_installations_rejected_total"); n != 6 {
@@ -597,7 +592,7 @@ func TestDiscoveryExpiry(t *testing.T) {
 	}
 	// Nothing else happens; the watch gets the line without the expired route.
 	s, at := w.next(3 * time.Second)
-	if got := hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) {
+	if got := controltest.Hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) {
 		t.Fatalf("after expiry: %v", got)
 	}
 	late := at.Sub(exp)
@@ -605,7 +600,7 @@ func TestDiscoveryExpiry(t *testing.T) {
 	if late < 0 || late > time.Second {
 		t.Errorf("expired route left the watch %v after expires_at (want within 1s, never before)", late)
 	}
-	if got := hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
 		t.Errorf("GET after expiry: %v", got)
 	}
 	// An advertisement that is already expired is never published.
@@ -650,11 +645,11 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Immediately after the reload, before any re-advertisement.
-	if got := hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
 		t.Fatalf("after the reload: %v", got)
 	}
-	if s, _ := w.next(time.Second); !slices.Equal(hostnames(s), []string{"team--demo.apps.test"}) {
-		t.Fatalf("watch after the reload: %v", hostnames(s))
+	if s, _ := w.next(time.Second); !slices.Equal(controltest.Hostnames(s), []string{"team--demo.apps.test"}) {
+		t.Fatalf("watch after the reload: %v", controltest.Hostnames(s))
 	}
 	// The sandbox moves to sup-2: sup-1's routes vanish at once.
 	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
@@ -664,7 +659,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s, _ := w.next(time.Second); len(s.Routes) != 0 {
-		t.Fatalf("after the move: %v", hostnames(s))
+		t.Fatalf("after the move: %v", controltest.Hostnames(s))
 	}
 	f.put("sup-2", discTokSup2, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, host: "10.0.0.2"})
 	s, _ := w.next(time.Second)
@@ -973,7 +968,7 @@ func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
 func TestDiscoverySnapshotTooLarge(t *testing.T) {
 	f := newDiscFixture(t, discOptions{})
 	f.g.mu.Lock()
-	p := f.g.encodeSnapshot("team", 1, []ServiceRoute{{Hostname: strings.Repeat("a", MaxDiscoverySnapshotBytes)}})
+	p := f.g.encodeSnapshot("team", 1, []api.ServiceRoute{{Hostname: strings.Repeat("a", api.MaxDiscoverySnapshotBytes)}})
 	f.g.disc.published["team"] = p
 	f.g.mu.Unlock()
 	if p.err == nil {
@@ -1001,11 +996,11 @@ func TestDiscoverySupervisorTokenRemoved(t *testing.T) {
 	if err := f.g.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if got := hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--other--web.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--other--web.apps.test"}) {
 		t.Fatalf("after removing sup-1's token: %v", got)
 	}
 	if s, _ := w.next(time.Second); len(s.Routes) != 1 {
-		t.Fatalf("watch after removing sup-1's token: %v", hostnames(s))
+		t.Fatalf("watch after removing sup-1's token: %v", controltest.Hostnames(s))
 	}
 }
 

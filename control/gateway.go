@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -773,7 +774,7 @@ func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
 	}
 	adv, err := parseInstallations(body)
 	if err != nil {
-		g.fail(w, endpoint, http.StatusBadRequest, oneLineReason(err.Error()))
+		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
 		return
 	}
 	now := time.Now()
@@ -820,20 +821,6 @@ func parseInstallations(body []byte) (gatewayAdvertisement, error) {
 		}
 	}
 	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, nil
-}
-
-// oneLineReason makes s safe for a one-line response body.
-func oneLineReason(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
 }
 
 // loadGatewayConfig reads and parses the configuration file. The identity

@@ -28,19 +28,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
 
 // Source delivers the discovery snapshots of one workspace:
-// *control.DiscoveryClient implements it. Watch calls fn with each complete
+// *api.DiscoveryClient implements it. Watch calls fn with each complete
 // replacement until ctx ends (it then returns ctx.Err()); it returns early
 // with an error the edge logs before it calls Watch again, and with a
-// refusal (control.IsDiscoveryRefusal) after which the edge stops using the
+// refusal (api.IsDiscoveryRefusal) after which the edge stops using the
 // workspace's routes until a new snapshot arrives.
 type Source interface {
-	Watch(ctx context.Context, workspace string, fn func(*control.RouteSnapshot)) error
+	Watch(ctx context.Context, workspace string, fn func(*api.RouteSnapshot)) error
 }
 
 // Defaults of the edge.
@@ -130,7 +130,7 @@ type Edge struct {
 	table atomic.Pointer[map[string]*route]
 
 	mu         sync.Mutex
-	perWS      map[string][]control.ServiceRoute // latest snapshot per workspace
+	perWS      map[string][]api.ServiceRoute // latest snapshot per workspace
 	revision   map[string]string
 	have       map[string]bool // a usable snapshot arrived (and was not refused since)
 	splices    map[spliceKey]map[*splice]struct{}
@@ -181,7 +181,7 @@ func New(cfg Config) (*Edge, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		m:        newMetrics(cfg.Registerer),
-		perWS:    make(map[string][]control.ServiceRoute),
+		perWS:    make(map[string][]api.ServiceRoute),
 		revision: make(map[string]string),
 		have:     make(map[string]bool),
 		splices:  make(map[spliceKey]map[*splice]struct{}),
@@ -239,13 +239,13 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 	log := e.log.With("workspace", ws)
 	failures := 0
 	for ctx.Err() == nil {
-		err := e.cfg.Source.Watch(ctx, ws, func(s *control.RouteSnapshot) { e.update(ws, s) })
+		err := e.cfg.Source.Watch(ctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
 		if ctx.Err() != nil {
 			return
 		}
 		wait := min(100*time.Millisecond<<min(failures, 8), 30*time.Second)
 		failures++
-		if control.IsDiscoveryRefusal(err) {
+		if api.IsDiscoveryRefusal(err) {
 			// Not (or no longer) authorized: stop routing the workspace.
 			log.Error("discovery refused; the workspace's routes are dropped", "err", err, "retry_in", refusedRetry)
 			e.clear(ws)
@@ -264,8 +264,8 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 }
 
 // update replaces the routes of ws with snapshot s.
-func (e *Edge) update(ws string, s *control.RouteSnapshot) {
-	kept := make([]control.ServiceRoute, 0, len(s.Routes))
+func (e *Edge) update(ws string, s *api.RouteSnapshot) {
+	kept := make([]api.ServiceRoute, 0, len(s.Routes))
 	for _, r := range s.Routes {
 		// The discovery client checks routes; the edge keeps its own
 		// guarantee that a feed cannot route another workspace's names.

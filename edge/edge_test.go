@@ -27,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/tlsconf"
 )
 
@@ -119,8 +120,8 @@ func newFakeSupervisor(t *testing.T, ca *tlsconf.Authority, name string) *fakeSu
 	return s
 }
 
-func (s *fakeSupervisor) endpoint() control.RouteEndpoint {
-	return control.RouteEndpoint{Host: "127.0.0.1", Port: s.ln.Addr().(*net.TCPAddr).Port}
+func (s *fakeSupervisor) endpoint() api.RouteEndpoint {
+	return api.RouteEndpoint{Host: "127.0.0.1", Port: s.ln.Addr().(*net.TCPAddr).Port}
 }
 
 func (s *fakeSupervisor) close() {
@@ -142,7 +143,7 @@ type fakeSource struct {
 }
 
 type fakeUpdate struct {
-	snap    *control.RouteSnapshot
+	snap    *api.RouteSnapshot
 	err     error // end the watch with this error instead
 	applied chan struct{}
 }
@@ -160,7 +161,7 @@ func (f *fakeSource) feed(ws string) chan fakeUpdate {
 	return ch
 }
 
-func (f *fakeSource) Watch(ctx context.Context, ws string, fn func(*control.RouteSnapshot)) error {
+func (f *fakeSource) Watch(ctx context.Context, ws string, fn func(*api.RouteSnapshot)) error {
 	ch := f.feed(ws)
 	for {
 		select {
@@ -178,9 +179,9 @@ func (f *fakeSource) Watch(ctx context.Context, ws string, fn func(*control.Rout
 }
 
 // send delivers a snapshot of ws and returns once the edge applied it.
-func (f *fakeSource) send(t *testing.T, ws string, rs ...control.ServiceRoute) {
+func (f *fakeSource) send(t *testing.T, ws string, rs ...api.ServiceRoute) {
 	t.Helper()
-	f.deliver(t, ws, fakeUpdate{snap: &control.RouteSnapshot{Workspace: ws, Revision: "1", Routes: rs}})
+	f.deliver(t, ws, fakeUpdate{snap: &api.RouteSnapshot{Workspace: ws, Revision: "1", Routes: rs}})
 }
 
 func (f *fakeSource) deliver(t *testing.T, ws string, u fakeUpdate) {
@@ -194,10 +195,10 @@ func (f *fakeSource) deliver(t *testing.T, ws string, u fakeUpdate) {
 	<-u.applied
 }
 
-func routeTo(host string, sup *fakeSupervisor, version uint64, expires time.Time) control.ServiceRoute {
+func routeTo(host string, sup *fakeSupervisor, version uint64, expires time.Time) api.ServiceRoute {
 	label, _, _ := strings.Cut(host, ".")
 	parts := strings.Split(label, "--")
-	r := control.ServiceRoute{Hostname: host, Workspace: parts[0], Sandbox: parts[1], Supervisor: sup.name,
+	r := api.ServiceRoute{Hostname: host, Workspace: parts[0], Sandbox: parts[1], Supervisor: sup.name,
 		InstallationVersion: version, ExpiresAt: expires, Endpoint: sup.endpoint()}
 	if len(parts) == 3 {
 		r.Name = parts[2]
@@ -552,7 +553,7 @@ func TestEdgeRefusalDropsWorkspace(t *testing.T) {
 	src.send(t, "team", routeTo(hostA, sup1, 1, exp), routeTo("lab--y.apps.test", sup1, 1, exp))
 	f.expectUnrecognized("lab--y.apps.test")
 	a := f.mustDial(hostA)
-	src.deliver(t, "team", fakeUpdate{err: &control.DiscoveryStatusError{Code: http.StatusForbidden, Body: "not granted"}})
+	src.deliver(t, "team", fakeUpdate{err: &api.DiscoveryStatusError{Code: http.StatusForbidden, Body: "not granted"}})
 	a.expectClosed(t, 2*time.Second)
 	f.expectUnrecognized(hostA)
 	f.expectOwner("lab--x.apps.test", sup1)
@@ -686,10 +687,10 @@ func TestEdgeWithGateway(t *testing.T) {
 		gcancel()
 		gwg.Wait()
 	}()
-	put := func(sup, token string, rs ...control.ServiceRoute) {
+	put := func(sup, token string, rs ...api.ServiceRoute) {
 		t.Helper()
 		if rs == nil {
-			rs = []control.ServiceRoute{}
+			rs = []api.ServiceRoute{}
 		}
 		b, _ := json.Marshal(map[string]any{"installations": rs})
 		req, _ := http.NewRequest(http.MethodPut, srv.URL+"/v1/supervisors/"+sup+"/installations", bytes.NewReader(b))
@@ -707,7 +708,7 @@ func TestEdgeWithGateway(t *testing.T) {
 	if err := os.WriteFile(tokFile, []byte("edge\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	client := &control.DiscoveryClient{Gateway: srv.URL, TokenFile: tokFile, StreamIdleTimeout: time.Second,
+	client := &api.DiscoveryClient{Gateway: srv.URL, TokenFile: tokFile, StreamIdleTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	defer client.CloseIdleConnections()
 	f := newEdgeFixture(t, client, ca.Pool(), "team")

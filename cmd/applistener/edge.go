@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/edge"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/routes"
@@ -52,7 +52,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
-	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", control.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
+	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -125,7 +125,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",
 		}, func() float64 { return float64(sink.Dropped()) }))
 	}
-	client := &control.DiscoveryClient{
+	client := &api.DiscoveryClient{
 		Gateway:           o.gateway,
 		TokenFile:         o.tokenFile,
 		CAFile:            o.caFile,

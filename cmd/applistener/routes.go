@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -42,7 +42,7 @@ func (o *routesOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
 	fs.StringVar(&o.workspace, "workspace", "", "workspace to read (required)")
 	fs.StringVar(&o.output, "output", "table", "output format: table or json")
-	fs.DurationVar(&o.idle, "stream-timeout", control.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
+	fs.DurationVar(&o.idle, "stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "level of the client's logs on stderr: debug, info, warn or error")
 }
 
@@ -87,7 +87,7 @@ func routesCommand(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	logger := newLogger("text", o.logLevel, stderr)
-	client := &control.DiscoveryClient{
+	client := &api.DiscoveryClient{
 		Gateway:           o.gateway,
 		TokenFile:         o.tokenFile,
 		CAFile:            o.caFile,
@@ -111,9 +111,9 @@ func routesCommand(args []string, stdout, stderr io.Writer) error {
 
 // watchRoutes prints the unexpired set of routes each time it changes,
 // until ctx ends (exit 0) or the gateway refuses the token (exit 1).
-func watchRoutes(ctx context.Context, client *control.DiscoveryClient, o *routesOptions, stdout io.Writer) error {
+func watchRoutes(ctx context.Context, client *api.DiscoveryClient, o *routesOptions, stdout io.Writer) error {
 	var printErr error
-	err := client.WatchUnexpired(ctx, o.workspace, func(s *control.RouteSnapshot) {
+	err := client.WatchUnexpired(ctx, o.workspace, func(s *api.RouteSnapshot) {
 		if printErr == nil {
 			printErr = printRoutes(stdout, o.output, s, true)
 		}
@@ -129,7 +129,7 @@ func watchRoutes(ctx context.Context, client *control.DiscoveryClient, o *routes
 
 // printRoutes writes s as a table or as one JSON line. For a watch the
 // table has a header line naming the revision and time.
-func printRoutes(w io.Writer, output string, s *control.RouteSnapshot, watch bool) error {
+func printRoutes(w io.Writer, output string, s *api.RouteSnapshot, watch bool) error {
 	if output == "json" {
 		b, err := json.Marshal(s)
 		if err != nil {

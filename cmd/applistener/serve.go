@@ -24,6 +24,7 @@ import (
 
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/listener"
@@ -437,7 +438,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		return true, ""
 	}
 	// The endpoint this supervisor's routes are reached at.
-	var endpoint control.AdvertisedEndpoint
+	var endpoint api.AdvertisedEndpoint
 	if appLn != nil {
 		host, _, _ := net.SplitHostPort(o.appAddress)
 		if o.advertiseAddress != "" {
@@ -446,7 +447,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
 			host = ""
 		}
-		endpoint = control.AdvertisedEndpoint{Host: host, Port: appLn.Addr().(*net.TCPAddr).Port}
+		endpoint = api.AdvertisedEndpoint{Host: host, Port: appLn.Addr().(*net.TCPAddr).Port}
 	}
 	if gw != nil && appLn != nil {
 		if endpoint.Host == "" {

@@ -1,0 +1,29 @@
+package api
+
+import "time"
+
+// AdvertisedEndpoint is where a route's traffic goes: the supervisor's
+// advertised address (the Pod IP) and its app listener port.
+type AdvertisedEndpoint struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// AdvertisedRoute is one installed route as supervisors advertise it and
+// as GET /v1/installations shows it.
+type AdvertisedRoute struct {
+	Hostname            string             `json:"hostname"`
+	Workspace           string             `json:"workspace"`
+	Sandbox             string             `json:"sandbox"`
+	Name                string             `json:"name"` // "" for the unnamed service
+	InstallationVersion uint64             `json:"installation_version"`
+	DeclarationRevision int64              `json:"declaration_revision"`
+	ExpiresAt           time.Time          `json:"expires_at"`
+	Endpoint            AdvertisedEndpoint `json:"endpoint"`
+}
+
+// InstallationSet is the body of PUT /v1/supervisors/{id}/installations
+// and of GET /v1/installations.
+type InstallationSet struct {
+	Installations []AdvertisedRoute `json:"installations"`
+}

@@ -1,0 +1,56 @@
+// Package api is what the two sides of the control plane and its readers
+// share: the wire types of installation advertisements (what a supervisor
+// PUTs to the gateway and serves on GET /v1/installations) and of discovery
+// snapshots (GET /v1/workspaces/{ws}/service-routes), the discovery client
+// that the edge and the `applistener routes` command read discovery with,
+// and the NDJSON and HTTP helpers of the watch streams. The configuration
+// document itself is routes.Document: package routes parses and validates
+// it.
+//
+// The supervisor side (control/supervisor) and the reference gateway
+// (control/gateway) both import this package and never each other; this
+// package imports neither.
+package api
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ReadLine reads one NDJSON line of at most max bytes.
+func ReadLine(br *bufio.Reader, max int) ([]byte, error) {
+	var buf []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(buf)+len(frag) > max {
+			return nil, fmt.Errorf("NDJSON line larger than %d bytes", max)
+		}
+		if err == nil {
+			if buf == nil {
+				return frag, nil
+			}
+			return append(buf, frag...), nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			buf = append(buf, frag...)
+			continue
+		}
+		return nil, err
+	}
+}
+
+// OneLineReason makes s safe for a one-line response body.
+func OneLineReason(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
