@@ -144,6 +144,7 @@ type h2Env struct {
 	ln       net.Listener
 	web, api *h2App
 	downPort int
+	rawPort  int // when set, service "raw" routes to it (security_test.go)
 	accepted atomic.Int64
 	wg       sync.WaitGroup
 }
@@ -249,6 +250,9 @@ func (e *h2Env) apply(maxStreams int, withWeb bool) {
 	var services []string
 	if withWeb {
 		services = append(services, fmt.Sprintf(`{"name":"web","port":%d,"revision":1}`, e.web.port()))
+	}
+	if e.rawPort > 0 {
+		services = append(services, fmt.Sprintf(`{"name":"raw","port":%d,"revision":1}`, e.rawPort))
 	}
 	services = append(services,
 		fmt.Sprintf(`{"name":"api","port":%d,"revision":1}`, e.api.port()),
