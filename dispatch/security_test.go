@@ -564,3 +564,79 @@ func TestBareLFRefusedAtOnce(t *testing.T) {
 		app.mu.Unlock()
 	}
 }
+
+// TestWebSocketEarlyBytesKept: frames a client sends right after its
+// upgrade request, before a slow 101 (slower than watchAfter, when the
+// listener watches the client connection), reach the app whole and in
+// order once the 101 is out: none dropped, none cut mid-frame.
+func TestWebSocketEarlyBytesKept(t *testing.T) {
+	h2Verify(t)
+	e := newH2Env(t, 0, Config{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := append(wsFrame(true, 2, patterned(700), true, 0), wsFrame(true, 1, []byte("small"), true, 0)...)
+	headIn := make(chan struct{})
+	got := make(chan []byte, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer func() { _ = c.Close() }()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		close(headIn)
+		// A slow app: the 101 comes after the listener started watching
+		// the client connection (watchAfter).
+		time.Sleep(watchAfter + 300*time.Millisecond)
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, len(early))
+		n, _ := io.ReadFull(br, b)
+		got <- b[:n]
+	})
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	e.rawPort = ln.Addr().(*net.TCPAddr).Port
+	e.apply(0, true)
+
+	c := e.h1(rawHost)
+	if _, err := io.WriteString(c.conn, "GET /ws HTTP/1.1\r\nHost: "+rawHost+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-headIn:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upgrade request did not reach the app")
+	}
+	if _, err := c.conn.Write(early); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, early) {
+			t.Fatalf("the app got %d early bytes (first difference at %d); want the %d bytes sent, in order",
+				len(b), firstDiff(b, early), len(early))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the app never got the early frames")
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
