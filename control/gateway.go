@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -129,8 +130,8 @@ type Gateway struct {
 
 	// reloadMu serializes reloads and guards the fields below it.
 	reloadMu   sync.Mutex
-	configSeen fileIdentity
-	tokensSeen fileIdentity
+	configSeen pollfile.Identity
+	tokensSeen pollfile.Identity
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
@@ -309,13 +310,13 @@ func (g *Gateway) Run(ctx context.Context) {
 func (g *Gateway) reloadChanged() {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
-	if id, err := statIdentity(g.configPath); err != nil || id != g.configSeen {
-		if err == nil || g.configSeen.valid {
+	if id, err := pollfile.Stat(g.configPath); err != nil || id != g.configSeen {
+		if err == nil || g.configSeen.Valid() {
 			_ = g.reloadConfigLocked()
 		}
 	}
-	if id, err := statIdentity(g.tokensPath); err != nil || id != g.tokensSeen {
-		if err == nil || g.tokensSeen.valid {
+	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
+		if err == nil || g.tokensSeen.Valid() {
 			_ = g.reloadTokensLocked()
 		}
 	}
@@ -825,9 +826,9 @@ func parseInstallations(body []byte) (gatewayAdvertisement, error) {
 
 // loadGatewayConfig reads and parses the configuration file. The identity
 // is taken before the read, so a change during the read is seen next time.
-func loadGatewayConfig(path string) (fileIdentity, map[string]gatewayDocument, error) {
-	id, _ := statIdentity(path)
-	data, err := readLimited(path, MaxGatewayConfigBytes)
+func loadGatewayConfig(path string) (pollfile.Identity, map[string]gatewayDocument, error) {
+	id, _ := pollfile.Stat(path)
+	data, err := pollfile.ReadLimited(path, MaxGatewayConfigBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("config file: %w", err)
 	}
@@ -1072,9 +1073,9 @@ type gatewayTokenEntry struct {
 }
 
 // loadGatewayTokens reads and parses the tokens file.
-func loadGatewayTokens(path string) (fileIdentity, []gatewayToken, error) {
-	id, _ := statIdentity(path)
-	data, err := readLimited(path, MaxGatewayTokensBytes)
+func loadGatewayTokens(path string) (pollfile.Identity, []gatewayToken, error) {
+	id, _ := pollfile.Stat(path)
+	data, err := pollfile.ReadLimited(path, MaxGatewayTokensBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("tokens file: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/routes"
@@ -158,8 +159,8 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		gatewayEndpoint:   endpoint,
 		gatewayTokenFile:  tokenFile,
 		supervisorID:      supervisorID,
-		gatewayPoll:       control.DefaultPollInterval,
-		gatewayStreamIdle: control.DefaultStreamIdleTimeout,
+		gatewayPoll:       supervisor.DefaultPollInterval,
+		gatewayStreamIdle: supervisor.DefaultStreamIdleTimeout,
 		healthAddress:     *healthAddress,
 		adminAddress:      *adminAddress,
 		freshness:         routes.DefaultFreshness,

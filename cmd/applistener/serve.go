@@ -23,8 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/applistener/applistener/admin"
-	"github.com/applistener/applistener/control"
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/listener"
@@ -87,8 +87,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.gatewayTokenFile, "gateway-token-file", "", "file holding the bearer token for the gateway (re-read on every request)")
 	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
-	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", control.DefaultPollInterval, "poll interval while the push session is down")
-	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", control.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
+	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", supervisor.DefaultPollInterval, "poll interval while the push session is down")
+	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", supervisor.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
 	fs.StringVar(&o.advertiseAddress, "advertise-address", "", "address advertised to the gateway as this supervisor's endpoint (the Pod IP; default: the host of --app-address when it is not a wildcard)")
 	fs.BoolVar(&o.parentLiveness, "parent-liveness-stdin", false, "exit cleanly when stdin reaches EOF (the parent process died)")
 	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
@@ -391,11 +391,11 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		})
 	}
 
-	metrics := control.NewMetrics(reg)
-	var src control.Source
-	var gw *control.GatewayClient
+	metrics := supervisor.NewMetrics(reg)
+	var src supervisor.Source
+	var gw *supervisor.GatewayClient
 	if o.gatewayEndpoint != "" {
-		gw = &control.GatewayClient{
+		gw = &supervisor.GatewayClient{
 			Endpoint:          o.gatewayEndpoint,
 			SupervisorID:      o.supervisorID,
 			TokenFile:         o.gatewayTokenFile,
@@ -414,7 +414,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		}
 		src = gw
 	} else {
-		src = &control.FileSource{
+		src = &supervisor.FileSource{
 			Path:    o.routesFile,
 			Sink:    table,
 			Refresh: o.freshness / 3,
@@ -453,12 +453,12 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		if endpoint.Host == "" {
 			logger.Warn("not advertising installed routes: set --advertise-address (the Pod IP)")
 		} else {
-			adv := &control.Advertiser{Client: gw, Table: table, Endpoint: endpoint, Logger: logger}
+			adv := &supervisor.Advertiser{Client: gw, Table: table, Endpoint: endpoint, Logger: logger}
 			wg.Go(func() { adv.Run(bg) })
 		}
 	}
 	adm, err := startAdmin(&wg, o.adminAddress, reg, ready, logger,
-		map[string]http.Handler{"GET /v1/installations": control.InstallationsHandler(table, endpoint)})
+		map[string]http.Handler{"GET /v1/installations": supervisor.InstallationsHandler(table, endpoint)})
 	if err != nil {
 		if appLn != nil {
 			_ = appLn.Shutdown(context.Background())

@@ -1,23 +1,24 @@
-// Package control is where configuration comes from: the routes file and
-// (later) the gateway session. A source delivers complete configuration
-// documents to a Sink — the route table — and renews freshness on every
-// successful delivery. It never touches connections.
-package control
+// Package supervisor is the supervisor's side of the control plane: where
+// its configuration comes from — the routes file (FileSource) or the
+// session with the gateway (GatewayClient: a push session, polling while it
+// is down) — and the Advertiser that tells the gateway which routes are
+// installed. A source delivers complete configuration documents to a Sink —
+// the route table — and renews freshness on every successful delivery. It
+// never touches connections, and it never imports the gateway side
+// (control/gateway): what both sides share is in control/api.
+package supervisor
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -87,26 +88,6 @@ func (m *Metrics) delivery(source, result string) {
 	}
 }
 
-type fileIdentity struct {
-	mod   time.Time
-	size  int64
-	ino   uint64
-	dev   uint64
-	valid bool
-}
-
-func statIdentity(path string) (fileIdentity, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileIdentity{}, err
-	}
-	id := fileIdentity{mod: fi.ModTime(), size: fi.Size(), valid: true}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.ino, id.dev = st.Ino, uint64(st.Dev) //nolint:unconvert // Dev is uint64 on linux/amd64 but not everywhere
-	}
-	return id, nil
-}
-
 // Run reads the file until ctx ends.
 func (s *FileSource) Run(ctx context.Context) error {
 	if s.Refresh <= 0 {
@@ -119,7 +100,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	var last fileIdentity
+	var last pollfile.Identity
 	var lastRead time.Time
 	var lastGood []byte // the bytes of the document last applied
 	var lastErr string
@@ -133,10 +114,10 @@ func (s *FileSource) Run(ctx context.Context) error {
 	ticker := time.NewTicker(s.Poll)
 	defer ticker.Stop()
 	for {
-		id, err := statIdentity(s.Path)
+		id, err := pollfile.Stat(s.Path)
 		switch {
 		case err != nil:
-			last = fileIdentity{}
+			last = pollfile.Identity{}
 			if errors.Is(err, fs.ErrNotExist) {
 				s.Metrics.delivery("file", "missing")
 				report("routes file missing; routes will expire unless it returns", err)
@@ -145,7 +126,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 				report("routes file unreadable", err)
 			}
 		case id != last || time.Since(lastRead) >= s.Refresh:
-			data, rerr := readLimited(s.Path, routes.MaxDocumentBytes)
+			data, rerr := pollfile.ReadLimited(s.Path, routes.MaxDocumentBytes)
 			if rerr != nil {
 				s.Metrics.delivery("file", "error")
 				report("routes file unreadable", rerr)
@@ -202,25 +183,4 @@ func (s *FileSource) Run(ctx context.Context) error {
 		case <-ticker.C:
 		}
 	}
-}
-
-func readLimited(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }()
-	// Size the buffer from the file once instead of doubling it.
-	var buf bytes.Buffer
-	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size() <= limit {
-		buf.Grow(int(fi.Size()) + 1)
-	}
-	n, err := io.Copy(&buf, io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if n > limit {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", path, limit)
-	}
-	return buf.Bytes(), nil
 }
