@@ -26,8 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
-	"github.com/applistener/applistener/control"
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/tlsconf"
 )
 
@@ -672,7 +672,7 @@ func TestEdgeWithGateway(t *testing.T) {
 	if err := os.WriteFile(tokPath, []byte(`{"tokens":[{"token":"s1","supervisor":"sup-1"},{"token":"s2","supervisor":"sup-2"},{"token":"edge","workspaces":["team"]}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	gw, err := control.NewGateway(control.GatewayConfig{ConfigPath: cfgPath, TokensPath: tokPath, Keepalive: 100 * time.Millisecond,
+	gw, err := gateway.New(gateway.Config{ConfigPath: cfgPath, TokensPath: tokPath, Keepalive: 100 * time.Millisecond,
 		Poll: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

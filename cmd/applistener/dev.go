@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/internal/logsink"
@@ -124,7 +124,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 
 	gwOpts := gatewayOptions{
 		address: "127.0.0.1:0", configFile: gatewayFile, tokensFile: tokensFile,
-		keepalive: control.DefaultGatewayKeepalive, logFormat: *logFormat, logLevel: "info",
+		keepalive: gateway.DefaultKeepalive, logFormat: *logFormat, logLevel: "info",
 	}
 	gwCtx, stopGateway := context.WithCancel(context.Background())
 	// The supervisor stops too when the gateway ends on its own.

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/applistener/applistener/control"
+	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/tlsconf"
 )
 
@@ -45,15 +45,15 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", "", `configuration file: {"supervisors": {"<id>": <configuration document>, ...}} (required; reloaded on change)`)
 	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, {"token": "...", "workspaces": ["<ws>", ...]}]} (required; reloaded on change)`)
 	fs.StringVar(&o.tlsDir, "tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume): serve HTTPS with HTTP/2")
-	fs.DurationVar(&o.keepalive, "keepalive", control.DefaultGatewayKeepalive, "keepalive interval of push sessions")
+	fs.DurationVar(&o.keepalive, "keepalive", gateway.DefaultKeepalive, "keepalive interval of push sessions")
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
-	fs.IntVar(&o.discMaxWatchers, "discovery-max-watchers-per-token", control.DefaultDiscoveryMaxWatchersPerToken, "open discovery watches per token (429 beyond)")
-	fs.DurationVar(&o.discSendTimeout, "discovery-send-timeout", control.DefaultDiscoverySendTimeout, "a discovery watcher that does not take a line within this is disconnected")
-	fs.DurationVar(&o.discMaxLifetime, "discovery-max-watch-lifetime", control.DefaultDiscoveryMaxWatchLifetime, "discovery watches end cleanly after this (clients reconnect)")
-	fs.DurationVar(&o.discReauthPeriod, "discovery-reauth-period", control.DefaultDiscoveryReauthPeriod, "how often an open discovery watch re-checks its token's grant")
+	fs.IntVar(&o.discMaxWatchers, "discovery-max-watchers-per-token", gateway.DefaultDiscoveryMaxWatchersPerToken, "open discovery watches per token (429 beyond)")
+	fs.DurationVar(&o.discSendTimeout, "discovery-send-timeout", gateway.DefaultDiscoverySendTimeout, "a discovery watcher that does not take a line within this is disconnected")
+	fs.DurationVar(&o.discMaxLifetime, "discovery-max-watch-lifetime", gateway.DefaultDiscoveryMaxWatchLifetime, "discovery watches end cleanly after this (clients reconnect)")
+	fs.DurationVar(&o.discReauthPeriod, "discovery-reauth-period", gateway.DefaultDiscoveryReauthPeriod, "how often an open discovery watch re-checks its token's grant")
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -129,7 +129,7 @@ const gatewayTLSPoll = 500 * time.Millisecond
 func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onStarted func(addr string)) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	gw, err := control.NewGateway(control.GatewayConfig{
+	gw, err := gateway.New(gateway.Config{
 		ConfigPath:  o.configFile,
 		TokensPath:  o.tokensFile,
 		Keepalive:   o.keepalive,

@@ -1,4 +1,4 @@
-package control
+package gateway
 
 import (
 	"bufio"
@@ -152,7 +152,7 @@ func newGatewayFixture(t *testing.T, o gwOptions) *gwFixture {
 	if o.keepalive == 0 {
 		o.keepalive = time.Hour // no keepalives unless a test asks
 	}
-	g, err := NewGateway(GatewayConfig{
+	g, err := New(Config{
 		ConfigPath:  f.configPath,
 		TokensPath:  f.tokensPath,
 		Keepalive:   o.keepalive,
@@ -162,7 +162,7 @@ func newGatewayFixture(t *testing.T, o gwOptions) *gwFixture {
 		Registerer:  f.reg,
 	})
 	if err != nil {
-		t.Fatalf("NewGateway: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	if o.writeTimeout > 0 {
 		g.writeTimeout = o.writeTimeout
@@ -555,13 +555,13 @@ func TestGatewayNewGatewayRefusesBadFiles(t *testing.T) {
 	bad := filepath.Join(dir, "bad.json")
 	writeFileAtomic(t, good, gwTokensJSON)
 	writeFileAtomic(t, bad, `{"supervisors": {"a": []}}`)
-	for _, cfg := range []GatewayConfig{
+	for _, cfg := range []Config{
 		{ConfigPath: filepath.Join(dir, "missing.json"), TokensPath: good},
 		{ConfigPath: bad, TokensPath: good},
 		{ConfigPath: good, TokensPath: good}, // a tokens file is not a config file
 	} {
-		if _, err := NewGateway(cfg); err == nil {
-			t.Errorf("NewGateway(%s, %s) succeeded", filepath.Base(cfg.ConfigPath), filepath.Base(cfg.TokensPath))
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%s, %s) succeeded", filepath.Base(cfg.ConfigPath), filepath.Base(cfg.TokensPath))
 		}
 	}
 }

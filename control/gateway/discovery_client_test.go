@@ -1,4 +1,4 @@
-package control
+package gateway
 
 import (
 	"context"

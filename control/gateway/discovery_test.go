@@ -1,4 +1,4 @@
-package control
+package gateway
 
 import (
 	"bufio"
@@ -142,7 +142,7 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 	if o.quietLogs {
 		level = slog.LevelWarn
 	}
-	g, err := NewGateway(GatewayConfig{
+	g, err := New(Config{
 		ConfigPath:                   f.configPath,
 		TokensPath:                   f.tokensPath,
 		Keepalive:                    o.keepalive,
@@ -155,7 +155,7 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 		Registerer:                   f.reg,
 	})
 	if err != nil {
-		t.Fatalf("NewGateway: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	f.g = g
 	if o.http2 {
@@ -956,7 +956,7 @@ func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
 	// A stalled loop (old beat) is refused too.
 	f2 := newDiscFixture(t, discOptions{noRun: true})
 	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil); resp.StatusCode != http.StatusOK {
-		t.Errorf("GET right after NewGateway: %d", resp.StatusCode)
+		t.Errorf("GET right after New: %d", resp.StatusCode)
 	}
 	f2.g.discBeat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
 	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {

@@ -1,4 +1,13 @@
-package control
+// Package gateway is the reference gateway, the other side of the control
+// plane from the supervisor: it serves each supervisor its configuration
+// document from a file (a poll with ETag and If-None-Match, or an NDJSON
+// push session), authenticates supervisors and workspace readers with
+// bearer tokens from a second file, stores the installations that
+// supervisors advertise, and publishes them per workspace as discovery
+// snapshots and watch streams (discovery.go). It never imports the
+// supervisor side (control/supervisor); what both sides share is in
+// control/api.
+package gateway
 
 import (
 	"bytes"
@@ -28,15 +37,15 @@ import (
 
 // Defaults and limits of the reference gateway.
 const (
-	// DefaultGatewayKeepalive is the keepalive interval of a watch stream.
-	DefaultGatewayKeepalive = 5 * time.Second
-	// DefaultGatewayPoll is how often the gateway checks its files for a
+	// DefaultKeepalive is the keepalive interval of a watch stream.
+	DefaultKeepalive = 5 * time.Second
+	// DefaultPoll is how often the gateway checks its files for a
 	// change.
-	DefaultGatewayPoll = 250 * time.Millisecond
-	// MaxGatewayConfigBytes is the largest gateway configuration file.
-	MaxGatewayConfigBytes = 64 << 20
-	// MaxGatewayTokensBytes is the largest tokens file.
-	MaxGatewayTokensBytes = 4 << 20
+	DefaultPoll = 250 * time.Millisecond
+	// MaxConfigBytes is the largest gateway configuration file.
+	MaxConfigBytes = 64 << 20
+	// MaxTokensBytes is the largest tokens file.
+	MaxTokensBytes = 4 << 20
 	// MaxInstallationsBytes is the largest installations body accepted.
 	MaxInstallationsBytes = 4 << 20
 	// MaxSupervisorIDLen is the longest supervisor id.
@@ -61,8 +70,8 @@ var (
 	gatewayNewline       = []byte("\n")
 )
 
-// GatewayConfig configures a Gateway.
-type GatewayConfig struct {
+// Config configures a Gateway.
+type Config struct {
 	// ConfigPath is the configuration file:
 	// {"supervisors": {"<id>": <configuration document>, ...}}.
 	ConfigPath string
@@ -70,10 +79,10 @@ type GatewayConfig struct {
 	// {"tokens": [{"token":"t1","supervisor":"sup-1"}, {"token":"t2","workspaces":["team"]}]}.
 	TokensPath string
 	// Keepalive is the interval of {"keepalive":true} lines on a watch
-	// stream (DefaultGatewayKeepalive when not positive).
+	// stream (DefaultKeepalive when not positive).
 	Keepalive time.Duration
 	// Poll is how often both files are checked for a change by their stat
-	// identity (mtime, size, device, inode); DefaultGatewayPoll when not
+	// identity (mtime, size, device, inode); DefaultPoll when not
 	// positive.
 	Poll time.Duration
 	// DisablePush answers ?watch=1 with 501 so that supervisors poll.
@@ -105,7 +114,7 @@ type GatewayConfig struct {
 // every change at once), authenticates supervisors with bearer tokens from a
 // second file, re-reads both files when they change, and stores the
 // installations that supervisors advertise and publishes them to workspace
-// tokens (discovery, see discovery.go). Create it with NewGateway; Run must
+// tokens (discovery, see discovery.go). Create it with New; Run must
 // be running for discovery to answer.
 type Gateway struct {
 	configPath   string
@@ -229,9 +238,9 @@ func (m *gatewayMetrics) request(endpoint string, code int) {
 	m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
 }
 
-// NewGateway reads both files. A file that cannot be read or parsed is an
+// New reads both files. A file that cannot be read or parsed is an
 // error: there is no previous state to keep.
-func NewGateway(cfg GatewayConfig) (*Gateway, error) {
+func New(cfg Config) (*Gateway, error) {
 	if cfg.ConfigPath == "" || cfg.TokensPath == "" {
 		return nil, errors.New("gateway: ConfigPath and TokensPath are required")
 	}
@@ -252,10 +261,10 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		disc:          newDiscoveryState(time.Now()),
 	}
 	if g.keepalive <= 0 {
-		g.keepalive = DefaultGatewayKeepalive
+		g.keepalive = DefaultKeepalive
 	}
 	if g.poll <= 0 {
-		g.poll = DefaultGatewayPoll
+		g.poll = DefaultPoll
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -828,7 +837,7 @@ func parseInstallations(body []byte) (gatewayAdvertisement, error) {
 // is taken before the read, so a change during the read is seen next time.
 func loadGatewayConfig(path string) (pollfile.Identity, map[string]gatewayDocument, error) {
 	id, _ := pollfile.Stat(path)
-	data, err := pollfile.ReadLimited(path, MaxGatewayConfigBytes)
+	data, err := pollfile.ReadLimited(path, MaxConfigBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("config file: %w", err)
 	}
@@ -1075,7 +1084,7 @@ type gatewayTokenEntry struct {
 // loadGatewayTokens reads and parses the tokens file.
 func loadGatewayTokens(path string) (pollfile.Identity, []gatewayToken, error) {
 	id, _ := pollfile.Stat(path)
-	data, err := pollfile.ReadLimited(path, MaxGatewayTokensBytes)
+	data, err := pollfile.ReadLimited(path, MaxTokensBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("tokens file: %w", err)
 	}

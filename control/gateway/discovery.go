@@ -1,4 +1,4 @@
-package control
+package gateway
 
 import (
 	"cmp"
@@ -867,7 +867,7 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 }
 
 // discoveryConfigFrom applies the defaults to cfg's discovery bounds.
-func discoveryConfigFrom(cfg GatewayConfig) discoveryConfig {
+func discoveryConfigFrom(cfg Config) discoveryConfig {
 	return discoveryConfig{
 		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
 		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
