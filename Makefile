@@ -12,7 +12,8 @@ FUZZ_TARGETS = \
 	./routes:FuzzParseDocument \
 	./dispatch:FuzzParseRequestHead \
 	./dispatch:FuzzCopyChunked \
-	./dispatch:FuzzParseResponseHead
+	./dispatch:FuzzParseResponseHead \
+	./dispatch:FuzzFramingAliases
 
 .PHONY: all build run test deps vet cross unit fuzz-brief fuzz bench bench-compare lint clean
 

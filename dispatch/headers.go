@@ -12,11 +12,15 @@ import (
 
 // hopByHop reports whether a header (any case) is removed in both directions
 // regardless of the Connection header: RFC 9110 §7.6.1 plus the framing
-// headers that the listener re-creates itself.
+// headers that the listener re-creates itself, and Proxy (httpoxy).
 func hopByHop(name []byte) bool {
 	switch len(name) {
 	case 2:
 		return asciiEqualFold(name, "te")
+	case 5:
+		// Not hop-by-hop, but CGI servers turn it into HTTP_PROXY, which
+		// many HTTP clients take as their outbound proxy ("httpoxy").
+		return asciiEqualFold(name, "proxy")
 	case 7:
 		return asciiEqualFold(name, "trailer") || asciiEqualFold(name, "upgrade")
 	case 10:

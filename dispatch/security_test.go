@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // rawHost is the route to the rawApp of an h2Env (service "raw").
@@ -639,4 +641,105 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// h2TestHeadTimeout is the head timeout of TestH2HeadTimeout.
+const h2TestHeadTimeout = 600 * time.Millisecond
+
+// h2ClosedWithin reads frames until the server closes the connection,
+// failing if that takes longer than limit; it returns how long it took.
+func h2ClosedWithin(t *testing.T, tc *tls.Conn, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = tc.SetReadDeadline(start.Add(limit))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := tc.Read(buf); err != nil {
+			if isTimeout(err) {
+				t.Fatalf("the connection was still open after %v (head timeout %v)", limit, h2TestHeadTimeout)
+			}
+			return time.Since(start)
+		}
+	}
+}
+
+// TestH2HeadTimeout: an HTTP/2 header block trickled byte by byte, a
+// frame header left incomplete, or a connection that never sends a complete
+// header block is closed at the head timeout (as HTTP/1.1 heads are), and
+// counted as 408; a connection with an open stream that idles, and a slow
+// request body, are not cut by it.
+func TestH2HeadTimeout(t *testing.T) {
+	h2Verify(t)
+	e := newH2Env(t, 0, Config{HeaderTimeout: h2TestHeadTimeout})
+	var enc bytes.Buffer
+	henc := hpack.NewEncoder(&enc)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", h2WebHost}, {":path", "/"},
+		{"user-agent", strings.Repeat("slow", 20)}} {
+		_ = henc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	block := enc.Bytes()
+	limit := 20 * h2TestHeadTimeout
+
+	t.Run("trickled CONTINUATION", func(t *testing.T) {
+		tc, fr := h2RawConn(t, e, h2WebHost)
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:4], EndStream: true}); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for i := 4; i < len(block); i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(h2TestHeadTimeout / 5):
+				}
+				if fr.WriteContinuation(1, i == len(block)-1, block[i:i+1]) != nil {
+					return
+				}
+			}
+		})
+		h2ClosedWithin(t, tc, limit)
+		close(stop)
+		wg.Wait()
+	})
+	t.Run("incomplete frame header", func(t *testing.T) {
+		tc, _ := h2RawConn(t, e, h2WebHost)
+		if _, err := tc.Write([]byte{0, 0, 10, 1}); err != nil {
+			t.Fatal(err)
+		}
+		h2ClosedWithin(t, tc, limit)
+	})
+	t.Run("no stream", func(t *testing.T) {
+		tc, _ := h2RawConn(t, e, h2WebHost)
+		h2ClosedWithin(t, tc, limit)
+	})
+	if n := testutil.ToFloat64(e.srv.m.denials.WithLabelValues("408")); n != 3 {
+		t.Errorf("applistener_request_denials_total{status=408} = %v; want 3", n)
+	}
+
+	t.Run("idle after a stream, slow body", func(t *testing.T) {
+		cc := e.dial(h2WebHost)
+		h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+		// Idle for several head timeouts: the connection stays.
+		time.Sleep(2 * h2TestHeadTimeout)
+		h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+		// A body sent in pieces over several head timeouts is not a head.
+		pr, pw := io.Pipe()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for range 4 {
+				time.Sleep(h2TestHeadTimeout / 2)
+				if _, err := pw.Write([]byte("part")); err != nil {
+					return
+				}
+			}
+			_ = pw.Close()
+		})
+		res := h2MustDo(t, cc, h2Req(t, "POST", h2WebHost, "/upload", pr), 200)
+		wg.Wait()
+		if !strings.Contains(res.body, " 16 ") {
+			t.Errorf("upload: %q", res.body)
+		}
+	})
 }
