@@ -205,7 +205,14 @@ func testCAFile(t testing.TB) string {
 func newBrowser(t testing.TB, caPEMPath, domain string) *browser {
 	t.Helper()
 	browserAvailable(t)
-	dir := t.TempDir()
+	// A short directory, not t.TempDir(): Chromium's singleton socket
+	// lives under it and a Unix socket path must fit in 108 bytes, which
+	// a long test name would overflow.
+	dir, err := os.MkdirTemp("", "chr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	home := filepath.Join(dir, "home")
 	profile := filepath.Join(dir, "profile")
 	for _, d := range []string{home, profile} {

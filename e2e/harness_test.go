@@ -499,6 +499,9 @@ func (b *backend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Hop", "secret")
 		w.Header().Set("Proxy-Authenticate", `Basic realm="app"`)
 		w.Header().Set("Keep-Alive", "timeout=99")
+	case "/set-cookie":
+		// The app sets the cookie given in ?c= as it is.
+		w.Header().Set("Set-Cookie", r.URL.Query().Get("c"))
 	case "/slow":
 		b.record(r, nil, nil)
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))

@@ -54,6 +54,8 @@ type serveOptions struct {
 	logFormat         string
 	logLevel          string
 	preserveHost      bool
+	allowUnderscore   bool
+	passCookieDomain  bool
 	trustedProxies    string
 	maxHeaderBytes    int
 	headerTimeout     time.Duration
@@ -97,6 +99,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.BoolVar(&o.preserveHost, "app-preserve-host", false, "forward the public Host to the app instead of 127.0.0.1:PORT")
+	fs.BoolVar(&o.allowUnderscore, "app-allow-underscore-headers", false, "forward request header fields whose names contain '_' (aliases of framing, hop-by-hop, Host and forwarding fields are dropped regardless)")
+	fs.BoolVar(&o.passCookieDomain, "app-pass-cookie-domain", false, "pass an app's Set-Cookie Domain attribute through even when it names more than the request's host (only with the app domain on the Public Suffix List)")
 	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-*/Forwarded headers are kept")
 	fs.IntVar(&o.maxHeaderBytes, "app-max-header-bytes", dispatch.DefaultMaxHeaderBytes, "largest request head accepted (431 beyond)")
 	fs.DurationVar(&o.headerTimeout, "app-header-timeout", dispatch.DefaultHeaderTimeout, "time allowed to send a request head")
@@ -367,17 +371,19 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			return err
 		}
 		disp := dispatch.New(dispatch.Config{
-			PreserveHost:          o.preserveHost,
-			TrustedProxies:        o.trusted,
-			MaxHeaderBytes:        o.maxHeaderBytes,
-			HeaderTimeout:         o.headerTimeout,
-			IdleTimeout:           o.idleTimeout,
-			BodyTimeout:           o.bodyTimeout,
-			DialTimeout:           o.dialTimeout,
-			ResponseHeaderTimeout: o.responseTimeout,
-			BackendIdleTimeout:    o.backendIdle,
-			Logger:                logger,
-			Registerer:            reg,
+			PreserveHost:           o.preserveHost,
+			AllowUnderscoreHeaders: o.allowUnderscore,
+			PassCookieDomain:       o.passCookieDomain,
+			TrustedProxies:         o.trusted,
+			MaxHeaderBytes:         o.maxHeaderBytes,
+			HeaderTimeout:          o.headerTimeout,
+			IdleTimeout:            o.idleTimeout,
+			BodyTimeout:            o.bodyTimeout,
+			DialTimeout:            o.dialTimeout,
+			ResponseHeaderTimeout:  o.responseTimeout,
+			BackendIdleTimeout:     o.backendIdle,
+			Logger:                 logger,
+			Registerer:             reg,
 		})
 		wg.Go(func() { dispatch.WatchConnectors(bg, table, time.Second, logger) })
 		appLn = listener.New(ln, listener.Config{
