@@ -855,8 +855,14 @@ func loadGatewayConfig(path string) (pollfile.Identity, map[string]gatewayDocume
 // supervisor does that.
 //
 // The file is validated and compacted by one pass of json.Compact; the
-// structure of the (then valid, compact) result is walked by a small scanner
-// that jumps over strings, so a large file is parsed in about one pass.
+// result is then read member by member with encoding/json's Decoder, which
+// hands over the keys in order, so a repeated key is refused (decoding into
+// a map would silently keep the last one). No hand-written scanner is
+// needed here (routes.ParseDocument has one because it validates a large
+// document one entry at a time and steps aside between entries, on the
+// data plane's processor): this file is read only when it changes, and the
+// reload that reads it spends more time parsing its sections for the
+// discovery grants (discoveryGrants) than reading it.
 func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("not valid UTF-8")
@@ -866,8 +872,9 @@ func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 	if err := json.Compact(&buf, data); err != nil {
 		return nil, jsonSyntaxError(data)
 	}
+	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
 	var docs map[string]gatewayDocument
-	err := compactMembers(buf.Bytes(), "top level must be a JSON object", func(key string, value []byte) error {
+	err := objectMembers(dec, "top level must be a JSON object", func(key string) error {
 		if key != "supervisors" {
 			return fmt.Errorf("unknown top-level key %q (want only \"supervisors\")", key)
 		}
@@ -875,7 +882,7 @@ func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 			return errors.New(`"supervisors" appears twice`)
 		}
 		var err error
-		docs, err = parseSupervisors(value)
+		docs, err = parseSupervisors(dec)
 		return err
 	})
 	if err != nil {
@@ -887,15 +894,19 @@ func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 	return docs, nil
 }
 
-// parseSupervisors parses the compact "supervisors" object.
-func parseSupervisors(obj []byte) (map[string]gatewayDocument, error) {
+// parseSupervisors parses the "supervisors" object that dec is at.
+func parseSupervisors(dec *json.Decoder) (map[string]gatewayDocument, error) {
 	docs := make(map[string]gatewayDocument)
-	err := compactMembers(obj, `"supervisors" must be a JSON object`, func(sup string, value []byte) error {
+	err := objectMembers(dec, `"supervisors" must be a JSON object`, func(sup string) error {
 		if err := validSupervisorID(sup); err != nil {
 			return fmt.Errorf("supervisors: %w", err)
 		}
 		if _, dup := docs[sup]; dup {
 			return fmt.Errorf("supervisors: %q appears twice", sup)
+		}
+		var value json.RawMessage // compact, and a copy of its own
+		if err := dec.Decode(&value); err != nil {
+			return fmt.Errorf("supervisors[%q]: %w", sup, err)
 		}
 		if value[0] != '{' {
 			return fmt.Errorf("supervisors[%q]: the configuration document must be a JSON object", sup)
@@ -904,7 +915,7 @@ func parseSupervisors(obj []byte) (map[string]gatewayDocument, error) {
 			return fmt.Errorf("supervisors[%q]: the configuration document is %d bytes, larger than a supervisor accepts (%d)",
 				sup, len(value), routes.MaxDocumentBytes-1)
 		}
-		body := bytes.Clone(value)
+		body := []byte(value)
 		docs[sup] = gatewayDocument{body: body, etag: gatewayETag(body, documentRevision(body))}
 		return nil
 	})
@@ -929,94 +940,38 @@ func jsonSyntaxError(data []byte) error {
 	return fmt.Errorf("not valid JSON at line %d, column %d: %w", line, col, err)
 }
 
-// compactMembers calls fn with the decoded key and the raw value of every
-// member of obj, in order, stopping at the first error. obj must be valid,
-// compact JSON (see json.Compact); when it is not an object the error is
-// notObject.
-func compactMembers(obj []byte, notObject string, fn func(key string, value []byte) error) error {
-	if len(obj) < 2 || obj[0] != '{' {
+// objectMembers reads the object that dec is at and calls fn with the key
+// of each member, in order; fn reads the member's value from dec. It stops
+// at the first error. dec must be reading valid JSON; when its next value is
+// not an object the error is notObject.
+func objectMembers(dec *json.Decoder, notObject string, fn func(key string) error) error {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return errors.New(notObject)
 	}
-	i := 1
-	for obj[i] != '}' {
-		if obj[i] == ',' {
-			i++
-		}
-		end := skipCompactString(obj, i)
-		var key string
-		if err := json.Unmarshal(obj[i:end], &key); err != nil {
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
 			return fmt.Errorf("key: %w", err)
 		}
-		i = end + 1 // ':'
-		end = skipCompactValue(obj, i)
-		if err := fn(key, obj[i:end]); err != nil {
+		key, _ := t.(string)
+		if err := fn(key); err != nil {
 			return err
 		}
-		i = end
 	}
-	return nil
+	_, err := dec.Token() // '}'
+	return err
 }
 
-// skipCompactString returns the index after the string that starts at
-// b[i] ('"') in valid JSON.
-func skipCompactString(b []byte, i int) int {
-	j := i + 1
-	for {
-		q := bytes.IndexByte(b[j:], '"')
-		if q < 0 {
-			return len(b) // not reached on valid JSON
-		}
-		j += q
-		// The quote is escaped when an odd number of backslashes precede it.
-		n := 0
-		for k := j - 1; k > i && b[k] == '\\'; k-- {
-			n++
-		}
-		j++
-		if n%2 == 0 {
-			return j
-		}
-	}
-}
-
-// skipCompactValue returns the index after the value that starts at b[i] in
-// valid, compact JSON.
-func skipCompactValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipCompactString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); {
-			switch b[j] {
-			case '"':
-				j = skipCompactString(b, j)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1
-				}
-			}
-			j++
-		}
-		return len(b) // not reached on valid JSON
-	default: // number, true, false, null
-		j := i
-		for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' {
-			j++
-		}
-		return j
-	}
-}
-
-// documentRevision returns the top-level "revision" of a compact document
-// when it is a string, else "".
+// documentRevision returns the top-level "revision" of a document when it
+// is a string, else "".
 func documentRevision(body []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	var rev string
-	_ = compactMembers(body, "", func(key string, value []byte) error {
+	_ = objectMembers(dec, "", func(key string) error {
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return err
+		}
 		if key == "revision" && value[0] == '"' {
 			if err := json.Unmarshal(value, &rev); err != nil {
 				rev = ""

@@ -442,7 +442,7 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 		t.Errorf("e: body %q (the gateway does not validate sections)", got)
 	}
 
-	// Strings that look like structure do not confuse the scanner.
+	// Strings that look like structure do not confuse the parser.
 	tricky := `{"supervisors": {"x": {"a": "q\"}{\\", "b": ["}", {"c": "\\\\"}, -1.5e3, null], "revision": "rev-7"}, "y": {}}}`
 	docs, err = parseGatewayConfig([]byte(tricky))
 	if err != nil {
@@ -459,7 +459,7 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 	}
 }
 
-// FuzzGatewayParseConfig checks the scanner of parseGatewayConfig against
+// FuzzGatewayParseConfig checks parseGatewayConfig against
 // encoding/json: every accepted file is valid JSON, and each section is the
 // compacted value encoding/json finds.
 func FuzzGatewayParseConfig(f *testing.F) {
