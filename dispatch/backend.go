@@ -70,7 +70,7 @@ func (p *backendPool) get() *backendConn {
 		if bc == nil {
 			return nil
 		}
-		if bc.probe.usable() {
+		if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
 			bc.reused = true
 			return bc
 		}
@@ -80,6 +80,15 @@ func (p *backendPool) get() *backendConn {
 		bc.close()
 	}
 }
+
+// probeIdleAfter is how long a connection must have been idle before its
+// reuse is preceded by a probe (about 1 µs, a system call). Apps close
+// idle connections after seconds, or announce the close in the response
+// (never pooled); a connection handed back under a millisecond ago is
+// reused unprobed, which keeps the probe off the hot path of busy routes.
+// Should an app close one in that millisecond, the request fails with 502
+// and is not replayed (retry.go).
+const probeIdleAfter = time.Millisecond
 
 // pop takes the most recently used idle connection that has not outlived
 // the idle timeout, closing the expired ones it passes.

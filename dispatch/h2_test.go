@@ -987,8 +987,9 @@ func TestH2StalledUpload(t *testing.T) {
 }
 
 // TestH2StalePooledRetry: app connections kept in the pool that the app has
-// closed meanwhile are not answered with 502: the request is retried on a
-// new connection. Requests share the pool with HTTP/1.1.
+// closed meanwhile are not answered with 502: the pool finds them closed
+// before writing and the request goes to a new connection. Requests share
+// the pool with HTTP/1.1.
 func TestH2StalePooledRetry(t *testing.T) {
 	h2Verify(t)
 	e := newH2Env(t, 0, Config{})
@@ -1004,7 +1005,7 @@ func TestH2StalePooledRetry(t *testing.T) {
 		t.Fatal("no pooled app connection")
 	}
 	e.web.ts.CloseClientConnections()
-	time.Sleep(50 * time.Millisecond)
+	waitIdleStale(t, pool)
 	res := h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/?after=close", nil), 200)
 	if res.body != "web after=close" {
 		t.Fatalf("body %q", res.body)

@@ -341,20 +341,7 @@ func TestRetryRule(t *testing.T) {
 // been closed by the app (as the listener's probe sees it).
 func waitPoolStale(t *testing.T, e *h2Env, host string) {
 	t.Helper()
-	pool := e.srv.routePool(e.table.Lookup(host))
-	eventually(t, 5*time.Second, "the app's close to reach the pooled connection", func() bool {
-		pool.mu.Lock()
-		defer pool.mu.Unlock()
-		if len(pool.idle) == 0 {
-			return false
-		}
-		for _, bc := range pool.idle {
-			if bc.probe.usable() {
-				return false
-			}
-		}
-		return true
-	})
+	waitIdleStale(t, e.srv.routePool(e.table.Lookup(host)))
 }
 
 // TestNoReplayedRequests: over HTTP/1.1 and HTTP/2, for every method, a

@@ -179,3 +179,23 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// waitIdleStale waits until pool holds idle connections and the app has
+// closed every one of them, as the probe that precedes a reuse sees it
+// (connections idle for probeIdleAfter or more are probed).
+func waitIdleStale(t *testing.T, pool *backendPool) {
+	t.Helper()
+	eventually(t, 5*time.Second, "the app's close to reach the pooled connections", func() bool {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		if len(pool.idle) == 0 {
+			return false
+		}
+		for _, bc := range pool.idle {
+			if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
+				return false
+			}
+		}
+		return true
+	})
+}

@@ -168,9 +168,8 @@ func roundTripErr(cl net.Conn, br *bufio.Reader) (int, error) {
 }
 
 // TestUnitStalePooledConnectionsRetryOnFreshDial: after an app restart every
-// pooled backend connection is dead. server.go promises to retry a request
-// that failed on a reused connection "once, on a new one"; the retry must
-// dial rather than take the next (equally dead) pooled connection, or the
+// pooled backend connection is dead. The pool must find every one of them
+// dead before writing on it (backendPool.get's probe) and dial, or the
 // first request after any restart of a busy app fails with 502.
 func TestUnitStalePooledConnectionsRetryOnFreshDial(t *testing.T) {
 	app := newToyApp(t, 2)
@@ -192,6 +191,7 @@ func TestUnitStalePooledConnectionsRetryOnFreshDial(t *testing.T) {
 	eventually(t, 5*time.Second, "two idle backend connections", func() bool { return pool.idleCount() == 2 })
 
 	app.dropAll() // the app restarts: both pooled connections are dead
+	waitIdleStale(t, pool)
 
 	if code := roundTrip(t, c1, br1); code != 200 {
 		t.Errorf("first request after the app dropped its connections: %d; want 200 (retry on a fresh connection)", code)
@@ -199,7 +199,7 @@ func TestUnitStalePooledConnectionsRetryOnFreshDial(t *testing.T) {
 }
 
 // TestUnitStalePooledConnectionRetried is the control: with one dead pooled
-// connection the retry succeeds.
+// connection the request goes to a new one.
 func TestUnitStalePooledConnectionRetried(t *testing.T) {
 	app := newToyApp(t, 1)
 	route := testRoute(t, app.port())
@@ -211,6 +211,7 @@ func TestUnitStalePooledConnectionRetried(t *testing.T) {
 	pool := route.Data(func() any { return nil }).(*backendPool)
 	eventually(t, 5*time.Second, "one idle backend connection", func() bool { return pool.idleCount() == 1 })
 	app.dropAll()
+	waitIdleStale(t, pool)
 	if code := roundTrip(t, c1, br1); code != 200 {
 		t.Errorf("request after the app dropped its connection: %d; want 200", code)
 	}
