@@ -254,14 +254,7 @@ func newBrowser(t testing.TB, caPEMPath, domain string) *browser {
 	b.cmd.Stdout = b.stderr
 	b.cmd.Stderr = b.stderr
 	b.cmd.WaitDelay = 5 * time.Second
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Its own process group, so Close can kill the renderers and
-		// helpers with it.
-		Setpgid: true,
-		// Killed if the launching thread ends, that is if this test
-		// process dies without running Close (see launch).
-		Pdeathsig: syscall.SIGKILL,
-	}
+	b.cmd.SysProcAttr = browserProcAttr()
 	if err := b.launch(); err != nil {
 		t.Fatalf("starting %s: %v", chromiumPath, err)
 	}

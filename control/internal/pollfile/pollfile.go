@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"syscall"
 	"time"
 )
 
@@ -33,9 +32,7 @@ func Stat(path string) (Identity, error) {
 		return Identity{}, err
 	}
 	id := Identity{mod: fi.ModTime(), size: fi.Size(), valid: true}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.ino, id.dev = st.Ino, uint64(st.Dev) //nolint:unconvert // Dev is uint64 on linux/amd64 but not everywhere
-	}
+	id.ino, id.dev = fileKey(fi)
 	return id, nil
 }
 
