@@ -40,4 +40,3 @@ func waitReadable(raw net.Conn) error {
 	_ = perr
 	return nil
 }
-
