@@ -2,23 +2,50 @@
 # Installs, once, what `make test` needs beyond the Go toolchain:
 #   chromium        the real browser the e2e browser tests drive (e2e/browser_*_test.go)
 #   libnss3-tools   certutil, which puts the test CA into the browser's NSS database
+#   etcd-server     /usr/bin/etcd: the e2e control-plane tests start their own
+#                   three-member cluster on loopback (e2e/etcd_harness_test.go)
 # Quick and silent when everything is there already. Without root, it only
 # says what is missing: those tests then skip (or fail when CI is set).
+#
+# The etcd package's own service is never started (nor left enabled): the
+# tests start their members themselves, on free ports with their own data
+# directories, and must not depend on (or collide with) a system etcd.
 set -euo pipefail
 
 need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-	echo "test-deps: not root and ${need[*]} missing; the e2e browser tests will skip" >&2
+	echo "test-deps: not root and ${need[*]} missing; the e2e tests that need them will skip" >&2
 	exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "test-deps: no apt-get to install ${need[*]}; the e2e browser tests will skip" >&2
+	echo "test-deps: no apt-get to install ${need[*]}; the e2e tests that need them will skip" >&2
 	exit 0
 fi
+
+# Keep maintainer scripts from starting services (etcd-server's postinst
+# would start etcd on 127.0.0.1:2379). An existing policy-rc.d is kept as it
+# is; one created here is removed again.
+policy=/usr/sbin/policy-rc.d
+made_policy=
+if [ ! -e "$policy" ]; then
+	printf '#!/bin/sh\n# test-deps.sh: no service starts during this install\nexit 101\n' >"$policy"
+	chmod 755 "$policy"
+	made_policy=1
+fi
+cleanup() { [ -z "$made_policy" ] || rm -f "$policy"; }
+trap cleanup EXIT
+
 echo "test-deps: installing ${need[*]}" >&2
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+
+# On a systemd host the package still enables its unit (policy-rc.d only
+# governs starting): disable it, and stop it should it run after all.
+if [[ " ${need[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi
