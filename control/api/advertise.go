@@ -20,10 +20,19 @@ type AdvertisedRoute struct {
 	DeclarationRevision int64              `json:"declaration_revision"`
 	ExpiresAt           time.Time          `json:"expires_at"`
 	Endpoint            AdvertisedEndpoint `json:"endpoint"`
+	// Generation is the instance's generation from the configuration
+	// document the route was installed from; the gateway publishes the
+	// route only while it equals the generation its own document grants.
+	Generation string `json:"generation,omitempty"`
 }
 
 // InstallationSet is the body of PUT /v1/supervisors/{id}/installations
 // and of GET /v1/installations.
 type InstallationSet struct {
 	Installations []AdvertisedRoute `json:"installations"`
+	// Session is the advertising supervisor's session id (32 lowercase hex
+	// characters, constant for the life of its process; see
+	// supervisor.NewSessionID). Empty from supervisors that predate
+	// sessions.
+	Session string `json:"session,omitempty"`
 }
