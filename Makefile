@@ -6,7 +6,7 @@ LONGFUZZ  ?= 2m
 
 # package:target pairs run by `make fuzz` (and briefly by `make test`).
 FUZZ_TARGETS = \
-	./listener:FuzzReadClientHello \
+	./internal/tlshello:FuzzReadClientHello \
 	./routes:FuzzNormalizeHost \
 	./routes:FuzzParseHostname \
 	./routes:FuzzParseDocument \

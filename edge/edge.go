@@ -29,7 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
-	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -450,7 +450,7 @@ func (e *Edge) serveConn(c net.Conn) {
 	}()
 	src := c.RemoteAddr().String()
 	_ = c.SetDeadline(time.Now().Add(e.cfg.HelloTimeout))
-	hello, err := listener.ReadClientHello(c, listener.DefaultMaxClientHelloBytes)
+	hello, err := tlshello.ReadClientHello(c, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
 		e.refuseHello(c, err)
 		return
@@ -467,7 +467,7 @@ func (e *Edge) serveConn(c net.Conn) {
 		}
 		e.m.conns.WithLabelValues(result).Inc()
 		e.log.Info("edge refused connection", "reason", result, "sni", truncate(hello.ServerName, 255), "src", src)
-		_ = listener.WriteAlert(c, listener.AlertUnrecognizedName)
+		_ = tlshello.WriteAlert(c, tlshello.AlertUnrecognizedName)
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -483,7 +483,7 @@ func (e *Edge) serveConn(c net.Conn) {
 			e.m.conns.WithLabelValues(resultDialFailed).Inc()
 			e.log.Warn("edge could not reach the owning supervisor", "hostname", host, "endpoint", r.endpoint,
 				"supervisor", r.supervisor, "src", src, "err", err)
-			_ = listener.WriteAlert(c, listener.AlertInternalError)
+			_ = tlshello.WriteAlert(c, tlshello.AlertInternalError)
 			return
 		}
 		var current *route
@@ -500,7 +500,7 @@ func (e *Edge) serveConn(c net.Conn) {
 		if current == nil || attempt == 2 {
 			// The route went away (or kept moving) while dialing.
 			e.m.conns.WithLabelValues(resultUnknownName).Inc()
-			_ = listener.WriteAlert(c, listener.AlertUnrecognizedName)
+			_ = tlshello.WriteAlert(c, tlshello.AlertUnrecognizedName)
 			return
 		}
 		r = current
@@ -578,18 +578,16 @@ func (e *Edge) unregister(host, endpoint string, sp *splice) {
 	}
 }
 
+// helloResults are the results of a ClientHello that could not be read.
+var helloResults = [...]string{
+	tlshello.RefusalNotTLS:     resultNotTLS,
+	tlshello.RefusalMalformed:  resultBadHello,
+	tlshello.RefusalReadFailed: resultHelloFailed,
+}
+
 func (e *Edge) refuseHello(c net.Conn, err error) {
-	var che *listener.ClientHelloError
-	switch {
-	case errors.Is(err, listener.ErrNotTLS):
-		e.m.conns.WithLabelValues(resultNotTLS).Inc()
-		_, _ = io.WriteString(c, listener.PlainHTTPAnswer)
-	case errors.As(err, &che):
-		e.m.conns.WithLabelValues(resultBadHello).Inc()
-		_ = listener.WriteAlert(c, che.Alert)
-	default:
-		e.m.conns.WithLabelValues(resultHelloFailed).Inc()
-	}
+	e.m.conns.WithLabelValues(helloResults[tlshello.Classify(err)]).Inc()
+	_ = tlshello.Refuse(c, err)
 	lvl := slog.LevelDebug
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		lvl = slog.LevelInfo

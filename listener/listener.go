@@ -9,15 +9,14 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -152,7 +151,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 	}()
 	l.m.accepted.Inc()
 	_ = raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
-	hello, err := ReadClientHello(raw, DefaultMaxClientHelloBytes)
+	hello, err := tlshello.ReadClientHello(raw, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
 		l.refuseHello(raw, err)
 		_ = raw.Close()
@@ -171,11 +170,11 @@ func (l *Listener) serveConn(raw net.Conn) {
 		l.m.rejections.WithLabelValues(reason).Inc()
 		l.log.Info("handshake refused", "class_uid", 4001, "rule", "app-listener-sni",
 			"reason", reason, "sni", truncate(hello.ServerName, 255), "src", raw.RemoteAddr().String())
-		_ = WriteAlert(raw, AlertUnrecognizedName)
+		_ = tlshello.WriteAlert(raw, tlshello.AlertUnrecognizedName)
 		_ = raw.Close()
 		return
 	}
-	tc := tls.Server(NewPrefixConn(raw, hello.Raw), l.cfg.TLS)
+	tc := tls.Server(tlshello.NewPrefixConn(raw, hello.Raw), l.cfg.TLS)
 	if err := tc.Handshake(); err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
 		l.log.Debug("handshake failed", "sni", host, "src", raw.RemoteAddr().String(), "err", err)
@@ -201,26 +200,19 @@ func (l *Listener) serveConn(raw net.Conn) {
 	l.cfg.Handler.ServeConn(tc, raw, host, route, sync.OnceFunc(releaseSlot))
 }
 
-func (l *Listener) refuseHello(raw net.Conn, err error) {
-	var che *ClientHelloError
-	switch {
-	case errors.Is(err, ErrNotTLS):
-		l.m.rejections.WithLabelValues("not_tls").Inc()
-		_, _ = io.WriteString(raw, PlainHTTPAnswer)
-	case errors.As(err, &che):
-		l.m.rejections.WithLabelValues("malformed_hello").Inc()
-		_ = WriteAlert(raw, che.Alert)
-	default:
-		l.m.rejections.WithLabelValues("hello_read").Inc()
-	}
-	l.log.Debug("client hello refused", "src", raw.RemoteAddr().String(), "err", err)
+// helloRejections are the rejection reasons (metric label) of a ClientHello
+// that could not be read.
+var helloRejections = [...]string{
+	tlshello.RefusalNotTLS:     "not_tls",
+	tlshello.RefusalMalformed:  "malformed_hello",
+	tlshello.RefusalReadFailed: "hello_read",
 }
 
-const plainHTTPBody = "400 Bad Request: this port only speaks TLS\n"
-
-// PlainHTTPAnswer is written to a client that sent plain HTTP to a TLS port.
-var PlainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
-	strconv.Itoa(len(plainHTTPBody)) + "\r\n\r\n" + plainHTTPBody
+func (l *Listener) refuseHello(raw net.Conn, err error) {
+	l.m.rejections.WithLabelValues(helloRejections[tlshello.Classify(err)]).Inc()
+	_ = tlshello.Refuse(raw, err)
+	l.log.Debug("client hello refused", "src", raw.RemoteAddr().String(), "err", err)
+}
 
 func truncate(s string, n int) string {
 	if len(s) > n {
