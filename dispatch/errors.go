@@ -21,14 +21,46 @@ const (
 	reasonReqTimeout  = "timed out reading the request"
 )
 
-// appendErrorResponse writes a complete error response: a small HTML page
-// for browsers (Accept: text/html), one plain-text line otherwise.
-func appendErrorResponse(dst []byte, status int, reason string, accept []byte, closeConn, retryAfter, allow bool) []byte {
+// denial is an answer the listener gives in place of the app's: a status,
+// the one-line reason the client is told, and what happens next. Each
+// protocol has one renderer: clientConn.deny (HTTP/1.1) and h2Stream.deny
+// (HTTP/2).
+type denial struct {
+	status     int
+	reason     string
+	retryAfter bool // Retry-After: 1
+	// close ends the client connection after the answer (HTTP/2: GOAWAY,
+	// the connection's other streams may finish).
+	close bool
+}
+
+// The listener's own answers.
+var (
+	denyMisdirected = denial{status: 421, reason: reasonMisdirected}
+	denyRevoked     = denial{status: 503, reason: reasonRevoked, close: true}
+	denyLimit       = denial{status: 503, reason: reasonLimit, retryAfter: true}
+	denyMethod      = denial{status: 405, reason: reasonMethod}
+	denyDialRefused = denial{status: 502, reason: reasonDialRefused}
+	denyDialTimeout = denial{status: 504, reason: reasonDialTimeout}
+	denyRespTimeout = denial{status: 504, reason: reasonRespTimeout}
+	denyBadResponse = denial{status: 502, reason: reasonBadResponse}
+	denyReqTimeout  = denial{status: 408, reason: reasonReqTimeout}
+)
+
+// denyParse is the answer to a request head the parser refused.
+func denyParse(pe *parseError) denial { return denial{status: pe.status, reason: pe.reason} }
+
+// closing returns d with the connection ending after it.
+func (d denial) closing() denial {
+	d.close = true
+	return d
+}
+
+// errorBody is the body of an error answer: a small HTML page for browsers
+// (Accept: text/html), one plain-text line otherwise.
+func errorBody(status int, reason string, accept []byte) (ctype string, body []byte) {
 	text := http.StatusText(status)
-	var body []byte
-	ctype := "text/plain; charset=utf-8"
 	if bytes.Contains(accept, []byte("text/html")) {
-		ctype = "text/html; charset=utf-8"
 		body = append(body, "<!doctype html><html><head><title>"...)
 		body = strconv.AppendInt(body, int64(status), 10)
 		body = append(body, ' ')
@@ -40,32 +72,65 @@ func appendErrorResponse(dst []byte, status int, reason string, accept []byte, c
 		body = append(body, "</h1><p>"...)
 		body = append(body, html.EscapeString(reason)...)
 		body = append(body, "</p></body></html>\n"...)
-	} else {
-		body = strconv.AppendInt(body, int64(status), 10)
-		body = append(body, ' ')
-		body = append(body, text...)
-		body = append(body, ": "...)
-		body = append(body, reason...)
-		body = append(body, '\n')
+		return "text/html; charset=utf-8", body
 	}
+	body = strconv.AppendInt(body, int64(status), 10)
+	body = append(body, ' ')
+	body = append(body, text...)
+	body = append(body, ": "...)
+	body = append(body, reason...)
+	body = append(body, '\n')
+	return "text/plain; charset=utf-8", body
+}
+
+// allowedMethods is the Allow field of a 405 answer.
+const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+// appendErrorResponse writes a complete HTTP/1.1 error response for d.
+func appendErrorResponse(dst []byte, d denial, accept []byte) []byte {
+	ctype, body := errorBody(d.status, d.reason, accept)
 	dst = append(dst, "HTTP/1.1 "...)
-	dst = strconv.AppendInt(dst, int64(status), 10)
+	dst = strconv.AppendInt(dst, int64(d.status), 10)
 	dst = append(dst, ' ')
-	dst = append(dst, text...)
+	dst = append(dst, http.StatusText(d.status)...)
 	dst = append(dst, "\r\nContent-Type: "...)
 	dst = append(dst, ctype...)
 	dst = append(dst, "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nContent-Length: "...)
 	dst = strconv.AppendInt(dst, int64(len(body)), 10)
 	dst = append(dst, "\r\n"...)
-	if retryAfter {
+	if d.retryAfter {
 		dst = append(dst, "Retry-After: 1\r\n"...)
 	}
-	if allow {
-		dst = append(dst, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"...)
+	if d.status == 405 {
+		dst = append(dst, "Allow: "+allowedMethods+"\r\n"...)
 	}
-	if closeConn {
+	if d.close {
 		dst = append(dst, "Connection: close\r\n"...)
 	}
 	dst = append(dst, "\r\n"...)
 	return append(dst, body...)
+}
+
+// writeH2Error writes the HTTP/2 form of the same answer: the same fields
+// and body; d.close becomes "Connection: close", which x/net turns into a
+// GOAWAY.
+func writeH2Error(w http.ResponseWriter, d denial, accept string) {
+	ctype, body := errorBody(d.status, d.reason, []byte(accept))
+	h := w.Header()
+	clear(h)
+	h["Content-Type"] = []string{ctype}
+	h["Cache-Control"] = []string{"no-store"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	if d.retryAfter {
+		h["Retry-After"] = []string{"1"}
+	}
+	if d.status == 405 {
+		h["Allow"] = []string{allowedMethods}
+	}
+	if d.close {
+		h["Connection"] = []string{"close"}
+	}
+	w.WriteHeader(d.status)
+	_, _ = w.Write(body)
 }

@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -393,6 +392,7 @@ type h2Stream struct {
 	// connection when the stream ends early (client reset, connection
 	// closed).
 	cancelStop func() bool
+	x          exchange
 }
 
 // serve checks and forwards the request; it reports whether the stream
@@ -401,27 +401,27 @@ func (st *h2Stream) serve() bool {
 	hc, r := st.hc, st.r
 	if hc.revokedErr() != nil || !hc.route.Usable() {
 		// The connection is being closed: no new streams on it.
-		st.deny(503, reasonRevoked, false, true)
+		st.deny(denyRevoked)
 		return false
 	}
 	if !hostMatches([]byte(r.Host), hc.sni) {
-		st.deny(421, reasonMisdirected, false, false)
+		st.deny(denyMisdirected)
 		return false
 	}
 	if r.Method == "CONNECT" || r.Method == "TRACE" {
 		// Extended CONNECT (RFC 8441) is CONNECT too; x/net refuses it
 		// anyway unless GODEBUG=http2xconnect=1.
-		st.deny(405, reasonMethod, false, false)
+		st.deny(denyMethod)
 		return false
 	}
 	req, pe := st.buildRequest()
 	if pe != nil {
-		st.deny(pe.status, pe.reason, false, false)
+		st.deny(denyParse(pe))
 		return false
 	}
 	inst := hc.route.Instance
 	if !inst.Acquire() {
-		st.deny(503, reasonLimit, true, false)
+		st.deny(denyLimit)
 		return false
 	}
 	defer inst.Release()
@@ -530,67 +530,25 @@ func (st *h2Stream) gone() bool {
 	return st.r.Context().Err() != nil || st.hc.revokedErr() != nil
 }
 
-// proxy forwards the request to the app and relays the response; it
-// reports whether the stream must be reset.
+// proxy forwards the request to the app and relays the response (an
+// exchange, exchange.go); it reports whether the stream must be reset.
 func (st *h2Stream) proxy(req *request) bool {
 	s, r := st.s, st.r
-	isHead := r.Method == "HEAD"
+	x := &st.x
+	x.reset(s, st.hc.route, st.hc.sni, req, st)
 	hasBody := req.body != bodyNone
-	pool := s.routePool(st.hc.route)
-	fi := s.forwardInfo(pool, st.hc.sni, st.hc.peer, st.hc.trusted)
+	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted)
 	head := appendRequestHead(make([]byte, 0, 1024), req, &fi)
 	s.countDropped(&fi, st.hc.route)
-
-	var bc *backendConn
-	for attempt := 0; ; attempt++ {
-		bc = nil
-		if attempt == 0 {
-			// A retry always dials: other idle connections may be as stale.
-			bc = pool.get()
-		}
-		fresh := bc == nil
-		if fresh {
-			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DialTimeout)
-			var err error
-			bc, err = pool.dial(ctx)
-			cancel()
-			s.m.dials.WithLabelValues(dialResult(err)).Inc()
-			if err != nil {
-				if st.gone() {
-					return true
-				}
-				st.dialFailed(err)
-				return false
-			}
-		}
-		if !st.attach(bc) {
-			bc.close()
-			st.deny(503, reasonRevoked, false, true)
-			return false
-		}
-		_ = bc.conn.SetWriteDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		n, err := bc.conn.Write(head)
-		if err == nil {
-			break
-		}
-		st.detach(bc)
-		bc.close()
-		if st.gone() {
-			return true
-		}
-		if mayRetry(req.method, !hasBody, !fresh, writeFailure(n), attempt) {
-			continue
-		}
-		st.backendFailed(err, false)
-		return false
+	if err := x.connect(r.Context(), head, !hasBody); err != nil {
+		return st.exchangeFailed(x, err)
 	}
+
 	// Stream the request body alongside reading the response.
-	var bodyDone chan error
 	var bodyAborted atomic.Bool
-	var clientErr *h2ClientBodyError // set before bodyDone is sent on
+	var clientErr *h2ClientBodyError // set before the body copy returns
 	if hasBody {
-		bodyDone = make(chan error, 1)
-		go func() {
+		x.sendBody(func(bc *backendConn) error {
 			err := st.copyRequestBody(bc, req)
 			var cbe *h2ClientBodyError
 			if errors.As(err, &cbe) && !bodyAborted.Load() {
@@ -599,77 +557,47 @@ func (st *h2Stream) proxy(req *request) bool {
 				clientErr = cbe
 				_ = bc.conn.Close()
 			}
-			bodyDone <- err
-		}()
-	}
-	// abortBody stops the body copy and returns how it ended.
-	abortBody := func() error {
-		if bodyDone == nil {
-			return nil
-		}
-		bodyAborted.Store(true)
-		_ = r.Body.Close()
-		_ = bc.conn.Close()
-		err := <-bodyDone
-		bodyDone = nil
-		return err
-	}
-	fail := func() {
-		_ = abortBody()
-		st.detach(bc)
-		bc.close()
+			return err
+		}, func() {
+			bodyAborted.Store(true)
+			_ = r.Body.Close()
+		})
 	}
 
-	var resp response
-	for {
-		_ = bc.conn.SetReadDeadline(time.Now().Add(s.cfg.ResponseHeaderTimeout))
-		rhead, err := readAppResponseHead(bc)
-		if err != nil {
-			fail()
-			if st.gone() {
-				return true
+	err := x.readHead(func(resp *response) error {
+		// 100 Continue is x/net's business (it answers Expect itself);
+		// 103 Early Hints is relayed; other 1xx are dropped.
+		if resp.status == 103 {
+			h := st.w.Header()
+			st.copyResponseFields(h, resp, false)
+			st.w.WriteHeader(103)
+			clear(h)
+		}
+		return nil
+	})
+	if err == nil && x.resp.status == 101 {
+		// No upgrades over HTTP/2 (and none was asked for: the request
+		// carried no Upgrade).
+		err = &badResponseError{errors.New("101 Switching Protocols on an HTTP/2 request")}
+	}
+	if err != nil {
+		x.abort() // waits for the body copy: clientErr is settled
+		if st.gone() {
+			return true
+		}
+		if clientErr != nil {
+			if clientErr.timeout {
+				st.deny(denyReqTimeout)
+				return false
 			}
-			if clientErr != nil {
-				if clientErr.timeout {
-					st.deny(408, reasonReqTimeout, false, false)
-					return false
-				}
-				return true
-			}
-			st.backendFailed(err, true)
-			return false
+			return true
 		}
-		if err := parseResponseHead(&resp, rhead, isHead, h2MaxResponseFields); err != nil {
-			fail()
-			s.log.Warn("invalid response from app", "class_uid", 4001, "host", st.hc.route.Host, "err", err)
-			st.deny(502, reasonBadResponse, false, false)
-			return false
-		}
-		s.scopeCookies(&resp, st.hc.sni, pool)
-		if resp.status == 101 {
-			// No upgrades over HTTP/2 (and none was asked for: the
-			// request carried no Upgrade).
-			fail()
-			s.log.Warn("app switched protocols on an HTTP/2 request", "class_uid", 4001, "host", st.hc.route.Host)
-			st.deny(502, reasonBadResponse, false, false)
-			return false
-		}
-		if resp.status < 200 {
-			// 100 Continue is x/net's business (it answers Expect itself);
-			// 103 Early Hints is relayed; other 1xx are dropped.
-			if resp.status == 103 {
-				h := st.w.Header()
-				st.copyResponseFields(h, &resp, false)
-				st.w.WriteHeader(103)
-				clear(h)
-			}
-			continue
-		}
-		break
+		return st.exchangeFailed(x, err)
 	}
 
+	resp := &x.resp
 	h := st.w.Header()
-	if !st.copyResponseFields(h, &resp, isHead || resp.status == 304) {
+	if !st.copyResponseFields(h, resp, x.isHead || resp.status == 304) {
 		// Never let x/net sniff a Content-Type the app did not send.
 		h["Content-Type"] = nil
 	}
@@ -681,55 +609,32 @@ func (st *h2Stream) proxy(req *request) bool {
 		h.Set("Connection", "close")
 	}
 	st.w.WriteHeader(resp.status)
-	_ = bc.conn.SetReadDeadline(time.Time{})
-	out := h2BodyWriter{st}
-	var n int64
-	var err error
-	if resp.body != bodyNone && bc.in.buffered() == 0 && (resp.body != bodyLength || resp.length != 0) {
+	if resp.body != bodyNone && x.bc.in.buffered() == 0 && (resp.body != bodyLength || resp.length != 0) {
 		// Nothing of the body is here yet (a stream of events, say): let
 		// the client have the head now.
 		err = st.flush()
 	}
 	if err == nil {
-		switch resp.body {
-		case bodyLength:
-			n, err = copyN(out, &bc.in, resp.length, st.flush)
-		case bodyChunked:
-			n, err = copyChunked(out, &bc.in, false, st.flush)
-		case bodyUntilClose:
-			n, err = copyUntilEOF(out, &bc.in, st.flush)
-		}
+		err = x.copyBody(h2BodyWriter{st}, nil, st.flush, false)
+	} else {
+		s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	}
-	s.m.bytesToClient.Add(float64(n))
-	s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	if err != nil {
-		fail()
+		x.abort()
 		return true
 	}
-	reusable := !resp.close && resp.body != bodyUntilClose
-	if bodyDone != nil {
-		// The app answered before the request body was complete: the rest
-		// is never sent, so the app connection cannot be reused.
-		select {
-		case berr := <-bodyDone:
-			bodyDone = nil
-			if berr != nil {
-				reusable = false
-			}
-		default:
-			_ = abortBody()
-			reusable = false
-		}
+	x.finish(st.hc.revokedErr() == nil)
+	return false
+}
+
+// exchangeFailed answers a failed exchange (exchange.failure) on this
+// stream; it reports whether the stream must be reset instead (nobody is
+// listening any more).
+func (st *h2Stream) exchangeFailed(x *exchange, err error) bool {
+	if st.gone() && !errors.Is(err, errClientRevoked) {
+		return true
 	}
-	if !st.detach(bc) || st.hc.revokedErr() != nil {
-		reusable = false
-	}
-	if reusable {
-		_ = bc.conn.SetDeadline(time.Time{})
-		pool.put(bc)
-	} else {
-		bc.close()
-	}
+	st.deny(x.failure(err))
 	return false
 }
 
@@ -876,61 +781,17 @@ func readAppResponseHead(bc *backendConn) ([]byte, error) {
 	}
 }
 
-func (st *h2Stream) dialFailed(err error) {
-	st.s.log.Warn("connector dial failed", "class_uid", 4001, "host", st.hc.route.Host, "port", st.hc.route.Port, "err", err)
-	if isTimeout(err) {
-		st.deny(504, reasonDialTimeout, false, false)
-		return
-	}
-	st.deny(502, reasonDialRefused, false, false)
-}
-
-func (st *h2Stream) backendFailed(err error, afterWrite bool) {
-	st.s.log.Warn("app connection failed", "class_uid", 4001, "host", st.hc.route.Host, "port", st.hc.route.Port, "err", err)
-	if afterWrite && isTimeout(err) {
-		st.deny(504, reasonRespTimeout, false, false)
-		return
-	}
-	st.deny(502, reasonBadResponse, false, false)
-}
-
 // deny answers a request the listener refuses, on this stream only unless
-// closeConn (then x/net sends GOAWAY and the connection ends once its
+// d.close (then x/net sends GOAWAY and the connection ends once its
 // streams are done).
-func (st *h2Stream) deny(status int, reason string, retryAfter, closeConn bool) {
-	st.s.m.requests.WithLabelValues(statusClass(status)).Inc()
-	st.s.m.denials.WithLabelValues(strconv.Itoa(status)).Inc()
-	st.logDenial(status, reason)
-	writeH2Error(st.w, status, reason, st.r.Header.Get("Accept"), retryAfter, closeConn || st.s.draining.Load())
-}
-
-// writeH2Error writes the same error response as the HTTP/1.1 path
-// (appendErrorResponse): its fields and one-line body.
-func writeH2Error(w http.ResponseWriter, status int, reason, accept string, retryAfter, closeConn bool) {
-	full := appendErrorResponse(nil, status, reason, []byte(accept), false, retryAfter, status == 405)
-	end := bytes.Index(full, crlfcrlf)
-	h := w.Header()
-	clear(h)
-	lines := full[:end]
-	lines = lines[bytes.Index(lines, crlf)+2:] // skip the status line
-	for len(lines) > 0 {
-		line := lines
-		if i := bytes.Index(lines, crlf); i >= 0 {
-			line, lines = lines[:i], lines[i+2:]
-		} else {
-			lines = nil
-		}
-		name, value, ok := bytes.Cut(line, []byte(": "))
-		if !ok || asciiEqualFold(name, "connection") {
-			continue
-		}
-		h.Add(string(name), string(value))
+func (st *h2Stream) deny(d denial) {
+	st.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
+	st.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
+	st.logDenial(d.status, d.reason)
+	if st.s.draining.Load() {
+		d.close = true
 	}
-	if closeConn {
-		h.Set("Connection", "close")
-	}
-	w.WriteHeader(status)
-	_, _ = w.Write(full[end+4:])
+	writeH2Error(st.w, d, st.r.Header.Get("Accept"))
 }
 
 func (st *h2Stream) logDenial(status int, reason string) {

@@ -341,9 +341,9 @@ type clientConn struct {
 	in      inbuf
 	bw      *bufio.Writer
 	req     request
-	resp    response
-	out     []byte // scratch for heads
-	pending []byte // client bytes read by the watch in awaitResponse
+	x       exchange // the request in flight, reused from one to the next
+	out     []byte   // scratch for heads
+	pending []byte   // client bytes read by the watch in awaitResponse
 	// detached holds what is still needed of a request head once its body
 	// is being streamed (the body copy overwrites the head's buffer).
 	detached *detachedHead
@@ -511,7 +511,7 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() && c.in.buffered() > 0 {
-				c.reject(&parseError{408, reasonReqTimeout})
+				c.deny(denyReqTimeout.closing())
 			}
 			return nil, false
 		}
@@ -520,34 +520,28 @@ func (c *clientConn) readHead() ([]byte, bool) {
 
 // reject answers a request that cannot be processed and closes.
 func (c *clientConn) reject(pe *parseError) {
-	c.s.m.requests.WithLabelValues(statusClass(pe.status)).Inc()
-	c.s.m.denials.WithLabelValues(strconv.Itoa(pe.status)).Inc()
-	c.logDenial(pe.status, pe.reason)
-	c.writeErrorNow(pe.status, pe.reason, true, false)
+	c.deny(denyParse(pe).closing())
 }
 
-func (c *clientConn) writeErrorNow(status int, reason string, closeConn, retryAfter bool) {
+// deny answers a request with the listener's own answer; it reports
+// whether the connection may continue.
+func (c *clientConn) deny(d denial) bool {
+	if c.req.body != bodyNone || c.req.close {
+		// An unread body leaves the connection unusable; a client that
+		// asked to close gets it.
+		d.close = true
+	}
+	c.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
+	c.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
+	c.logDenial(d.status, d.reason)
 	accept := c.req.accept
 	if c.detached != nil {
 		accept = c.detached.accept
 	}
-	c.out = appendErrorResponse(c.out[:0], status, reason, accept, closeConn, retryAfter, status == 405)
+	c.out = appendErrorResponse(c.out[:0], d, accept)
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	_, _ = c.conn.Write(c.out)
-}
-
-// deny answers a well-formed request the listener refuses; it reports
-// whether the connection may continue.
-func (c *clientConn) deny(status int, reason string, closeConn, retryAfter bool) bool {
-	if c.req.body != bodyNone {
-		// The body was not read: the connection cannot be reused.
-		closeConn = true
-	}
-	c.s.m.requests.WithLabelValues(statusClass(status)).Inc()
-	c.s.m.denials.WithLabelValues(strconv.Itoa(status)).Inc()
-	c.logDenial(status, reason)
-	c.writeErrorNow(status, reason, closeConn || c.req.close, retryAfter)
-	return !closeConn && !c.req.close
+	return !d.close
 }
 
 func (c *clientConn) logDenial(status int, reason string) {
@@ -587,25 +581,25 @@ func (c *clientConn) handle(head []byte) bool {
 		var pe *parseError
 		if errors.As(err, &pe) {
 			if pe.status == 421 {
-				return c.deny(421, reasonMisdirected, false, false)
+				return c.deny(denyMisdirected)
 			}
 			c.reject(pe)
 		}
 		return false
 	}
 	if c.revokedErr() != nil || !c.route.Usable() {
-		c.deny(503, reasonRevoked, true, false)
+		c.deny(denyRevoked)
 		return false
 	}
 	if !hostMatches(c.req.host, c.sni) {
-		return c.deny(421, reasonMisdirected, false, false)
+		return c.deny(denyMisdirected)
 	}
 	if string(c.req.method) == "CONNECT" || string(c.req.method) == "TRACE" {
-		return c.deny(405, reasonMethod, false, false)
+		return c.deny(denyMethod)
 	}
 	inst := c.route.Instance
 	if !inst.Acquire() {
-		return c.deny(503, reasonLimit, false, true)
+		return c.deny(denyLimit)
 	}
 	inst.CountRequest()
 	c.s.m.streamsActive.Inc()
@@ -698,13 +692,14 @@ func (c *clientConn) flush() error {
 	return c.bw.Flush()
 }
 
-// proxy forwards the parsed request and relays the response; it reports
-// whether the client connection continues.
+// proxy forwards the parsed request and relays the response (an
+// exchange, exchange.go); it reports whether the client connection
+// continues.
 func (c *clientConn) proxy() bool {
 	req := &c.req
-	isHead := string(req.method) == "HEAD"
-	pool := c.s.routePool(c.route)
-	fi := c.s.forwardInfo(pool, c.sni, c.peer, c.trusted)
+	x := &c.x
+	x.reset(c.s, c.route, c.sni, req, c)
+	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted)
 	c.out = appendRequestHead(c.out[:0], req, &fi)
 	c.s.countDropped(&fi, c.route)
 	// A small body that has fully arrived goes out with the head.
@@ -714,63 +709,25 @@ func (c *clientConn) proxy() bool {
 		c.in.r += int(req.length)
 		inline = true
 	}
-
-	var bc *backendConn
-	for attempt := 0; ; attempt++ {
-		bc = nil
-		if attempt == 0 {
-			// A retry always dials: another idle connection may be as
-			// stale as the first.
-			bc = pool.get()
-		}
-		fresh := bc == nil
-		if fresh {
-			ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.DialTimeout)
-			var err error
-			bc, err = pool.dial(ctx)
-			cancel()
-			c.s.m.dials.WithLabelValues(dialResult(err)).Inc()
-			if err != nil {
-				return c.dialFailed(err)
-			}
-		}
-		if !c.setBackend(bc) {
-			bc.close()
-			c.deny(503, reasonRevoked, true, false)
-			return false
-		}
-		_ = bc.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
-		n, err := bc.conn.Write(c.out)
-		if err == nil {
-			break
-		}
-		bc.close()
-		c.setBackend(nil)
-		if mayRetry(req.method, inline, !fresh, writeFailure(n), attempt) {
-			continue
-		}
-		return c.backendFailed(err, false)
+	if err := x.connect(context.Background(), c.out, inline); err != nil {
+		return c.exchangeFailed(x, err)
 	}
+	defer c.setBackend(nil)
 	if inline {
 		// Wait for the first response bytes here, watching the client
 		// meanwhile. A failure now is never retried (retry.go): the app
 		// may have read the request.
-		if err := c.awaitResponse(bc); err != nil {
-			bc.close()
-			c.setBackend(nil)
+		if err := c.awaitResponse(x.bc); err != nil {
+			x.abort()
 			if errors.Is(err, errClientGone) {
 				return false
 			}
-			return c.backendFailed(err, true)
+			return c.exchangeFailed(x, &appError{err: err, sent: true})
 		}
-	}
-	defer c.setBackend(nil)
-
-	// Stream the request body, if any, alongside reading the response.
-	// From here on the body copy reuses the buffer that holds the request
-	// head: what is still needed of the head is copied out first.
-	var bodyDone chan error
-	if !inline {
+	} else {
+		// Stream the request body alongside reading the response. From
+		// here on the body copy reuses the buffer that holds the request
+		// head: what is still needed of the head is copied out first.
 		c.detached = &detachedHead{
 			accept: append([]byte(nil), req.accept...),
 			method: string(req.method),
@@ -779,88 +736,49 @@ func (c *clientConn) proxy() bool {
 		defer func() { c.detached = nil }()
 		c.body.start(c.conn, c.s.cfg.BodyTimeout)
 		c.in.src = &c.body
-		bodyDone = make(chan error, 1)
-		go func() { bodyDone <- c.copyRequestBody(bc) }()
-	}
-	stopBody := func() error {
-		if bodyDone == nil {
-			return nil
-		}
-		err := <-bodyDone
-		bodyDone = nil
-		return err
-	}
-	// abortBody stops the body copy and returns how it ended.
-	abortBody := func() error {
-		if bodyDone == nil {
-			return nil
-		}
-		c.body.abort()
-		_ = bc.conn.Close()
-		err := <-bodyDone
-		bodyDone = nil
-		return err
+		x.sendBody(c.copyRequestBody, c.body.abort)
 	}
 
-	wroteHead := false
-	for {
-		_ = bc.conn.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseHeaderTimeout))
-		head, err := readAppResponseHead(bc)
-		if err != nil {
-			berr := abortBody()
-			bc.close()
-			var pe *parseError
-			switch {
-			case errors.As(berr, &pe) && !wroteHead:
-				// A malformed request body (bad chunking): the body copy
-				// closed the app connection to end the wait here.
-				c.reject(pe)
-				return false
-			case berr != nil && !isAppWriteError(berr):
-				// The client went away or stalled mid-body.
-				return false
-			case wroteHead:
-				return false
-			}
-			return c.backendFailed(err, true)
+	wroteHead := false // a 1xx went to the client: no other answer is possible
+	err := x.readHead(func(resp *response) error {
+		// 100 Continue, 103 Early Hints: relayed to HTTP/1.1 clients.
+		if req.http10 {
+			return nil
 		}
-		if err := parseResponseHead(&c.resp, head, isHead, 200); err != nil {
-			_ = abortBody()
-			bc.close()
-			if wroteHead {
-				return false
-			}
-			c.s.log.Warn("invalid response from app", "class_uid", 4001, "host", c.route.Host, "err", err)
-			return c.deny(502, reasonBadResponse, true, false)
+		c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+		_, _ = c.writer().Write(c.out)
+		if err := c.flush(); err != nil {
+			return errClientGone
 		}
-		c.s.scopeCookies(&c.resp, c.sni, pool)
-		resp := &c.resp
-		if resp.status == 101 {
-			if !req.upgrade || !resp.upgradeWS {
-				_ = abortBody()
-				bc.close()
-				return c.deny(502, reasonBadResponse, true, false)
-			}
-			return c.websocket(bc)
+		wroteHead = true
+		return nil
+	})
+	if err != nil {
+		berr := x.stopBody()
+		x.abort()
+		var pe *parseError
+		switch {
+		case errors.Is(err, errClientGone), wroteHead:
+			return false
+		case errors.As(berr, &pe):
+			// A malformed request body (bad chunking): the body copy
+			// closed the app connection to end the wait here.
+			c.reject(pe)
+			return false
+		case berr != nil && !isAppWriteError(berr):
+			// The client went away or stalled mid-body.
+			return false
 		}
-		if resp.status >= 100 && resp.status < 200 {
-			// 100 Continue, 103 Early Hints: relay to HTTP/1.1 clients.
-			if !req.http10 {
-				w := c.writer()
-				c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
-				_, _ = w.Write(c.out)
-				if err := c.flush(); err != nil {
-					_ = abortBody()
-					bc.close()
-					return false
-				}
-				wroteHead = true
-			}
-			continue
-		}
-		break
+		return c.exchangeFailed(x, err)
 	}
-	resp := &c.resp
+	resp := &x.resp
+	if resp.status == 101 {
+		if !req.upgrade || !resp.upgradeWS {
+			x.abort()
+			return c.exchangeFailed(x, &badResponseError{errors.New("101 without a WebSocket upgrade")})
+		}
+		return c.websocket(x.bc, resp)
+	}
 	// Frame the body towards the client.
 	out := resp.body
 	closeClient := req.close || c.s.draining.Load()
@@ -871,59 +789,43 @@ func (c *clientConn) proxy() bool {
 		closeClient = true
 	}
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, isHead)
+	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead)
 	_, _ = w.Write(c.out)
-	_ = bc.conn.SetReadDeadline(time.Time{})
-	var n int64
-	var err error
-	switch resp.body {
-	case bodyLength:
-		if resp.length >= bigBody && !isHead {
-			bc.in.enlarge(&c.s.bigPool)
-			n, err = copyN(c.heldWriter(w), &bc.in, resp.length, c.flush)
-			break
-		}
-		n, err = copyN(w, &bc.in, resp.length, c.flush)
-	case bodyChunked:
-		n, err = copyChunked(w, &bc.in, out == bodyChunked, c.flush)
-	case bodyUntilClose:
-		n, err = copyUntilEOF(w, &bc.in, c.flush)
-	}
+	err = x.copyBody(w, c.heldWriter(w), c.flush, out == bodyChunked)
 	if err == nil {
 		err = c.flush()
 	}
-	c.s.m.bytesToClient.Add(float64(n))
-	c.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	if err != nil {
-		_ = abortBody()
-		bc.close()
+		x.abort()
 		return false
 	}
-	reusable := !resp.close && resp.body != bodyUntilClose
-	if bodyDone != nil {
-		// The app answered before the request body was complete: the rest
-		// of it is never read, so neither connection can be reused.
-		select {
-		case berr := <-bodyDone:
-			bodyDone = nil
-			if berr != nil {
-				bc.close()
-				return false
-			}
-		default:
-			_ = abortBody()
-			bc.close()
-			return false
-		}
+	// The app answered before the request body was complete: the rest of
+	// it is never read, so neither connection can be reused.
+	bodySent := x.bodySent()
+	x.finish(true)
+	return bodySent && !closeClient
+}
+
+// exchangeFailed answers a failed exchange (exchange.failure): nothing when
+// the connection was revoked meanwhile; the connection ends after the
+// answer, as the state of a half-sent request cannot be trusted.
+func (c *clientConn) exchangeFailed(x *exchange, err error) bool {
+	if c.revokedErr() != nil && !errors.Is(err, errClientRevoked) {
+		return false
 	}
-	_ = stopBody()
-	if reusable {
-		_ = bc.conn.SetDeadline(time.Time{})
-		pool.put(bc)
-	} else {
-		bc.close()
+	d := x.failure(err)
+	if errors.As(err, new(*appError)) || errors.As(err, new(*badResponseError)) {
+		d = d.closing()
 	}
-	return !closeClient
+	return c.deny(d)
+}
+
+// attach and detach make clientConn an exchangeClient: Revoke closes the
+// app connection of the request in flight.
+func (c *clientConn) attach(bc *backendConn) bool { return c.setBackend(bc) }
+func (c *clientConn) detach(*backendConn) bool {
+	c.setBackend(nil)
+	return true
 }
 
 // watchAfter is how long a response may take before the client connection
@@ -972,8 +874,6 @@ func (c *clientConn) awaitResponse(bc *backendConn) error {
 	}
 	return err
 }
-
-var errClientGone = errors.New("client went away while the app was answering")
 
 // copyRequestBody streams the request body to the app. When the client
 // side fails (a malformed body, a stalled or vanished client), it closes the
@@ -1077,30 +977,11 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-func (c *clientConn) dialFailed(err error) bool {
-	c.s.log.Warn("connector dial failed", "class_uid", 4001, "host", c.route.Host, "port", c.route.Port, "err", err)
-	if isTimeout(err) {
-		return c.deny(504, reasonDialTimeout, false, false)
-	}
-	return c.deny(502, reasonDialRefused, false, false)
-}
-
-func (c *clientConn) backendFailed(err error, afterWrite bool) bool {
-	if c.revokedErr() != nil {
-		return false
-	}
-	c.s.log.Warn("app connection failed", "class_uid", 4001, "host", c.route.Host, "port", c.route.Port, "err", err)
-	if afterWrite && isTimeout(err) {
-		return c.deny(504, reasonRespTimeout, true, false)
-	}
-	return c.deny(502, reasonBadResponse, true, false)
-}
-
 // websocket relays the 101 response and splices the two connections until
 // either side closes or the route is revoked.
-func (c *clientConn) websocket(bc *backendConn) bool {
+func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], &c.resp, bodyNone, false, false)
+	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
 	_, _ = w.Write(c.out)
 	if err := c.flush(); err != nil {
 		bc.close()

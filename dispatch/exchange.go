@@ -1,0 +1,291 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// exchange is one request forwarded to its route's app: the steps that an
+// HTTP/1.1 connection (proxy in server.go) and an HTTP/2 stream (proxy in
+// h2.go) share, so that the retry rule, the reuse of app connections and
+// the answers to failures live in one place. The client side drives it:
+//
+//	connect   – an app connection from the route's pool or a new one, the
+//	            request head written on it, the retry rule applied (retry.go)
+//	sendBody  – the request body streamed in a goroutine of its own
+//	readHead  – response heads read until the final one (1xx relayed)
+//	copyBody  – the response body relayed as the app frames it
+//	finish    – the app connection back to the pool, or closed
+//
+// and failure maps whatever went wrong to the client's answer.
+type exchange struct {
+	s      *Server
+	route  *routes.Route
+	pool   *backendPool
+	cl     exchangeClient
+	sni    string
+	req    *request
+	isHead bool
+	bc     *backendConn // the app connection, once connected
+	resp   response
+
+	body      chan error // the request body copy's result; nil when none runs
+	stopCopy  func()     // makes a running body copy return at once
+	bodyEnded bool       // the body copy has returned (bodyErr is its result)
+	bodyErr   error
+}
+
+// exchangeClient is what an exchange needs from its client side.
+type exchangeClient interface {
+	// attach makes bc the request's app connection: revoking the client
+	// connection (or the end of the stream) closes it. False when the
+	// client connection is already revoked.
+	attach(bc *backendConn) bool
+	// detach undoes attach; it reports false when bc was closed meanwhile
+	// because the client side ended.
+	detach(bc *backendConn) bool
+}
+
+// reset prepares x for the exchange of req on route for cl, reached with
+// sni. The response's slices are kept for reuse (an HTTP/1.1 connection
+// reuses one exchange for all its requests).
+func (x *exchange) reset(s *Server, route *routes.Route, sni string, req *request, cl exchangeClient) {
+	resp := x.resp
+	resp.reset()
+	*x = exchange{s: s, route: route, pool: s.routePool(route), cl: cl, sni: sni, req: req,
+		isHead: string(req.method) == "HEAD", resp: resp}
+}
+
+// Failures of an exchange, mapped to answers by failure.
+var (
+	// errClientRevoked: the client connection was revoked while connecting.
+	errClientRevoked = errors.New("client connection revoked")
+	// errClientGone: the client went away while the app was answering.
+	errClientGone = errors.New("client went away while the app was answering")
+)
+
+// dialError is a failure to open an app connection.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "dial: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// appError is a failure on an open app connection; sent: the request head
+// had been written (a timeout then is the app's slowness).
+type appError struct {
+	err  error
+	sent bool
+}
+
+func (e *appError) Error() string { return e.err.Error() }
+func (e *appError) Unwrap() error { return e.err }
+
+// badResponseError is a response head the listener refuses to relay.
+type badResponseError struct{ err error }
+
+func (e *badResponseError) Error() string { return "invalid response: " + e.err.Error() }
+func (e *badResponseError) Unwrap() error { return e.err }
+
+// connect writes head (the request head, with the whole body when
+// bodyInMemory) on an idle pooled app connection, or a new one, and keeps
+// it as x.bc. It sends the request a second time only as the retry rule
+// allows (retry.go). ctx bounds the dial.
+func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) error {
+	for attempt := 0; ; attempt++ {
+		var bc *backendConn
+		if attempt == 0 {
+			// A retry always dials: another idle connection may be as
+			// stale as the first.
+			bc = x.pool.get()
+		}
+		fresh := bc == nil
+		if fresh {
+			dctx, cancel := context.WithTimeout(ctx, x.s.cfg.DialTimeout)
+			var err error
+			bc, err = x.pool.dial(dctx)
+			cancel()
+			x.s.m.dials.WithLabelValues(dialResult(err)).Inc()
+			if err != nil {
+				return &dialError{err}
+			}
+		}
+		if !x.cl.attach(bc) {
+			bc.close()
+			return errClientRevoked
+		}
+		_ = bc.conn.SetWriteDeadline(time.Now().Add(x.s.cfg.BodyTimeout))
+		n, err := bc.conn.Write(head)
+		if err == nil {
+			x.bc = bc
+			return nil
+		}
+		x.cl.detach(bc)
+		bc.close()
+		if !mayRetry(x.req.method, bodyInMemory, !fresh, writeFailure(n), attempt) {
+			return &appError{err: err}
+		}
+	}
+}
+
+// sendBody streams the request body to the app in a goroutine of its own:
+// copy does the work, stop makes it return at once (the exchange closes
+// the app connection as well).
+func (x *exchange) sendBody(copyBody func(bc *backendConn) error, stop func()) {
+	x.body = make(chan error, 1)
+	x.stopCopy = stop
+	bc := x.bc
+	go func() { x.body <- copyBody(bc) }()
+}
+
+// stopBody makes a running body copy return and reports how it ended.
+func (x *exchange) stopBody() error {
+	if x.body == nil || x.bodyEnded {
+		return x.bodyErr
+	}
+	x.stopCopy()
+	_ = x.bc.conn.Close()
+	return x.waitBody()
+}
+
+// waitBody waits for the body copy and reports how it ended.
+func (x *exchange) waitBody() error {
+	if x.body != nil && !x.bodyEnded {
+		x.bodyErr = <-x.body
+		x.bodyEnded = true
+	}
+	return x.bodyErr
+}
+
+// bodySent reports, without waiting, whether the whole request body has
+// reached the app (true when there was none to stream).
+func (x *exchange) bodySent() bool {
+	if x.body == nil {
+		return true
+	}
+	if !x.bodyEnded {
+		select {
+		case x.bodyErr = <-x.body:
+			x.bodyEnded = true
+		default:
+			return false
+		}
+	}
+	return x.bodyErr == nil
+}
+
+// readHead reads response heads into x.resp until a final one (status 200
+// or more, or 101), handing each other 1xx to interim.
+func (x *exchange) readHead(interim func(*response) error) error {
+	for {
+		_ = x.bc.conn.SetReadDeadline(time.Now().Add(x.s.cfg.ResponseHeaderTimeout))
+		head, err := readAppResponseHead(x.bc)
+		if err != nil {
+			return &appError{err: err, sent: true}
+		}
+		if err := parseResponseHead(&x.resp, head, x.isHead, maxResponseFields); err != nil {
+			return &badResponseError{err}
+		}
+		x.s.scopeCookies(&x.resp, x.sni, x.pool)
+		if x.resp.status == 101 || x.resp.status >= 200 {
+			return nil
+		}
+		if err := interim(&x.resp); err != nil {
+			return err
+		}
+	}
+}
+
+// maxResponseFields bounds the header fields of an app's response.
+const maxResponseFields = 200
+
+// copyBody relays the response body to w as the app frames it: a chunked
+// body is re-chunked when chunkedOut (HTTP/1.1 clients), otherwise only its
+// data is written. A large body with a known length is read in larger
+// chunks and written through big (nil: w). It counts the bytes and the
+// answered request.
+func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut bool) error {
+	bc, resp := x.bc, &x.resp
+	_ = bc.conn.SetReadDeadline(time.Time{})
+	var n int64
+	var err error
+	switch resp.body {
+	case bodyLength:
+		if big != nil && resp.length >= bigBody && !x.isHead {
+			bc.in.enlarge(&x.s.bigPool)
+			w = big
+		}
+		n, err = copyN(w, &bc.in, resp.length, flush)
+	case bodyChunked:
+		n, err = copyChunked(w, &bc.in, chunkedOut, flush)
+	case bodyUntilClose:
+		n, err = copyUntilEOF(w, &bc.in, flush)
+	}
+	x.s.m.bytesToClient.Add(float64(n))
+	x.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
+	return err
+}
+
+// finish ends the exchange. The app connection goes back to the route's
+// pool when reusable and nothing argues against it: the response was
+// complete and framed, the request body was sent whole (an app that
+// answers early never reads the rest), and the client side did not close
+// it meanwhile. Otherwise it is closed. It reports whether it was reused.
+func (x *exchange) finish(reusable bool) bool {
+	bc := x.bc
+	reusable = reusable && !x.resp.close && x.resp.body != bodyUntilClose
+	if reusable && !x.bodySent() {
+		reusable = false
+		_ = x.stopBody()
+	}
+	if !x.cl.detach(bc) {
+		reusable = false
+	}
+	if !reusable {
+		bc.close()
+		return false
+	}
+	_ = bc.conn.SetDeadline(time.Time{})
+	x.pool.put(bc)
+	return true
+}
+
+// abort ends a failed exchange: the body copy is stopped and the app
+// connection closed.
+func (x *exchange) abort() {
+	if x.bc == nil {
+		return
+	}
+	_ = x.stopBody()
+	x.cl.detach(x.bc)
+	x.bc.close()
+}
+
+// failure logs what went wrong towards the app and returns the answer
+// for it.
+func (x *exchange) failure(err error) denial {
+	var de *dialError
+	var be *badResponseError
+	var ae *appError
+	switch {
+	case errors.Is(err, errClientRevoked):
+		return denyRevoked
+	case errors.As(err, &de):
+		x.s.log.Warn("connector dial failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", de.err)
+		if isTimeout(de.err) {
+			return denyDialTimeout
+		}
+		return denyDialRefused
+	case errors.As(err, &be):
+		x.s.log.Warn("invalid response from app", "class_uid", 4001, "host", x.route.Host, "err", be.err)
+		return denyBadResponse
+	}
+	x.s.log.Warn("app connection failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", err)
+	if errors.As(err, &ae) && ae.sent && isTimeout(err) {
+		return denyRespTimeout
+	}
+	return denyBadResponse
+}
