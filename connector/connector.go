@@ -25,6 +25,38 @@ type Connector interface {
 	String() string
 }
 
+// Liveness is implemented by connectors whose target can disappear under
+// the supervisor (a network namespace, a socket directory). Alive reports
+// an error wrapping ErrUnavailable once it is gone.
+type Liveness interface {
+	Alive() error
+}
+
+// Kinds of connector, as the configuration document names them.
+const (
+	KindTCP   = "tcp"
+	KindUnix  = "unix"
+	KindNetNS = "netns"
+)
+
+// New returns the connector of a kind: tcp dials host (a loopback address;
+// "" is not accepted), unix dials the socket path template, netns enters
+// the namespace at path.
+func New(kind, host, path string) (Connector, error) {
+	switch kind {
+	case KindTCP:
+		if host == "" {
+			return nil, errors.New("tcp connector: no host")
+		}
+		return TCP{Host: host}, nil
+	case KindUnix:
+		return Unix{PathTemplate: path}, nil
+	case KindNetNS:
+		return NetNS{Path: path}, nil
+	}
+	return nil, fmt.Errorf("connector type %q is not supported by this build", kind)
+}
+
 // ErrUnavailable marks a dial failure caused by the instance being gone
 // rather than the app not listening.
 var ErrUnavailable = errors.New("sandbox instance unavailable")

@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -86,21 +85,18 @@ const (
 	DefaultWebSocketCloseGrace   = 50 * time.Millisecond
 )
 
-// NewConnector is the default connector factory: tcp, unix and netns.
+// NewConnector is the default connector factory: a route's connector
+// (tcp, unix or netns; a tcp connector without a host dials
+// routes.DefaultConnectorHost).
 func NewConnector(spec routes.ConnectorSpec) (connector.Connector, error) {
-	switch spec.Type {
-	case "netns":
-		return connector.NetNS{Path: spec.Path}, nil
-	case "tcp", "":
-		host := spec.Host
-		if host == "" {
-			host = "127.0.0.1"
-		}
-		return connector.TCP{Host: host}, nil
-	case "unix":
-		return connector.Unix{PathTemplate: spec.Path}, nil
+	kind, host := spec.Type, spec.Host
+	if kind == "" {
+		kind = connector.KindTCP
 	}
-	return nil, fmt.Errorf("connector type %q is not supported by this build", spec.Type)
+	if kind == connector.KindTCP && host == "" {
+		host = routes.DefaultConnectorHost
+	}
+	return connector.New(kind, host, spec.Path)
 }
 
 // Server serves client connections. It is safe for concurrent use.

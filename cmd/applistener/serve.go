@@ -385,7 +385,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Logger:                 logger,
 			Registerer:             reg,
 		})
-		wg.Go(func() { dispatch.WatchConnectors(bg, table, time.Second, logger) })
+		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
 		appLn = listener.New(ln, listener.Config{
 			TLS:              tlsCfg,
 			Routes:           table,

@@ -1,4 +1,4 @@
-package dispatch
+package main
 
 import (
 	"context"
@@ -6,38 +6,40 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/routes"
 )
 
-// WatchConnectors checks, every interval until ctx ends, that the network
-// namespace of every netns route and the socket directory of every unix
-// route still exist. When one disappears, its instance is stopped: its streams are closed and new requests get the
+// watchConnectors checks, every interval until ctx ends, that the target of
+// every route whose connector reports liveness (a netns route's namespace,
+// a unix route's socket directory) still exists. When one disappears, its
+// instance is stopped: its streams are closed and new requests get the
 // connector's own error (502), exactly as an instance stop. It does not
 // stop the same instance twice for the same disappearance.
-func WatchConnectors(ctx context.Context, table *routes.Table, interval time.Duration, logger *slog.Logger) {
+func watchConnectors(ctx context.Context, table *routes.Table, interval time.Duration, logger *slog.Logger) {
 	if interval <= 0 {
 		interval = time.Second
 	}
-	down := map[routes.InstanceKey]string{} // instance -> namespace path found gone
+	down := map[routes.InstanceKey]string{} // instance -> connector path found gone
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		seen := map[routes.InstanceKey]bool{}
 		for r := range table.Snapshot().All() {
-			if seen[r.Instance.Key] {
-				continue
-			}
-			var err error
-			switch r.Connector.Type {
-			case "netns":
-				err = connector.NetNS{Path: r.Connector.Path}.Alive()
-			case "unix":
-				err = connector.Unix{PathTemplate: r.Connector.Path}.Alive()
-			default:
-				continue
-			}
-			seen[r.Instance.Key] = true
 			key := r.Instance.Key
+			if seen[key] {
+				continue
+			}
+			conn, err := dispatch.NewConnector(r.Connector)
+			if err != nil {
+				continue
+			}
+			live, ok := conn.(connector.Liveness)
+			if !ok {
+				continue
+			}
+			seen[key] = true
+			err = live.Alive()
 			switch {
 			case err != nil && down[key] != r.Connector.Path:
 				down[key] = r.Connector.Path
