@@ -1,0 +1,47 @@
+// Package testutil holds the helpers that the tests of several packages
+// share: Eventually polls for a condition, VerifyNone checks that a test
+// leaves no goroutine behind. Only _test.go files import it, so it and
+// goleak stay out of the binaries.
+package testutil
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// maxPollInterval bounds the pause between two checks in Eventually. The
+// first pause is 1 ms and each one doubles up to this, so a condition that
+// is about to hold is seen at once and an expensive one (a TLS handshake)
+// is not run in a tight loop.
+const maxPollInterval = 10 * time.Millisecond
+
+// Eventually calls cond until it returns true, and fails t with
+// "timed out after <within> waiting for <what>" when it has not by the
+// time within has passed. It must be called from the test's goroutine.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	pause := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+			return // for a testing.TB whose Fatalf returns
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, maxPollInterval)
+	}
+}
+
+// VerifyNone registers a cleanup that fails t when any goroutine besides
+// the test framework's is still running then (goleak.VerifyNone with opts,
+// for example goleak.IgnoreCurrent()). Cleanups run last registered first,
+// so, called first in a test, it checks after every cleanup the test
+// registers later (servers closed, connections released). goleak retries
+// for a while before failing, so goroutines that are already ending are
+// given time to finish. Tests that use it must not run in parallel.
+func VerifyNone(t testing.TB, opts ...goleak.Option) {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
+}
