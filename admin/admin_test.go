@@ -15,6 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,15 +26,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const ioTimeout = 10 * time.Second
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// noLeaks checks, after every cleanup registered later by the test, that
-// no goroutine outlives it. goleak retries for a while before failing, so
-// goroutines that are already ending are given time to finish. Call it
-// first in a test; the tests do not run in parallel.
-func noLeaks(t *testing.T) {
-	t.Helper()
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-}
 
 // testAdmin is a Server on 127.0.0.1:0 served in a goroutine.
 type testAdmin struct {
@@ -165,7 +158,7 @@ func wantTextPlain(t *testing.T, path string, r response) {
 }
 
 func TestHealthzAnswersOK(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	r := &readiness{} // not ready: /healthz does not depend on it
 	a := startAdmin(t, prometheus.NewRegistry(), r.ready, nil)
 
@@ -180,7 +173,7 @@ func TestHealthzAnswersOK(t *testing.T) {
 }
 
 func TestReadyzFollowsReadiness(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	r := &readiness{}
 	r.set(false, "no configuration accepted yet")
 	a := startAdmin(t, prometheus.NewRegistry(), r.ready, nil)
@@ -213,7 +206,7 @@ func TestReadyzFollowsReadiness(t *testing.T) {
 }
 
 func TestMetricsServesTheRegistryHandedIn(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	reg := prometheus.NewRegistry()
 	probes := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "admin_test_probes_total",
@@ -250,7 +243,7 @@ func TestMetricsServesTheRegistryHandedIn(t *testing.T) {
 // with Handle (control.InstallationsHandler). This checks that an endpoint
 // added that way is served, next to the built-in ones.
 func TestHandleAddsInstallationsEndpoint(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	const body = `{"installations":[{"hostname":"team--demo--web.apps.test"}]}`
 	plain := startAdmin(t, prometheus.NewRegistry(), alwaysReady, nil)
 	if got := plain.get(t, "/v1/installations"); got.status != http.StatusNotFound {
@@ -284,7 +277,7 @@ func TestHandleAddsInstallationsEndpoint(t *testing.T) {
 }
 
 func TestPprofIndex(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	a := startAdmin(t, prometheus.NewRegistry(), alwaysReady, nil)
 	got := a.get(t, "/debug/pprof/")
 	if got.status != http.StatusOK || !strings.Contains(got.body, "goroutine") {
@@ -296,7 +289,7 @@ func TestPprofIndex(t *testing.T) {
 }
 
 func TestNewReportsBindError(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +306,7 @@ func TestNewReportsBindError(t *testing.T) {
 }
 
 func TestShutdownStopsServing(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	a := startAdmin(t, prometheus.NewRegistry(), alwaysReady, nil)
 	addr := a.srv.Addr().String()
 
@@ -339,7 +332,7 @@ func TestShutdownStopsServing(t *testing.T) {
 }
 
 func TestShutdownWaitsForRequestInFlight(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var releaseOnce sync.Once

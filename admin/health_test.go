@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // freeAddr returns a loopback address whose port was free a moment ago:
@@ -70,7 +72,7 @@ func setReady(t *testing.T, h *HealthListener, ready bool) {
 }
 
 func TestHealthListenerClosedUntilReady(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	addr := freeAddr(t)
 	h := newHealth(t, addr)
 	if got := h.Addr(); got != "" {
@@ -85,7 +87,7 @@ func TestHealthListenerClosedUntilReady(t *testing.T) {
 }
 
 func TestHealthListenerFollowsReadiness(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	addr := freeAddr(t)
 	h := newHealth(t, addr)
 	for round := range 3 {
@@ -110,7 +112,7 @@ func TestHealthListenerFollowsReadiness(t *testing.T) {
 }
 
 func TestHealthListenerSetReadyIsIdempotent(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	h := newHealth(t, "127.0.0.1:0")
 	setReady(t, h, true)
 	first := h.Addr()
@@ -140,7 +142,7 @@ func TestHealthListenerSetReadyIsIdempotent(t *testing.T) {
 }
 
 func TestHealthListenerCloseIsFinal(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	addr := freeAddr(t)
 	h := newHealth(t, addr)
 	setReady(t, h, true)
@@ -164,7 +166,7 @@ func TestHealthListenerCloseIsFinal(t *testing.T) {
 }
 
 func TestHealthListenerCloseBeforeOpen(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	addr := freeAddr(t)
 	h := NewHealthListener(addr, discardLogger())
 	h.Close()
@@ -175,7 +177,7 @@ func TestHealthListenerCloseBeforeOpen(t *testing.T) {
 }
 
 func TestHealthListenerBindErrorIsRetried(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +212,7 @@ func TestHealthListenerBindErrorIsRetried(t *testing.T) {
 // ticker goroutine, the shutdown path, log lines); -race checks the locking
 // and the result must still be one consistent listener.
 func TestHealthListenerConcurrentUse(t *testing.T) {
-	noLeaks(t)
+	testutil.VerifyNone(t)
 	addr := freeAddr(t)
 	h := newHealth(t, addr)
 	var wg sync.WaitGroup

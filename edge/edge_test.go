@@ -28,6 +28,7 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/gateway"
+	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/tlsconf"
 )
 
@@ -409,17 +410,6 @@ func newCA(t *testing.T) *tlsconf.Authority {
 	return ca
 }
 
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // ---------------------------------------------------------------------------
 
 func TestEdgeRoutesBySNI(t *testing.T) {
@@ -488,7 +478,7 @@ func TestEdgeMoveAndRemove(t *testing.T) {
 	src.send(t, "team", routeTo(hostA, sup1, 1, exp), routeTo(hostB, sup2, 1, exp))
 	a1 := f.mustDial(hostA)
 	b1 := f.mustDial(hostB)
-	waitUntil(t, time.Second, "2 active splices", func() bool { return f.metric("applistener_edge_active_splices") == 2 })
+	testutil.Eventually(t, time.Second, "2 active splices", func() bool { return f.metric("applistener_edge_active_splices") == 2 })
 
 	// A new installation version at the same endpoint: connections stay.
 	src.send(t, "team", routeTo(hostA, sup1, 2, exp), routeTo(hostB, sup2, 1, exp))
@@ -513,7 +503,7 @@ func TestEdgeMoveAndRemove(t *testing.T) {
 	if n := f.metric("applistener_edge_splices_closed_total", "reason", "route_gone"); n != 1 {
 		t.Errorf("route_gone closes %v", n)
 	}
-	waitUntil(t, time.Second, "no active splices", func() bool { return f.metric("applistener_edge_active_splices") == 0 })
+	testutil.Eventually(t, time.Second, "no active splices", func() bool { return f.metric("applistener_edge_active_splices") == 0 })
 }
 
 // The cache drops a route at its expires_at by itself (the source is
@@ -587,7 +577,7 @@ func TestEdgeHalfClose(t *testing.T) {
 	// Both directions ended: the splice ends without waiting for the
 	// half-close timeout (2s here).
 	start := time.Now()
-	waitUntil(t, time.Second, "no active splices", func() bool { return f.metric("applistener_edge_active_splices") == 0 })
+	testutil.Eventually(t, time.Second, "no active splices", func() bool { return f.metric("applistener_edge_active_splices") == 0 })
 	t.Logf("splice ended %v after the client read the end of stream", time.Since(start).Round(time.Millisecond))
 }
 
@@ -606,7 +596,7 @@ func TestEdgeShutdownDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = idle.Close() }()
-	waitUntil(t, time.Second, "the idle connection", func() bool {
+	testutil.Eventually(t, time.Second, "the idle connection", func() bool {
 		f.e.mu.Lock()
 		defer f.e.mu.Unlock()
 		return len(f.e.pending) == 1
@@ -717,7 +707,7 @@ func TestEdgeWithGateway(t *testing.T) {
 	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
 	put("sup-1", "s1", routeTo(hostA, sup1, 1, exp))
 	put("sup-2", "s2", routeTo(hostB, sup2, 1, exp))
-	waitUntil(t, 2*time.Second, "both routes at the edge", func() bool {
+	testutil.Eventually(t, 2*time.Second, "both routes at the edge", func() bool {
 		_, a := f.e.Lookup(hostA)
 		_, b := f.e.Lookup(hostB)
 		return a && b
@@ -736,7 +726,7 @@ func TestEdgeWithGateway(t *testing.T) {
 	f.expectUnrecognized(hostA)
 	put("sup-2", "s2", routeTo(hostA, sup2, 2, exp))
 	put("sup-1", "s1", routeTo(hostB, sup1, 2, exp))
-	waitUntil(t, 2*time.Second, "the move", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the move", func() bool {
 		ep, ok := f.e.Lookup(hostA)
 		return ok && ep == sup2.endpoint().String()
 	})

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // newServingConfig serves a fresh wildcard certificate with ServerConfig.
@@ -220,7 +222,7 @@ func TestTicketKeyRotatorRun(t *testing.T) {
 		defer close(done)
 		rot.Run(ctx)
 	}()
-	eventually(t, 2*time.Second, "three rotations by Run", func() bool {
+	testutil.Eventually(t, 2*time.Second, "three rotations by Run", func() bool {
 		rot.mu.Lock()
 		defer rot.mu.Unlock()
 		return rot.rotations >= 4 // the initial key plus three rotations

@@ -172,18 +172,6 @@ func handshakeSerial(t *testing.T, addr string, cfg *tls.Config) string {
 	return peerSerial(conn)
 }
 
-// eventually polls cond every 10ms until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func newTestAuthority(t *testing.T) *Authority {
 	t.Helper()
 	ca, err := NewAuthority("tlsconf test CA")

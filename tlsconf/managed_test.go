@@ -30,6 +30,8 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // Managed issuance is tested against Let's Encrypt's test CA, pebble, run
@@ -744,7 +746,7 @@ func TestManagedCloseCancelsIssuance(t *testing.T) {
 		defer func() { _ = conn.Close() }()
 		done <- result{serial: peerSerial(conn)}
 	}()
-	eventually(t, 20*time.Second, "a failed first issuance attempt", func() bool {
+	testutil.Eventually(t, 20*time.Second, "a failed first issuance attempt", func() bool {
 		return logs.contains("will retry")
 	})
 	select {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // newSecretStore writes pair as a Secret volume and opens a Store on it.
@@ -70,7 +72,7 @@ func TestStoreRotatesSecretWhileServing(t *testing.T) {
 	if err := WriteSecretDir(dir, newPair.certPEM, newPair.keyPEM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "a handshake presenting the new serial", func() bool {
+	testutil.Eventually(t, 2*time.Second, "a handshake presenting the new serial", func() bool {
 		return handshakeSerial(t, srv.addr, cfg) == newPair.serial
 	})
 
@@ -104,7 +106,7 @@ func TestStoreWatchPlainFiles(t *testing.T) {
 	if err := WriteKeyPair(dir, newPair.certPEM, newPair.keyPEM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the new certificate", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the new certificate", func() bool {
 		return store.Current().Leaf.SerialNumber.Text(16) == newPair.serial
 	})
 }
@@ -191,7 +193,7 @@ func TestStoreWatchKeepsOldPairOnBadSecret(t *testing.T) {
 	if err := WriteSecretDir(dir, other.certPEM, third.keyPEM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "a failed reload", func() bool {
+	testutil.Eventually(t, 2*time.Second, "a failed reload", func() bool {
 		_, failed := store.Reloads()
 		return failed >= 1
 	})
@@ -202,7 +204,7 @@ func TestStoreWatchKeepsOldPairOnBadSecret(t *testing.T) {
 	if err := WriteSecretDir(dir, third.certPEM, third.keyPEM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the repaired certificate", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the repaired certificate", func() bool {
 		return handshakeSerial(t, srv.addr, cfg) == third.serial
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,17 +30,6 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestWholeLinesInOrder(t *testing.T) {
@@ -127,5 +118,5 @@ func TestConcurrentWritersNeverInterleave(t *testing.T) {
 			t.Fatalf("interleaved line %q", l)
 		}
 	}
-	waitFor(t, func() bool { return w.Dropped() == 0 })
+	testutil.Eventually(t, 5*time.Second, "no dropped lines", func() bool { return w.Dropped() == 0 })
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 func TestWriteAlertBytes(t *testing.T) {
@@ -34,7 +34,7 @@ func (w chErrWriter) Write([]byte) (int, error) { return 0, w.err }
 // A real crypto/tls client that is answered with unrecognized_name fails
 // at the alert, having received no certificate.
 func TestWriteAlertUnrecognizedNameToRealClient(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testutil.VerifyNone(t)
 	for _, k := range chHelloKinds[:2] {
 		t.Run(k.name, func(t *testing.T) {
 			cli, srv := chTCPPair(t)

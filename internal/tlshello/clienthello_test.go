@@ -23,7 +23,7 @@ import (
 	"testing/iotest"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 const chSNI = "team--demo--web.apps.test"
@@ -260,7 +260,7 @@ func helloRecords(exts ...chExt) []byte {
 // ---- tests ------------------------------------------------------------------
 
 func TestReadClientHelloReplayEndToEnd(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testutil.VerifyNone(t)
 	for _, k := range chHelloKinds {
 		t.Run(k.name, func(t *testing.T) {
 			cli, srv := chTCPPair(t)
@@ -344,7 +344,7 @@ func TestReadClientHelloReplayEndToEnd(t *testing.T) {
 // header split across two records) parses the same and is replayed
 // successfully to crypto/tls.
 func TestReadClientHelloReframedReplay(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testutil.VerifyNone(t)
 	for _, sizes := range [][]int{{100}, {2, 100}, {1, 1, 1, 1, 50}, {3, 16384}} {
 		t.Run(fmt.Sprint(sizes), func(t *testing.T) {
 			cli, srv := chTCPPair(t)
@@ -792,7 +792,7 @@ func checkAgainstGo(t testing.TB, in []byte, got *ClientHello, err error) {
 // Random mutations of real hellos: no panic, and crypto/tls agrees on
 // every hello it accepts.
 func TestReadClientHelloMutationsAgainstCryptoTLS(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testutil.VerifyNone(t)
 	rng := mrand.New(mrand.NewPCG(1, 2))
 	for _, k := range chHelloKinds {
 		raw := captureHello(t, k)
