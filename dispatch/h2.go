@@ -404,7 +404,7 @@ func (st *h2Stream) serve() bool {
 		st.deny(denyRevoked)
 		return false
 	}
-	if !hostMatches([]byte(r.Host), hc.sni) {
+	if !routes.HostMatches(r.Host, hc.sni) {
 		st.deny(denyMisdirected)
 		return false
 	}

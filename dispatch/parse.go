@@ -351,25 +351,3 @@ func parseContentLength(v []byte) (int64, bool) {
 	}
 	return n, true
 }
-
-// hostMatches reports whether the Host value (or absolute-form authority)
-// names exactly sni after lower-casing and dropping a port and one trailing
-// dot. sni is already normalized. It does not allocate.
-func hostMatches(host []byte, sni string) bool {
-	if i := bytes.LastIndexByte(host, ':'); i >= 0 && bytes.IndexByte(host, ']') < 0 {
-		port := host[i+1:]
-		if len(port) == 0 || len(port) > 5 {
-			return false
-		}
-		for _, c := range port {
-			if c < '0' || c > '9' {
-				return false
-			}
-		}
-		host = host[:i]
-	}
-	if n := len(host); n > 0 && host[n-1] == '.' {
-		host = host[:n-1]
-	}
-	return len(host) > 0 && asciiEqualFold(host, sni)
-}

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"bytes"
+
+	"github.com/applistener/applistener/routes"
 )
 
 // bodyKind is how a message body is delimited.
@@ -218,21 +220,9 @@ func splitAbsolute(t []byte) (authority, path []byte, ok bool) {
 	return authority, path, true
 }
 
-// hostMatchesBytes compares two host[:port] values after normalisation.
+// hostMatchesBytes reports whether two host[:port] values name the same
+// host (routes.NormalizeHost's rules).
 func hostMatchesBytes(a, b []byte) bool {
-	na, ok := normalizeHostBytes(a)
-	if !ok {
-		return false
-	}
-	return hostMatches(b, string(na))
-}
-
-func normalizeHostBytes(h []byte) ([]byte, bool) {
-	if i := bytes.LastIndexByte(h, ':'); i >= 0 && bytes.IndexByte(h, ']') < 0 {
-		h = h[:i]
-	}
-	if n := len(h); n > 0 && h[n-1] == '.' {
-		h = h[:n-1]
-	}
-	return bytes.ToLower(h), len(h) > 0
+	na, ok := routes.NormalizeHost(string(a))
+	return ok && routes.HostMatches(b, na)
 }

@@ -587,7 +587,7 @@ func (c *clientConn) handle(head []byte) bool {
 		c.deny(denyRevoked)
 		return false
 	}
-	if !hostMatches(c.req.host, c.sni) {
+	if !routes.HostMatches(c.req.host, c.sni) {
 		return c.deny(denyMisdirected)
 	}
 	if string(c.req.method) == "CONNECT" || string(c.req.method) == "TRACE" {

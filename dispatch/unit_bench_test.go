@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/applistener/applistener/routes"
 )
 
 // benchBrowserHead is a realistic browser navigation request: 13 fields.
@@ -89,7 +91,7 @@ func BenchmarkParseAndForward(b *testing.B) {
 		if err := parseRequestHead(&r, h, DefaultMaxHeaderFields); err != nil {
 			b.Fatal(err)
 		}
-		if !hostMatches(r.host, testHost) {
+		if !routes.HostMatches(r.host, testHost) {
 			b.Fatal("host")
 		}
 		dst = appendRequestHead(dst[:0], &r, fi)
@@ -100,7 +102,7 @@ func BenchmarkHostMatches(b *testing.B) {
 	h := []byte("Team--Demo--Web.Apps.Test:8443")
 	b.ReportAllocs()
 	for b.Loop() {
-		if !hostMatches(h, testHost) {
+		if !routes.HostMatches(h, testHost) {
 			b.Fatal("no match")
 		}
 	}

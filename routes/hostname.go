@@ -45,45 +45,9 @@ var (
 // NormalizeHost does not allocate unless the input contains an upper-case
 // letter: otherwise it returns the input or a substring of it.
 func NormalizeHost(host string) (string, bool) {
-	if host == "" {
+	h, upper, ok := trimHost(host)
+	if !ok {
 		return "", false
-	}
-	h := host
-	bracketed := h[0] == '['
-	if bracketed {
-		end := strings.IndexByte(h, ']')
-		if end < 2 { // no ']' or "[]"
-			return "", false
-		}
-		if rest := h[end+1:]; rest != "" && !isPortSuffix(rest) {
-			return "", false
-		}
-		h = h[:end+1]
-	} else {
-		if i := strings.LastIndexByte(h, ':'); i >= 0 {
-			if !isPortSuffix(h[i:]) {
-				return "", false
-			}
-			h = h[:i]
-		}
-		if h != "" && h[len(h)-1] == '.' {
-			h = h[:len(h)-1]
-		}
-		if h == "" || h[len(h)-1] == '.' {
-			return "", false
-		}
-	}
-	upper := false
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		switch {
-		case c <= ' ' || c >= 0x7f:
-			return "", false
-		case c == ':' && !bracketed:
-			return "", false
-		case 'A' <= c && c <= 'Z':
-			upper = true
-		}
 	}
 	if !upper {
 		return h, true
@@ -99,8 +63,93 @@ func NormalizeHost(host string) (string, bool) {
 	return string(b), true
 }
 
+// HostMatches reports whether host, a Host header value or a request
+// target's authority, names exactly name, a normalized hostname (see
+// NormalizeHost): the same rules, with ASCII case ignored. It does not
+// allocate. An empty name never matches.
+func HostMatches[S ~string | ~[]byte](host S, name string) bool {
+	h, _, ok := trimHost(host)
+	if !ok || len(h) != len(name) {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// trimHost is NormalizeHost without the lower-casing: the host with its
+// port and one trailing dot removed, whether it holds an upper-case
+// letter, and whether it is valid.
+func trimHost[S ~string | ~[]byte](host S) (h S, upper, ok bool) {
+	if len(host) == 0 {
+		return h, false, false
+	}
+	h = host
+	bracketed := h[0] == '['
+	if bracketed {
+		end := indexByte(h, ']')
+		if end < 2 { // no ']' or "[]"
+			return h, false, false
+		}
+		if rest := h[end+1:]; len(rest) != 0 && !isPortSuffix(rest) {
+			return h, false, false
+		}
+		h = h[:end+1]
+	} else {
+		if i := lastIndexByte(h, ':'); i >= 0 {
+			if !isPortSuffix(h[i:]) {
+				return h, false, false
+			}
+			h = h[:i]
+		}
+		if len(h) != 0 && h[len(h)-1] == '.' {
+			h = h[:len(h)-1]
+		}
+		if len(h) == 0 || h[len(h)-1] == '.' {
+			return h, false, false
+		}
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case c <= ' ' || c >= 0x7f:
+			return h, false, false
+		case c == ':' && !bracketed:
+			return h, false, false
+		case 'A' <= c && c <= 'Z':
+			upper = true
+		}
+	}
+	return h, upper, true
+}
+
+func indexByte[S ~string | ~[]byte](s S, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func lastIndexByte[S ~string | ~[]byte](s S, c byte) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
 // isPortSuffix reports whether s is ":" followed by 1 to 5 ASCII digits.
-func isPortSuffix(s string) bool {
+func isPortSuffix[S ~string | ~[]byte](s S) bool {
 	if len(s) < 2 || len(s) > 6 || s[0] != ':' {
 		return false
 	}

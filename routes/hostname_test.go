@@ -302,3 +302,78 @@ func BenchmarkNormalizeHost(b *testing.B) {
 		NormalizeHost("team--demo--web.apps.example.com:8443")
 	}
 }
+
+// matchHost is the normalized hostname TestHostMatches matches against.
+const matchHost = "team--demo--web.apps.test"
+
+// TestHostMatches: the Host header (or absolute-form authority) check that
+// dispatch applies to every request, HTTP/1.1 and HTTP/2.
+func TestHostMatches(t *testing.T) {
+	tests := []struct {
+		host string
+		want bool
+	}{
+		{matchHost, true},
+		{"TEAM--DEMO--WEB.APPS.TEST", true},
+		{"Team--Demo--Web.Apps.Test", true},
+		{matchHost + ".", true},
+		{matchHost + ":443", true},
+		{matchHost + ":8443", true},
+		{matchHost + ":1", true},
+		{matchHost + ".:443", true},
+		{strings.ToUpper(matchHost) + ".:65535", true},
+		{matchHost + "..", false},
+		{matchHost + ":abc", false},
+		{matchHost + ":", false},
+		{matchHost + ":123456", false},
+		{matchHost + ":-1", false},
+		{matchHost + ": 443", false},
+		{matchHost + ":443:443", false},
+		{matchHost + ":+443", false},
+		{matchHost + " ", false},
+		{" " + matchHost, false},
+		{"[::1]", false},
+		{"[::1]:443", false},
+		{"[" + matchHost + "]", false},
+		{"[" + matchHost + "]:443", false},
+		{"::1", false},
+		{"", false},
+		{".", false},
+		{":443", false},
+		{".:443", false},
+		{"other--demo--web.apps.test", false},
+		{"team--demo.apps.test", false},
+		{"team--demo--web.apps.test.evil", false},
+		{"team--demo--web.apps.test.evil:443", false},
+		{"xteam--demo--web.apps.test", false},
+		{"team--demo--web.apps.tes", false},
+		{"eam--demo--web.apps.test", false},
+		{"team--demo--web.apps.test\x00", false},
+		{"team--demo--web.apps.test/", false},
+		{"team--demo--web.apps.test@evil", false},
+		{"evil@team--demo--web.apps.test", false},
+		{"team--demo--web\xc0apps.test", false},
+	}
+	for _, tc := range tests {
+		if got := HostMatches([]byte(tc.host), matchHost); got != tc.want {
+			t.Errorf("HostMatches(%q, %q) = %v; want %v", tc.host, matchHost, got, tc.want)
+		}
+	}
+	// The SNI given is already normalized; an empty SNI never matches.
+	if HostMatches([]byte(""), "") || HostMatches([]byte(":443"), "") || HostMatches([]byte("."), "") {
+		t.Error("an empty host matched an empty SNI")
+	}
+}
+
+func TestHostMatchesAllocs(t *testing.T) {
+	hosts := [][]byte{[]byte(matchHost), []byte("TEAM--DEMO--WEB.APPS.TEST.:8443"), []byte("evil.test"), []byte("[::1]:1")}
+	allocs := testing.AllocsPerRun(1000, func() {
+		for _, h := range hosts {
+			HostMatches(h, matchHost)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("hostMatches allocates %.1f times per run; want 0", allocs)
+	}
+}
+
