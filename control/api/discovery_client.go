@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +12,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -69,13 +66,17 @@ func IsDiscoveryRefusal(err error) bool {
 // defaults.
 type DiscoveryClient struct {
 	// Gateway is the gateway's base URL, https://gateway:8080 (http:// for
-	// a reference gateway on loopback).
+	// a reference gateway on loopback), or a comma-separated list of the
+	// URLs of its replicas: the client uses one at a time, moves to the
+	// next on a connection error or a 5xx (with the reconnection backoff),
+	// and stays on one that works (see GatewayEndpoints).
 	Gateway string
 	// TokenFile holds the workspace bearer token; it is re-read before
 	// every request, so a rotated token is picked up.
 	TokenFile string
 	// CAFile is a PEM bundle that verifies the gateway; system roots when
-	// empty.
+	// empty. It is re-read when it changes, before a new connection is
+	// made (no restart for a CA rotation).
 	CAFile string
 	// StreamIdleTimeout ends a watch stream that sent nothing, not even a
 	// keepalive, for this long (DefaultDiscoveryStreamIdleTimeout when not
@@ -86,41 +87,26 @@ type DiscoveryClient struct {
 	// Logger receives connection events; nil means slog.Default().
 	Logger *slog.Logger
 
-	initOnce sync.Once
-	initErr  error
-	client   *http.Client
+	initOnce  sync.Once
+	initErr   error
+	client    *http.Client
+	endpoints *GatewayEndpoints
 }
 
 func (c *DiscoveryClient) init() error {
 	c.initOnce.Do(func() {
-		u, err := url.Parse(c.Gateway)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			c.initErr = fmt.Errorf("discovery: gateway %q: want http(s)://host[:port]", c.Gateway)
+		eps, err := ParseGatewayEndpoints(c.Gateway, c.logger())
+		if err != nil {
+			c.initErr = fmt.Errorf("discovery: %w", err)
 			return
 		}
-		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-		if c.CAFile != "" {
-			pem, err := os.ReadFile(c.CAFile)
-			if err != nil {
-				c.initErr = fmt.Errorf("discovery: gateway CA file: %w", err)
-				return
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				c.initErr = fmt.Errorf("discovery: gateway CA file %s: no PEM certificates", c.CAFile)
-				return
-			}
-			tlsCfg.RootCAs = pool
+		tr, err := NewGatewayTransport(GatewayTransportOptions{CAFile: c.CAFile, MaxIdleConnsPerHost: 4, Logger: c.logger()})
+		if err != nil {
+			c.initErr = fmt.Errorf("discovery: %w", err)
+			return
 		}
-		c.client = &http.Client{Transport: &http.Transport{
-			Proxy:                 nil,
-			TLSClientConfig:       tlsCfg,
-			ForceAttemptHTTP2:     true,
-			TLSHandshakeTimeout:   10 * time.Second,
-			ResponseHeaderTimeout: 15 * time.Second,
-			IdleConnTimeout:       90 * time.Second,
-			MaxIdleConnsPerHost:   4,
-		}}
+		c.endpoints = eps
+		c.client = &http.Client{Transport: tr}
 	})
 	return c.initErr
 }
@@ -157,30 +143,30 @@ func (c *DiscoveryClient) CloseIdleConnections() {
 	}
 }
 
-func (c *DiscoveryClient) request(ctx context.Context, ws string, watch bool) (*http.Response, error) {
+// request sends one discovery GET to the current endpoint, which it
+// returns with the response or the error. Failures to reach the endpoint
+// are *GatewayConnError, answers other than 200 *DiscoveryStatusError.
+func (c *DiscoveryClient) request(ctx context.Context, ws string, watch bool) (string, *http.Response, error) {
 	if err := c.init(); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if err := routes.ValidName(ws); err != nil {
-		return nil, fmt.Errorf("discovery: workspace: %w", err)
+		return "", nil, fmt.Errorf("discovery: workspace: %w", err)
 	}
-	u := strings.TrimRight(c.Gateway, "/") + "/v1/workspaces/" + url.PathEscape(ws) + "/service-routes"
+	endpoint := c.endpoints.Current()
+	u := endpoint + "/v1/workspaces/" + url.PathEscape(ws) + "/service-routes"
 	if watch {
 		u += "?watch=1"
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: %w", err)
+		return endpoint, nil, fmt.Errorf("discovery: %w", err)
 	}
-	if c.TokenFile != "" {
-		b, err := os.ReadFile(c.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("discovery: token file: %w", err)
-		}
-		tok := strings.TrimSpace(string(b))
-		if tok == "" {
-			return nil, fmt.Errorf("discovery: token file %s is empty", c.TokenFile)
-		}
+	tok, err := ReadTokenFile(c.TokenFile)
+	if err != nil {
+		return endpoint, nil, fmt.Errorf("discovery: %w", err)
+	}
+	if tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	if watch {
@@ -191,15 +177,21 @@ func (c *DiscoveryClient) request(ctx context.Context, ws string, watch bool) (*
 	req.Header.Set("User-Agent", "applistener-discovery")
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: %w", err)
+		return endpoint, nil, &GatewayConnError{Err: fmt.Errorf("discovery: %w", err)}
 	}
 	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		body := ReadStatusBody(resp.Body)
 		_ = resp.Body.Close()
-		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-		return nil, &DiscoveryStatusError{Code: resp.StatusCode, Body: OneLineReason(line)}
+		return endpoint, nil, &DiscoveryStatusError{Code: resp.StatusCode, Body: body}
 	}
-	return resp, nil
+	return endpoint, resp, nil
+}
+
+// failed moves to the next endpoint when err is a failure of endpoint.
+func (c *DiscoveryClient) failed(endpoint string, err error) {
+	if endpoint != "" && IsGatewayFailover(err) {
+		c.endpoints.Failed(endpoint, err)
+	}
 }
 
 // parseSnapshot decodes one snapshot of workspace ws and drops (with a
@@ -229,21 +221,40 @@ func (c *DiscoveryClient) parseSnapshot(data []byte, ws string) (*RouteSnapshot,
 }
 
 // Get returns the current snapshot of workspace ws. A refusal is a
-// *DiscoveryStatusError (see IsDiscoveryRefusal).
+// *DiscoveryStatusError (see IsDiscoveryRefusal). With several gateway
+// endpoints, a connection error or a 5xx is retried at the next one (with
+// backoff), each endpoint once at most.
 func (c *DiscoveryClient) Get(ctx context.Context, ws string) (*RouteSnapshot, error) {
-	resp, err := c.request(ctx, ws, false)
-	if err != nil {
+	if err := c.init(); err != nil {
 		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		endpoint, s, err := c.getOnce(ctx, ws)
+		if err == nil || !IsGatewayFailover(err) || attempt+1 >= c.endpoints.Len() || ctx.Err() != nil {
+			return s, err
+		}
+		c.failed(endpoint, err)
+		if !discSleep(ctx, c.backoff(attempt)) {
+			return nil, err
+		}
+	}
+}
+
+func (c *DiscoveryClient) getOnce(ctx context.Context, ws string) (string, *RouteSnapshot, error) {
+	endpoint, resp, err := c.request(ctx, ws, false)
+	if err != nil {
+		return endpoint, nil, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxDiscoverySnapshotBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("discovery: read snapshot: %w", err)
+		return endpoint, nil, &GatewayConnError{Err: fmt.Errorf("discovery: read snapshot: %w", err)}
 	}
 	if len(data) > MaxDiscoverySnapshotBytes {
-		return nil, fmt.Errorf("discovery: snapshot larger than %d bytes", MaxDiscoverySnapshotBytes)
+		return endpoint, nil, fmt.Errorf("discovery: snapshot larger than %d bytes", MaxDiscoverySnapshotBytes)
 	}
-	return c.parseSnapshot(data, ws)
+	s, err := c.parseSnapshot(data, ws)
+	return endpoint, s, err
 }
 
 // Watch holds a watch of workspace ws until ctx ends and calls fn with
@@ -267,17 +278,18 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 	if err := routes.ValidName(ws); err != nil {
 		return fmt.Errorf("discovery: workspace: %w", err)
 	}
-	log := c.logger().With("gateway", c.Gateway, "workspace", ws)
+	log := c.logger().With("workspace", ws)
 	failures := 0
 	lastErr := ""
 	for {
-		got, err := c.watchOnce(ctx, ws, fn)
+		endpoint, got, err := c.watchOnce(ctx, ws, fn)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if IsDiscoveryRefusal(err) {
 			return err
 		}
+		c.failed(endpoint, err)
 		if got {
 			failures = 0
 		}
@@ -286,13 +298,14 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 			// The gateway ended the stream cleanly (its lifetime bound):
 			// reconnect after a short jitter only.
 			wait = rand.N(100 * time.Millisecond)
-			log.Debug("discovery watch ended by the gateway; reconnecting")
+			log.Debug("discovery watch ended by the gateway; reconnecting", "gateway", endpoint)
 			lastErr = ""
 		} else {
 			wait = c.backoff(failures)
 			failures++
 			if msg := err.Error(); msg != lastErr {
-				log.Warn("discovery watch failed; retrying", "err", err, "retry_in", wait.Round(time.Millisecond))
+				log.Warn("discovery watch failed; retrying", "gateway", endpoint, "err", err,
+					"retry_in", wait.Round(time.Millisecond), "next_gateway", c.endpoints.Current())
 				lastErr = msg
 			}
 		}
@@ -302,14 +315,15 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 	}
 }
 
-// watchOnce holds one stream; got reports whether a snapshot arrived.
-// err is nil when the gateway ended the stream cleanly.
-func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*RouteSnapshot)) (got bool, err error) {
+// watchOnce holds one stream at the current endpoint, which it returns;
+// got reports whether a snapshot arrived. err is nil when the gateway ended
+// the stream cleanly.
+func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*RouteSnapshot)) (endpoint string, got bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := c.request(sctx, ws, true)
+	endpoint, resp, err := c.request(sctx, ws, true)
 	if err != nil {
-		return false, err
+		return endpoint, false, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	idleFor := c.idleTimeout()
@@ -331,11 +345,11 @@ func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*Rou
 			silentMu.Unlock()
 			switch {
 			case wasSilent:
-				return got, fmt.Errorf("discovery: watch silent for %v", idleFor)
+				return endpoint, got, &GatewayConnError{Err: fmt.Errorf("discovery: watch silent for %v", idleFor)}
 			case errors.Is(err, io.EOF) && ctx.Err() == nil:
-				return got, nil
+				return endpoint, got, nil
 			}
-			return got, fmt.Errorf("discovery: watch: %w", err)
+			return endpoint, got, &GatewayConnError{Err: fmt.Errorf("discovery: watch: %w", err)}
 		}
 		idle.Reset(idleFor)
 		line = bytes.TrimSpace(line)
@@ -345,7 +359,7 @@ func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*Rou
 		s, err := c.parseSnapshot(line, ws)
 		if err != nil {
 			// A line that does not parse: the stream cannot be trusted.
-			return got, err
+			return endpoint, got, err
 		}
 		got = true
 		fn(s)
