@@ -43,9 +43,9 @@ type edgeOptions struct {
 
 func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.address, "address", "", "HOST:PORT the edge accepts TLS connections on (required)")
-	fs.StringVar(&o.gateway, "gateway", "", "gateway URL whose discovery feeds the edge, https://gateway:8080 (required)")
+	fs.StringVar(&o.gateway, "gateway", "", "gateway URL whose discovery feeds the edge, https://gateway:8080, or a comma-separated list of its replicas (required)")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway (required; re-read on every request)")
-	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.workspaces, "workspace", "", "comma-separated workspaces to serve (required)")
 	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello")
@@ -80,8 +80,8 @@ func (o *edgeOptions) validate() error {
 		seen[ws] = true
 		o.wsList = append(o.wsList, ws)
 	}
-	if !strings.HasPrefix(o.gateway, "https://") && !strings.HasPrefix(o.gateway, "http://") {
-		return usagef("--gateway %q: want http(s)://host[:port]", o.gateway)
+	if _, err := api.ParseGatewayEndpoints(o.gateway, nil); err != nil {
+		return usagef("--gateway: %v", err)
 	}
 	for _, f := range []struct {
 		name string

@@ -16,7 +16,7 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-const routesUsage = `usage: applistener routes get|watch --gateway URL --token-file FILE --workspace WS [flags]
+const routesUsage = `usage: applistener routes get|watch --gateway URL[,URL...] --token-file FILE --workspace WS [flags]
 
   get    print the published routes of a workspace (the gateway's discovery snapshot)
   watch  print the unexpired routes every time the set changes, including when a
@@ -37,9 +37,9 @@ type routesOptions struct {
 }
 
 func (o *routesOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.gateway, "gateway", "", "gateway URL, https://gateway:8080 (required)")
+	fs.StringVar(&o.gateway, "gateway", "", "gateway URL, https://gateway:8080, or a comma-separated list of its replicas (required)")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway's tokens file (required)")
-	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.workspace, "workspace", "", "workspace to read (required)")
 	fs.StringVar(&o.output, "output", "table", "output format: table or json")
 	fs.DurationVar(&o.idle, "stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
@@ -51,6 +51,9 @@ func (o *routesOptions) validate() error {
 		if f.v == "" {
 			return usagef("%s is required", f.name)
 		}
+	}
+	if _, err := api.ParseGatewayEndpoints(o.gateway, nil); err != nil {
+		return usagef("--gateway: %v", err)
 	}
 	if err := routes.ValidName(o.workspace); err != nil {
 		return usagef("--workspace: %v", err)

@@ -85,9 +85,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appAddress, "app-address", "0.0.0.0:8443", "address of the application listener")
 	fs.StringVar(&o.appTLSDir, "app-tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume)")
 	fs.StringVar(&o.routesFile, "routes-file", "", "configuration document to read routes from")
-	fs.StringVar(&o.gatewayEndpoint, "gateway-endpoint", "", "gateway URL to hold the configuration session with (https://gateway:8080)")
+	fs.StringVar(&o.gatewayEndpoint, "gateway-endpoint", "", "gateway URL to hold the configuration session with (https://gateway:8080), or a comma-separated list of its replicas (one is used at a time; failover on connection errors and 5xx)")
 	fs.StringVar(&o.gatewayTokenFile, "gateway-token-file", "", "file holding the bearer token for the gateway (re-read on every request)")
-	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
+	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
 	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", supervisor.DefaultPollInterval, "poll interval while the push session is down")
 	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", supervisor.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
@@ -134,6 +134,9 @@ func (o *serveOptions) validate() error {
 	case o.routesFile != "" && o.gatewayEndpoint != "":
 		return usagef("--routes-file and --gateway-endpoint are exclusive: choose one configuration source")
 	case o.gatewayEndpoint != "":
+		if _, err := api.ParseGatewayEndpoints(o.gatewayEndpoint, nil); err != nil {
+			return usagef("--gateway-endpoint: %v", err)
+		}
 		if o.supervisorID == "" {
 			// In Kubernetes the hostname is the Pod name.
 			h, err := os.Hostname()
@@ -331,6 +334,9 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 	return cfg, nil
 }
 
+// withdrawBound bounds the withdrawal of the installations at shutdown.
+const withdrawBound = 2 * time.Second
+
 // started is told the bound addresses once everything listens.
 type started func(app, admin string)
 
@@ -404,9 +410,11 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		gw = &supervisor.GatewayClient{
 			Endpoint:          o.gatewayEndpoint,
 			SupervisorID:      o.supervisorID,
+			Session:           supervisor.NewSessionID(),
 			TokenFile:         o.gatewayTokenFile,
 			CAFile:            o.gatewayCAFile,
 			Sink:              table,
+			Freshness:         o.freshness,
 			PollInterval:      o.gatewayPoll,
 			StreamIdleTimeout: o.gatewayStreamIdle,
 			Logger:            logger,
@@ -455,12 +463,20 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		}
 		endpoint = api.AdvertisedEndpoint{Host: host, Port: appLn.Addr().(*net.TCPAddr).Port}
 	}
+	// The advertiser has a context of its own: at shutdown it stops before
+	// the withdrawal, so that nothing advertises the routes again.
+	advCtx, stopAdvertising := context.WithCancel(bg)
+	var advWG sync.WaitGroup
+	defer func() {
+		stopAdvertising()
+		advWG.Wait()
+	}()
 	if gw != nil && appLn != nil {
 		if endpoint.Host == "" {
 			logger.Warn("not advertising installed routes: set --advertise-address (the Pod IP)")
 		} else {
 			adv := &supervisor.Advertiser{Client: gw, Table: table, Endpoint: endpoint, Logger: logger}
-			wg.Go(func() { adv.Run(bg) })
+			advWG.Go(func() { adv.Run(advCtx) })
 		}
 	}
 	adm, err := startAdmin(&wg, o.adminAddress, reg, ready, logger,
@@ -506,8 +522,12 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	if appLn != nil {
 		appAddr = appLn.Addr().String()
 	}
-	logger.Info("applistener started", "mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
-		"admin_address", admAddr, "domain", o.appDomain, "route_freshness", o.freshness)
+	startAttrs := []any{"mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
+		"admin_address", admAddr, "domain", o.appDomain, "route_freshness", o.freshness}
+	if gw != nil {
+		startAttrs = append(startAttrs, "gateway", o.gatewayEndpoint, "supervisor", o.supervisorID, "session", gw.Session)
+	}
+	logger.Info("applistener started", startAttrs...)
 	if onStart != nil {
 		onStart(appAddr, admAddr)
 	}
@@ -521,6 +541,17 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	}
 	if health != nil {
 		health.Close()
+	}
+	if gw != nil {
+		// Discovery drops this supervisor's names before its listener
+		// stops accepting: fronts stop sending new connections here first.
+		stopAdvertising()
+		advWG.Wait()
+		wctx, cancel := context.WithTimeout(context.Background(), withdrawBound)
+		if err := gw.Withdraw(wctx); err != nil {
+			logger.Warn("withdrawing the installations from the gateway failed; they expire on their own", "err", err)
+		}
+		cancel()
 	}
 	if appLn != nil {
 		dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)

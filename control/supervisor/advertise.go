@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/applistener/applistener/control/api"
@@ -35,6 +33,7 @@ func Installations(t *routes.Table, endpoint api.AdvertisedEndpoint) api.Install
 			DeclarationRevision: r.DeclarationRevision(),
 			ExpiresAt:           r.FreshUntil().UTC().Truncate(time.Millisecond),
 			Endpoint:            endpoint,
+			Generation:          r.Generation,
 		})
 	}
 	return set
@@ -54,21 +53,24 @@ func InstallationsHandler(t *routes.Table, endpoint api.AdvertisedEndpoint) http
 
 // Advertiser tells the gateway which routes this supervisor has installed:
 // after every change and at every renewal of the table it PUTs the complete
-// set. Failures are retried with backoff; a newer change replaces a pending
-// retry.
+// set, bound to the client's session. Failures are retried with backoff; a
+// newer change replaces a pending retry. It uses the client's current
+// gateway endpoint and moves to the next one on a connection error or a
+// 5xx, as the session does.
 type Advertiser struct {
-	Client   *GatewayClient // for the endpoint, id, token and HTTP client
+	Client   *GatewayClient // for the endpoints, id, session, token and HTTP client
 	Table    *routes.Table
 	Endpoint api.AdvertisedEndpoint
 	Logger   *slog.Logger
 }
 
-// Run advertises until ctx ends.
+// Run advertises until ctx ends. The client must be initialised (Init).
 func (a *Advertiser) Run(ctx context.Context) {
 	changes := a.Table.Subscribe()
 	failures := 0
 	var retry <-chan time.Time
 	var lastSent []byte
+	var lastSentTo string
 	var lastSentAt time.Time
 	for {
 		select {
@@ -78,37 +80,40 @@ func (a *Advertiser) Run(ctx context.Context) {
 		case <-retry:
 		}
 		retry = nil
-		body, _ := json.Marshal(Installations(a.Table, a.Endpoint))
-		if bytes.Equal(body, lastSent) && time.Since(lastSentAt) < time.Second {
+		set := Installations(a.Table, a.Endpoint)
+		set.Session = a.Client.Session
+		body, _ := json.Marshal(set)
+		gateway := a.Client.endpoints.Current()
+		if bytes.Equal(body, lastSent) && gateway == lastSentTo && time.Since(lastSentAt) < time.Second {
 			continue // a burst of renewals: the gateway already has this
 		}
-		if err := a.put(ctx, body); err != nil {
+		if err := a.put(ctx, gateway, body); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			a.Client.reportErr("advertising installations failed", err)
+			a.Client.failed(gateway, err)
 			retry = time.After(a.Client.backoff(failures))
 			failures++
 			continue
 		}
 		failures = 0
-		lastSent, lastSentAt = body, time.Now()
+		lastSent, lastSentTo, lastSentAt = body, gateway, time.Now()
 	}
 }
 
-func (a *Advertiser) put(ctx context.Context, body []byte) error {
+func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error {
 	c := a.Client
-	u := strings.TrimRight(c.Endpoint, "/") + "/v1/supervisors/" + url.PathEscape(c.SupervisorID) + "/installations"
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := c.newRequest(ctx, http.MethodPut, u, body)
+	req, err := c.newRequest(ctx, http.MethodPut, c.supervisorURL(gateway, "/installations"), body)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("PUT installations: %w", err)
+		return &api.GatewayConnError{Err: fmt.Errorf("PUT installations: %w", err)}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode/100 != 2 {

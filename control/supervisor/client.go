@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -29,16 +29,38 @@ import (
 // backoff and jitter. Every successful delivery renews the routes: a
 // document applied, a 304, a keepalive on an accepted push session. A
 // document that cannot be parsed renews nothing.
+//
+// Every request names the process's session (Session): the push session
+// asks for keepalives every Freshness/3 (&keepalive=), and when the gateway
+// grants a longer interval (X-Applistener-Keepalive; 5 s when it says
+// nothing) the client also polls every Freshness/3 while the push session
+// is up, so a healthy quiet session never lets a route expire.
+//
+// Endpoint may list several replicas of the gateway: the client uses one at
+// a time, moves to the next on a connection error or a 5xx, and stays on
+// one that works. The Advertiser and Withdraw use the same endpoint.
 type GatewayClient struct {
-	Endpoint     string // https://gateway:8080
+	// Endpoint is the gateway's URL, https://gateway:8080, or a
+	// comma-separated list of the URLs of its replicas.
+	Endpoint     string
 	SupervisorID string
-	TokenFile    string // re-read before every request, so a rotated token is picked up; empty: no token
-	CAFile       string // PEM bundle to verify the gateway; system roots when empty
-	Sink         Sink
+	// Session is this process's session id: 32 lowercase hex characters,
+	// the same on every reconnection to any endpoint. Init makes one
+	// (NewSessionID) when it is empty.
+	Session   string
+	TokenFile string // re-read before every request, so a rotated token is picked up; empty: no token
+	// CAFile is a PEM bundle that verifies the gateway (system roots when
+	// empty), re-read when it changes before a new connection is made.
+	CAFile string
+	Sink   Sink
+	// Freshness is how long a delivered route stays valid (the table's
+	// freshness; routes.DefaultFreshness when 0). Renewals are arranged to
+	// arrive at least every Freshness/3.
+	Freshness time.Duration
 	// PollInterval is the time between polls while the push session is down.
 	PollInterval time.Duration
 	// StreamIdleTimeout ends a push session that sent nothing (not even a
-	// keepalive) for this long.
+	// keepalive) for this long; at least three granted keepalive intervals.
 	StreamIdleTimeout time.Duration
 	// MaxBackoff caps the retry delay.
 	MaxBackoff time.Duration
@@ -49,10 +71,18 @@ type GatewayClient struct {
 	OnConnected func(bool)
 
 	client    *http.Client
+	endpoints *api.GatewayEndpoints
 	connected atomic.Bool
-	etag      string
-	lastErr   string
 	mu        sync.Mutex
+	lastErr   string
+	lastGrant string // the keepalive note last logged
+
+	// applyMu orders the deliveries of the push session and of the polls
+	// that run beside it: a poll's document is applied only when no other
+	// document was applied since the poll was sent.
+	applyMu sync.Mutex
+	applied uint64 // documents applied
+	etag    string // If-None-Match of the next poll
 }
 
 // Defaults of the gateway client.
@@ -60,7 +90,39 @@ const (
 	DefaultPollInterval      = 10 * time.Second
 	DefaultStreamIdleTimeout = 15 * time.Second
 	DefaultMaxBackoff        = 30 * time.Second
+	// DefaultGatewayKeepalive is the keepalive interval a gateway uses
+	// when its answer to a push request does not say which it granted.
+	DefaultGatewayKeepalive = 5 * time.Second
 )
+
+// KeepaliveHeader is the response header in which the gateway tells the
+// keepalive interval it granted a push session (a Go duration).
+const KeepaliveHeader = "X-Applistener-Keepalive"
+
+// NewSessionID returns a new session id: 16 random bytes as 32 lowercase
+// hex characters.
+func NewSessionID() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:]) // never fails (crypto/rand.Read panics rather)
+	return hex.EncodeToString(b[:])
+}
+
+// ValidSessionID reports whether s is a session id: 32 lowercase hex
+// characters.
+func ValidSessionID(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// CurrentEndpoint returns the gateway endpoint in use.
+func (c *GatewayClient) CurrentEndpoint() string { return c.endpoints.Current() }
 
 // Connected reports whether the last delivery succeeded and the push
 // session (or polling) is healthy.
@@ -69,9 +131,9 @@ func (c *GatewayClient) Connected() bool { return c.connected.Load() }
 func (c *GatewayClient) setConnected(v bool) {
 	if c.connected.Swap(v) != v {
 		if v {
-			c.Logger.Info("gateway session accepted", "endpoint", c.Endpoint, "supervisor", c.SupervisorID)
+			c.Logger.Info("gateway session accepted", "endpoint", c.endpoints.Current(), "supervisor", c.SupervisorID, "session", c.Session)
 		} else {
-			c.Logger.Warn("gateway session lost", "endpoint", c.Endpoint, "supervisor", c.SupervisorID)
+			c.Logger.Warn("gateway session lost", "endpoint", c.endpoints.Current(), "supervisor", c.SupervisorID, "session", c.Session)
 		}
 		if c.OnConnected != nil {
 			c.OnConnected(v)
@@ -87,7 +149,7 @@ func (c *GatewayClient) reportErr(msg string, err error) {
 	c.lastErr = text
 	c.mu.Unlock()
 	if !same {
-		c.Logger.Error(msg, "endpoint", c.Endpoint, "supervisor", c.SupervisorID, "err", err)
+		c.Logger.Error(msg, "endpoint", c.endpoints.Current(), "supervisor", c.SupervisorID, "err", err)
 	}
 }
 
@@ -118,41 +180,52 @@ func (c *GatewayClient) Init() error {
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = DefaultMaxBackoff
 	}
-	u, err := url.Parse(c.Endpoint)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return fmt.Errorf("gateway endpoint %q: want http(s)://host[:port]", c.Endpoint)
+	if c.Freshness <= 0 {
+		c.Freshness = routes.DefaultFreshness
 	}
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return fmt.Errorf("gateway CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("gateway CA file %s: no PEM certificates", c.CAFile)
-		}
-		tlsCfg.RootCAs = pool
+	if c.Session == "" {
+		c.Session = NewSessionID()
+	} else if !ValidSessionID(c.Session) {
+		return fmt.Errorf("session id %q: want 32 lowercase hex characters", c.Session)
 	}
-	tr := &http.Transport{
-		Proxy:                 nil,
-		TLSClientConfig:       tlsCfg,
-		ForceAttemptHTTP2:     true,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: 15 * time.Second,
-		IdleConnTimeout:       90 * time.Second,
-		MaxIdleConnsPerHost:   2,
+	eps, err := api.ParseGatewayEndpoints(c.Endpoint, c.Logger)
+	if err != nil {
+		return fmt.Errorf("gateway endpoint: %w", err)
 	}
+	tr, err := api.NewGatewayTransport(api.GatewayTransportOptions{CAFile: c.CAFile, Logger: c.Logger})
+	if err != nil {
+		return err
+	}
+	c.endpoints = eps
 	c.client = &http.Client{Transport: tr}
 	return nil
 }
 
-func (c *GatewayClient) configURL(watch bool) string {
-	u := strings.TrimRight(c.Endpoint, "/") + "/v1/supervisors/" + url.PathEscape(c.SupervisorID) + "/config"
+// wantKeepalive is the keepalive interval the push session asks for (and
+// the interval of the polls beside a push session granted a longer one).
+func (c *GatewayClient) wantKeepalive() time.Duration {
+	return max((c.Freshness / 3).Truncate(time.Millisecond), time.Millisecond)
+}
+
+func (c *GatewayClient) supervisorURL(endpoint, tail string) string {
+	return endpoint + "/v1/supervisors/" + url.PathEscape(c.SupervisorID) + tail
+}
+
+func (c *GatewayClient) configURL(endpoint string, watch bool) string {
+	q := url.Values{}
 	if watch {
-		u += "?watch=1"
+		q.Set("watch", "1")
+		q.Set("keepalive", c.wantKeepalive().String())
 	}
-	return u
+	q.Set("session", c.Session)
+	return c.supervisorURL(endpoint, "/config") + "?" + q.Encode()
+}
+
+// failed moves to the next endpoint when err is a failure of endpoint.
+func (c *GatewayClient) failed(endpoint string, err error) {
+	if api.IsGatewayFailover(err) {
+		c.endpoints.Failed(endpoint, err)
+	}
 }
 
 func (c *GatewayClient) token() (string, error) {
@@ -196,6 +269,9 @@ type statusError struct {
 	body string
 }
 
+// StatusCode returns the HTTP status (api.GatewayStatusCode).
+func (e *statusError) StatusCode() int { return e.code }
+
 func (e *statusError) Error() string {
 	msg := fmt.Sprintf("gateway answered %d", e.code)
 	if e.body != "" {
@@ -208,9 +284,7 @@ func (e *statusError) Error() string {
 }
 
 func readStatusError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-	return &statusError{code: resp.StatusCode, body: line}
+	return &statusError{code: resp.StatusCode, body: api.ReadStatusBody(resp.Body)}
 }
 
 // backoff returns the delay for attempt n (0-based): exponential from
@@ -231,7 +305,8 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 	defer c.client.CloseIdleConnections()
 	failures := 0
 	for ctx.Err() == nil {
-		accepted, err := c.push(ctx)
+		pushEndpoint := c.endpoints.Current()
+		accepted, err := c.push(ctx, pushEndpoint)
 		if ctx.Err() != nil {
 			break
 		}
@@ -239,6 +314,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		if accepted {
 			failures = 0
 		}
+		c.failed(pushEndpoint, err)
 		pushRetry := c.backoff(failures)
 		var se *statusError
 		if errors.As(err, &se) && (se.code == http.StatusNotImplemented || se.code == http.StatusNotFound) {
@@ -249,17 +325,20 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 			c.reportErr("gateway push session failed; polling", err)
 		}
 		failures++
-		// Poll until it is time to try the push session again.
+		// Poll until it is time to try the push session again, or until
+		// the client moved to another endpoint (which may offer push).
 		retryAt := time.Now().Add(pushRetry)
 		pollFailures := 0
 		for ctx.Err() == nil {
 			wait := c.PollInterval
-			if err := c.poll(ctx); err != nil {
+			endpoint := c.endpoints.Current()
+			if err := c.poll(ctx, endpoint, "poll"); err != nil {
 				if ctx.Err() != nil {
 					break
 				}
 				c.setConnected(false)
 				c.reportErr("gateway poll failed", err)
+				c.failed(endpoint, err)
 				wait = min(c.backoff(pollFailures), c.PollInterval)
 				pollFailures++
 			} else {
@@ -275,6 +354,9 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 				break
 			}
 			if !sleepCtx(ctx, min(wait, left)) {
+				break
+			}
+			if c.endpoints.Current() != pushEndpoint {
 				break
 			}
 		}
@@ -294,58 +376,84 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// poll fetches the document once: 200 applies it, 304 renews.
-func (c *GatewayClient) poll(ctx context.Context) error {
-	req, err := c.newRequest(ctx, http.MethodGet, c.configURL(false), nil)
+// pollTimeout bounds one poll.
+const pollTimeout = 15 * time.Second
+
+// poll fetches the document once from endpoint: 200 applies it, 304
+// renews. source labels the delivery ("poll", or "fallback-poll" beside a
+// push session).
+func (c *GatewayClient) poll(ctx context.Context, endpoint, source string) error {
+	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
+	defer cancel()
+	req, err := c.newRequest(ctx, http.MethodGet, c.configURL(endpoint, false), nil)
 	if err != nil {
 		return err
 	}
-	if c.etag != "" {
-		req.Header.Set("If-None-Match", c.etag)
+	c.applyMu.Lock()
+	etag, seq := c.etag, c.applied
+	c.applyMu.Unlock()
+	if etag != "" {
+		req.Header.Set("If-None-Match", etag)
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		c.Metrics.delivery("poll", "error")
-		return err
+		c.Metrics.delivery(source, "error")
+		return &api.GatewayConnError{Err: err}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		c.Sink.Renew()
-		c.Metrics.delivery("poll", "renewed")
+		c.Metrics.delivery(source, "renewed")
 		c.clearErr()
 		c.setConnected(true)
 		return nil
 	case http.StatusOK:
 	default:
-		c.Metrics.delivery("poll", "refused")
+		c.Metrics.delivery(source, "refused")
 		return readStatusError(resp)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, routes.MaxDocumentBytes+1))
 	if err != nil {
-		c.Metrics.delivery("poll", "error")
-		return fmt.Errorf("read document: %w", err)
+		c.Metrics.delivery(source, "error")
+		return &api.GatewayConnError{Err: fmt.Errorf("read document: %w", err)}
 	}
 	if len(data) > routes.MaxDocumentBytes {
-		c.Metrics.delivery("poll", "unparsable")
+		c.Metrics.delivery(source, "unparsable")
 		return fmt.Errorf("document larger than %d bytes", routes.MaxDocumentBytes)
 	}
-	if err := c.applyDocument(data, "poll"); err != nil {
+	if err := c.applyDocument(data, source, &seq, resp.Header.Get("ETag")); err != nil {
 		return err
 	}
-	c.etag = resp.Header.Get("ETag")
 	c.clearErr()
 	c.setConnected(true)
 	return nil
 }
 
-func (c *GatewayClient) applyDocument(data []byte, source string) error {
+// applyDocument parses and applies a delivered document. A poll passes the
+// number of documents applied when it was sent (since) and the answer's
+// ETag: when another document was applied meanwhile (by the push session),
+// the poll's answer is older than what is installed and is dropped. A push
+// passes nil: its documents arrive in order.
+func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64, etag string) error {
 	doc, err := routes.ParseDocument(data)
 	if err != nil {
 		c.Metrics.delivery(source, "unparsable")
 		return fmt.Errorf("document not applied (routes not renewed): %w", err)
 	}
+	c.applyMu.Lock()
+	if since != nil && *since != c.applied {
+		c.applyMu.Unlock()
+		c.Metrics.delivery(source, "superseded")
+		return nil
+	}
 	res := c.Sink.Apply(doc)
+	c.applied++
+	if since == nil {
+		etag = revisionETag(doc.Revision)
+	}
+	c.etag = etag
+	c.applyMu.Unlock()
 	c.Metrics.delivery(source, "applied")
 	for _, rj := range doc.Rejected {
 		if c.Metrics != nil {
@@ -362,37 +470,132 @@ func (c *GatewayClient) applyDocument(data []byte, source string) error {
 	return nil
 }
 
-// push holds one push session. It reports whether the session was accepted
-// (a document applied) before it ended.
-func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
+// revisionETag is the entity tag the gateway gives a document with this
+// revision (DESIGN: If-None-Match: "<revision>"), "" when the revision
+// cannot be one (then the next poll fetches the document again).
+func revisionETag(rev string) string {
+	if rev == "" {
+		return ""
+	}
+	for i := 0; i < len(rev); i++ {
+		if ch := rev[i]; ch < 0x21 || ch == '"' || ch > 0x7e {
+			return ""
+		}
+	}
+	return `"` + rev + `"`
+}
+
+// grantedKeepalive reads the keepalive interval the gateway granted a push
+// session; explicit is false when it did not say (DefaultGatewayKeepalive
+// is assumed).
+func grantedKeepalive(h http.Header) (d time.Duration, explicit bool) {
+	v := h.Get(KeepaliveHeader)
+	if v == "" {
+		return DefaultGatewayKeepalive, false
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return DefaultGatewayKeepalive, false
+	}
+	return d, true
+}
+
+// noteKeepalive logs, once per distinct situation, that the granted
+// keepalive interval does not renew the routes often enough and that the
+// client polls beside the push session.
+func (c *GatewayClient) noteKeepalive(granted time.Duration, explicit bool) {
+	note := fmt.Sprintf("%v/%v", granted, explicit)
+	c.mu.Lock()
+	same := note == c.lastGrant
+	c.lastGrant = note
+	c.mu.Unlock()
+	if same {
+		return
+	}
+	why := "the gateway granted a keepalive interval longer than route-freshness/3"
+	if !explicit {
+		why = "the gateway did not say which keepalive interval it granted (" + KeepaliveHeader + "); assuming " + DefaultGatewayKeepalive.String() + ", longer than route-freshness/3"
+	}
+	c.Logger.Info("polling beside the push session so that quiet sessions keep the routes fresh",
+		"reason", why, "requested_keepalive", c.wantKeepalive(), "granted_keepalive", granted,
+		"route_freshness", c.Freshness, "poll_every", c.wantKeepalive(), "endpoint", c.endpoints.Current())
+}
+
+// fallbackPoll polls endpoint every interval until ctx ends: the renewals a
+// push session with too long a keepalive interval does not bring.
+func (c *GatewayClient) fallbackPoll(ctx context.Context, endpoint string, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	lastErr := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.poll(ctx, endpoint, "fallback-poll")
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			// The push session decides about the endpoint; this only
+			// misses renewals.
+			if msg := err.Error(); msg != lastErr {
+				lastErr = msg
+				c.Logger.Warn("gateway poll beside the push session failed", "endpoint", endpoint, "err", err)
+			}
+		default:
+			lastErr = ""
+		}
+	}
+}
+
+// push holds one push session with endpoint. It reports whether the
+// session was accepted (a document applied) before it ended.
+func (c *GatewayClient) push(ctx context.Context, endpoint string) (accepted bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	req, err := c.newRequest(sctx, http.MethodGet, c.configURL(true), nil)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	req, err := c.newRequest(sctx, http.MethodGet, c.configURL(endpoint, true), nil)
 	if err != nil {
 		return false, err
 	}
 	req.Header.Set("Accept", "application/x-ndjson")
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return false, err
+		return false, &api.GatewayConnError{Err: err}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return false, readStatusError(resp)
 	}
-	// A silent stream is a dead stream: cancel it after StreamIdleTimeout.
-	idle := time.AfterFunc(c.StreamIdleTimeout, cancel)
+	granted, explicit := grantedKeepalive(resp.Header)
+	idleFor := c.StreamIdleTimeout
+	if explicit {
+		// The gateway said how often it writes: never call a stream that
+		// keeps its word silent.
+		idleFor = max(idleFor, 3*granted)
+	}
+	if want := c.wantKeepalive(); granted > want {
+		c.noteKeepalive(granted, explicit)
+		wg.Go(func() { c.fallbackPoll(sctx, endpoint, want) })
+	}
+	// A silent stream is a dead stream: cancel it after idleFor.
+	idle := time.AfterFunc(idleFor, cancel)
 	defer idle.Stop()
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {
 		line, err := api.ReadLine(br, routes.MaxDocumentBytes)
 		if err != nil {
 			if sctx.Err() != nil && ctx.Err() == nil {
-				err = fmt.Errorf("push session silent for %v", c.StreamIdleTimeout)
+				err = fmt.Errorf("push session silent for %v", idleFor)
 			}
-			return accepted, err
+			return accepted, &api.GatewayConnError{Err: err}
 		}
-		idle.Reset(c.StreamIdleTimeout)
+		idle.Reset(idleFor)
 		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
 			continue
@@ -404,7 +607,7 @@ func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
 			}
 			continue
 		}
-		if err := c.applyDocument(line, "push"); err != nil {
+		if err := c.applyDocument(line, "push", nil, ""); err != nil {
 			c.reportErr("gateway push document rejected", err)
 			continue
 		}
@@ -412,6 +615,54 @@ func (c *GatewayClient) push(ctx context.Context) (accepted bool, err error) {
 		c.clearErr()
 		c.setConnected(true)
 	}
+}
+
+// withdrawTimeout bounds one DELETE of Withdraw.
+const withdrawTimeout = 2 * time.Second
+
+// Withdraw asks the gateway to stop publishing this process's routes and
+// to end its session: DELETE /v1/supervisors/{id}/installations?session=
+// (204). It tries the current endpoint and, on a connection error or a
+// 5xx, the next ones, until ctx ends. The supervisor calls it on shutdown
+// before its app listener closes, so that discovery drops the names first;
+// stop the Advertiser before, or it may advertise them again.
+func (c *GatewayClient) Withdraw(ctx context.Context) error {
+	if c.client == nil {
+		return errors.New("gateway client not initialised")
+	}
+	var err error
+	for range c.endpoints.Len() {
+		endpoint := c.endpoints.Current()
+		if err = c.withdrawAt(ctx, endpoint); err == nil {
+			c.Logger.Info("installations withdrawn from the gateway", "endpoint", endpoint,
+				"supervisor", c.SupervisorID, "session", c.Session)
+			return nil
+		}
+		if ctx.Err() != nil || !api.IsGatewayFailover(err) {
+			break
+		}
+		c.failed(endpoint, err)
+	}
+	return err
+}
+
+func (c *GatewayClient) withdrawAt(ctx context.Context, endpoint string) error {
+	ctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
+	defer cancel()
+	u := c.supervisorURL(endpoint, "/installations") + "?" + url.Values{"session": {c.Session}}.Encode()
+	req, err := c.newRequest(ctx, http.MethodDelete, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return &api.GatewayConnError{Err: fmt.Errorf("DELETE installations: %w", err)}
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode/100 != 2 {
+		return readStatusError(resp)
+	}
+	return nil
 }
 
 var keepaliveLine = []byte(`{"keepalive":true}`)
