@@ -3,11 +3,12 @@
 // app, with routes that are valid only while the control plane keeps them
 // fresh.
 //
-//	applistener serve   the supervisor's listener
-//	applistener gateway the reference gateway
-//	applistener routes  read the gateway's discovery (get, watch)
-//	applistener edge    an SNI pass-through front door fed by discovery
-//	applistener dev     a self-contained demo on loopback
+//	applistener serve      the supervisor's listener
+//	applistener gateway    the reference gateway
+//	applistener routes     read the gateway's discovery (get, watch)
+//	applistener edge       an SNI pass-through front door fed by discovery
+//	applistener instances  put, delete or list instances (the gateway's admin API)
+//	applistener dev        a self-contained demo on loopback
 package main
 
 import (
@@ -28,11 +29,12 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 const topUsage = `usage: applistener <command> [flags]
 
 commands:
-  serve   run the application listener of a supervisor
-  gateway run the reference gateway (configuration for supervisors, discovery)
-  routes  read a workspace's published routes from the gateway (get, watch)
-  edge    run an SNI pass-through front door that follows discovery
-  dev     run a self-contained demo (certificate, app and route) on loopback
+  serve      run the application listener of a supervisor
+  gateway    run the reference gateway (configuration for supervisors, discovery)
+  routes     read a workspace's published routes from the gateway (get, watch)
+  edge       run an SNI pass-through front door that follows discovery
+  instances  put, delete or list a supervisor's instances (the gateway's admin API)
+  dev        run a self-contained demo (certificate, app and route) on loopback
 
 Run 'applistener <command> -h' for the flags of a command.
 `
@@ -58,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = routesCommand(args[1:], stdout, stderr)
 	case "edge":
 		err = edgeCommand(args[1:], stderr)
+	case "instances":
+		err = instancesCommand(args[1:], os.Stdin, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		_, _ = fmt.Fprint(stdout, topUsage)
 		return 0
@@ -65,6 +69,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprintf(stderr, "applistener: unknown command %q\n%s", args[0], topUsage)
 		return 2
 	}
+	return exitCode(args[0], err, stderr)
+}
+
+// exitCode reports err of command name on stderr and returns the process's
+// exit code: 0 done (or -h), 2 a usage error, 1 any other failure.
+func exitCode(name string, err error, stderr io.Writer) int {
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -72,10 +82,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
-		_, _ = fmt.Fprintf(stderr, "applistener %s: %s\n", args[0], ue.msg)
+		_, _ = fmt.Fprintf(stderr, "applistener %s: %s\n", name, ue.msg)
 		return 2
 	default:
-		_, _ = fmt.Fprintf(stderr, "applistener %s: %v\n", args[0], err)
+		_, _ = fmt.Fprintf(stderr, "applistener %s: %v\n", name, err)
 		return 1
 	}
 }
