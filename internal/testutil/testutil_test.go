@@ -121,23 +121,29 @@ func TestEventuallySucceedsWhenConditionTurnsTrue(t *testing.T) {
 	}
 }
 
-func TestVerifyNoneReportsALeak(t *testing.T) {
-	var f fakeTB
-	VerifyNone(&f)
-	if fatals, errs := f.reports(); len(fatals)+len(errs) != 0 {
-		t.Fatalf("reported before the test ended: %q %q", fatals, errs)
-	}
+// parkGoroutine starts a goroutine that blocks until release is called;
+// release returns once it has ended.
+func parkGoroutine() (release func()) {
 	stop := make(chan struct{})
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
 		<-stop
 	}()
+	return func() { close(stop); <-exited }
+}
+
+func TestVerifyNoneReportsALeak(t *testing.T) {
+	var f fakeTB
+	VerifyNone(&f)
+	if fatals, errs := f.reports(); len(fatals)+len(errs) != 0 {
+		t.Fatalf("reported before the test ended: %q %q", fatals, errs)
+	}
+	release := parkGoroutine()
 	f.runCleanups()
-	close(stop)
-	<-exited
+	release()
 	_, errs := f.reports()
-	if len(errs) != 1 || !strings.Contains(errs[0], "found unexpected goroutines") || !strings.Contains(errs[0], "TestVerifyNoneReportsALeak") {
+	if len(errs) != 1 || !strings.Contains(errs[0], "found unexpected goroutines") || !strings.Contains(errs[0], "parkGoroutine") {
 		t.Fatalf("Error calls %q, want one naming the goroutine the test left", errs)
 	}
 }
@@ -146,9 +152,7 @@ func TestVerifyNoneWithoutLeaks(t *testing.T) {
 	var f fakeTB
 	VerifyNone(&f)
 	// A goroutine that has ended by the cleanup is no leak.
-	done := make(chan struct{})
-	go func() { close(done) }()
-	<-done
+	parkGoroutine()()
 	f.runCleanups()
 	if fatals, errs := f.reports(); len(fatals)+len(errs) != 0 {
 		t.Fatalf("reported %q %q; nothing leaked", fatals, errs)
@@ -156,17 +160,11 @@ func TestVerifyNoneWithoutLeaks(t *testing.T) {
 
 	// Options reach goleak: goroutines running when IgnoreCurrent was taken
 	// are not reported.
-	stop := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		<-stop
-	}()
+	release := parkGoroutine()
 	var g fakeTB
 	VerifyNone(&g, goleak.IgnoreCurrent())
 	g.runCleanups()
-	close(stop)
-	<-exited
+	release()
 	if fatals, errs := g.reports(); len(fatals)+len(errs) != 0 {
 		t.Fatalf("reported %q %q; the goroutine was running before, and ignored", fatals, errs)
 	}
