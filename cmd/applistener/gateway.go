@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -38,14 +39,35 @@ type gatewayOptions struct {
 	discSendTimeout  time.Duration
 	discMaxLifetime  time.Duration
 	discReauthPeriod time.Duration
+
+	store           string
+	etcdEndpoints   string
+	etcdPrefix      string
+	etcdCAFile      string
+	etcdCertFile    string
+	etcdKeyFile     string
+	etcdDialTimeout time.Duration
+	sessionTTL      time.Duration
+	keepaliveMin    time.Duration
+	endpointPolicy  string
 }
 
 func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.address, "address", "", "HOST:PORT to serve the control protocol on (required; loopback only without --tls-dir)")
-	fs.StringVar(&o.configFile, "config", "", `configuration file: {"supervisors": {"<id>": <configuration document>, ...}} (required; reloaded on change)`)
-	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, {"token": "...", "workspaces": ["<ws>", ...]}]} (required; reloaded on change)`)
+	fs.StringVar(&o.configFile, "config", "", `configuration file: {"supervisors": {"<id>": <configuration document>, ...}}, imported into the store on start and on change (required with --store memory; optional with etcd, where documents may come from the write API only)`)
+	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, {"token": "...", "workspaces": ["<ws>", ...]}, {"token": "...", "admin": true}, {"token": "...", "pool": "<pool>"}]} (required; reloaded on change)`)
 	fs.StringVar(&o.tlsDir, "tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume): serve HTTPS with HTTP/2")
-	fs.DurationVar(&o.keepalive, "keepalive", gateway.DefaultKeepalive, "keepalive interval of push sessions")
+	fs.DurationVar(&o.keepalive, "keepalive", gateway.DefaultKeepalive, "keepalive interval of push sessions: the default, and the longest granted")
+	fs.DurationVar(&o.keepaliveMin, "keepalive-min", gateway.DefaultKeepaliveMin, "shortest keepalive interval granted to a push session that asks for one (?keepalive=)")
+	fs.DurationVar(&o.sessionTTL, "session-ttl", gateway.DefaultSessionTTL, "a supervisor session holds this long after its last request (push streams renew it)")
+	fs.StringVar(&o.endpointPolicy, "endpoint-policy", gateway.EndpointPolicyAny, `which advertised endpoints are published: "any", "source" (the endpoint host is the advertisement's source IP) or "cidr:PREFIX[,PREFIX...]"`)
+	fs.StringVar(&o.store, "store", "memory", `where the gateway keeps its state: "memory" (one process) or "etcd" (shared by replicas)`)
+	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd client URLs (required with --store etcd)")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", gateway.DefaultEtcdPrefix, "prefix of every etcd key the gateway uses")
+	fs.StringVar(&o.etcdCAFile, "etcd-ca-file", "", "CA bundle that verifies the etcd servers")
+	fs.StringVar(&o.etcdCertFile, "etcd-cert-file", "", "client certificate for etcd (with --etcd-key-file)")
+	fs.StringVar(&o.etcdKeyFile, "etcd-key-file", "", "client key for etcd (with --etcd-cert-file)")
+	fs.DurationVar(&o.etcdDialTimeout, "etcd-dial-timeout", gateway.DefaultEtcdDialTimeout, "bound of a connection attempt to etcd")
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -58,10 +80,13 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 
 // validate checks the flags together; every problem is a usage error.
 func (o *gatewayOptions) validate() error {
-	for _, f := range []struct{ name, v string }{{"--address", o.address}, {"--config", o.configFile}, {"--tokens", o.tokensFile}} {
+	for _, f := range []struct{ name, v string }{{"--address", o.address}, {"--tokens", o.tokensFile}} {
 		if f.v == "" {
 			return usagef("%s is required", f.name)
 		}
+	}
+	if err := o.validateStore(); err != nil {
+		return err
 	}
 	host, _, err := net.SplitHostPort(o.address)
 	if err != nil {
@@ -94,6 +119,61 @@ func (o *gatewayOptions) validate() error {
 		return usagef("%v", err)
 	}
 	return nil
+}
+
+// validateStore checks the store, session and endpoint policy flags.
+func (o *gatewayOptions) validateStore() error {
+	switch o.store {
+	case "memory":
+		if o.configFile == "" {
+			return usagef("--config is required with --store memory")
+		}
+		if o.etcdEndpoints != "" || o.etcdCAFile != "" || o.etcdCertFile != "" || o.etcdKeyFile != "" {
+			return usagef("--etcd-* flags need --store etcd")
+		}
+	case "etcd":
+		if len(o.etcdList()) == 0 {
+			return usagef("--etcd-endpoints is required with --store etcd")
+		}
+		for _, e := range o.etcdList() {
+			u, err := url.Parse(e)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return usagef("--etcd-endpoints: %q is not an http(s)://HOST:PORT URL", e)
+			}
+		}
+		if (o.etcdCertFile == "") != (o.etcdKeyFile == "") {
+			return usagef("--etcd-cert-file and --etcd-key-file go together")
+		}
+		if o.etcdPrefix == "" || !strings.HasSuffix(o.etcdPrefix, "/") {
+			return usagef("--etcd-prefix must end with /")
+		}
+		if o.etcdDialTimeout < 100*time.Millisecond {
+			return usagef("--etcd-dial-timeout must be at least 100ms")
+		}
+	default:
+		return usagef("--store must be memory or etcd, not %q", o.store)
+	}
+	if o.keepaliveMin < 10*time.Millisecond || o.keepaliveMin > o.keepalive {
+		return usagef("--keepalive-min must be at least 10ms and at most --keepalive")
+	}
+	if o.sessionTTL < 2*o.keepalive || o.sessionTTL < time.Second {
+		return usagef("--session-ttl must be at least 1s and at least twice --keepalive (push streams renew their session at every keepalive)")
+	}
+	if err := gateway.ParseEndpointPolicy(o.endpointPolicy); err != nil {
+		return usagef("--endpoint-policy: %v", err)
+	}
+	return nil
+}
+
+// etcdList returns the --etcd-endpoints URLs.
+func (o *gatewayOptions) etcdList() []string {
+	var out []string
+	for e := range strings.SplitSeq(o.etcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // isLoopbackHost reports whether host is "localhost" or an address in
@@ -129,13 +209,28 @@ const gatewayTLSPoll = 500 * time.Millisecond
 func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onStarted func(addr string)) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var etcd *gateway.EtcdConfig
+	if o.store == "etcd" {
+		etcd = &gateway.EtcdConfig{
+			Endpoints:   o.etcdList(),
+			Prefix:      o.etcdPrefix,
+			CAFile:      o.etcdCAFile,
+			CertFile:    o.etcdCertFile,
+			KeyFile:     o.etcdKeyFile,
+			DialTimeout: o.etcdDialTimeout,
+		}
+	}
 	gw, err := gateway.New(gateway.Config{
-		ConfigPath:  o.configFile,
-		TokensPath:  o.tokensFile,
-		Keepalive:   o.keepalive,
-		DisablePush: o.noPush,
-		Logger:      logger,
-		Registerer:  reg,
+		ConfigPath:     o.configFile,
+		TokensPath:     o.tokensFile,
+		Etcd:           etcd,
+		SessionTTL:     o.sessionTTL,
+		Keepalive:      o.keepalive,
+		KeepaliveMin:   o.keepaliveMin,
+		EndpointPolicy: o.endpointPolicy,
+		DisablePush:    o.noPush,
+		Logger:         logger,
+		Registerer:     reg,
 
 		DiscoveryMaxWatchersPerToken: o.discMaxWatchers,
 		DiscoverySendTimeout:         o.discSendTimeout,
@@ -175,7 +270,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
 
-	adm, err := startAdmin(&wg, o.adminAddress, reg, func() (bool, string) { return true, "" }, logger, nil)
+	adm, err := startAdmin(&wg, o.adminAddress, reg, gw.Ready, logger, nil)
 	if err != nil {
 		return err
 	}
@@ -195,7 +290,8 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	admAddr := adm.Addr()
 	logger.Info("gateway listening", "address", ln.Addr().String(), "tls", o.tlsDir != "", "push", !o.noPush,
-		"keepalive", o.keepalive, "config", o.configFile, "tokens", o.tokensFile, "admin_address", admAddr)
+		"keepalive", o.keepalive, "config", o.configFile, "tokens", o.tokensFile, "admin_address", admAddr,
+		"store", o.store, "etcd_endpoints", o.etcdEndpoints, "etcd_prefix", o.etcdPrefix)
 	if onStarted != nil {
 		onStarted(ln.Addr().String())
 	}

@@ -2,35 +2,105 @@ package gateway
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/applistener/applistener/control/api"
 )
 
-// gatewayAdvertisement is the last installations body of one supervisor.
+// gatewayAdvertisement is the last installations body of one supervisor,
+// as the view holds it (decoded from its advertisementRecord).
 type gatewayAdvertisement struct {
 	received      time.Time
 	body          []byte            // compact JSON object
 	installations []json.RawMessage // the "installations" entries
 	routes        []advertisedRoute // the valid entries
 	rejected      string            // why the others were left out, for logs
+	// session is the session that made it ("" for a supervisor that sends
+	// none); it is published only while that session is current.
+	session string
+	// digest is the SHA-256 of the token that made it (the credential
+	// epoch): it is published only while that token still grants the
+	// supervisor.
+	digest [sha256.Size]byte
+	// source is the address the advertisement came from, for the endpoint
+	// policy.
+	source string
+	modRev int64
 }
 
-func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointInstallations
-	if r.Method != http.MethodPut {
-		w.Header().Set("Allow", http.MethodPut)
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use PUT")
-		return
+// advertisementRecord is the stored value of ads/<supervisor>.
+type advertisementRecord struct {
+	Session  string    `json:"session,omitempty"`
+	Token    string    `json:"token_sha256"`
+	Source   string    `json:"source"`
+	Received time.Time `json:"received"`
+	// Since is, per hostname, when the gateway first saw the installation
+	// (Unix nanoseconds): the incumbent of a contested hostname is the
+	// oldest, on every replica alike.
+	Since map[string]int64 `json:"since,omitempty"`
+	// Body is the installations body as received, compacted.
+	Body json.RawMessage `json:"body"`
+}
+
+// decodeAdvertisement decodes a stored advertisement of supervisor sup.
+func decodeAdvertisement(sup string, value []byte, modRev int64) (gatewayAdvertisement, error) {
+	var rec advertisementRecord
+	if err := json.Unmarshal(value, &rec); err != nil {
+		return gatewayAdvertisement{}, fmt.Errorf("advertisement record: %w", err)
 	}
+	adv, _, err := parseInstallations(rec.Body)
+	if err != nil {
+		return gatewayAdvertisement{}, err
+	}
+	d, err := hex.DecodeString(rec.Token)
+	if err != nil || len(d) != sha256.Size {
+		return gatewayAdvertisement{}, errors.New("advertisement record: bad token_sha256")
+	}
+	copy(adv.digest[:], d)
+	adv.received, adv.session, adv.source, adv.modRev = rec.Received, rec.Session, rec.Source, modRev
+	var rejected []string
+	adv.routes, rejected = parseAdvertisedRoutes(sup, adv.installations, rec.Received)
+	adv.rejected = strings.Join(rejected, "; ")
+	for i := range adv.routes {
+		if ns, ok := rec.Since[adv.routes[i].Hostname]; ok {
+			adv.routes[i].since = time.Unix(0, ns)
+		}
+	}
+	return adv, nil
+}
+
+// serveInstallations serves PUT (an advertisement) and DELETE (a
+// withdrawal) of /v1/supervisors/{id}/installations.
+func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodPut:
+		g.serveAdvertise(w, r)
+	case http.MethodDelete:
+		g.serveWithdraw(w, r)
+	default:
+		w.Header().Set("Allow", "PUT, DELETE")
+		g.fail(w, gwEndpointInstallations, http.StatusMethodNotAllowed, "use PUT or DELETE")
+	}
+}
+
+// serveAdvertise stores an advertisement: the supervisor's complete set of
+// installed routes, bound to its session and to the token that sent it.
+func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
+	const endpoint = gwEndpointInstallations
 	sup := r.PathValue("id")
-	if g.authorize(w, r, endpoint, sup) == nil {
+	tok := g.authorize(w, r, endpoint, sup)
+	if tok == nil {
 		return
 	}
 	if r.ContentLength > MaxInstallationsBytes {
@@ -51,53 +121,192 @@ func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, endpoint, http.StatusBadRequest, "cannot read the request body")
 		return
 	}
-	adv, err := parseInstallations(body)
+	adv, sid, err := parseInstallations(body)
 	if err != nil {
 		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
 		return
 	}
-	now := time.Now()
-	adv.received = now
-	var rejected []string
-	adv.routes, rejected = parseAdvertisedRoutes(sup, adv.installations, now)
+	qsid, ok := requestSession(r)
+	switch {
+	case !ok || !validSessionID(sid):
+		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
+		return
+	case qsid != "" && sid != "" && qsid != sid:
+		g.fail(w, endpoint, http.StatusBadRequest, "the session of the query and of the body differ")
+		return
+	case sid == "":
+		sid = qsid
+	}
+	if why := g.storeUnusable(); why != "" {
+		g.unavailable(w, endpoint, why)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
+	defer cancel()
+	source := remoteIP(r)
+	out := g.touchSession(ctx, sup, sid, source)
+	if out.code != 0 {
+		g.failSession(w, endpoint, out)
+		return
+	}
+	if !out.current {
+		g.fail(w, endpoint, http.StatusConflict, "a session of this supervisor holds; an advertisement without it is refused")
+		return
+	}
+
+	now := time.Now().UTC()
+	routes, rejected := parseAdvertisedRoutes(sup, adv.installations, now)
+	rec := advertisementRecord{
+		Session:  sid,
+		Token:    hex.EncodeToString(tok.digest[:]),
+		Source:   source,
+		Received: now,
+		Since:    make(map[string]int64, len(routes)),
+		Body:     adv.body,
+	}
+	type instKey struct {
+		host    string
+		version uint64
+		ep      api.RouteEndpoint
+	}
 	g.mu.Lock()
-	adv.rejected = g.logRejectedInstallations(sup, rejected, g.installations[sup].rejected)
-	g.storeInstallationsLocked(sup, adv, now)
+	prev := g.installations[sup]
+	g.logRejectedInstallations(sup, rejected, prev.rejected)
+	known := make(map[instKey]time.Time, len(prev.routes))
+	for _, r := range prev.routes {
+		known[instKey{r.Hostname, r.InstallationVersion, r.Endpoint}] = r.since
+	}
+	var last time.Time
+	for _, rt := range routes {
+		since := now
+		if s, ok := known[instKey{rt.Hostname, rt.InstallationVersion, rt.Endpoint}]; ok {
+			since = s
+		}
+		rec.Since[rt.Hostname] = since.UnixNano()
+		last = latest(last, rt.ExpiresAt)
+		if !g.policy.allows(source, rt.Endpoint.Host) {
+			g.refuseEndpointLocked(sup, source, rt.Endpoint)
+		}
+	}
 	g.mu.Unlock()
+	// The record lives as long as its longest route; an empty set for one
+	// session TTL.
+	ttl := g.sessionTTL
+	if !last.IsZero() {
+		ttl = max(last.Sub(now), time.Second)
+	}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		g.fail(w, endpoint, http.StatusInternalServerError, "cannot encode the advertisement")
+		return
+	}
+	rev, _, err := g.store.put(ctx, keyAds+sup, value, putOptions{ttl: ttl})
+	if err == nil {
+		err = g.waitApplied(ctx, rev)
+	}
+	if err != nil {
+		g.log.Error("advertisement not stored", "supervisor", sup, "err", err)
+		g.unavailable(w, endpoint, "the store cannot be written")
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 	g.m.request(endpoint, http.StatusNoContent)
-	g.log.Debug("gateway installations stored", "supervisor", sup, "installations", len(adv.installations))
+	g.log.Debug("gateway installations stored", "supervisor", sup, "installations", len(adv.installations), "session", sid)
+}
+
+// serveWithdraw removes the advertisement of a session and ends the
+// session: DELETE /v1/supervisors/{id}/installations?session=<sid>, 204
+// also when nothing was stored.
+func (g *Gateway) serveWithdraw(w http.ResponseWriter, r *http.Request) {
+	const endpoint = gwEndpointWithdraw
+	sup := r.PathValue("id")
+	if g.authorize(w, r, endpoint, sup) == nil {
+		return
+	}
+	sid, ok := requestSession(r)
+	if !ok {
+		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
+		return
+	}
+	if why := g.storeUnusable(); why != "" {
+		g.unavailable(w, endpoint, why)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
+	defer cancel()
+	if err := g.withdrawSession(ctx, sup, sid); err != nil {
+		g.log.Error("withdrawal not stored", "supervisor", sup, "session", sid, "err", err)
+		g.unavailable(w, endpoint, "the store cannot be written")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+	g.m.request(endpoint, http.StatusNoContent)
+	g.log.Info("session withdrawn", "supervisor", sup, "session", sid, "remote", r.RemoteAddr)
+}
+
+// failSession answers a request refused by touchSession.
+func (g *Gateway) failSession(w http.ResponseWriter, endpoint string, out sessionOutcome) {
+	if out.code == http.StatusServiceUnavailable {
+		g.unavailable(w, endpoint, out.why)
+		return
+	}
+	g.fail(w, endpoint, out.code, out.why)
+}
+
+// remoteIP returns the IP address of the request's peer (X-Forwarded-For
+// is not trusted), or "" when it cannot be parsed.
+func remoteIP(r *http.Request) string {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return ""
+	}
+	return ap.Addr().Unmap().String()
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // parseInstallations checks an installations body: a JSON object with an
-// "installations" array of objects. Other top-level fields are kept.
-func parseInstallations(body []byte) (gatewayAdvertisement, error) {
+// "installations" array of objects and an optional "session" string. Other
+// top-level fields are kept.
+func parseInstallations(body []byte) (gatewayAdvertisement, string, error) {
 	if !utf8.Valid(body) {
-		return gatewayAdvertisement{}, errors.New("installations: body is not valid UTF-8")
+		return gatewayAdvertisement{}, "", errors.New("installations: body is not valid UTF-8")
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, body); err != nil {
-		return gatewayAdvertisement{}, fmt.Errorf("installations: not valid JSON: %w", err)
+		return gatewayAdvertisement{}, "", fmt.Errorf("installations: not valid JSON: %w", err)
 	}
 	if compact.Len() == 0 || compact.Bytes()[0] != '{' {
-		return gatewayAdvertisement{}, errors.New("installations: body must be a JSON object")
+		return gatewayAdvertisement{}, "", errors.New("installations: body must be a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(compact.Bytes(), &top); err != nil {
-		return gatewayAdvertisement{}, fmt.Errorf("installations: %w", err)
+		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	raw, ok := top["installations"]
 	if !ok || len(raw) == 0 || raw[0] != '[' {
-		return gatewayAdvertisement{}, errors.New(`installations: body must have an "installations" array`)
+		return gatewayAdvertisement{}, "", errors.New(`installations: body must have an "installations" array`)
 	}
 	var entries []json.RawMessage
 	if err := json.Unmarshal(raw, &entries); err != nil {
-		return gatewayAdvertisement{}, fmt.Errorf("installations: %w", err)
+		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	for i, e := range entries {
 		if len(e) == 0 || e[0] != '{' {
-			return gatewayAdvertisement{}, fmt.Errorf("installations[%d]: must be a JSON object", i)
+			return gatewayAdvertisement{}, "", fmt.Errorf("installations[%d]: must be a JSON object", i)
 		}
 	}
-	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, nil
+	var sid string
+	if raw, ok := top["session"]; ok {
+		if err := json.Unmarshal(raw, &sid); err != nil {
+			return gatewayAdvertisement{}, "", errors.New(`installations: "session" must be a string`)
+		}
+	}
+	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, sid, nil
 }

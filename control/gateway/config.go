@@ -16,20 +16,40 @@ import (
 
 // gatewayDocument is one supervisor's configuration document.
 type gatewayDocument struct {
-	body []byte // compact JSON, no newline
-	etag string // quoted entity tag
+	body   []byte // compact JSON, no newline
+	etag   string // quoted entity tag
+	modRev int64  // the store's revision of it; 0 when not stored
 }
 
-// document returns the document of supervisor sup: its section, or the
-// empty document when the configuration has none.
+// newGatewayDocument returns the document whose body (compact JSON) is
+// stored at revision modRev.
+func newGatewayDocument(body []byte, modRev int64) gatewayDocument {
+	return gatewayDocument{body: body, etag: gatewayETag(body, documentRevision(body)), modRev: modRev}
+}
+
+// document returns the document of supervisor sup: the stored one, or the
+// empty document when none is stored.
 func (s *gatewayState) document(sup string) gatewayDocument {
+	return s.documentFor(sup, false)
+}
+
+// documentFor returns the document of supervisor sup; pool members without
+// a stored document get emptyPoolDocument, supervisors with a token of
+// their own emptyGatewayDocument.
+func (s *gatewayState) documentFor(sup string, pool bool) gatewayDocument {
 	if d, ok := s.docs[sup]; ok {
 		return d
+	}
+	if pool {
+		return gatewayDocument{body: []byte(emptyPoolDocument), etag: emptyPoolETag}
 	}
 	return gatewayDocument{body: []byte(emptyGatewayDocument), etag: emptyGatewayETag}
 }
 
-var emptyGatewayETag = gatewayETag([]byte(emptyGatewayDocument), "")
+var (
+	emptyGatewayETag = gatewayETag([]byte(emptyGatewayDocument), "")
+	emptyPoolETag    = gatewayETag([]byte(emptyPoolDocument), "empty")
+)
 
 // loadGatewayConfig reads and parses the configuration file. The identity
 // is taken before the read, so a change during the read is seen next time.
@@ -113,8 +133,7 @@ func parseSupervisors(dec *json.Decoder) (map[string]gatewayDocument, error) {
 			return fmt.Errorf("supervisors[%q]: the configuration document is %d bytes, larger than a supervisor accepts (%d)",
 				sup, len(value), routes.MaxDocumentBytes-1)
 		}
-		body := []byte(value)
-		docs[sup] = gatewayDocument{body: body, etag: gatewayETag(body, documentRevision(body))}
+		docs[sup] = newGatewayDocument([]byte(value), 0)
 		return nil
 	})
 	if err != nil {

@@ -111,30 +111,43 @@ type grantKey struct {
 	workspace, sandbox, name string
 }
 
-// discoveryGrants returns, per supervisor, the services its configuration
-// section declares in valid instances. A section that does not parse grants
-// nothing (its supervisor does not apply it either).
-func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]struct{} {
-	grants := make(map[string]map[grantKey]struct{}, len(docs))
+// discoveryGrants returns, per supervisor, the services its document
+// declares in valid instances, with their instance's generation. A document
+// that does not parse grants nothing (its supervisor does not apply it
+// either).
+func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]string {
+	grants := make(map[string]map[grantKey]string, len(docs))
 	for sup, d := range docs {
-		doc, err := routes.ParseDocument(d.body)
-		if err != nil {
-			continue
+		if set := documentGrants(d.body); set != nil {
+			grants[sup] = set
 		}
-		set := make(map[grantKey]struct{})
-		for _, inst := range doc.Instances {
-			for _, svc := range inst.Services {
-				set[grantKey{inst.Workspace, inst.Sandbox, svc.Name}] = struct{}{}
-			}
-		}
-		grants[sup] = set
 	}
 	return grants
+}
+
+// documentGrants returns the services a document declares in valid
+// instances, with their instance's generation, or nil when it does not
+// parse.
+func documentGrants(body []byte) map[grantKey]string {
+	doc, err := routes.ParseDocument(body)
+	if err != nil {
+		return nil
+	}
+	set := make(map[grantKey]string)
+	for _, inst := range doc.Instances {
+		for _, svc := range inst.Services {
+			set[grantKey{inst.Workspace, inst.Sandbox, svc.Name}] = inst.Generation
+		}
+	}
+	return set
 }
 
 // advertisedRoute is one valid advertised installation.
 type advertisedRoute struct {
 	api.ServiceRoute
+	// generation is the instance generation the supervisor installed ("" from
+	// supervisors that send none).
+	generation string
 	// since is when the gateway first saw this installation (supervisor,
 	// hostname, installation_version, endpoint); renewals keep it.
 	since time.Time
@@ -152,6 +165,7 @@ type advertisedEntry struct {
 	DeclarationRevision *int64             `json:"declaration_revision"`
 	ExpiresAt           *time.Time         `json:"expires_at"`
 	Endpoint            *api.RouteEndpoint `json:"endpoint"`
+	Generation          string             `json:"generation"`
 }
 
 // parseAdvertisedRoutes validates the entries of supervisor sup's
@@ -213,7 +227,7 @@ func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time)
 		if limit := now.Add(MaxAdvertisedLifetime); r.ExpiresAt.After(limit) {
 			r.ExpiresAt = limit.UTC().Truncate(time.Millisecond)
 		}
-		out = append(out, advertisedRoute{ServiceRoute: r, since: now})
+		out = append(out, advertisedRoute{ServiceRoute: r, generation: e.Generation, since: now})
 	}
 	return out, rejected
 }
@@ -315,36 +329,6 @@ func newDiscoveryState(now time.Time) discoveryState {
 	}
 }
 
-// storeInstallationsLocked replaces supervisor sup's advertisement and
-// republishes the workspaces it touched. g.mu is held.
-func (g *Gateway) storeInstallationsLocked(sup string, adv gatewayAdvertisement, now time.Time) {
-	prev, had := g.installations[sup]
-	affected := make(map[string]struct{})
-	if had {
-		type instKey struct {
-			host    string
-			version uint64
-			ep      api.RouteEndpoint
-		}
-		known := make(map[instKey]time.Time, len(prev.routes))
-		for _, r := range prev.routes {
-			known[instKey{r.Hostname, r.InstallationVersion, r.Endpoint}] = r.since
-			affected[r.Workspace] = struct{}{}
-		}
-		for i := range adv.routes {
-			r := &adv.routes[i]
-			if since, ok := known[instKey{r.Hostname, r.InstallationVersion, r.Endpoint}]; ok {
-				r.since = since
-			}
-		}
-	}
-	for _, r := range adv.routes {
-		affected[r.Workspace] = struct{}{}
-	}
-	g.installations[sup] = adv
-	g.discRepublishLocked(now, affected)
-}
-
 // discRepublishLocked recomputes the published snapshots of the workspaces
 // in only (every workspace when only is nil), stores those that changed
 // with a new revision, and hands them to their watchers. g.mu is held.
@@ -355,19 +339,12 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 		r     *advertisedRoute
 		count int
 	}
-	// A supervisor whose tokens were all removed is no longer trusted:
-	// its advertisements are not published.
-	trusted := make(map[string]bool)
-	for i := range st.tokens {
-		if st.tokens[i].supervisor != "" {
-			trusted[st.tokens[i].supervisor] = true
-		}
-	}
+	tokens := st.tokenIndex()
 	best := make(map[string]*candidate)
 	var next time.Time
 	for sup, adv := range g.installations {
 		grants := st.grants[sup]
-		if !trusted[sup] {
+		if !g.advHoldsLocked(st, tokens, sup, &adv) {
 			grants = nil
 		}
 		for i := range adv.routes {
@@ -383,7 +360,17 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 					continue
 				}
 			}
-			if _, ok := grants[grantKey{r.Workspace, r.Sandbox, r.Name}]; !ok {
+			gen, ok := grants[grantKey{r.Workspace, r.Sandbox, r.Name}]
+			if !ok {
+				continue
+			}
+			// The installed generation must be the document's: a route of a
+			// recreated sandbox is not the old one. Only supervisors without
+			// sessions (older ones) may leave it out.
+			if r.generation != gen && (r.generation != "" || adv.session != "") {
+				continue
+			}
+			if !g.policy.allows(adv.source, r.Endpoint.Host) {
 				continue
 			}
 			c := best[r.Hostname]
@@ -454,6 +441,19 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 	g.dm.routes.Set(float64(d.routes))
 	g.dm.conflicts.Set(float64(len(d.conflicts)))
 	g.discWakeLoop()
+}
+
+// advHoldsLocked reports whether supervisor sup's advertisement may be
+// published as far as its session and credential go: its session is the
+// supervisor's current one and holds, and the token that made it is still
+// in the tokens file and still grants the supervisor (a rotated token needs
+// a fresh advertisement). g.mu is held.
+func (g *Gateway) advHoldsLocked(st *gatewayState, tokens map[[sha256.Size]byte]*gatewayToken, sup string, adv *gatewayAdvertisement) bool {
+	s, ok := g.sessions[sup]
+	if !ok || !s.holds() || s.rec.Session != adv.session {
+		return false
+	}
+	return st.grantsSupervisor(tokens[adv.digest], sup, g.pools[sup])
 }
 
 // hostWorkspace returns the workspace a hostname names (the part of its
@@ -542,6 +542,8 @@ func (g *Gateway) discUnusable(now time.Time) string {
 	switch {
 	case g.state.Load() == nil:
 		return "the gateway has no state"
+	case !g.storeUp.Load():
+		return g.storeUnusable()
 	case beat == 0:
 		return "discovery is not running"
 	case now.Sub(time.Unix(0, beat)) > discoveryStaleAfter:
@@ -628,9 +630,10 @@ func (g *Gateway) authorizeWorkspace(w http.ResponseWriter, r *http.Request, end
 		g.log.Info("discovery request refused: unknown token", "remote", r.RemoteAddr)
 		return nil
 	}
-	if t.supervisor != "" {
-		g.fail(w, endpoint, http.StatusForbidden, "a supervisor token cannot read discovery")
-		g.log.Warn("discovery request refused: supervisor token", "token_supervisor", t.supervisor, "remote", r.RemoteAddr)
+	if len(t.workspaces) == 0 {
+		g.fail(w, endpoint, http.StatusForbidden, "only a workspace token can read discovery")
+		g.log.Warn("discovery request refused: not a workspace token", "token_supervisor", t.supervisor,
+			"token_pool", t.pool, "token_admin", t.admin, "remote", r.RemoteAddr)
 		return nil
 	}
 	if err := routes.ValidName(ws); err != nil {

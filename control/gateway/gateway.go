@@ -1,16 +1,24 @@
 // Package gateway is the reference gateway, the other side of the control
 // plane from the supervisor: it serves each supervisor its configuration
-// document from a file (a poll with ETag and If-None-Match, or an NDJSON
-// push session), authenticates supervisors and workspace readers with
-// bearer tokens from a second file, stores the installations that
-// supervisors advertise, and publishes them per workspace as discovery
-// snapshots and watch streams (discovery.go). It never imports the
-// supervisor side (control/supervisor); what both sides share is in
-// control/api.
+// document (a poll with ETag and If-None-Match, or an NDJSON push session),
+// authenticates supervisors, pools, admins and workspace readers with
+// bearer tokens from a file, holds supervisor sessions, stores the
+// installations that supervisors advertise, and publishes them per
+// workspace as discovery snapshots and watch streams (discovery.go).
+//
+// Its state (documents, advertisements, sessions, pool bindings) is in a
+// store (store.go): in memory for one process, or in etcd, shared by every
+// replica, which all follow it; a replica that cannot vouch for its view
+// of the store answers 503. Documents come from the write API (writeapi.go)
+// and from an optional configuration file imported into the store.
+//
+// It never imports the supervisor side (control/supervisor); what both
+// sides share is in control/api.
 package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,8 +60,11 @@ const (
 const gatewayWriteTimeout = 10 * time.Second
 
 // emptyGatewayDocument is served to a supervisor that has a token but no
-// section in the configuration: no section means no routes.
+// stored document: no document means no routes.
 const emptyGatewayDocument = `{"revision":"","instances":[]}`
+
+// emptyPoolDocument is served to a pool member that has no stored document.
+const emptyPoolDocument = `{"revision":"empty","instances":[]}`
 
 var (
 	gatewayKeepaliveLine = []byte(`{"keepalive":true}` + "\n")
@@ -63,14 +74,30 @@ var (
 // Config configures a Gateway.
 type Config struct {
 	// ConfigPath is the configuration file:
-	// {"supervisors": {"<id>": <configuration document>, ...}}.
+	// {"supervisors": {"<id>": <configuration document>, ...}}, imported
+	// into the store at start and whenever it changes (the supervisors it
+	// names get its documents; others are untouched). Required with the
+	// memory store, optional with etcd.
 	ConfigPath string
 	// TokensPath is the tokens file:
-	// {"tokens": [{"token":"t1","supervisor":"sup-1"}, {"token":"t2","workspaces":["team"]}]}.
+	// {"tokens": [{"token":"t1","supervisor":"sup-1"}, {"token":"t2","workspaces":["team"]},
+	// {"token":"ta","admin":true}, {"token":"tp","pool":"hosts"}]}.
 	TokensPath string
-	// Keepalive is the interval of {"keepalive":true} lines on a watch
+	// Etcd, when not nil, keeps the gateway's state in etcd (shared by
+	// replicas); nil keeps it in memory.
+	Etcd *EtcdConfig
+	// SessionTTL is how long a supervisor session holds after its last
+	// request (DefaultSessionTTL when not positive).
+	SessionTTL time.Duration
+	// Keepalive is the longest (and default) keepalive interval of a push
 	// stream (DefaultKeepalive when not positive).
 	Keepalive time.Duration
+	// KeepaliveMin is the shortest keepalive interval granted
+	// (DefaultKeepaliveMin when not positive).
+	KeepaliveMin time.Duration
+	// EndpointPolicy is "any" (default), "source" or "cidr:PREFIX,...":
+	// which advertised endpoints may be published (policy.go).
+	EndpointPolicy string
 	// Poll is how often both files are checked for a change by their stat
 	// identity (mtime, size, device, inode); DefaultPoll when not
 	// positive.
@@ -99,64 +126,107 @@ type Config struct {
 }
 
 // Gateway is the reference implementation of the gateway side of the
-// control protocol. It serves each supervisor's configuration document from
-// a file (poll with ETag/If-None-Match, or an NDJSON watch stream that gets
-// every change at once), authenticates supervisors with bearer tokens from a
-// second file, re-reads both files when they change, and stores the
-// installations that supervisors advertise and publishes them to workspace
-// tokens (discovery, see discovery.go). Create it with New; Run must
-// be running for discovery to answer.
+// control protocol. It serves each supervisor's configuration document
+// (poll with ETag/If-None-Match, or an NDJSON watch stream that gets every
+// change at once), authenticates with bearer tokens from a file, holds
+// sessions, stores the installations that supervisors advertise and
+// publishes them to workspace tokens (discovery, see discovery.go). Its
+// state is in a store (memory or etcd). Create it with New; Run must be
+// running for discovery (and, with etcd, for anything) to answer.
 type Gateway struct {
 	configPath   string
 	tokensPath   string
 	keepalive    time.Duration
+	keepaliveMin time.Duration
+	sessionTTL   time.Duration
 	poll         time.Duration
 	disablePush  bool
 	writeTimeout time.Duration
+	policy       endpointPolicy
 	log          *slog.Logger
 	m            *gatewayMetrics
 	dm           *discoveryMetrics
 	dcfg         discoveryConfig
+
+	store     store
+	storeKind string // "memory" or "etcd"
+	// storeUp is true while the view is loaded and the store reachable;
+	// storeWhy says why not.
+	storeUp  atomic.Bool
+	storeWhy atomic.Pointer[string]
+	// running is true while Run runs; Run closes the store when it ends,
+	// Close when Run never ran.
+	running   atomic.Bool
+	closeOnce sync.Once
 
 	// discBeat is when the discovery loop last ran (Unix nanoseconds), 0
 	// when it is not running; discWake (capacity 1) makes it look again.
 	discBeat atomic.Int64
 	discWake chan struct{}
 
-	// state is the current configuration and tokens: immutable, replaced
-	// whole, stored with mu held, loaded without it.
+	// state is the current documents and tokens: immutable, replaced whole,
+	// stored with mu held, loaded without it.
 	state atomic.Pointer[gatewayState]
 
 	// reloadMu serializes reloads and guards the fields below it.
 	reloadMu   sync.Mutex
 	configSeen pollfile.Identity
 	tokensSeen pollfile.Identity
+	// fileDocs are the documents of the configuration file as last read,
+	// still to be imported when importPending; fileIDs are the supervisors
+	// the last import wrote (an id that leaves the file is deleted).
+	fileDocs      map[string]gatewayDocument
+	fileIDs       map[string]struct{}
+	importPending bool
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
 	mu       sync.Mutex
 	watchers map[*gatewayWatcher]struct{}
 	closed   bool
-	// installations are the latest advertisements by supervisor id;
-	// discovery builds on them.
+	// installations are the latest advertisements by supervisor id,
+	// sessions the current sessions and pools the pool bindings: the view
+	// of the store; discovery builds on them.
 	installations map[string]gatewayAdvertisement
+	sessions      map[string]sessionView
+	pools         map[string]string
+	// appliedRev is the store revision the view has; revWake is closed
+	// (and replaced) whenever it moves.
+	appliedRev int64
+	revWake    chan struct{}
+	// policyWarned are the (supervisor, endpoint) pairs already warned
+	// about.
+	policyWarned map[string]struct{}
 	// disc is what discovery publishes.
 	disc discoveryState
 }
 
-// New reads both files. A file that cannot be read or parsed is an
-// error: there is no previous state to keep.
+// New reads the files and sets up the store. A file that cannot be read
+// or parsed is an error: there is no previous state to keep. With the
+// memory store the configuration file is imported at once; with etcd,
+// nothing is contacted before Run, which loads the store and then imports
+// the file.
 func New(cfg Config) (*Gateway, error) {
-	if cfg.ConfigPath == "" || cfg.TokensPath == "" {
-		return nil, errors.New("gateway: ConfigPath and TokensPath are required")
+	if cfg.TokensPath == "" {
+		return nil, errors.New("gateway: TokensPath is required")
+	}
+	if cfg.ConfigPath == "" && cfg.Etcd == nil {
+		return nil, errors.New("gateway: ConfigPath is required with the memory store")
+	}
+	policy, err := parseEndpointPolicy(cfg.EndpointPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{
 		configPath:    cfg.ConfigPath,
 		tokensPath:    cfg.TokensPath,
-		keepalive:     cfg.Keepalive,
-		poll:          cfg.Poll,
+		keepalive:     cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
+		keepaliveMin:  cmp.Or(max(cfg.KeepaliveMin, 0), DefaultKeepaliveMin),
+		sessionTTL:    cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
+		poll:          cmp.Or(max(cfg.Poll, 0), DefaultPoll),
 		disablePush:   cfg.DisablePush,
 		writeTimeout:  gatewayWriteTimeout,
+		policy:        policy,
 		log:           cfg.Logger,
 		m:             newGatewayMetrics(cfg.Registerer),
 		dm:            newDiscoveryMetrics(cfg.Registerer),
@@ -164,50 +234,76 @@ func New(cfg Config) (*Gateway, error) {
 		discWake:      make(chan struct{}, 1),
 		watchers:      make(map[*gatewayWatcher]struct{}),
 		installations: make(map[string]gatewayAdvertisement),
+		sessions:      make(map[string]sessionView),
+		pools:         make(map[string]string),
+		revWake:       make(chan struct{}),
+		policyWarned:  make(map[string]struct{}),
+		fileIDs:       make(map[string]struct{}),
 		disc:          newDiscoveryState(time.Now()),
-	}
-	if g.keepalive <= 0 {
-		g.keepalive = DefaultKeepalive
-	}
-	if g.poll <= 0 {
-		g.poll = DefaultPoll
 	}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
-	var docs map[string]gatewayDocument
 	var tokens []gatewayToken
-	var err error
-	g.configSeen, docs, err = loadGatewayConfig(g.configPath)
-	if err != nil {
-		g.m.reloads.WithLabelValues("config", "failed").Inc()
-		return nil, err
+	if g.configPath != "" {
+		g.configSeen, g.fileDocs, err = loadGatewayConfig(g.configPath)
+		if err != nil {
+			g.m.reloads.WithLabelValues("config", "failed").Inc()
+			return nil, err
+		}
+		g.m.reloads.WithLabelValues("config", "ok").Inc()
+		g.importPending = true
 	}
-	g.m.reloads.WithLabelValues("config", "ok").Inc()
 	g.tokensSeen, tokens, err = loadGatewayTokens(g.tokensPath)
 	if err != nil {
 		g.m.reloads.WithLabelValues("tokens", "failed").Inc()
 		return nil, err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
-	g.state.Store(&gatewayState{docs: docs, tokens: tokens, grants: discoveryGrants(docs)})
+	g.state.Store(&gatewayState{docs: map[string]gatewayDocument{}, tokens: tokens, grants: map[string]map[grantKey]string{}})
+
+	if cfg.Etcd != nil {
+		es, err := newEtcdStore(*cfg.Etcd, g.log)
+		if err != nil {
+			return nil, err
+		}
+		g.store, g.storeKind = es, "etcd"
+		why := "the gateway's store is not loaded yet"
+		g.storeWhy.Store(&why)
+	} else {
+		ms := newMemoryStore()
+		g.store, g.storeKind = ms, "memory"
+		ms.attach(g)
+		g.reloadMu.Lock()
+		err := g.importConfigLocked(context.Background())
+		g.reloadMu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
 	// Discovery counts as maintained for discoveryStaleAfter before Run
 	// starts its loop, so that requests racing the start are answered.
 	g.discBeat.Store(time.Now().UnixNano())
-	g.log.Info("gateway files loaded", "config", g.configPath, "supervisors", len(docs),
-		"tokens_file", g.tokensPath, "tokens", len(tokens))
+	g.log.Info("gateway files loaded", "config", g.configPath, "supervisors", len(g.fileDocs),
+		"tokens_file", g.tokensPath, "tokens", len(tokens), "store", g.storeKind,
+		"session_ttl", g.sessionTTL, "endpoint_policy", g.policy.String())
 	return g, nil
 }
 
-// Run checks both files every Poll and reloads the one whose stat identity
-// changed, until ctx ends. A failed reload is logged once and not retried
-// until the file changes again (a missing file counts as one change). It
-// also runs the discovery loop (expiry of advertised routes); discovery
-// answers 503 when Run is not running.
+// Run follows the store, checks both files every Poll and reloads the one
+// whose stat identity changed (importing the configuration file into the
+// store), until ctx ends. A failed reload is logged once and not retried
+// until the file changes again (a missing file counts as one change); an
+// import that the store refused is retried at every Poll. It also runs the
+// discovery loop (expiry of advertised routes); discovery answers 503 when
+// Run is not running. When Run returns, the store is closed.
 func (g *Gateway) Run(ctx context.Context) {
+	g.running.Store(true)
 	var wg sync.WaitGroup
+	defer g.closeStore()
 	defer wg.Wait()
 	wg.Go(func() { g.runDiscovery(ctx) })
+	wg.Go(func() { g.store.run(ctx, g) })
 	ticker := time.NewTicker(g.poll)
 	defer ticker.Stop()
 	for {
@@ -216,24 +312,38 @@ func (g *Gateway) Run(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		g.reloadChanged()
+		g.reloadChanged(ctx)
 	}
 }
 
+// closeStore closes the store once.
+func (g *Gateway) closeStore() {
+	g.closeOnce.Do(func() {
+		if err := g.store.close(); err != nil {
+			g.log.Warn("gateway store not closed cleanly", "err", err)
+		}
+	})
+}
+
 // reloadChanged reloads each file whose identity differs from the one seen
-// at its last read.
-func (g *Gateway) reloadChanged() {
+// at its last read, and retries a pending import.
+func (g *Gateway) reloadChanged(ctx context.Context) {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
-	if id, err := pollfile.Stat(g.configPath); err != nil || id != g.configSeen {
-		if err == nil || g.configSeen.Valid() {
-			_ = g.reloadConfigLocked()
+	if g.configPath != "" {
+		if id, err := pollfile.Stat(g.configPath); err != nil || id != g.configSeen {
+			if err == nil || g.configSeen.Valid() {
+				_ = g.reloadConfigLocked(ctx)
+			}
 		}
 	}
 	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
 		if err == nil || g.tokensSeen.Valid() {
 			_ = g.reloadTokensLocked()
 		}
+	}
+	if g.importPending && g.storeUnusable() == "" {
+		_ = g.importConfigLocked(ctx)
 	}
 }
 
@@ -242,12 +352,16 @@ func (g *Gateway) reloadChanged() {
 func (g *Gateway) Reload() error {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
-	return errors.Join(g.reloadConfigLocked(), g.reloadTokensLocked())
+	var cerr error
+	if g.configPath != "" {
+		cerr = g.reloadConfigLocked(context.Background())
+	}
+	return errors.Join(cerr, g.reloadTokensLocked())
 }
 
-// reloadConfigLocked re-reads the configuration file and pushes changed
-// documents to their watchers. reloadMu is held.
-func (g *Gateway) reloadConfigLocked() error {
+// reloadConfigLocked re-reads the configuration file and imports it into
+// the store. reloadMu is held.
+func (g *Gateway) reloadConfigLocked(ctx context.Context) error {
 	id, docs, err := loadGatewayConfig(g.configPath)
 	g.configSeen = id
 	if err != nil {
@@ -256,44 +370,74 @@ func (g *Gateway) reloadConfigLocked() error {
 		return err
 	}
 	g.m.reloads.WithLabelValues("config", "ok").Inc()
-	grants := discoveryGrants(docs)
+	g.fileDocs, g.importPending = docs, true
+	if why := g.storeUnusable(); why != "" {
+		g.log.Warn("gateway config read; it is imported once the store is back", "path", g.configPath, "err", why)
+		return nil
+	}
+	return g.importConfigLocked(ctx)
+}
 
-	g.mu.Lock()
-	old := g.state.Load()
-	next := &gatewayState{docs: docs, tokens: old.tokens, grants: grants}
-	changed := make(map[string]gatewayDocument)
-	for sup := range old.docs {
-		if d := next.document(sup); !bytes.Equal(d.body, old.document(sup).body) {
-			changed[sup] = d
+// importConfigLocked writes the documents of the configuration file that
+// differ from the stored ones, and deletes the documents of supervisors
+// that the file named at its last import and no longer does. Supervisors
+// it never named are untouched. reloadMu is held.
+func (g *Gateway) importConfigLocked(ctx context.Context) error {
+	if g.configPath == "" {
+		g.importPending = false
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 4*etcdOpTimeout)
+	defer cancel()
+	st := g.state.Load()
+	changed := 0
+	var last int64
+	for sup, d := range g.fileDocs {
+		if cur, ok := st.docs[sup]; ok && bytes.Equal(cur.body, d.body) {
+			continue
+		}
+		rev, _, err := g.store.put(ctx, keyDocs+sup, d.body, putOptions{cond: anyRevision})
+		if err != nil {
+			g.log.Error("gateway config not imported into the store; retrying", "path", g.configPath, "err", err)
+			return fmt.Errorf("import the configuration file: %w", err)
+		}
+		last = max(last, rev)
+		changed++
+	}
+	for sup := range g.fileIDs {
+		if _, named := g.fileDocs[sup]; named {
+			continue
+		}
+		if _, stored := st.docs[sup]; !stored {
+			continue
+		}
+		rev, _, err := g.store.del(ctx, keyDocs+sup, anyRevision)
+		if err != nil {
+			g.log.Error("gateway config not imported into the store; retrying", "path", g.configPath, "err", err)
+			return fmt.Errorf("import the configuration file: %w", err)
+		}
+		last = max(last, rev)
+		changed++
+	}
+	if last > 0 {
+		if err := g.waitApplied(ctx, last); err != nil {
+			return fmt.Errorf("import the configuration file: %w", err)
 		}
 	}
-	for sup := range docs {
-		if d := next.document(sup); !bytes.Equal(d.body, old.document(sup).body) {
-			changed[sup] = d
-		}
+	g.fileIDs = make(map[string]struct{}, len(g.fileDocs))
+	for sup := range g.fileDocs {
+		g.fileIDs[sup] = struct{}{}
 	}
-	g.state.Store(next)
-	pushed := 0
-	for w := range g.watchers {
-		if d, ok := changed[w.supervisor]; ok && !w.ended {
-			w.pending = d.body
-			select {
-			case w.notify <- struct{}{}:
-			default:
-			}
-			pushed++
-		}
-	}
-	// Grants may have changed: republish every workspace now.
-	g.discRepublishLocked(time.Now(), nil)
-	g.mu.Unlock()
-	g.log.Info("gateway config reloaded", "path", g.configPath, "supervisors", len(docs),
-		"changed", len(changed), "watchers_notified", pushed)
+	g.importPending = false
+	g.log.Info("gateway config imported into the store", "path", g.configPath, "supervisors", len(g.fileDocs),
+		"changed", changed, "store", g.storeKind)
 	return nil
 }
 
-// reloadTokensLocked re-reads the tokens file and ends the watch streams
-// whose token no longer grants their supervisor. reloadMu is held.
+// reloadTokensLocked re-reads the tokens file, ends the watch streams whose
+// token no longer grants their supervisor or workspace, and republishes
+// (advertisements made with a removed token are no longer published).
+// reloadMu is held.
 func (g *Gateway) reloadTokensLocked() error {
 	id, tokens, err := loadGatewayTokens(g.tokensPath)
 	g.tokensSeen = id
@@ -312,7 +456,7 @@ func (g *Gateway) reloadTokensLocked() error {
 	// A supervisor may have lost its last token: republish.
 	g.discRepublishLocked(time.Now(), nil)
 	for w := range g.watchers {
-		if t := next.lookupDigest(w.digest); t == nil || t.supervisor != w.supervisor {
+		if t := next.lookupDigest(w.digest); !next.grantsSupervisor(t, w.supervisor, g.pools[w.supervisor]) {
 			if g.endWatcherLocked(w, "token revoked") {
 				revoked++
 			}
@@ -324,8 +468,12 @@ func (g *Gateway) reloadTokensLocked() error {
 }
 
 // Close ends every open watch stream and refuses new ones (503), for
-// shutdown. It may be called more than once.
+// shutdown; it closes the store when Run never ran (else Run does when it
+// returns). It may be called more than once.
 func (g *Gateway) Close() {
+	if !g.running.Load() {
+		defer g.closeStore()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -342,21 +490,45 @@ func (g *Gateway) Close() {
 	}
 }
 
+// Ready reports whether the gateway can answer (its store is loaded and
+// reachable), with the reason when not: the readiness of /readyz.
+func (g *Gateway) Ready() (bool, string) {
+	if why := g.storeUnusable(); why != "" {
+		return false, why
+	}
+	return true, ""
+}
+
+// isClosed reports whether Close was called.
+func (g *Gateway) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
 // Handler returns the gateway's HTTP handler:
 //
 //	GET /v1/supervisors/{id}/config            the document, ETag, 304 on If-None-Match
 //	GET /v1/supervisors/{id}/config?watch=1    NDJSON: the document, then every change and keepalives
 //	PUT /v1/supervisors/{id}/installations     the supervisor's installed routes (204)
+//	DELETE /v1/supervisors/{id}/installations?session=  withdraw a session (204)
+//	PUT, DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  write API: one instance of the document
+//	GET /v1/supervisors/{id}/instances          write API: the document
+//	GET /v1/pools/{pool}/members                write API: the live sessions of a pool
 //	GET /v1/workspaces/{ws}/service-routes          discovery: the published routes of ws
 //	GET /v1/workspaces/{ws}/service-routes?watch=1  NDJSON: that snapshot, then every change and keepalives
 //
 // Every request needs "Authorization: Bearer <token>": a supervisor token
-// for {id}, or a workspace token granted {ws}. Errors have a one-line
+// for {id} (or a pool token), an admin token for the write API, or a
+// workspace token granted {ws}. Errors have a one-line
 // text/plain body.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/supervisors/{id}/config", g.serveConfig)
 	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
+	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
+	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
+	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
 	mux.HandleFunc("/v1/workspaces/{ws}/service-routes", g.serveServiceRoutes)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		g.fail(w, gwEndpointOther, http.StatusNotFound, "no such endpoint")

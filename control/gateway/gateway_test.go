@@ -525,7 +525,10 @@ func TestGatewayParseConfigRefuses(t *testing.T) {
 
 func TestGatewayParseTokensRefuses(t *testing.T) {
 	for _, tc := range []struct{ name, data, want string }{
-		{"unknown field", `{"tokens": [{"token": "x", "supervisor": "a", "admin": true}]}`, "unknown field"},
+		{"unknown field", `{"tokens": [{"token": "x", "supervisor": "a", "role": "admin"}]}`, "unknown field"},
+		{"supervisor and admin", `{"tokens": [{"token": "x", "supervisor": "a", "admin": true}]}`, "both a supervisor and admin"},
+		{"workspaces and pool", `{"tokens": [{"token": "x", "workspaces": ["team"], "pool": "p"}]}`, "both workspaces and a pool"},
+		{"bad pool", `{"tokens": [{"token": "x", "pool": "a b"}]}`, "pool name"},
 		{"unknown top", `{"tokens": [], "more": 1}`, "unknown field"},
 		{"missing", `{}`, `missing "tokens"`},
 		{"both", `{"tokens": [{"token": "x", "supervisor": "a", "workspaces": ["team"]}]}`, "both"},

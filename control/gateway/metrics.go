@@ -6,11 +6,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// gatewayMetrics are the metrics of the control protocol, the store, the
+// sessions and the write API (discovery has its own, discoveryMetrics).
 type gatewayMetrics struct {
-	requests *prometheus.CounterVec
-	watchers prometheus.Gauge
-	reloads  *prometheus.CounterVec
-	pushes   prometheus.Counter
+	requests        *prometheus.CounterVec
+	watchers        prometheus.Gauge
+	reloads         *prometheus.CounterVec
+	pushes          prometheus.Counter
+	storeUp         prometheus.Gauge
+	sessions        prometheus.Gauge
+	endpointRefused prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
@@ -27,9 +32,18 @@ func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
 		pushes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "applistener_gateway_pushes_total", Help: "Changed documents written to watch streams.",
 		}),
+		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_gateway_store_up", Help: "1 while the gateway's store is loaded and reachable (with quorum), else 0 (the gateway answers 503).",
+		}),
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_gateway_sessions", Help: "Supervisor sessions that hold (all replicas, as this replica's view has them).",
+		}),
+		endpointRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_gateway_endpoint_policy_refused_total", Help: "Advertised routes whose endpoint the endpoint policy refused (never published).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes)
+		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes, m.storeUp, m.sessions, m.endpointRefused)
 	}
 	return m
 }
@@ -39,6 +53,9 @@ const (
 	gwEndpointConfig        = "config"
 	gwEndpointWatch         = "watch"
 	gwEndpointInstallations = "installations"
+	gwEndpointWithdraw      = "withdraw"
+	gwEndpointInstances     = "instances"
+	gwEndpointPoolMembers   = "pool_members"
 	gwEndpointOther         = "other"
 )
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 // guarded by Gateway.mu.
 type gatewayWatcher struct {
 	supervisor string
+	session    string // the request's session id ("" for none)
+	pool       bool   // opened with a pool token
 	digest     [sha256.Size]byte
 	notify     chan struct{} // capacity 1: "pending has a document"
 	done       chan struct{} // closed when the stream must end
@@ -34,6 +37,9 @@ func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
 	return true
 }
 
+// serveConfig serves GET /v1/supervisors/{id}/config: a poll (ETag,
+// If-None-Match) or, with ?watch=1, a push stream. Both record the
+// request's session (?session=).
 func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointConfig, gwEndpointWatch)
 	if !ok {
@@ -44,11 +50,46 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	if tok == nil {
 		return
 	}
-	if watch {
-		g.serveWatch(w, r, sup, tok.digest)
+	sid, ok := requestSession(r)
+	if !ok {
+		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
 		return
 	}
-	doc := g.state.Load().document(sup)
+	var grant time.Duration
+	if watch {
+		if g.disablePush {
+			g.fail(w, endpoint, http.StatusNotImplemented, "push is disabled on this gateway; poll instead")
+			return
+		}
+		var err error
+		if grant, err = g.keepaliveGrant(r.URL.Query().Get("keepalive")); err != nil {
+			g.fail(w, endpoint, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	if why := g.storeUnusable(); why != "" {
+		g.unavailable(w, endpoint, why)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
+	out := g.touchSession(ctx, sup, sid, remoteIP(r))
+	cancel()
+	if out.code != 0 {
+		g.failSession(w, endpoint, out)
+		return
+	}
+	if watch {
+		g.serveWatch(w, r, &gatewayWatcher{
+			supervisor: sup,
+			session:    sid,
+			pool:       tok.pool != "",
+			digest:     tok.digest,
+			notify:     make(chan struct{}, 1),
+			done:       make(chan struct{}),
+		}, grant)
+		return
+	}
+	doc := g.state.Load().documentFor(sup, tok.pool != "")
 	h := w.Header()
 	h.Set("ETag", doc.etag)
 	h.Set("Cache-Control", "no-store")
@@ -79,18 +120,12 @@ func etagMatches(values []string, etag string) bool {
 }
 
 // serveWatch holds one watch stream until the client goes away, the token
-// is revoked, the gateway closes, or a write fails or times out.
-func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string, digest [sha256.Size]byte) {
-	if g.disablePush {
-		g.fail(w, gwEndpointWatch, http.StatusNotImplemented, "push is disabled on this gateway; poll instead")
-		return
-	}
-	wt := &gatewayWatcher{
-		supervisor: sup,
-		digest:     digest,
-		notify:     make(chan struct{}, 1),
-		done:       make(chan struct{}),
-	}
+// is revoked, the session is superseded or withdrawn, the store goes down,
+// the gateway closes, or a write fails or times out. It writes a keepalive
+// every grant and renews the session at every keepalive (and at least every
+// third of the session TTL).
+func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gatewayWatcher, grant time.Duration) {
+	sup := wt.supervisor
 	first, code, why := g.addWatcher(wt)
 	if code != 0 {
 		if code == http.StatusTooManyRequests {
@@ -103,11 +138,12 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 	g.m.watchers.Inc()
 	defer g.m.watchers.Dec()
 
+	w.Header().Set(KeepaliveHeader, grant.String())
 	rc := g.startStream(w, gwEndpointWatch, first.etag)
 
 	started := time.Now()
-	log := g.log.With("supervisor", sup, "remote", r.RemoteAddr, "proto", r.Proto)
-	log.Info("gateway watch opened")
+	log := g.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
+	log.Info("gateway watch opened", "keepalive", grant)
 	write := func(parts ...[]byte) error {
 		if err := rc.SetWriteDeadline(time.Now().Add(g.writeTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return fmt.Errorf("set write deadline: %w", err)
@@ -124,12 +160,23 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 		_ = rc.SetWriteDeadline(time.Time{})
 		return nil
 	}
+	source := remoteIP(r)
+	renew := func() sessionOutcome {
+		ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+		defer cancel()
+		return g.touchSession(ctx, sup, wt.session, source)
+	}
 	end := func(reason string, err error) {
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
 		if err != nil {
 			attrs = append(attrs, "err", err)
 		}
 		log.Info("gateway watch ended", attrs...)
+		// The session holds for one TTL after its stream ends, unless the
+		// stream ended because the session or the store is gone.
+		if g.storeUnusable() == "" && !g.isClosed() {
+			renew()
+		}
 	}
 
 	if err := write(first.body, gatewayNewline); err != nil {
@@ -137,8 +184,11 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 		return
 	}
 	last := first.body
-	ticker := time.NewTicker(g.keepalive)
+	ticker := time.NewTicker(grant)
 	defer ticker.Stop()
+	renewal := time.NewTicker(min(grant, g.sessionTTL/3))
+	defer renewal.Stop()
+	renewed := time.Now()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -151,6 +201,21 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, sup string,
 			if err := write(gatewayKeepaliveLine); err != nil {
 				end("write failed", err)
 				return
+			}
+			if time.Since(renewed) >= grant/2 {
+				if out := renew(); out.code == http.StatusConflict {
+					end(out.why, nil)
+					return
+				}
+				renewed = time.Now()
+			}
+		case <-renewal.C:
+			if time.Since(renewed) >= g.sessionTTL/3 {
+				if out := renew(); out.code == http.StatusConflict {
+					end(out.why, nil)
+					return
+				}
+				renewed = time.Now()
 			}
 		case <-wt.notify:
 			doc, open := g.takePending(wt)
@@ -189,8 +254,11 @@ func (g *Gateway) addWatcher(w *gatewayWatcher) (gatewayDocument, int, string) {
 		return gatewayDocument{}, http.StatusTooManyRequests,
 			fmt.Sprintf("too many watch streams for this supervisor (limit %d)", MaxWatchesPerSupervisor)
 	}
+	if why := g.storeUnusable(); why != "" {
+		return gatewayDocument{}, http.StatusServiceUnavailable, why
+	}
 	g.watchers[w] = struct{}{}
-	return g.state.Load().document(w.supervisor), 0, ""
+	return g.state.Load().documentFor(w.supervisor, w.pool), 0, ""
 }
 
 func (g *Gateway) removeWatcher(w *gatewayWatcher) {

@@ -31,10 +31,13 @@ const (
 	keyPools    = "pools/"
 )
 
-// anyRevision is the condition of an unconditional write; a condition of 0
-// means "only when the key does not exist", and a positive one "only when
-// the key's modification revision is this one".
-const anyRevision int64 = -1
+// Conditions of a write: anyRevision (the zero value) writes
+// unconditionally, mustNotExist only when the key does not exist, and a
+// positive revision only when the key's modification revision is that one.
+const (
+	anyRevision  int64 = 0
+	mustNotExist int64 = -1
+)
 
 // errStoreClosed is returned by the operations of a closed store.
 var errStoreClosed = errors.New("store closed")
@@ -62,8 +65,8 @@ type putOptions struct {
 	ttl time.Duration
 	// renewable keys can have their ttl extended by renew.
 	renewable bool
-	// cond is anyRevision, 0 (create only) or the key's expected
-	// modification revision.
+	// cond is anyRevision, mustNotExist or the key's expected modification
+	// revision.
 	cond int64
 }
 

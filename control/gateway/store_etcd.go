@@ -259,7 +259,7 @@ func (s *etcdStore) cmpFor(key string, cond int64) []clientv3.Cmp {
 	switch {
 	case cond == anyRevision:
 		return nil
-	case cond == 0:
+	case cond == mustNotExist:
 		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	default:
 		return []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cond)}

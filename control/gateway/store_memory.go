@@ -62,7 +62,7 @@ func condHolds(cond int64, e *memoryEntry) bool {
 	switch {
 	case cond == anyRevision:
 		return true
-	case cond == 0:
+	case cond == mustNotExist:
 		return e == nil
 	default:
 		return e != nil && e.modRev == cond

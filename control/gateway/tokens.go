@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -12,25 +13,34 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
 )
 
-// gatewayState is one immutable generation of the gateway's files.
+// gatewayState is one immutable generation of the gateway's documents
+// (the store's, as the view last saw them) and tokens (the tokens file's).
 type gatewayState struct {
 	docs   map[string]gatewayDocument
 	tokens []gatewayToken
-	// grants are, per supervisor, the services its section declares: what
-	// discovery may publish from its advertisements.
-	grants map[string]map[grantKey]struct{}
+	// grants are, per supervisor, the services its document declares, with
+	// the generation of their instance: what discovery may publish from its
+	// advertisements.
+	grants map[string]map[grantKey]string
 }
 
 // gatewayToken is one entry of the tokens file. Only the SHA-256 digest of
-// the token is kept.
+// the token is kept. Exactly one of supervisor, workspaces, admin and pool
+// is set.
 type gatewayToken struct {
 	digest     [sha256.Size]byte
 	supervisor string
 	workspaces []string
+	// admin tokens use the write API (instances, pool members).
+	admin bool
+	// pool tokens may open sessions for any supervisor id that no
+	// supervisor token names and that no other pool has bound.
+	pool string
 }
 
 // lookupDigest returns the token whose digest is d, or nil. It compares d
@@ -45,8 +55,47 @@ func (s *gatewayState) lookupDigest(d [sha256.Size]byte) *gatewayToken {
 	return found
 }
 
-// authorize checks the bearer token for supervisor sup. On failure it
-// answers the request and returns nil.
+// tokenIndex maps token digests to tokens, for checks that do not answer a
+// request (the credential epoch of stored advertisements): no constant-time
+// comparison is needed there.
+func (s *gatewayState) tokenIndex() map[[sha256.Size]byte]*gatewayToken {
+	m := make(map[[sha256.Size]byte]*gatewayToken, len(s.tokens))
+	for i := range s.tokens {
+		m[s.tokens[i].digest] = &s.tokens[i]
+	}
+	return m
+}
+
+// namesSupervisor reports whether a supervisor token names sup: such an id
+// belongs to that token, and no pool token may claim it.
+func (s *gatewayState) namesSupervisor(sup string) bool {
+	for i := range s.tokens {
+		if s.tokens[i].supervisor == sup {
+			return true
+		}
+	}
+	return false
+}
+
+// grantsSupervisor reports whether token t may act as supervisor sup, whose
+// pool binding is bound ("" when none): a supervisor token for sup, or the
+// token of the pool sup is bound to (an unbound id is granted to no pool
+// here; binding it is authorize's job).
+func (s *gatewayState) grantsSupervisor(t *gatewayToken, sup, bound string) bool {
+	switch {
+	case t == nil:
+		return false
+	case t.supervisor != "":
+		return t.supervisor == sup
+	case t.pool != "":
+		return bound == t.pool && !s.namesSupervisor(sup)
+	}
+	return false
+}
+
+// authorize checks the bearer token for supervisor sup: a supervisor token
+// for sup, or a pool token, which binds sup to its pool on first use. On
+// failure it answers the request and returns nil.
 func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, endpoint, sup string) *gatewayToken {
 	token, ok := bearerToken(r.Header)
 	if !ok {
@@ -55,26 +104,88 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, endpoint, su
 		g.log.Debug("gateway request refused: missing bearer token", "endpoint", endpoint, "remote", r.RemoteAddr)
 		return nil
 	}
-	t := g.state.Load().lookupDigest(sha256.Sum256([]byte(token)))
+	st := g.state.Load()
+	t := st.lookupDigest(sha256.Sum256([]byte(token)))
 	if t == nil {
 		w.Header().Set("WWW-Authenticate", "Bearer")
 		g.fail(w, endpoint, http.StatusUnauthorized, "unknown token")
 		g.log.Info("gateway request refused: unknown token", "endpoint", endpoint, "remote", r.RemoteAddr)
 		return nil
 	}
-	if t.supervisor == "" {
+	switch {
+	case len(t.workspaces) > 0:
 		g.fail(w, endpoint, http.StatusForbidden, "a workspace token cannot read or write supervisor state")
 		g.log.Warn("gateway request refused: workspace token used for a supervisor endpoint",
 			"endpoint", endpoint, "supervisor", sup, "remote", r.RemoteAddr)
 		return nil
-	}
-	if t.supervisor != sup {
+	case t.admin:
+		g.fail(w, endpoint, http.StatusForbidden, "an admin token cannot act as a supervisor")
+		g.log.Warn("gateway request refused: admin token used for a supervisor endpoint",
+			"endpoint", endpoint, "supervisor", sup, "remote", r.RemoteAddr)
+		return nil
+	case t.pool != "":
+		if !g.authorizePool(w, r, endpoint, st, t, sup) {
+			return nil
+		}
+		return t
+	case t.supervisor != sup:
 		g.fail(w, endpoint, http.StatusForbidden, "the token is not granted this supervisor")
 		g.log.Warn("gateway request refused: token of another supervisor",
 			"endpoint", endpoint, "supervisor", sup, "token_supervisor", t.supervisor, "remote", r.RemoteAddr)
 		return nil
 	}
 	return t
+}
+
+// authorizePool checks pool token t for supervisor sup and binds sup to
+// t's pool when no pool has it yet (the binding is stored: the first pool
+// wins). On failure it answers the request and returns false.
+func (g *Gateway) authorizePool(w http.ResponseWriter, r *http.Request, endpoint string, st *gatewayState, t *gatewayToken, sup string) bool {
+	if err := validSupervisorID(sup); err != nil {
+		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
+		return false
+	}
+	if st.namesSupervisor(sup) {
+		g.fail(w, endpoint, http.StatusForbidden, "this supervisor id has a token of its own; a pool token cannot use it")
+		g.log.Warn("gateway request refused: pool token for a supervisor id that has its own token",
+			"endpoint", endpoint, "supervisor", sup, "pool", t.pool, "remote", r.RemoteAddr)
+		return false
+	}
+	for attempt := 0; ; attempt++ {
+		bound, rev := g.poolBinding(sup)
+		if bound == t.pool {
+			return true
+		}
+		if bound != "" {
+			g.fail(w, endpoint, http.StatusForbidden, "this supervisor id is bound to another pool")
+			g.log.Warn("gateway request refused: supervisor id bound to another pool",
+				"endpoint", endpoint, "supervisor", sup, "pool", t.pool, "bound_pool", bound, "remote", r.RemoteAddr)
+			return false
+		}
+		if why := g.storeUnusable(); why != "" {
+			g.unavailable(w, endpoint, why)
+			return false
+		}
+		if attempt > 0 {
+			g.unavailable(w, endpoint, "the pool binding could not be stored")
+			return false
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
+		wrote, ok, err := g.store.put(ctx, keyPools+sup, []byte(t.pool), putOptions{cond: rev})
+		if err == nil {
+			err = g.waitApplied(ctx, wrote)
+		}
+		cancel()
+		if err != nil {
+			g.log.Error("pool binding not stored", "supervisor", sup, "pool", t.pool, "err", err)
+			g.unavailable(w, endpoint, "the store cannot be written")
+			return false
+		}
+		if ok {
+			g.log.Info("supervisor id bound to a pool", "supervisor", sup, "pool", t.pool)
+			return true
+		}
+	}
 }
 
 // bearerToken returns the token of the request's one Authorization header
@@ -101,6 +212,8 @@ type gatewayTokenEntry struct {
 	Token      string   `json:"token"`
 	Supervisor string   `json:"supervisor"`
 	Workspaces []string `json:"workspaces"`
+	Admin      bool     `json:"admin"`
+	Pool       string   `json:"pool"`
 }
 
 // loadGatewayTokens reads and parses the tokens file.
@@ -119,8 +232,9 @@ func loadGatewayTokens(path string) (pollfile.Identity, []gatewayToken, error) {
 
 // parseGatewayTokens parses {"tokens": [...]}. Unknown fields are refused.
 // Each entry has a token (1 to MaxTokenLen visible ASCII characters, not
-// repeated) and exactly one of a supervisor id or a non-empty list of
-// workspace names. Errors never contain a token.
+// repeated) and exactly one of a supervisor id, a non-empty list of
+// workspace names, "admin": true or a pool name. Errors never contain a
+// token.
 func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("not valid UTF-8")
@@ -156,9 +270,22 @@ func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 			return nil, fmt.Errorf("tokens[%d]: same token as tokens[%d]", i, j)
 		}
 		seen[t.digest] = i
+		var kinds []string
+		if e.Supervisor != "" {
+			kinds = append(kinds, "a supervisor")
+		}
+		if len(e.Workspaces) > 0 {
+			kinds = append(kinds, "workspaces")
+		}
+		if e.Admin {
+			kinds = append(kinds, "admin")
+		}
+		if e.Pool != "" {
+			kinds = append(kinds, "a pool")
+		}
 		switch {
-		case e.Supervisor != "" && len(e.Workspaces) > 0:
-			return nil, fmt.Errorf("tokens[%d]: has both a supervisor and workspaces (a token is one or the other)", i)
+		case len(kinds) > 1:
+			return nil, fmt.Errorf("tokens[%d]: has both %s and %s (a token is exactly one kind)", i, kinds[0], kinds[1])
 		case e.Supervisor != "":
 			if err := validSupervisorID(e.Supervisor); err != nil {
 				return nil, fmt.Errorf("tokens[%d]: %w", i, err)
@@ -171,8 +298,15 @@ func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 				}
 			}
 			t.workspaces = append([]string(nil), e.Workspaces...)
+		case e.Admin:
+			t.admin = true
+		case e.Pool != "":
+			if err := validSupervisorID(e.Pool); err != nil {
+				return nil, fmt.Errorf("tokens[%d]: pool name: %w", i, err)
+			}
+			t.pool = e.Pool
 		default:
-			return nil, fmt.Errorf("tokens[%d]: needs a supervisor or workspaces", i)
+			return nil, fmt.Errorf("tokens[%d]: needs a supervisor or workspaces (or admin, or a pool)", i)
 		}
 		out = append(out, t)
 	}

@@ -1,0 +1,304 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"time"
+)
+
+// The view: every replica holds the whole store in memory, in the fields
+// guarded by Gateway.mu (installations, sessions, pools) and in the
+// immutable gatewayState (documents and grants). The store calls the
+// storeSink methods below with its contents and each change; they update
+// the view, push changed documents to open push streams, end the streams of
+// superseded or withdrawn sessions, and republish discovery.
+
+// storeLoaded replaces the view by the store's contents (at start, and
+// after every reconnection to etcd) and marks the store usable.
+func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
+	docs := make(map[string]gatewayDocument)
+	ads := make(map[string]gatewayAdvertisement)
+	sessions := make(map[string]sessionView)
+	pools := make(map[string]string)
+	for _, kv := range kvs {
+		kind, sup := splitKey(kv.key)
+		switch kind {
+		case keyDocs:
+			docs[sup] = newGatewayDocument(kv.value, kv.modRev)
+		case keyAds:
+			if adv, err := decodeAdvertisement(sup, kv.value, kv.modRev); err == nil {
+				ads[sup] = adv
+			} else {
+				g.log.Warn("stored advertisement ignored", "supervisor", sup, "err", err)
+			}
+		case keySessions:
+			if s, err := decodeSession(kv.value, kv.modRev); err == nil {
+				sessions[sup] = s
+			} else {
+				g.log.Warn("stored session ignored", "supervisor", sup, "err", err)
+			}
+		case keyPools:
+			pools[sup] = string(kv.value)
+		}
+	}
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.state.Load()
+	next := &gatewayState{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
+	g.state.Store(next)
+	changed := make(map[string]struct{})
+	for sup := range old.docs {
+		changed[sup] = struct{}{}
+	}
+	for sup := range docs {
+		changed[sup] = struct{}{}
+	}
+	oldSessions := g.sessions
+	g.installations, g.sessions, g.pools = ads, sessions, pools
+	g.pushChangedLocked(old, next, changed)
+	for sup := range oldSessions {
+		g.endSupersededLocked(sup)
+	}
+	for sup := range sessions {
+		g.endSupersededLocked(sup)
+	}
+	g.discRepublishLocked(time.Now(), nil)
+	g.appliedLocked(rev)
+	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
+	if !g.storeUp.Load() {
+		g.storeUp.Store(true)
+		g.m.storeUp.Set(1)
+		g.log.Info("gateway store loaded", "store", g.storeKind, "revision", rev, "documents", len(docs),
+			"advertisements", len(ads), "sessions", len(sessions), "pool_bindings", len(pools))
+	}
+}
+
+// storeChanged applies the store's changes to the view.
+func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.state.Load()
+	var docs map[string]gatewayDocument // copied on the first document change
+	var grants map[string]map[grantKey]string
+	docChanged := make(map[string]struct{})
+	touched := make(map[string]struct{}) // supervisors whose publication may change
+	sessionChanged := make(map[string]struct{})
+	for _, ev := range events {
+		kind, sup := splitKey(ev.key)
+		switch kind {
+		case keyDocs:
+			if docs == nil {
+				docs, grants = maps.Clone(old.docs), maps.Clone(old.grants)
+			}
+			if ev.value == nil {
+				delete(docs, sup)
+				delete(grants, sup)
+			} else {
+				d := newGatewayDocument(ev.value, ev.modRev)
+				docs[sup] = d
+				grants[sup] = documentGrants(d.body)
+				if grants[sup] == nil {
+					delete(grants, sup)
+				}
+			}
+			docChanged[sup] = struct{}{}
+		case keyAds:
+			g.touchWorkspacesLocked(sup, touched)
+			if ev.value == nil {
+				delete(g.installations, sup)
+				continue
+			}
+			adv, err := decodeAdvertisement(sup, ev.value, ev.modRev)
+			if err != nil {
+				g.log.Warn("stored advertisement ignored", "supervisor", sup, "err", err)
+				delete(g.installations, sup)
+				continue
+			}
+			g.installations[sup] = adv
+			g.touchWorkspacesLocked(sup, touched)
+		case keySessions:
+			if ev.value == nil {
+				delete(g.sessions, sup)
+			} else if s, err := decodeSession(ev.value, ev.modRev); err == nil {
+				g.sessions[sup] = s
+			} else {
+				g.log.Warn("stored session ignored", "supervisor", sup, "err", err)
+				delete(g.sessions, sup)
+			}
+			sessionChanged[sup] = struct{}{}
+		case keyPools:
+			if ev.value == nil {
+				delete(g.pools, sup)
+			} else {
+				g.pools[sup] = string(ev.value)
+			}
+			sessionChanged[sup] = struct{}{}
+		}
+	}
+	if docs != nil {
+		next := &gatewayState{docs: docs, tokens: old.tokens, grants: grants}
+		g.state.Store(next)
+		g.pushChangedLocked(old, next, docChanged)
+	}
+	for sup := range sessionChanged {
+		g.endSupersededLocked(sup)
+	}
+	for sup := range docChanged {
+		g.touchWorkspacesLocked(sup, touched)
+	}
+	for sup := range sessionChanged {
+		g.touchWorkspacesLocked(sup, touched)
+	}
+	if len(touched) > 0 {
+		g.discRepublishLocked(time.Now(), touched)
+	}
+	g.appliedLocked(rev)
+	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
+}
+
+// storeDown marks the store unusable: requests get 503 and every open
+// stream ends (discovery must never feed stale data; supervisors fall back
+// to polling and keep their routes until their own freshness ends).
+func (g *Gateway) storeDown(why string) {
+	g.storeWhy.Store(&why)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	wasUp := g.storeUp.Swap(false)
+	g.m.storeUp.Set(0)
+	if wasUp {
+		g.log.Error("gateway store unavailable; answering 503 until it is back", "store", g.storeKind, "err", why)
+	} else {
+		g.log.Debug("gateway store still unavailable", "store", g.storeKind, "err", why)
+	}
+	for _, set := range g.disc.watchers {
+		for w := range set {
+			g.discEndLocked(w, discEndUnusable)
+		}
+	}
+	for w := range g.watchers {
+		g.endWatcherLocked(w, "store unavailable")
+	}
+	g.appliedLocked(g.appliedRev) // wake waiters: they give up
+}
+
+// appliedLocked records that the view has every change up to rev and wakes
+// the requests waiting for it. g.mu is held.
+func (g *Gateway) appliedLocked(rev int64) {
+	g.appliedRev = max(g.appliedRev, rev)
+	close(g.revWake)
+	g.revWake = make(chan struct{})
+}
+
+// waitApplied waits until the view has the changes up to rev (a write of
+// this request), so that the request's answer and the next request on this
+// replica see it. It fails when ctx ends or the store goes down.
+func (g *Gateway) waitApplied(ctx context.Context, rev int64) error {
+	for {
+		g.mu.Lock()
+		done, wake := g.appliedRev >= rev, g.revWake
+		g.mu.Unlock()
+		if done {
+			return nil
+		}
+		if why := g.storeUnusable(); why != "" {
+			return fmt.Errorf("the store went down: %s", why)
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for revision %d: %w", rev, ctx.Err())
+		}
+	}
+}
+
+// storeUnusable returns why the store cannot be used now, or "".
+func (g *Gateway) storeUnusable() string {
+	if g.storeUp.Load() {
+		return ""
+	}
+	if why := g.storeWhy.Load(); why != nil {
+		return "the gateway's store is unavailable: " + *why
+	}
+	return "the gateway's store is not loaded yet"
+}
+
+// unavailable answers 503 with Retry-After: 1.
+func (g *Gateway) unavailable(w http.ResponseWriter, endpoint, why string) {
+	w.Header().Set("Retry-After", "1")
+	g.fail(w, endpoint, http.StatusServiceUnavailable, why)
+}
+
+// poolBinding returns the pool sup is bound to ("" when none) and the
+// condition under which a binding may be written (mustNotExist when none
+// exists).
+func (g *Gateway) poolBinding(sup string) (string, int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p, ok := g.pools[sup]; ok {
+		return p, anyRevision
+	}
+	return "", mustNotExist
+}
+
+// pushChangedLocked hands the changed documents of the supervisors in
+// changed to their open push streams. g.mu is held.
+func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]struct{}) {
+	if len(changed) == 0 {
+		return
+	}
+	for w := range g.watchers {
+		if _, ok := changed[w.supervisor]; !ok || w.ended {
+			continue
+		}
+		d := next.documentFor(w.supervisor, w.pool)
+		if bytes.Equal(d.body, old.documentFor(w.supervisor, w.pool).body) {
+			continue
+		}
+		w.pending = d.body
+		select {
+		case w.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// endSupersededLocked ends the push streams of sup whose session is no
+// longer its current one (superseded or withdrawn). Streams without a
+// session, and streams whose session merely expired (they renew it), are
+// left. g.mu is held.
+func (g *Gateway) endSupersededLocked(sup string) {
+	cur, ok := g.sessions[sup]
+	for w := range g.watchers {
+		if w.supervisor != sup || w.session == "" || w.ended || !ok {
+			continue
+		}
+		switch {
+		case cur.rec.Session != w.session:
+			g.endWatcherLocked(w, "session superseded")
+		case !cur.holds():
+			g.endWatcherLocked(w, "session withdrawn")
+		}
+	}
+}
+
+// touchWorkspacesLocked adds the workspaces of sup's advertisement to set.
+// g.mu is held.
+func (g *Gateway) touchWorkspacesLocked(sup string, set map[string]struct{}) {
+	for _, r := range g.installations[sup].routes {
+		set[r.Workspace] = struct{}{}
+	}
+}
+
+// decodeSession decodes a stored session record.
+func decodeSession(value []byte, modRev int64) (sessionView, error) {
+	var rec sessionRecord
+	if err := json.Unmarshal(value, &rec); err != nil {
+		return sessionView{}, fmt.Errorf("session record: %w", err)
+	}
+	return sessionView{rec: rec, modRev: modRev}, nil
+}
