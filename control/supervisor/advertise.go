@@ -72,6 +72,7 @@ func (a *Advertiser) Run(ctx context.Context) {
 	var lastSent []byte
 	var lastSentTo string
 	var lastSentAt time.Time
+	lastErr := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -91,15 +92,30 @@ func (a *Advertiser) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			a.Client.reportErr("advertising installations failed", err)
+			if msg := err.Error(); msg != lastErr {
+				lastErr = msg
+				a.logger().Error("advertising installations failed", "endpoint", gateway,
+					"supervisor", a.Client.SupervisorID, "err", err)
+			}
 			a.Client.failed(gateway, err)
 			retry = time.After(a.Client.backoff(failures))
 			failures++
 			continue
 		}
 		failures = 0
+		if lastErr != "" {
+			a.logger().Info("advertising installations works again", "endpoint", gateway)
+			lastErr = ""
+		}
 		lastSent, lastSentTo, lastSentAt = body, gateway, time.Now()
 	}
+}
+
+func (a *Advertiser) logger() *slog.Logger {
+	if a.Logger != nil {
+		return a.Logger
+	}
+	return a.Client.Logger
 }
 
 func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error {

@@ -75,7 +75,8 @@ type GatewayClient struct {
 	connected atomic.Bool
 	mu        sync.Mutex
 	lastErr   string
-	lastGrant string // the keepalive note last logged
+	lastErrs  map[string]string // the last failure logged, by kind
+	lastGrant string            // the keepalive note last logged
 
 	// applyMu orders the deliveries of the push session and of the polls
 	// that run beside it: a poll's document is applied only when no other
@@ -141,11 +142,17 @@ func (c *GatewayClient) setConnected(v bool) {
 	}
 }
 
-// reportErr logs a failure once per distinct message.
+// reportErr logs a failure of the session once per distinct message of
+// its kind (msg): a push session and the polls that follow it failing in
+// turn do not log every attempt.
 func (c *GatewayClient) reportErr(msg string, err error) {
 	text := msg + ": " + err.Error()
 	c.mu.Lock()
-	same := text == c.lastErr
+	if c.lastErrs == nil {
+		c.lastErrs = map[string]string{}
+	}
+	same := c.lastErrs[msg] == text
+	c.lastErrs[msg] = text
 	c.lastErr = text
 	c.mu.Unlock()
 	if !same {
@@ -163,6 +170,7 @@ func (c *GatewayClient) LastError() string {
 func (c *GatewayClient) clearErr() {
 	c.mu.Lock()
 	c.lastErr = ""
+	clear(c.lastErrs)
 	c.mu.Unlock()
 }
 
