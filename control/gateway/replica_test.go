@@ -29,11 +29,12 @@ const (
 
 // replicaTokens is discTokens plus an admin token and two pool tokens.
 func replicaTokens() string {
-	return strings.Replace(discTokens(), `]}`, `,
-  {"token": "`+repTokAdmin+`", "admin": true},
-  {"token": "`+repTokPoolA+`", "pool": "pool-a"},
-  {"token": "`+repTokPoolB+`", "pool": "pool-b"}
-]}`, 1)
+	base := strings.TrimSuffix(strings.TrimSpace(discTokens()), "\n]}")
+	return base + `,
+  {"token": "` + repTokAdmin + `", "admin": true},
+  {"token": "` + repTokPoolA + `", "pool": "pool-a"},
+  {"token": "` + repTokPoolB + `", "pool": "pool-b"}
+]}`
 }
 
 // replicaOptions configure one gateway of a replica test.
