@@ -58,7 +58,7 @@ fuzz:
 
 ## bench: the Go micro-benchmarks (route table, parser, handshake).
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./listener ./tlsconf
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./internal/tlshello ./tlsconf
 
 ## bench-compare: applistener side by side with nginx, HAProxy and Caddy on this
 ## machine (installs what it needs; BENCH_QUICK=1 for a ~3-minute smoke run).

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -179,16 +180,26 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 	}).(*backendPool)
 }
 
-// ServeH2 serves HTTP/2 on conn, a TLS connection that negotiated ALPN
-// "h2" and whose SNI named route. raw is the underlying TCP connection:
-// revocation closes it (never the TLS connection, whose Close can block on
+// ServeH2 serves HTTP/2 on lc.Conn, a TLS connection that negotiated ALPN
+// "h2" and whose SNI named lc.Route. Revocation closes lc.Raw, the TCP
+// connection under it (never the TLS connection, whose Close can block on
 // a stalled peer), which ends every stream of the connection. Each request
 // is checked (route still usable, :authority names the SNI, method,
 // instance limit) and forwarded to the app over HTTP/1.1; a request for
 // another host (a browser coalescing connections under the wildcard
-// certificate) gets 421 on its stream only. ServeH2 returns when the
-// connection is closed and every stream handler has returned.
-func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route) {
+// certificate) gets 421 on its stream only. ServeH2 returns, after calling
+// lc.Done, when the connection is closed and every stream handler has
+// returned.
+func (s *Server) ServeH2(lc listener.Conn) {
+	if lc.Done != nil {
+		defer lc.Done()
+	}
+	conn, raw, sni, route := lc.Conn, lc.Raw, lc.SNI, lc.Route
+	tc, ok := conn.(*tls.Conn)
+	if !ok {
+		_ = raw.Close()
+		return
+	}
 	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
 	hc.peer, hc.trusted = s.peerOf(raw)
 	release, ok := admit(s, &s.h2conns, hc, raw, route)
@@ -202,8 +213,8 @@ func (s *Server) ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes
 	// Deadlines left by the handshake would end the connection; x/net
 	// keeps its own timers (idle, ping, write-byte).
 	_ = conn.SetDeadline(time.Time{})
-	nc := &h2NetConn{Conn: conn, raw: raw, onHeadTimeout: hc.headTimedOut}
-	nc.heads.start(conn, s.cfg.HeaderTimeout)
+	nc := &h2NetConn{Conn: tc, raw: raw, onHeadTimeout: hc.headTimedOut}
+	nc.heads.start(tc, s.cfg.HeaderTimeout)
 	//nolint:staticcheck // SA1019: no net/http equivalent, see h2State.
 	srv.ServeConn(nc, &http2.ServeConnOpts{
 		BaseConfig: base,

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -221,10 +222,11 @@ func newH2Env(t *testing.T, maxStreams int, cfg Config) *h2Env {
 					_ = raw.Close()
 					return
 				}
+				lc := listener.Conn{Conn: tc, Raw: raw, SNI: cs.ServerName, Route: route}
 				if cs.NegotiatedProtocol == "h2" {
-					e.srv.ServeH2(tc, raw, cs.ServerName, route)
+					e.srv.ServeH2(lc)
 				} else {
-					e.srv.ServeConn(tc, raw, cs.ServerName, route, nil)
+					e.srv.ServeConn(lc)
 				}
 			})
 		}

@@ -380,6 +380,12 @@ func TestNoReplayedRequests(t *testing.T) {
 				})
 				var cc *http.ClientConn
 				send := func(method, path, body string) int {
+					// The app connection goes back to the pool just after
+					// the response: wait for it, so that the next request
+					// finds the pool in a known state.
+					defer eventually(t, 5*time.Second, "the request to end", func() bool {
+						return testutil.ToFloat64(e.srv.m.streamsActive) == 0
+					})
 					switch proto {
 					case "h1":
 						raw := method + " " + path + " HTTP/1.1\r\nHost: " + rawHost + "\r\n"

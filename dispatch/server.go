@@ -10,7 +10,6 @@ package dispatch
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -163,27 +163,27 @@ func setDefault(d *time.Duration, v time.Duration) {
 	}
 }
 
-// ServeConn serves HTTP/1.1 on conn, a TLS connection whose handshake is
-// complete and whose SNI named route. raw is the underlying TCP connection
-// (closed to revoke without waiting on TLS). It closes conn and calls done
-// (nil: nothing to call) once the connection has ended. It returns then,
-// or earlier for an upgraded WebSocket, whose two directions run in
-// goroutines of their own (none at all while idle) and call done when the
-// WebSocket ends.
-func (s *Server) ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route, done func()) {
+// ServeConn serves HTTP/1.1 on lc, a connection whose handshake is complete
+// and whose SNI named lc.Route. It closes the connection and calls lc.Done
+// (if set) once the connection has ended. It returns then, or earlier for
+// an upgraded WebSocket, whose two directions run in goroutines of their
+// own (none at all while idle) and call Done when the WebSocket ends.
+func (s *Server) ServeConn(lc listener.Conn) {
+	done := lc.Done
 	if done == nil {
 		done = func() {}
 	}
 	c := &clientConn{
 		s:     s,
-		conn:  conn,
-		raw:   raw,
-		sni:   sni,
-		route: route,
-		in:    inbuf{src: conn, pool: &s.bufPool},
+		conn:  lc.Conn,
+		raw:   lc.Raw,
+		batch: lc.Batcher,
+		sni:   lc.SNI,
+		route: lc.Route,
+		in:    inbuf{src: lc.Conn, pool: &s.bufPool},
 	}
-	c.peer, c.trusted = s.peerOf(raw)
-	release, ok := admit(s, &s.conns, c, raw, route)
+	c.peer, c.trusted = s.peerOf(lc.Raw)
+	release, ok := admit(s, &s.conns, c, lc.Raw, lc.Route)
 	if !ok {
 		done()
 		return
@@ -330,6 +330,7 @@ type clientConn struct {
 	s       *Server
 	conn    net.Conn // TLS
 	raw     net.Conn
+	batch   listener.WriteBatcher // nil: large writes are not batched
 	sni     string
 	route   *routes.Route
 	peer    netip.Addr
@@ -644,31 +645,18 @@ const (
 	bigBodyBuf = 64 << 10
 )
 
-// writeHolder is the transport under a client's TLS connection
-// (listener.PrefixConn): it can collect the records of one large write and
-// send them with one system call.
-type writeHolder interface {
-	HoldWrites()
-	FlushWrites() error
-}
-
 // heldWriter returns w, writing through it with the TLS records of each
 // large write collected into one system call when the transport allows.
 func (c *clientConn) heldWriter(w *bufio.Writer) io.Writer {
-	tc, ok := c.conn.(*tls.Conn)
-	if !ok {
+	if c.batch == nil {
 		return w
 	}
-	h, ok := tc.NetConn().(writeHolder)
-	if !ok {
-		return w
-	}
-	return holdingWriter{w: w, h: h}
+	return holdingWriter{w: w, h: c.batch}
 }
 
 type holdingWriter struct {
 	w *bufio.Writer
-	h writeHolder
+	h listener.WriteBatcher
 }
 
 func (hw holdingWriter) Write(p []byte) (int, error) {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -134,7 +135,7 @@ func clientOf(t *testing.T, s *Server, route *routes.Route) (net.Conn, *bufio.Re
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.ServeConn(srv, srv, testHost, route, nil)
+		s.ServeConn(listener.Conn{Conn: srv, Raw: srv, SNI: testHost, Route: route})
 	}()
 	t.Cleanup(func() {
 		_ = cl.Close()

@@ -20,17 +20,43 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// Handler serves one connection after its handshake. dispatch.Server
+// Conn is a client connection the listener hands to its Handler once the
+// TLS handshake is complete and its server name is bound to a route.
+type Conn struct {
+	// Conn is the connection to serve: a *tls.Conn whose handshake is done.
+	Conn net.Conn
+	// Raw is the TCP connection under it. Closing Raw ends the connection
+	// at once (revocation) without waiting on a stalled TLS peer.
+	Raw net.Conn
+	// SNI is the normalized server name the route was looked up by.
+	SNI string
+	// Route is the route SNI names; its lease revokes the connection.
+	Route *routes.Route
+	// Batcher collects the TLS records of one large write into one system
+	// call; nil when the transport cannot.
+	Batcher WriteBatcher
+	// Done must be called exactly once, when the connection has ended and
+	// is closed, possibly after the Serve method returned (an upgraded
+	// WebSocket is served by goroutines of its own). Until then the
+	// connection counts against MaxConnections and Shutdown waits for it.
+	Done func()
+}
+
+// WriteBatcher is a transport that can hold the writes of one large TLS
+// write and send them with one system call (tlshello.PrefixConn).
+type WriteBatcher interface {
+	HoldWrites()
+	FlushWrites() error
+}
+
+// Handler serves connections after their handshake. dispatch.Server
 // implements it.
 type Handler interface {
-	// ServeConn serves HTTP/1.1. It calls done exactly once, when the
-	// connection has ended and is closed; it may return before that (an
-	// upgraded WebSocket is served by goroutines of its own). Until done,
-	// the connection counts against MaxConnections and Shutdown waits.
-	ServeConn(conn net.Conn, raw net.Conn, sni string, route *routes.Route, done func())
-	// ServeH2 serves a connection that negotiated ALPN "h2"; it must close
-	// conn before returning.
-	ServeH2(conn *tls.Conn, raw net.Conn, sni string, route *routes.Route)
+	// ServeConn serves HTTP/1.1 on c.
+	ServeConn(c Conn)
+	// ServeH2 serves c, which negotiated ALPN "h2"; it closes c.Conn
+	// before returning.
+	ServeH2(c Conn)
 	Shutdown(ctx context.Context) error
 }
 
@@ -174,7 +200,8 @@ func (l *Listener) serveConn(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	tc := tls.Server(tlshello.NewPrefixConn(raw, hello.Raw), l.cfg.TLS)
+	pc := tlshello.NewPrefixConn(raw, hello.Raw)
+	tc := tls.Server(pc, l.cfg.TLS)
 	if err := tc.Handshake(); err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
 		l.log.Debug("handshake failed", "sni", host, "src", raw.RemoteAddr().String(), "err", err)
@@ -192,12 +219,17 @@ func (l *Listener) serveConn(raw net.Conn) {
 		// A TLS-ALPN-01 validation: the handshake itself was the answer.
 		_ = raw.Close()
 		return
-	case "h2":
-		l.cfg.Handler.ServeH2(tc, raw, host, route)
-		return
 	}
 	slotPassed = true
-	l.cfg.Handler.ServeConn(tc, raw, host, route, sync.OnceFunc(releaseSlot))
+	c := Conn{Conn: tc, Raw: raw, SNI: host, Route: route, Done: sync.OnceFunc(releaseSlot)}
+	if b, ok := pc.(WriteBatcher); ok {
+		c.Batcher = b
+	}
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		l.cfg.Handler.ServeH2(c)
+		return
+	}
+	l.cfg.Handler.ServeConn(c)
 }
 
 // helloRejections are the rejection reasons (metric label) of a ClientHello

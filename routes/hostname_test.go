@@ -376,4 +376,3 @@ func TestHostMatchesAllocs(t *testing.T) {
 		t.Errorf("hostMatches allocates %.1f times per run; want 0", allocs)
 	}
 }
-
