@@ -73,6 +73,9 @@ type GatewayClient struct {
 	client    *http.Client
 	endpoints *api.GatewayEndpoints
 	connected atomic.Bool
+	// withdrawing is set by Withdraw: the session is over, Run reconnects
+	// no more (the gateway would refuse the withdrawn session with 409).
+	withdrawing atomic.Bool
 	mu        sync.Mutex
 	lastErr   string
 	lastErrs  map[string]string // the last failure logged, by kind
@@ -115,7 +118,8 @@ func ValidSessionID(s string) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}
@@ -315,7 +319,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		pushEndpoint := c.endpoints.Current()
 		accepted, err := c.push(ctx, pushEndpoint)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || c.withdrawing.Load() {
 			break
 		}
 		c.setConnected(false)
@@ -337,7 +341,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		// the client moved to another endpoint (which may offer push).
 		retryAt := time.Now().Add(pushRetry)
 		pollFailures := 0
-		for ctx.Err() == nil {
+		for ctx.Err() == nil && !c.withdrawing.Load() {
 			wait := c.PollInterval
 			endpoint := c.endpoints.Current()
 			if err := c.poll(ctx, endpoint, "poll"); err != nil {
@@ -369,7 +373,13 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 			}
 		}
 	}
-	c.setConnected(false)
+	if c.connected.Swap(false) {
+		c.Logger.Info("gateway session ended", "endpoint", c.endpoints.Current(), "supervisor", c.SupervisorID,
+			"session", c.Session, "withdrawn", c.withdrawing.Load())
+		if c.OnConnected != nil {
+			c.OnConnected(false)
+		}
+	}
 	return nil
 }
 
@@ -634,10 +644,16 @@ const withdrawTimeout = 2 * time.Second
 // 5xx, the next ones, until ctx ends. The supervisor calls it on shutdown
 // before its app listener closes, so that discovery drops the names first;
 // stop the Advertiser before, or it may advertise them again.
+//
+// The session is over from then on: Run makes no new request once its
+// current push stream ends (the gateway ends it), and the routes keep the
+// freshness they have, so a drain shorter than the route freshness is not
+// cut short.
 func (c *GatewayClient) Withdraw(ctx context.Context) error {
 	if c.client == nil {
 		return errors.New("gateway client not initialised")
 	}
+	c.withdrawing.Store(true)
 	var err error
 	for range c.endpoints.Len() {
 		endpoint := c.endpoints.Current()

@@ -351,3 +351,39 @@ func TestGatewayCARotation(t *testing.T) {
 		t.Error("the unusable CA file was not logged")
 	}
 }
+
+// A withdrawal ends the session: the gateway ends the push stream, and the
+// client makes no further request (the gateway would refuse the withdrawn
+// session); the route keeps the freshness it has.
+func TestWithdrawEndsTheSession(t *testing.T) {
+	ca := newTestCA(t, "gateway CA")
+	g := newFakeGateway(t, ca, testDocument("r1", "1"))
+	g.set(func(f *fakeGateway) { f.onDelete = f.endStreams })
+	c := newTestClient(t, g.url, 3*time.Second, ca)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx)
+	}()
+	waitFor(t, 5*time.Second, "the session", func() bool { return c.Connected() && c.routed() })
+	wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer wcancel()
+	if err := c.Withdraw(wctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session went on after the withdrawal")
+	}
+	reqs := g.log(nil)
+	if last := reqs[len(reqs)-1]; !isDelete(last) {
+		t.Errorf("a request after the withdrawal: %s %s", last.method, last.path)
+	}
+	if !c.routed() || c.Connected() {
+		t.Errorf("after the withdrawal: routed %v (want true until the freshness runs out), connected %v", c.routed(), c.Connected())
+	}
+	c.client.CloseIdleConnections()
+}
