@@ -76,10 +76,10 @@ type GatewayClient struct {
 	// withdrawing is set by Withdraw: the session is over, Run reconnects
 	// no more (the gateway would refuse the withdrawn session with 409).
 	withdrawing atomic.Bool
-	mu        sync.Mutex
-	lastErr   string
-	lastErrs  map[string]string // the last failure logged, by kind
-	lastGrant string            // the keepalive note last logged
+	mu          sync.Mutex
+	lastErr     string
+	lastErrs    map[string]string // the last failure logged, by kind
+	lastGrant   string            // the keepalive note last logged
 
 	// applyMu orders the deliveries of the push session and of the polls
 	// that run beside it: a poll's document is applied only when no other
