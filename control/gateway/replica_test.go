@@ -83,15 +83,18 @@ func writeFileAtomicTB(t testing.TB, path, data string) {
 	}
 }
 
-// newReplica starts a gateway and waits until its store is loaded.
-// Goroutine leaks are checked when the test ends (etcd clusters started
-// before are not counted).
+// checkLeaks makes the test check, when it ends (after every cleanup
+// registered later: gateways, etcd members), that no goroutine started
+// from now on is left.
+func checkLeaks(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+// newReplica starts a gateway and waits until its store is loaded. The
+// caller checks leaks (checkLeaks before anything else starts).
 func newReplica(t testing.TB, o replicaOptions) *replica {
 	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	if tt, ok := t.(*testing.T); ok {
-		t.Cleanup(func() { goleak.VerifyNone(tt, ignore) })
-	}
 	r := &replica{t: t, reg: prometheus.NewRegistry(), logs: &gwLogBuffer{}}
 	cfg := Config{
 		ConfigPath:            o.configPath,

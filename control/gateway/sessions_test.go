@@ -92,6 +92,7 @@ const webHost = "team--demo--web.apps.test"
 
 func newMemoryReplica(t *testing.T, o replicaOptions) *replica {
 	t.Helper()
+	checkLeaks(t)
 	if o.configPath == "" {
 		o.configPath, o.tokensPath = replicaFiles(t)
 	}
@@ -235,6 +236,7 @@ func TestSessionWithdrawal(t *testing.T) {
 // session TTL: its routes leave discovery, and the other supervisor
 // advertising the same hostname takes over at once.
 func TestSessionExpiryTakeover(t *testing.T) {
+	checkLeaks(t)
 	const ttl = 400 * time.Millisecond
 	configPath, tokensPath := replicaFiles(t)
 	writeFileAtomic(t, configPath, discConfig(map[string][]discInstance{
@@ -308,6 +310,7 @@ func TestSessionGenerationMismatch(t *testing.T) {
 // Rotating a supervisor's token unpublishes what the old token advertised
 // until the new token advertises again (the credential epoch).
 func TestSessionTokenRotation(t *testing.T) {
+	checkLeaks(t)
 	configPath, tokensPath := replicaFiles(t)
 	r := newReplica(t, replicaOptions{configPath: configPath, tokensPath: tokensPath})
 	if code := r.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
@@ -483,6 +486,7 @@ func TestWriteAPI(t *testing.T) {
 // keep what the write API stored; a supervisor that leaves the file loses
 // its document.
 func TestConfigImport(t *testing.T) {
+	checkLeaks(t)
 	configPath, tokensPath := replicaFiles(t)
 	r := newReplica(t, replicaOptions{configPath: configPath, tokensPath: tokensPath})
 	entry := `{"workspace":"team","sandbox":"api","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}`

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
 // recordingSink keeps what a store tells it.
@@ -63,17 +61,17 @@ func (s *recordingSink) value(key string) (string, bool) {
 // expiring and renewable keys, and a change feed that reaches the sink.
 func TestStores(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
+		checkLeaks(t)
 		testStore(t, newMemoryStore(), 300*time.Millisecond)
 	})
 	t.Run("etcd", func(t *testing.T) {
+		checkLeaks(t)
 		c := startEtcd(t, 1)
-		ignore := goleak.IgnoreCurrent()
 		s, err := newEtcdStore(EtcdConfig{Endpoints: c.endpoints(), Prefix: "/stores/"}, slog.Default())
 		if err != nil {
 			t.Fatal(err)
 		}
 		testStore(t, s, 2*time.Second)
-		goleak.VerifyNone(t, ignore)
 	})
 }
 

@@ -1,0 +1,300 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// twoReplicas starts n-member etcd and two gateways on it, sharing the
+// configuration and tokens files.
+func twoReplicas(t *testing.T, members int, o replicaOptions) (*etcdCluster, *replica, *replica) {
+	t.Helper()
+	checkLeaks(t)
+	c := startEtcd(t, members)
+	o.configPath, o.tokensPath = replicaFiles(t)
+	o.etcd = c.endpoints()
+	a := newReplica(t, o)
+	b := newReplica(t, o)
+	return c, a, b
+}
+
+// An advertisement accepted by one replica reaches a discovery watch on the
+// other; a withdrawal on the second leaves the first's watch.
+func TestReplicasDiscovery(t *testing.T) {
+	_, a, b := twoReplicas(t, 1, replicaOptions{})
+	wb := b.discoveryWatch(t, "team", discTokTeam)
+	waitRoutes(wb, time.Second)
+	wa := a.discoveryWatch(t, "team", discTokTeam)
+	waitRoutes(wa, time.Second)
+	sent := time.Now()
+	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+		t.Fatal(code)
+	}
+	at := waitRoutes(wb, 2*time.Second, webHost+"@sup-1")
+	t.Logf("advertisement on replica A → discovery watch on replica B: %v", at.Sub(sent))
+	if got := b.snapshot("team", discTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
+		t.Fatalf("B's snapshot %v", got)
+	}
+	waitRoutes(wa, 2*time.Second, webHost+"@sup-1")
+	// Withdrawal on B.
+	if resp, body := b.do(http.MethodDelete, "/v1/supervisors/sup-1/installations?session="+sessionID(1), discTokSup1, nil); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("withdraw: %d %q", resp.StatusCode, body)
+	}
+	waitRoutes(wa, 2*time.Second)
+	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusConflict {
+		t.Errorf("advertisement of a withdrawn session on the other replica: %d", code)
+	}
+}
+
+// A write API request on one replica reaches a push stream on the other;
+// a newer session on one replica ends the older session's stream on the
+// other.
+func TestReplicasWriteAPIAndSupersession(t *testing.T) {
+	_, a, b := twoReplicas(t, 1, replicaOptions{})
+	stream, _ := b.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	first := stream.nextDocument(2 * time.Second)
+	if !strings.Contains(first.text, `"sandbox":"demo"`) {
+		t.Fatalf("first document %q", first.text)
+	}
+	entry := `{"workspace":"team","sandbox":"api","generation":"1","services":[{"name":"web","port":8081,"revision":1}]}`
+	sent := time.Now()
+	resp, body := a.do(http.MethodPut, "/v1/supervisors/sup-1/instances/team/api", repTokAdmin, strings.NewReader(entry))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT on A: %d %q", resp.StatusCode, body)
+	}
+	l := stream.nextDocument(2 * time.Second)
+	t.Logf("write API on replica A → push stream on replica B: %v", l.at.Sub(sent))
+	if !strings.Contains(l.text, `"sandbox":"api"`) || !strings.Contains(l.text, `"sandbox":"demo"`) {
+		t.Fatalf("pushed %q", l.text)
+	}
+	// Both replicas answer the new revision to a poll.
+	var put struct{ Revision string }
+	if err := json.Unmarshal([]byte(body), &put); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*replica{a, b} {
+		resp, _ := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), discTokSup1, nil)
+		if resp.Header.Get("ETag") != `"`+put.Revision+`"` {
+			t.Errorf("ETag %q, want the revision %q", resp.Header.Get("ETag"), put.Revision)
+		}
+	}
+	// A new session on A supersedes the stream's session on B.
+	if resp, body := a.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(2), discTokSup1, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("poll of the new session: %d %q", resp.StatusCode, body)
+	}
+	stream.waitEnd(2 * time.Second)
+	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), discTokSup1, nil); resp.StatusCode != http.StatusConflict {
+		t.Errorf("the superseded session on B: %d", resp.StatusCode)
+	}
+}
+
+// A pool token binds the supervisor ids it opens sessions for; another
+// pool's token gets 403 for them on every replica; a removed pool token
+// unpublishes its members.
+func TestReplicasPoolBinding(t *testing.T) {
+	_, a, b := twoReplicas(t, 1, replicaOptions{})
+	resp, body := a.do(http.MethodGet, "/v1/supervisors/host-7/config?session="+sessionID(7), repTokPoolA, nil)
+	if resp.StatusCode != http.StatusOK || body != emptyPoolDocument+"\n" {
+		t.Fatalf("first pool request: %d %q", resp.StatusCode, body)
+	}
+	for _, r := range []*replica{a, b} {
+		if resp, body := r.do(http.MethodGet, "/v1/supervisors/host-7/config", repTokPoolB, nil); resp.StatusCode != http.StatusForbidden {
+			t.Errorf("another pool's token: %d %q", resp.StatusCode, body)
+		}
+	}
+	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/host-7/config?session="+sessionID(7), repTokPoolA, nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("the bound pool on the other replica: %d", resp.StatusCode)
+	}
+	if resp, _ := a.do(http.MethodGet, "/v1/supervisors/sup-1/config", repTokPoolA, nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a pool token for an id with its own token: %d", resp.StatusCode)
+	}
+	// Members: the admin and the pool itself may read them.
+	resp, body = b.do(http.MethodGet, "/v1/pools/pool-a/members", repTokAdmin, nil)
+	var m struct {
+		Members []poolMember `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(body), &m); resp.StatusCode != http.StatusOK || err != nil ||
+		len(m.Members) != 1 || m.Members[0].Supervisor != "host-7" || m.Members[0].Session != sessionID(7) || m.Members[0].Source != "127.0.0.1" {
+		t.Fatalf("members: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := a.do(http.MethodGet, "/v1/pools/pool-a/members", repTokPoolA, nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("members read by the pool: %d", resp.StatusCode)
+	}
+	if resp, _ := a.do(http.MethodGet, "/v1/pools/pool-a/members", repTokPoolB, nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("members read by another pool: %d", resp.StatusCode)
+	}
+	// A document for the member, an advertisement, published.
+	entry := `{"workspace":"team","sandbox":"pooled","generation":"g1","services":[{"name":"web","port":8080,"revision":1}]}`
+	if resp, body := a.do(http.MethodPut, "/v1/supervisors/host-7/instances/team/pooled", repTokAdmin, strings.NewReader(entry)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT: %d %q", resp.StatusCode, body)
+	}
+	route := genRoute{discRoute{ws: "team", sb: "pooled", name: "web", version: 1, expires: time.Now().Add(time.Minute)}, "g1"}
+	if code := b.advertise("host-7", repTokPoolA, sessionID(7), route); code != http.StatusNoContent {
+		t.Fatal(code)
+	}
+	const host = "team--pooled--web.apps.test@host-7"
+	waitForTB(t, 2*time.Second, "the pool member published on A", func() bool {
+		return slices.Equal(a.snapshot("team", discTokTeam), []string{host})
+	})
+	// The pool token leaves the tokens file: its members are unpublished.
+	a.g.reloadMu.Lock()
+	path := a.g.tokensPath
+	a.g.reloadMu.Unlock()
+	writeFileAtomic(t, path, strings.Replace(replicaTokens(), `{"token": "`+repTokPoolA+`", "pool": "pool-a"},`, "", 1))
+	for _, r := range []*replica{a, b} {
+		if err := r.g.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.snapshot("team", discTokTeam); len(got) != 0 {
+			t.Errorf("published after the pool token was removed: %v", got)
+		}
+	}
+}
+
+// Quorum loss: with 2 of 3 members stopped, a replica answers 503 and ends
+// its discovery watches within a few seconds; when they return it recovers
+// by itself and publishes again.
+func TestReplicasQuorumLoss(t *testing.T) {
+	c, a, _ := twoReplicas(t, 3, replicaOptions{})
+	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+		t.Fatal(code)
+	}
+	w := a.discoveryWatch(t, "team", discTokTeam)
+	waitRoutes(w, time.Second, webHost+"@sup-1")
+	stream, _ := a.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	stream.nextDocument(time.Second)
+
+	lost := time.Now()
+	c.stop(1)
+	c.stop(2)
+	end := w.waitEnd(15 * time.Second)
+	t.Logf("discovery watch ended %v after quorum was lost", end.Sub(lost).Round(time.Millisecond))
+	stream.waitEnd(5 * time.Second)
+	if a.metric("applistener_gateway_store_up") != 0 {
+		t.Error("store_up is not 0")
+	}
+	for _, path := range []string{"/v1/workspaces/team/service-routes", "/v1/supervisors/sup-1/config?session=" + sessionID(1)} {
+		resp, body := a.do(http.MethodGet, path, tokenFor(path), nil)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("GET %s without quorum: %d %q", path, resp.StatusCode, body)
+		}
+	}
+	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(2)); code != http.StatusServiceUnavailable {
+		t.Errorf("advertisement without quorum: %d", code)
+	}
+	if ok, why := a.g.Ready(); ok || why == "" {
+		t.Errorf("Ready() = %v, %q", ok, why)
+	}
+
+	back := time.Now()
+	c.start(1, "existing")
+	c.start(2, "existing")
+	waitForTB(t, 30*time.Second, "the replica to recover", func() bool { ok, _ := a.g.Ready(); return ok })
+	t.Logf("replica usable again %v after the members returned", time.Since(back).Round(time.Millisecond))
+	// The advertisement survived in etcd (its session is renewed by the
+	// supervisor's next request).
+	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(3)); code != http.StatusNoContent {
+		t.Fatalf("advertisement after recovery: %d", code)
+	}
+	if got := a.snapshot("team", discTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
+		t.Fatalf("after recovery: %v", got)
+	}
+	if a.metric("applistener_gateway_store_up") != 1 {
+		t.Error("store_up is not 1")
+	}
+}
+
+// tokenFor returns the token a request path needs in the replica tests.
+func tokenFor(path string) string {
+	if strings.HasPrefix(path, "/v1/workspaces/") {
+		return discTokTeam
+	}
+	return discTokSup1
+}
+
+// A replica that starts while etcd is unreachable answers 503 and loads the
+// store once etcd is up.
+func TestReplicaStartsWithoutEtcd(t *testing.T) {
+	needEtcd(t)
+	checkLeaks(t)
+	configPath, tokensPath := replicaFiles(t)
+	g, err := New(Config{ConfigPath: configPath, TokensPath: tokensPath,
+		Etcd: &EtcdConfig{Endpoints: []string{fmt.Sprintf("http://127.0.0.1:%d", freePort(t))}, DialTimeout: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if ok, why := g.Ready(); ok || !strings.Contains(why, "not loaded") {
+		t.Errorf("Ready() before Run = %v, %q", ok, why)
+	}
+}
+
+// etcdKeys returns the number of keys under prefix and their total size
+// (keys and values).
+func etcdKeys(t testing.TB, endpoints []string, prefix string) (int, int) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cli.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		n += len(kv.Key) + len(kv.Value)
+	}
+	return len(resp.Kvs), n
+}
+
+// The footprint of 1,000 installed routes in etcd: 100 supervisors with 10
+// routes each, their documents, sessions and advertisements.
+func TestEtcdFootprint(t *testing.T) {
+	checkLeaks(t)
+	c := startEtcd(t, 1)
+	_, tokensPath := replicaFiles(t)
+	r := newReplica(t, replicaOptions{etcd: c.endpoints(), tokensPath: tokensPath, prefix: "/fp/"})
+	const sups, perSup = 100, 10
+	for s := range sups {
+		sup := fmt.Sprintf("host-%03d", s)
+		var rs []genRoute
+		for i := range perSup {
+			sb := fmt.Sprintf("s%03d-%02d", s, i)
+			entry := fmt.Sprintf(`{"workspace":"team","sandbox":"%s","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}`, sb)
+			if resp, body := r.do(http.MethodPut, "/v1/supervisors/"+sup+"/instances/team/"+sb, repTokAdmin, strings.NewReader(entry)); resp.StatusCode != http.StatusOK {
+				t.Fatalf("PUT: %d %q", resp.StatusCode, body)
+			}
+			rs = append(rs, genRoute{discRoute{ws: "team", sb: sb, name: "web", version: uint64(i + 1), expires: time.Now().Add(time.Minute),
+				host: fmt.Sprintf("10.1.%d.%d", s/250, s%250+1), domain: "apps.example.com"}, "1"})
+		}
+		if code := r.advertise(sup, repTokPoolA, sessionID(s+1), rs...); code != http.StatusNoContent {
+			t.Fatal(code)
+		}
+	}
+	routes := len(r.snapshot("team", discTokTeam))
+	if routes != sups*perSup {
+		t.Fatalf("%d routes published, want %d", routes, sups*perSup)
+	}
+	keys, size := etcdKeys(t, c.endpoints(), "/fp/")
+	t.Logf("etcd footprint of %d installed routes (%d supervisors × %d): %d keys, %d bytes (keys and values; %d per route)",
+		routes, sups, perSup, keys, size, size/routes)
+	if keys != 4*sups {
+		t.Errorf("%d keys, want %d (document, session, advertisement, pool binding per supervisor)", keys, 4*sups)
+	}
+	if size > 2<<20 {
+		t.Errorf("%d bytes for 1,000 routes", size)
+	}
+}
