@@ -27,12 +27,6 @@ func newGatewayDocument(body []byte, modRev int64) gatewayDocument {
 	return gatewayDocument{body: body, etag: gatewayETag(body, documentRevision(body)), modRev: modRev}
 }
 
-// document returns the document of supervisor sup: the stored one, or the
-// empty document when none is stored.
-func (s *gatewayState) document(sup string) gatewayDocument {
-	return s.documentFor(sup, false)
-}
-
 // documentFor returns the document of supervisor sup; pool members without
 // a stored document get emptyPoolDocument, supervisors with a token of
 // their own emptyGatewayDocument.

@@ -58,17 +58,6 @@ func (r *replica) discoveryWatch(t *testing.T, ws, token string) *discWatch {
 	return w
 }
 
-// nextRoutes returns the hostnames@supervisor of the next snapshot line.
-func nextRoutes(w *discWatch, within time.Duration) []string {
-	w.t.Helper()
-	s, _ := w.next(within)
-	out := []string{}
-	for _, r := range s.Routes {
-		out = append(out, r.Hostname+"@"+r.Supervisor)
-	}
-	return out
-}
-
 // waitRoutes reads snapshot lines until one equals want.
 func waitRoutes(w *discWatch, within time.Duration, want ...string) time.Time {
 	w.t.Helper()

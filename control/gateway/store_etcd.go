@@ -256,10 +256,10 @@ func (s *etcdStore) follow(ctx context.Context, sink storeSink) (loaded bool, er
 
 // cmpFor returns the condition of a transaction on key, or nil for none.
 func (s *etcdStore) cmpFor(key string, cond int64) []clientv3.Cmp {
-	switch {
-	case cond == anyRevision:
+	switch cond {
+	case anyRevision:
 		return nil
-	case cond == mustNotExist:
+	case mustNotExist:
 		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	default:
 		return []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cond)}

@@ -59,10 +59,10 @@ func (s *memoryStore) run(ctx context.Context, sink storeSink) {
 
 // condHolds reports whether cond holds for the entry e (nil: missing).
 func condHolds(cond int64, e *memoryEntry) bool {
-	switch {
-	case cond == anyRevision:
+	switch cond {
+	case anyRevision:
 		return true
-	case cond == mustNotExist:
+	case mustNotExist:
 		return e == nil
 	default:
 		return e != nil && e.modRev == cond
