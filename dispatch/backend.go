@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,4 +192,32 @@ func (p *backendPool) idleCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.idle)
+}
+
+type failingConnector struct{ err error }
+
+func (f failingConnector) Dial(context.Context, int) (net.Conn, error) { return nil, f.err }
+
+func (f failingConnector) String() string { return "unavailable" }
+
+// routePool returns the route's backend pool, shared by its HTTP/1.1 and
+// HTTP/2 clients; it is created on first use and closed with the route.
+func (s *Server) routePool(route *routes.Route) *backendPool {
+	return route.Data(func() any {
+		conn, err := s.cfg.NewConnector(route.Connector)
+		if err != nil {
+			s.log.Error("connector unavailable", "host", route.Host, "err", err)
+			conn = failingConnector{err}
+		}
+		p := newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
+		p.onStale = s.m.staleConns.Inc
+		// The Host the app sees unless PreserveHost: its own loopback
+		// address, what dev servers accept.
+		host := routes.DefaultConnectorHost
+		if route.Connector.Type == "tcp" && route.Connector.Host != "" {
+			host = route.Connector.Host
+		}
+		p.hostHeader = net.JoinHostPort(host, strconv.Itoa(route.Port))
+		return p
+	}).(*backendPool)
 }

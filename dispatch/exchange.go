@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"os"
 	"time"
 
 	"github.com/applistener/applistener/routes"
@@ -288,4 +290,19 @@ func (x *exchange) failure(err error) denial {
 		return denyRespTimeout
 	}
 	return denyBadResponse
+}
+
+func dialResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case isTimeout(err):
+		return "timeout"
+	}
+	return "error"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -357,18 +359,6 @@ func h2MustDo(t *testing.T, cc *http.ClientConn, req *http.Request, status int) 
 	return res
 }
 
-// waitFor polls cond until it holds or d passes.
-func h2WaitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func h2RecvArrival(t *testing.T, a *h2App) string {
 	t.Helper()
 	select {
@@ -649,7 +639,7 @@ func TestH2Revocation(t *testing.T) {
 	inflight := make(chan h2Result, 1)
 	go func() { inflight <- h2Do(busy, h2Req(t, "GET", h2WebHost, "/block", nil)) }()
 	h2RecvArrival(t, e.web)
-	h2WaitFor(t, 2*time.Second, "two connections", func() bool { return e.srv.Connections() == 2 })
+	testutil.Eventually(t, 2*time.Second, "two connections", func() bool { return e.srv.Connections() == 2 })
 	if n := route.Lease.Streams(); n < 2 {
 		t.Fatalf("lease has %d streams before revocation", n)
 	}
@@ -664,8 +654,8 @@ func TestH2Revocation(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("in-flight request still running 2 s after revocation")
 	}
-	h2WaitFor(t, 2*time.Second, "connections closed", func() bool { return e.srv.Connections() == 0 })
-	h2WaitFor(t, 2*time.Second, "client sees the idle connection closed", func() bool { return idle.Err() != nil })
+	testutil.Eventually(t, 2*time.Second, "connections closed", func() bool { return e.srv.Connections() == 0 })
+	testutil.Eventually(t, 2*time.Second, "client sees the idle connection closed", func() bool { return idle.Err() != nil })
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("revocation took %v", d)
 	}
@@ -720,12 +710,12 @@ func TestH2Drain(t *testing.T) {
 		shutdownDone <- e.srv.Shutdown(ctx)
 	}()
 	// After a GOAWAY a connection has no stream available for new requests.
-	h2WaitFor(t, 2*time.Second, "GOAWAY on the busy connection", func() bool { return cc.Available() == 0 })
-	h2WaitFor(t, 2*time.Second, "GOAWAY on the idle connection", func() bool { return idle.Available() == 0 })
+	testutil.Eventually(t, 2*time.Second, "GOAWAY on the busy connection", func() bool { return cc.Available() == 0 })
+	testutil.Eventually(t, 2*time.Second, "GOAWAY on the idle connection", func() bool { return idle.Available() == 0 })
 	if r := h2Do(cc, h2Req(t, "GET", h2WebHost, "/", nil)); r.err == nil {
 		t.Fatalf("new request after GOAWAY answered %d", r.status)
 	}
-	h2WaitFor(t, 3*time.Second, "idle connection closed", func() bool { return e.srv.Connections() == 1 })
+	testutil.Eventually(t, 3*time.Second, "idle connection closed", func() bool { return e.srv.Connections() == 1 })
 	select {
 	case err := <-shutdownDone:
 		t.Fatalf("Shutdown returned %v with a request in flight", err)
@@ -780,7 +770,7 @@ func TestH2DrainDeadline(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("in-flight request not ended")
 	}
-	h2WaitFor(t, 2*time.Second, "client sees the connection closed", func() bool { return cc.Err() != nil })
+	testutil.Eventually(t, 2*time.Second, "client sees the connection closed", func() bool { return cc.Err() != nil })
 	// New connections are refused while draining.
 	tc, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{ServerName: h2WebHost, RootCAs: e.ca.Pool(), NextProtos: []string{"h2"}})
 	if err == nil {
@@ -815,7 +805,7 @@ func TestH2ClientReset(t *testing.T) {
 	if r := <-inflight; r.err == nil {
 		t.Fatalf("cancelled request answered %d", r.status)
 	}
-	h2WaitFor(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
+	testutil.Eventually(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
 	// The connection carries on.
 	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
 }
@@ -922,7 +912,7 @@ func TestH2ContinuationFlood(t *testing.T) {
 	if n := e.web.hits.Load(); n != 0 {
 		t.Fatalf("app received %d requests", n)
 	}
-	h2WaitFor(t, 2*time.Second, "connection untracked", func() bool { return e.srv.Connections() == 0 })
+	testutil.Eventually(t, 2*time.Second, "connection untracked", func() bool { return e.srv.Connections() == 0 })
 }
 
 // TestH2StalledClient: a client that stops reading a response has its
@@ -938,7 +928,7 @@ func TestH2StalledClient(t *testing.T) {
 	}
 	inst := e.table.Lookup(h2WebHost).Instance
 	// The client's stream window (4 MiB) is less than the body (5 MiB).
-	h2WaitFor(t, 3*time.Second, "stalled stream reset", func() bool { return inst.Active() == 0 })
+	testutil.Eventually(t, 3*time.Second, "stalled stream reset", func() bool { return inst.Active() == 0 })
 	_, err = io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	if err == nil {
@@ -984,7 +974,7 @@ func TestH2StalledUpload(t *testing.T) {
 		t.Fatalf("408 after %v", d)
 	}
 	inst := e.table.Lookup(h2WebHost).Instance
-	h2WaitFor(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
+	testutil.Eventually(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
 	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
 }
 

@@ -104,28 +104,15 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 				return badRequest("unsupported Transfer-Encoding")
 			}
 		case asciiEqualFold(f.name, "connection"):
-			for v := f.value; len(v) > 0; {
-				var part []byte
-				if j := bytes.IndexByte(v, ','); j >= 0 {
-					part, v = trimOWS(v[:j]), v[j+1:]
-				} else {
-					part, v = trimOWS(v), nil
-				}
-				switch {
-				case len(part) == 0:
-				case asciiEqualFold(part, "close"):
-					closeToken = true
-				case asciiEqualFold(part, "keep-alive"):
-					keepAlive = true
-				case asciiEqualFold(part, "upgrade"):
-					connUpgrade = true
-				default:
-					if !isToken(part) {
-						return badRequest("invalid Connection header")
-					}
-					r.connTokens = append(r.connTokens, part)
-				}
+			var opts connectionOptions
+			var bad bool
+			opts, r.connTokens, bad = parseConnection(f.value, r.connTokens)
+			if bad {
+				return badRequest("invalid Connection header")
 			}
+			closeToken = closeToken || opts.close
+			keepAlive = keepAlive || opts.keepAlive
+			connUpgrade = connUpgrade || opts.upgrade
 		case asciiEqualFold(f.name, "upgrade"):
 			if hasToken(f.value, "websocket") {
 				upgradeWS = true

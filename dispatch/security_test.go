@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/applistener/applistener/internal/testutil"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -299,7 +301,7 @@ func TestUnderscoreAliasesNeverReachApp(t *testing.T) {
 				if len(underscored) != wantUnderscored {
 					t.Errorf("underscored fields at the app: %q; want %d", underscored, wantUnderscored)
 				}
-				dropped := testutil.ToFloat64(e.srv.m.headersDropped.WithLabelValues("underscore"))
+				dropped := promtest.ToFloat64(e.srv.m.headersDropped.WithLabelValues("underscore"))
 				if want := float64(len(aliasFields) + len(underscoreFields) - wantUnderscored); dropped != want {
 					t.Errorf("applistener_request_headers_dropped_total{reason=underscore} = %v; want %v", dropped, want)
 				}
@@ -383,8 +385,8 @@ func TestNoReplayedRequests(t *testing.T) {
 					// The app connection goes back to the pool just after
 					// the response: wait for it, so that the next request
 					// finds the pool in a known state.
-					defer eventually(t, 5*time.Second, "the request to end", func() bool {
-						return testutil.ToFloat64(e.srv.m.streamsActive) == 0
+					defer testutil.Eventually(t, 5*time.Second, "the request to end", func() bool {
+						return promtest.ToFloat64(e.srv.m.streamsActive) == 0
 					})
 					switch proto {
 					case "h1":
@@ -439,7 +441,7 @@ func TestNoReplayedRequests(t *testing.T) {
 					}
 				}
 				if tc.first == answerThenClose {
-					if n := testutil.ToFloat64(e.srv.m.staleConns); n < float64(len(reqs)) {
+					if n := promtest.ToFloat64(e.srv.m.staleConns); n < float64(len(reqs)) {
 						t.Errorf("applistener_app_connections_stale_total = %v; want >= %d", n, len(reqs))
 					}
 				}
@@ -494,7 +496,7 @@ func TestCookiesAreHostOnly(t *testing.T) {
 				if strings.Join(got, "\n") != strings.Join(expect, "\n") {
 					t.Errorf("Set-Cookie at the client:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(expect, "\n"))
 				}
-				if n := testutil.ToFloat64(e.srv.m.cookieDomains); n != removed {
+				if n := promtest.ToFloat64(e.srv.m.cookieDomains); n != removed {
 					t.Errorf("applistener_cookie_domains_removed_total = %v; want %v", n, removed)
 				}
 			})
@@ -707,7 +709,7 @@ func TestH2HeadTimeout(t *testing.T) {
 		tc, _ := h2RawConn(t, e, h2WebHost)
 		h2ClosedWithin(t, tc, limit)
 	})
-	if n := testutil.ToFloat64(e.srv.m.denials.WithLabelValues("408")); n != 3 {
+	if n := promtest.ToFloat64(e.srv.m.denials.WithLabelValues("408")); n != 3 {
 		t.Errorf("applistener_request_denials_total{status=408} = %v; want 3", n)
 	}
 

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/routes"
@@ -105,7 +107,7 @@ func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 	parked := func(want int) func() bool {
 		return func() bool { return e.srv.idle.waiters() == want && pumpGoroutines() == 0 }
 	}
-	h2WaitFor(t, 5*time.Second, "every direction parked, no pump goroutine", parked(2*n))
+	testutil.Eventually(t, 5*time.Second, "every direction parked, no pump goroutine", parked(2*n))
 	if v, ok := gatherGauge(t, reg, "applistener_websocket_directions_idle"); !ok || v != 2*n {
 		t.Errorf("applistener_websocket_directions_idle = %v (present %v); want %d", v, ok, 2*n)
 	}
@@ -115,12 +117,12 @@ func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 	for i := range conns {
 		echo(i, fmt.Sprintf("again %d", i))
 	}
-	h2WaitFor(t, 5*time.Second, "parked again after traffic", parked(2*n))
+	testutil.Eventually(t, 5*time.Second, "parked again after traffic", parked(2*n))
 
 	// A client that hangs up while parked: its WebSocket ends and is released.
 	before := e.srv.Connections()
 	_ = conns[0].UnderlyingConn().Close()
-	h2WaitFor(t, 5*time.Second, "hung-up WebSocket released", func() bool {
+	testutil.Eventually(t, 5*time.Second, "hung-up WebSocket released", func() bool {
 		return e.srv.Connections() == before-1 && e.srv.idle.waiters() == 2*(n-1)
 	})
 
@@ -134,10 +136,10 @@ func TestWSIdleParksWithoutGoroutines(t *testing.T) {
 			t.Fatalf("ws %d after revocation: %v; want close 1008", i, err)
 		}
 	}
-	h2WaitFor(t, 5*time.Second, "revoked WebSockets released", func() bool {
+	testutil.Eventually(t, 5*time.Second, "revoked WebSockets released", func() bool {
 		return e.srv.Connections() == 0 && e.srv.idle.waiters() == 0 && pumpGoroutines() == 0
 	})
-	if ws, streams := testutil.ToFloat64(e.srv.m.websocketsActive), testutil.ToFloat64(e.srv.m.streamsActive); ws != 0 || streams != 0 {
+	if ws, streams := promtest.ToFloat64(e.srv.m.websocketsActive), promtest.ToFloat64(e.srv.m.streamsActive); ws != 0 || streams != 0 {
 		t.Errorf("after the WebSockets ended: websockets_active %v, streams_active %v; want 0", ws, streams)
 	}
 }

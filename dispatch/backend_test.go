@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"go.uber.org/goleak"
 
 	"github.com/applistener/applistener/connector"
@@ -172,14 +174,14 @@ func TestUnitBackendPoolIdleTimeout(t *testing.T) {
 	bc2, peer2 := app.dialPair(t, p)
 	p.put(bc1)
 	p.put(bc2)
-	eventually(t, 3*time.Second, "idle connections retired", func() bool { return p.idleCount() == 0 })
+	testutil.Eventually(t, 3*time.Second, "idle connections retired", func() bool { return p.idleCount() == 0 })
 	if !peerSeesEOF(t, peer1) || !peerSeesEOF(t, peer2) {
 		t.Error("a retired connection was not closed")
 	}
 	// The reaper stops when the pool is empty and starts again on put.
 	bc3, peer3 := app.dialPair(t, p)
 	p.put(bc3)
-	eventually(t, 3*time.Second, "second retirement", func() bool { return p.idleCount() == 0 })
+	testutil.Eventually(t, 3*time.Second, "second retirement", func() bool { return p.idleCount() == 0 })
 	if !peerSeesEOF(t, peer3) {
 		t.Error("connection put after an earlier reap was not retired")
 	}

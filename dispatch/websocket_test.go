@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/gorilla/websocket"
 	"go.uber.org/goleak"
 
@@ -493,7 +495,7 @@ func TestUnitWSSpliceRevokeMidFrameGrace(t *testing.T) {
 	if code, _ := parseCloseFrame(t, app.written(), true); code != 1008 {
 		t.Errorf("app close code %d", code)
 	}
-	eventually(t, 2*time.Second, "grace close", func() bool { return raw.isClosed() && app.isClosed() })
+	testutil.Eventually(t, 2*time.Second, "grace close", func() bool { return raw.isClosed() && app.isClosed() })
 	if el := time.Since(start); el < 15*time.Millisecond {
 		t.Errorf("closed after %v, before the grace period", el)
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // testHost is the public hostname (SNI) used throughout the unit tests.
@@ -168,24 +170,12 @@ func (c *recConn) setWriteErr(err error) {
 	c.mu.Unlock()
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // waitIdleStale waits until pool holds idle connections and the app has
 // closed every one of them, as the probe that precedes a reuse sees it
 // (connections idle for probeIdleAfter or more are probed).
 func waitIdleStale(t *testing.T, pool *backendPool) {
 	t.Helper()
-	eventually(t, 5*time.Second, "the app's close to reach the pooled connections", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the app's close to reach the pooled connections", func() bool {
 		pool.mu.Lock()
 		defer pool.mu.Unlock()
 		if len(pool.idle) == 0 {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
@@ -189,7 +191,7 @@ func TestUnitStalePooledConnectionsRetryOnFreshDial(t *testing.T) {
 		t.Fatalf("warm-up statuses %v, errors %v", codes, errs)
 	}
 	pool := route.Data(func() any { return nil }).(*backendPool)
-	eventually(t, 5*time.Second, "two idle backend connections", func() bool { return pool.idleCount() == 2 })
+	testutil.Eventually(t, 5*time.Second, "two idle backend connections", func() bool { return pool.idleCount() == 2 })
 
 	app.dropAll() // the app restarts: both pooled connections are dead
 	waitIdleStale(t, pool)
@@ -210,7 +212,7 @@ func TestUnitStalePooledConnectionRetried(t *testing.T) {
 		t.Fatalf("warm-up status %d", code)
 	}
 	pool := route.Data(func() any { return nil }).(*backendPool)
-	eventually(t, 5*time.Second, "one idle backend connection", func() bool { return pool.idleCount() == 1 })
+	testutil.Eventually(t, 5*time.Second, "one idle backend connection", func() bool { return pool.idleCount() == 1 })
 	app.dropAll()
 	waitIdleStale(t, pool)
 	if code := roundTrip(t, c1, br1); code != 200 {

@@ -1,0 +1,547 @@
+package dispatch
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+)
+
+// clientConn is one client connection bound to one route.
+type clientConn struct {
+	s       *Server
+	conn    net.Conn // TLS
+	raw     net.Conn
+	batch   listener.WriteBatcher // nil: large writes are not batched
+	sni     string
+	route   *routes.Route
+	peer    netip.Addr
+	trusted bool
+	in      inbuf
+	bw      *bufio.Writer
+	req     request
+	x       exchange // the request in flight, reused from one to the next
+	out     []byte   // scratch for heads
+	pending []byte   // client bytes read by the watch in awaitResponse
+	// detached holds what is still needed of a request head once its body
+	// is being streamed (the body copy overwrites the head's buffer).
+	detached *detachedHead
+	body     deadlineReader
+	one      [1]byte
+	// release undoes admit; after an upgrade (handedOff) the WebSocket
+	// calls it when it ends, not ServeConn.
+	release   func()
+	handedOff bool
+
+	mu      sync.Mutex
+	idle    bool
+	revoked error
+	backend *backendConn
+	ws      *wsSplice
+}
+
+// Revoke closes the connection because its route was revoked (or the
+// server is shutting down). A WebSocket gets close frames first.
+func (c *clientConn) Revoke(cause error) {
+	c.mu.Lock()
+	if c.revoked != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.revoked = cause
+	ws, be := c.ws, c.backend
+	c.mu.Unlock()
+	if ws != nil {
+		ws.revoke(cause)
+		return
+	}
+	_ = c.raw.Close()
+	if be != nil {
+		_ = be.conn.Close()
+	}
+}
+
+func (c *clientConn) closeIfIdle() {
+	c.mu.Lock()
+	idle := c.idle
+	c.mu.Unlock()
+	if idle {
+		_ = c.raw.Close()
+	}
+}
+
+func (c *clientConn) setIdle(v bool) {
+	c.mu.Lock()
+	c.idle = v
+	c.mu.Unlock()
+}
+
+func (c *clientConn) revokedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.revoked
+}
+
+func (c *clientConn) serve() {
+	defer func() {
+		if c.handedOff {
+			return // the WebSocket closes the connection when it ends
+		}
+		if c.revokedErr() == nil {
+			// A normal end sends close_notify, so that a client can tell a
+			// close-delimited response from a truncated one.
+			_ = c.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = c.conn.Close()
+		}
+		_ = c.raw.Close()
+		c.in.r = c.in.w
+		c.in.release()
+		c.releaseWriter()
+	}()
+	for {
+		head, ok := c.readHead()
+		if !ok {
+			return
+		}
+		if !c.handle(head) {
+			return
+		}
+		if c.s.draining.Load() {
+			return
+		}
+	}
+}
+
+// readHead waits for the next request and returns its head (ending with
+// CRLFCRLF), or false when the connection should end.
+func (c *clientConn) readHead() ([]byte, bool) {
+	if len(c.pending) > 0 {
+		// Bytes the client watch read while a response was pending.
+		c.in.acquire()
+		c.in.compact()
+		n := copy(c.in.buf[c.in.w:], c.pending)
+		c.in.w += n
+		if n < len(c.pending) {
+			c.reject(errHeadTooLarge)
+			return nil, false
+		}
+		c.pending = c.pending[:0]
+	}
+	if c.in.buffered() == 0 {
+		// Park without a buffer: read one byte into the connection itself.
+		c.in.release()
+		c.releaseWriter()
+		c.setIdle(true)
+		if c.s.draining.Load() {
+			return nil, false
+		}
+		idle := c.s.cfg.IdleTimeout
+		if d := c.route.Instance.IdleTimeout(); d > 0 {
+			idle = d
+		}
+		_ = c.conn.SetReadDeadline(time.Now().Add(idle))
+		n, _ := c.conn.Read(c.one[:])
+		c.setIdle(false)
+		if n == 0 {
+			return nil, false
+		}
+		c.in.acquire()
+		c.in.buf[0] = c.one[0]
+		c.in.r, c.in.w = 0, 1
+	}
+	_ = c.conn.SetReadDeadline(time.Now().Add(c.s.cfg.HeaderTimeout))
+	max := c.s.cfg.MaxHeaderBytes
+	scanned := 0 // bytes of p already checked for bare CR or LF
+	for {
+		p := c.in.bytes()
+		// Ignore empty lines before a request line (RFC 9112 §2.2).
+		for len(p) >= 2 && p[0] == '\r' && p[1] == '\n' {
+			c.in.r += 2
+			p = p[2:]
+			scanned = 0
+		}
+		if end := findHeadEnd(p); end >= 0 {
+			if end > max {
+				c.reject(errHeadTooLarge)
+				return nil, false
+			}
+			c.in.r += end
+			return p[:end], true
+		}
+		// A head that ends its lines with a bare LF (or holds a bare CR)
+		// never completes: refuse it now rather than at the head timeout.
+		if bareLineBreak(p, scanned) {
+			c.reject(&parseError{400, "bare CR or LF in the request head"})
+			return nil, false
+		}
+		scanned = len(p) - 1
+		if scanned < 0 {
+			scanned = 0
+		}
+		if len(p) > max {
+			c.reject(errHeadTooLarge)
+			return nil, false
+		}
+		err := c.in.fill()
+		if errors.Is(err, errBufferFull) {
+			c.in.compact()
+			err = c.in.fill()
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && c.in.buffered() > 0 {
+				c.deny(denyReqTimeout.closing())
+			}
+			return nil, false
+		}
+	}
+}
+
+// reject answers a request that cannot be processed and closes.
+func (c *clientConn) reject(pe *parseError) {
+	c.deny(denyParse(pe).closing())
+}
+
+// deny answers a request with the listener's own answer; it reports
+// whether the connection may continue.
+func (c *clientConn) deny(d denial) bool {
+	if c.req.body != bodyNone || c.req.close {
+		// An unread body leaves the connection unusable; a client that
+		// asked to close gets it.
+		d.close = true
+	}
+	c.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
+	c.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
+	c.logDenial(d.status, d.reason)
+	accept := c.req.accept
+	if c.detached != nil {
+		accept = c.detached.accept
+	}
+	c.out = appendErrorResponse(c.out[:0], d, accept)
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	_, _ = c.conn.Write(c.out)
+	return !d.close
+}
+
+func (c *clientConn) logDenial(status int, reason string) {
+	if !c.s.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.Int("class_uid", 4002),
+		slog.String("rule", "app-listener"),
+		slog.Int("status", status),
+		slog.String("reason", reason),
+		slog.String("sni", c.sni),
+		slog.String("src", c.peer.String()),
+	}
+	switch {
+	case c.detached != nil:
+		attrs = append(attrs, slog.String("method", c.detached.method), slog.String("path", c.detached.path))
+	case len(c.req.method) > 0:
+		attrs = append(attrs, slog.String("method", string(c.req.method)), slog.String("path", pathOnly(c.req.path)))
+	}
+	c.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied", attrs...)
+}
+
+// pathOnly drops the query string: logs never carry it.
+func pathOnly(p []byte) string {
+	for i, b := range p {
+		if b == '?' || b == '#' {
+			return string(p[:i])
+		}
+	}
+	return string(p)
+}
+
+// handle processes one request; it reports whether the connection continues.
+func (c *clientConn) handle(head []byte) bool {
+	if err := parseRequestHead(&c.req, head, c.s.cfg.MaxHeaderFields); err != nil {
+		var pe *parseError
+		if errors.As(err, &pe) {
+			if pe.status == 421 {
+				return c.deny(denyMisdirected)
+			}
+			c.reject(pe)
+		}
+		return false
+	}
+	if c.revokedErr() != nil || !c.route.Usable() {
+		c.deny(denyRevoked)
+		return false
+	}
+	if !routes.HostMatches(c.req.host, c.sni) {
+		return c.deny(denyMisdirected)
+	}
+	if string(c.req.method) == "CONNECT" || string(c.req.method) == "TRACE" {
+		return c.deny(denyMethod)
+	}
+	inst := c.route.Instance
+	if !inst.Acquire() {
+		return c.deny(denyLimit)
+	}
+	inst.CountRequest()
+	c.s.m.streamsActive.Inc()
+	keep := c.proxy()
+	if c.handedOff {
+		return false // the WebSocket releases its stream when it ends
+	}
+	c.s.m.streamsActive.Dec()
+	inst.Release()
+	return keep
+}
+
+func (c *clientConn) setBackend(bc *backendConn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backend = bc
+	return c.revoked == nil
+}
+
+func (c *clientConn) writer() *bufio.Writer {
+	if c.bw == nil {
+		c.bw = c.s.bwPool.Get().(*bufio.Writer)
+		c.bw.Reset(c.conn)
+	}
+	return c.bw
+}
+
+func (c *clientConn) releaseWriter() {
+	if c.bw != nil {
+		c.bw.Reset(nil)
+		c.s.bwPool.Put(c.bw)
+		c.bw = nil
+	}
+}
+
+// bigBody is the response length from which the body is read from the app
+// in bigBodyBuf chunks and written to the client with one system call per
+// chunk (heldWriter), instead of one per 16 KiB TLS record.
+const (
+	bigBody    = 64 << 10
+	bigBodyBuf = 64 << 10
+)
+
+// heldWriter returns w, writing through it with the TLS records of each
+// large write collected into one system call when the transport allows.
+func (c *clientConn) heldWriter(w *bufio.Writer) io.Writer {
+	if c.batch == nil {
+		return w
+	}
+	return holdingWriter{w: w, h: c.batch}
+}
+
+type holdingWriter struct {
+	w *bufio.Writer
+	h listener.WriteBatcher
+}
+
+func (hw holdingWriter) Write(p []byte) (int, error) {
+	if len(p) < 2*maxTLSRecord {
+		return hw.w.Write(p)
+	}
+	hw.h.HoldWrites()
+	n, err := hw.w.Write(p)
+	if ferr := hw.h.FlushWrites(); err == nil {
+		err = ferr
+	}
+	return n, err
+}
+
+func (c *clientConn) flush() error {
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	return c.bw.Flush()
+}
+
+// proxy forwards the parsed request and relays the response (an
+// exchange, exchange.go); it reports whether the client connection
+// continues.
+func (c *clientConn) proxy() bool {
+	req := &c.req
+	x := &c.x
+	x.reset(c.s, c.route, c.sni, req, c)
+	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted)
+	c.out = appendRequestHead(c.out[:0], req, &fi)
+	c.s.countDropped(&fi, c.route)
+	// A small body that has fully arrived goes out with the head.
+	inline := req.body == bodyNone
+	if req.body == bodyLength && req.length <= int64(c.in.buffered()) && req.length <= 64<<10 {
+		c.out = append(c.out, c.in.bytes()[:req.length]...)
+		c.in.r += int(req.length)
+		inline = true
+	}
+	if err := x.connect(context.Background(), c.out, inline); err != nil {
+		return c.exchangeFailed(x, err)
+	}
+	defer c.setBackend(nil)
+	if inline {
+		// Wait for the first response bytes here, watching the client
+		// meanwhile. A failure now is never retried (retry.go): the app
+		// may have read the request.
+		if err := c.awaitResponse(x.bc); err != nil {
+			x.abort()
+			if errors.Is(err, errClientGone) {
+				return false
+			}
+			return c.exchangeFailed(x, &appError{err: err, sent: true})
+		}
+	} else {
+		// Stream the request body alongside reading the response. From
+		// here on the body copy reuses the buffer that holds the request
+		// head: what is still needed of the head is copied out first.
+		c.detached = &detachedHead{
+			accept: append([]byte(nil), req.accept...),
+			method: string(req.method),
+			path:   pathOnly(req.path),
+		}
+		defer func() { c.detached = nil }()
+		c.body.start(c.conn, c.s.cfg.BodyTimeout)
+		c.in.src = &c.body
+		x.sendBody(c.copyRequestBody, c.body.abort)
+	}
+
+	wroteHead := false // a 1xx went to the client: no other answer is possible
+	err := x.readHead(func(resp *response) error {
+		// 100 Continue, 103 Early Hints: relayed to HTTP/1.1 clients.
+		if req.http10 {
+			return nil
+		}
+		c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+		_, _ = c.writer().Write(c.out)
+		if err := c.flush(); err != nil {
+			return errClientGone
+		}
+		wroteHead = true
+		return nil
+	})
+	if err != nil {
+		berr := x.stopBody()
+		x.abort()
+		var pe *parseError
+		switch {
+		case errors.Is(err, errClientGone), wroteHead:
+			return false
+		case errors.As(berr, &pe):
+			// A malformed request body (bad chunking): the body copy
+			// closed the app connection to end the wait here.
+			c.reject(pe)
+			return false
+		case berr != nil && !isAppWriteError(berr):
+			// The client went away or stalled mid-body.
+			return false
+		}
+		return c.exchangeFailed(x, err)
+	}
+	resp := &x.resp
+	if resp.status == 101 {
+		if !req.upgrade || !resp.upgradeWS {
+			x.abort()
+			return c.exchangeFailed(x, &badResponseError{errors.New("101 without a WebSocket upgrade")})
+		}
+		return c.websocket(x.bc, resp)
+	}
+	// Frame the body towards the client.
+	out := resp.body
+	closeClient := req.close || c.s.draining.Load()
+	if out == bodyChunked && req.http10 {
+		out = bodyUntilClose
+	}
+	if out == bodyUntilClose {
+		closeClient = true
+	}
+	w := c.writer()
+	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead)
+	_, _ = w.Write(c.out)
+	err = x.copyBody(w, c.heldWriter(w), c.flush, out == bodyChunked)
+	if err == nil {
+		err = c.flush()
+	}
+	if err != nil {
+		x.abort()
+		return false
+	}
+	// The app answered before the request body was complete: the rest of
+	// it is never read, so neither connection can be reused.
+	bodySent := x.bodySent()
+	x.finish(true)
+	return bodySent && !closeClient
+}
+
+// exchangeFailed answers a failed exchange (exchange.failure): nothing when
+// the connection was revoked meanwhile; the connection ends after the
+// answer, as the state of a half-sent request cannot be trusted.
+func (c *clientConn) exchangeFailed(x *exchange, err error) bool {
+	if c.revokedErr() != nil && !errors.Is(err, errClientRevoked) {
+		return false
+	}
+	d := x.failure(err)
+	if errors.As(err, new(*appError)) || errors.As(err, new(*badResponseError)) {
+		d = d.closing()
+	}
+	return c.deny(d)
+}
+
+// attach and detach make clientConn an exchangeClient: Revoke closes the
+// app connection of the request in flight.
+func (c *clientConn) attach(bc *backendConn) bool { return c.setBackend(bc) }
+
+func (c *clientConn) detach(*backendConn) bool {
+	c.setBackend(nil)
+	return true
+}
+
+// watchAfter is how long a response may take before the client connection
+// is watched for a disconnect (so fast requests start no goroutine).
+const watchAfter = time.Second
+
+// awaitResponse waits for the app's first response bytes. If they take
+// longer than watchAfter, the client connection is watched meanwhile: a
+// client that goes away aborts the request (the app connection is closed
+// and the instance's stream slot is freed) instead of holding it until the
+// response-header timeout.
+func (c *clientConn) awaitResponse(bc *backendConn) error {
+	deadline := time.Now().Add(c.s.cfg.ResponseHeaderTimeout)
+	_ = bc.conn.SetReadDeadline(time.Now().Add(min(c.s.cfg.ResponseHeaderTimeout, watchAfter)))
+	err := bc.in.fill()
+	if err == nil || !isTimeout(err) || !time.Now().Before(deadline) {
+		return err
+	}
+	gone := make(chan struct{})
+	done := make(chan struct{})
+	var got []byte
+	_ = c.conn.SetReadDeadline(time.Time{})
+	go func() {
+		defer close(done)
+		var b [512]byte
+		n, rerr := c.conn.Read(b[:])
+		if n > 0 {
+			// A pipelined request: the client is alive; keep its bytes.
+			got = append(got, b[:n]...)
+			return
+		}
+		if rerr != nil && !isTimeout(rerr) {
+			close(gone)
+			_ = bc.conn.Close()
+		}
+	}()
+	_ = bc.conn.SetReadDeadline(deadline)
+	err = bc.in.fill()
+	_ = c.conn.SetReadDeadline(time.Now())
+	<-done
+	c.pending = append(c.pending, got...)
+	select {
+	case <-gone:
+		return errClientGone
+	default:
+	}
+	return err
+}

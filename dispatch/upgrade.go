@@ -1,0 +1,70 @@
+package dispatch
+
+import "time"
+
+// websocket relays the 101 response and splices the two connections until
+// either side closes or the route is revoked.
+func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
+	w := c.writer()
+	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+	_, _ = w.Write(c.out)
+	if err := c.flush(); err != nil {
+		bc.close()
+		return false
+	}
+	c.releaseWriter()
+	_ = c.conn.SetDeadline(time.Time{})
+	_ = bc.conn.SetDeadline(time.Time{})
+	sp := newWSSplice(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
+
+	// Bytes that arrived with the heads belong to the stream: those read
+	// with the request head, then those the client watch read while the
+	// 101 was awaited (awaitResponse), in that order.
+	clientPending := append(append([]byte(nil), c.in.bytes()...), c.pending...)
+	c.pending = c.pending[:0]
+	c.in.r = c.in.w
+	c.in.release()
+	appPending := append([]byte(nil), bc.in.bytes()...)
+	bc.in.r = bc.in.w
+	bc.in.release()
+
+	// From here the WebSocket owns the connection: this goroutine (with
+	// the stack the TLS handshake grew) ends, and the two directions run
+	// in goroutines of their own only while bytes flow. The last one to
+	// end releases what handle and ServeConn would have released. All of
+	// it is set up before the splice is published to Revoke.
+	up := &wsPump{w: sp, src: pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, d: &sp.toApp,
+		pending: clientPending, pool: &c.s.bufPool, poller: &c.s.idle}
+	down := &wsPump{w: sp, src: pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, d: &sp.toClient,
+		pending: appPending, pool: &c.s.bufPool, poller: &c.s.idle}
+	sp.pumps = [2]*wsPump{up, down}
+	sp.running.Store(2)
+	inst, release := c.route.Instance, c.release
+	sp.onDone = func() {
+		c.s.m.websocketsActive.Dec()
+		c.s.m.bytesToApp.Add(float64(up.total))
+		c.s.m.bytesToClient.Add(float64(down.total))
+		c.s.m.requests.WithLabelValues("1xx").Inc()
+		c.s.m.streamsActive.Dec()
+		inst.Release()
+		if release != nil {
+			release()
+		}
+	}
+	c.s.m.websocketsActive.Inc()
+
+	c.mu.Lock()
+	revoked := c.revoked
+	c.ws = sp
+	c.mu.Unlock()
+	if revoked != nil {
+		sp.revoke(revoked)
+	}
+	if d := c.route.Instance.IdleTimeout(); d > 0 {
+		sp.startIdleTimer(d)
+	}
+	c.handedOff = true
+	go down.run()
+	go up.run()
+	return false
+}
