@@ -25,9 +25,6 @@ const (
 	H2ReadIdleTimeout = 60 * time.Second
 	// H2PingTimeout: ... and closed when the PING is not answered in time.
 	H2PingTimeout = 15 * time.Second
-	// h2MaxResponseFields bounds the header fields of an app's response
-	// (the same bound as the HTTP/1.1 path).
-	h2MaxResponseFields = 200
 )
 
 // h2State is the Server's HTTP/2 machinery, created on first use.

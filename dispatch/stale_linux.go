@@ -47,10 +47,10 @@ func (p *idleProbe) usable() bool {
 	if err := p.raw.Read(p.fn); err != nil {
 		return false // closed locally
 	}
-	switch {
-	case p.errn == syscall.EAGAIN:
+	switch p.errn {
+	case syscall.EAGAIN:
 		return true // nothing to read: open and quiet
-	case p.errn == syscall.EINTR:
+	case syscall.EINTR:
 		return true // inconclusive; the request's own errors still count
 	}
 	// n == 0 with no error is EOF; n > 0 is unsolicited bytes; any other
