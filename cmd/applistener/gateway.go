@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -291,7 +292,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 	admAddr := adm.Addr()
 	logger.Info("gateway listening", "address", ln.Addr().String(), "tls", o.tlsDir != "", "push", !o.noPush,
 		"keepalive", o.keepalive, "config", o.configFile, "tokens", o.tokensFile, "admin_address", admAddr,
-		"store", o.store, "etcd_endpoints", o.etcdEndpoints, "etcd_prefix", o.etcdPrefix)
+		"store", cmp.Or(o.store, "memory"), "etcd_endpoints", o.etcdEndpoints, "etcd_prefix", o.etcdPrefix)
 	if onStarted != nil {
 		onStarted(ln.Addr().String())
 	}
