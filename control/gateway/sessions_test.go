@@ -226,7 +226,7 @@ func TestSessionWithdrawal(t *testing.T) {
 // advertising the same hostname takes over at once.
 func TestSessionExpiryTakeover(t *testing.T) {
 	checkLeaks(t)
-	const ttl = 400 * time.Millisecond
+	const ttl = 600 * time.Millisecond
 	configPath, tokensPath := replicaFiles(t)
 	writeFileAtomic(t, configPath, discConfig(map[string][]discInstance{
 		"sup-1": {{"team", "demo", []string{"web"}}},
@@ -248,7 +248,7 @@ func TestSessionExpiryTakeover(t *testing.T) {
 	stream, _ := r.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
 	stream.nextDocument(time.Second)
 	silent := time.Now()
-	at := waitRoutes(w, 3*ttl, webHost+"@sup-1")
+	at := waitRoutes(w, 4*ttl, webHost+"@sup-1")
 	took := at.Sub(silent)
 	t.Logf("takeover %v after the incumbent went silent (session TTL %v)", took, ttl)
 	if took < ttl/2 {
