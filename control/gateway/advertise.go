@@ -204,6 +204,10 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = g.waitApplied(ctx, rev)
 	}
+	if errors.Is(err, errValueTooLarge) {
+		g.fail(w, endpoint, http.StatusRequestEntityTooLarge, api.OneLineReason(err.Error()))
+		return
+	}
 	if err != nil {
 		g.log.Error("advertisement not stored", "supervisor", sup, "err", err)
 		g.unavailable(w, endpoint, "the store cannot be written")

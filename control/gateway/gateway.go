@@ -397,6 +397,12 @@ func (g *Gateway) importConfigLocked(ctx context.Context) error {
 			continue
 		}
 		rev, _, err := g.store.put(ctx, keyDocs+sup, d.body, putOptions{cond: anyRevision})
+		if errors.Is(err, errValueTooLarge) {
+			// Retrying cannot help: skip it, keep the stored one.
+			g.log.Error("gateway config: a document is too large for the store; keeping the stored one",
+				"path", g.configPath, "supervisor", sup, "err", err)
+			continue
+		}
 		if err != nil {
 			g.log.Error("gateway config not imported into the store; retrying", "path", g.configPath, "err", err)
 			return fmt.Errorf("import the configuration file: %w", err)

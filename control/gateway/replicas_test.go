@@ -298,3 +298,30 @@ func TestEtcdFootprint(t *testing.T) {
 		t.Errorf("%d bytes for 1,000 routes", size)
 	}
 }
+
+// A value larger than etcd accepts is refused with 413, not retried as an
+// outage.
+func TestReplicaValueTooLarge(t *testing.T) {
+	checkLeaks(t)
+	c := startEtcd(t, 1)
+	configPath, tokensPath := replicaFiles(t)
+	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath})
+	var rs []genRoute
+	for i := range 8000 {
+		rs = append(rs, genRoute{discRoute{ws: "team", sb: "demo", name: fmt.Sprintf("s%d", i), version: 1,
+			expires: time.Now().Add(time.Minute)}, "1"})
+	}
+	body := advBody(sessionID(1), rs...)
+	if len(body) <= etcdMaxValueBytes || len(body) > MaxInstallationsBytes {
+		t.Fatalf("body of %d bytes", len(body))
+	}
+	if code := r.advertise("sup-1", discTokSup1, sessionID(1), rs...); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("advertisement of %d bytes: %d", len(body), code)
+	}
+	if ok, _ := r.g.Ready(); !ok {
+		t.Error("the replica went down")
+	}
+	if code := r.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+		t.Errorf("a normal advertisement afterwards: %d", code)
+	}
+}

@@ -42,6 +42,10 @@ const (
 // errStoreClosed is returned by the operations of a closed store.
 var errStoreClosed = errors.New("store closed")
 
+// errValueTooLarge refuses a value larger than the store takes (etcd's
+// request limit, 1.5 MiB by default).
+var errValueTooLarge = errors.New("value larger than the store accepts")
+
 // kvPair is one key and value of the store, with the revision of its last
 // modification.
 type kvPair struct {

@@ -40,6 +40,10 @@ const (
 	// load the store after a failure.
 	etcdRetryMin = 100 * time.Millisecond
 	etcdRetryMax = 2 * time.Second
+	// etcdMaxValueBytes is the largest value written: etcd refuses requests
+	// over --max-request-bytes (1.5 MiB by default), key and framing
+	// included.
+	etcdMaxValueBytes = 1536<<10 - 8<<10
 	// etcdMinTTL is the shortest lease etcd grants with its default timing
 	// (1.5 election timeouts, rounded up); a shorter request gets this.
 	etcdMinTTL = 2
@@ -267,6 +271,9 @@ func (s *etcdStore) cmpFor(key string, cond int64) []clientv3.Cmp {
 }
 
 func (s *etcdStore) put(ctx context.Context, key string, value []byte, o putOptions) (int64, bool, error) {
+	if len(value) > etcdMaxValueBytes {
+		return 0, false, fmt.Errorf("etcd: put %s: %w (%d bytes, limit %d)", key, errValueTooLarge, len(value), etcdMaxValueBytes)
+	}
 	ctx, cancel := context.WithTimeout(ctx, etcdOpTimeout)
 	defer cancel()
 	full := s.prefix + key

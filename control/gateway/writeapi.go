@@ -156,8 +156,8 @@ func (g *Gateway) serveInstance(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	rev, found, err := g.editDocument(ctx, sup, ws, sb, entry)
 	switch {
-	case errors.Is(err, errDocumentTooLarge):
-		g.fail(w, endpoint, http.StatusRequestEntityTooLarge, err.Error())
+	case errors.Is(err, errDocumentTooLarge), errors.Is(err, errValueTooLarge):
+		g.fail(w, endpoint, http.StatusRequestEntityTooLarge, api.OneLineReason(err.Error()))
 		return
 	case err != nil:
 		g.log.Error("write API: document not stored", "supervisor", sup, "instance", ws+"/"+sb, "err", err)
