@@ -21,28 +21,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 )
 
 // etcdBinary is Debian's etcd-server (3.4, API v3).
 const etcdBinary = "/usr/bin/etcd"
 
 const (
-	// etcdHeartbeat and etcdElection are the members' raft timings: fast
-	// enough that a lost leader is replaced within about a second, slow
-	// enough that a loaded 2-core CI machine does not cause elections. The
-	// smallest lease the cluster grants is 1.5 election timeouts (1 s).
-	etcdHeartbeat = 50 * time.Millisecond
-	etcdElection  = 600 * time.Millisecond
+	// etcdHeartbeat and etcdElection are the members' raft timings: a lost
+	// leader is replaced within about a second, and a loaded 2-core CI
+	// machine (where a leader's heartbeats were seen 450 ms late with a
+	// 50 ms interval) does not cause elections. The smallest lease the
+	// cluster grants is 1.5 election timeouts (2 s, the gateway's minimum
+	// anyway).
+	etcdHeartbeat = 100 * time.Millisecond
+	etcdElection  = 1000 * time.Millisecond
 )
 
 // etcdAvailable skips the test when /usr/bin/etcd is missing, or fails it
@@ -486,4 +493,576 @@ func TestEtcdHarness(t *testing.T) {
 	if got := c.running(); len(got) != 3 {
 		t.Fatalf("running members %v", got)
 	}
+}
+
+// leader returns the index of the member that is the raft leader (-1 when
+// no running member knows one).
+func (c *etcdCluster) leader() int {
+	for _, m := range c.members {
+		if !m.running() {
+			continue
+		}
+		resp, err := etcdHTTP.Post(m.clientURL+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var st struct {
+			Header struct {
+				MemberID string `json:"member_id"`
+			} `json:"header"`
+			Leader string `json:"leader"`
+		}
+		if json.Unmarshal(body, &st) != nil || st.Leader == "" || st.Leader == "0" {
+			continue
+		}
+		if st.Header.MemberID == st.Leader {
+			for i, o := range c.members {
+				if o == m {
+					return i
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// ---------------------------------------------------------------------------
+// gateway replicas on the cluster
+
+// Tokens of the replicas' tokens file (cpStartGateways).
+const (
+	cpAdminToken = "cp-admin"  // {"admin": true}: the write API
+	cpTeamToken  = "cp-team"   // {"workspaces": ["team"]}: discovery of team
+	cpPoolToken  = "cp-pool-a" // {"pool": "hosts"}
+	cpPool2Token = "cp-pool-b" // {"pool": "others"}
+	cpPool       = "hosts"
+	cpPool2      = "others"
+)
+
+// cpGateways is two `applistener gateway --store etcd` replicas sharing one
+// etcd prefix, one tokens file and one (empty) configuration file: every
+// document is written through the admin API.
+type cpGateways struct {
+	cluster    *etcdCluster
+	prefix     string
+	tokensPath string
+	configPath string
+	replicas   []*gwGateway
+}
+
+// cpToken is one entry of the tokens file.
+type cpToken map[string]any
+
+// cpDefaultTokens are the tokens every replica set starts with; tests add
+// supervisor tokens with cpSupToken.
+func cpDefaultTokens() []cpToken {
+	return []cpToken{
+		{"token": cpAdminToken, "admin": true},
+		{"token": cpTeamToken, "workspaces": []string{"team"}},
+		{"token": cpPoolToken, "pool": cpPool},
+		{"token": cpPool2Token, "pool": cpPool2},
+	}
+}
+
+// cpSupToken is a token granting exactly supervisor id.
+func cpSupToken(id string) cpToken { return cpToken{"token": "cp-sup-" + id, "supervisor": id} }
+
+var cpPrefixSeq struct {
+	sync.Mutex
+	n int
+}
+
+// cpStartGateways starts two replicas on c with the default tokens plus
+// extraTokens, and waits until each has loaded the store (a discovery GET
+// answers 200). extra flags are appended to both (e.g. --session-ttl,
+// --endpoint-policy, --keepalive). They are stopped on cleanup and their
+// output is logged if the test failed.
+func cpStartGateways(t testing.TB, c *etcdCluster, extraTokens []cpToken, extra ...string) *cpGateways {
+	t.Helper()
+	dir := t.TempDir()
+	cpPrefixSeq.Lock()
+	cpPrefixSeq.n++
+	n := cpPrefixSeq.n
+	cpPrefixSeq.Unlock()
+	g := &cpGateways{
+		cluster:    c,
+		prefix:     fmt.Sprintf("/e2e-%d/", n),
+		tokensPath: filepath.Join(dir, "tokens.json"),
+		configPath: filepath.Join(dir, "gateway.json"),
+	}
+	writeAtomic(t, g.configPath, []byte(`{"supervisors": {}}`))
+	g.writeTokens(t, append(cpDefaultTokens(), extraTokens...))
+	args := append([]string{"--store", "etcd", "--etcd-endpoints", c.endpoints(), "--etcd-prefix", g.prefix}, extra...)
+	for i := range 2 {
+		r := &gwGateway{
+			addr:       freeAddr(t),
+			adminAddr:  freeAddr(t),
+			configPath: g.configPath,
+			tokensPath: g.tokensPath,
+			extra:      args,
+			stderr:     &syncBuffer{},
+		}
+		t.Cleanup(func() {
+			r.stop(t)
+			if t.Failed() {
+				t.Logf("gateway replica %d (%s) output:\n%s", i+1, r.addr, lastLines(r.stderr.String(), 60))
+			}
+		})
+		g.replicas = append(g.replicas, r)
+	}
+	for i := range g.replicas {
+		g.start(t, i)
+	}
+	return g
+}
+
+// writeTokens replaces the shared tokens file.
+func (g *cpGateways) writeTokens(t testing.TB, tokens []cpToken) {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"tokens": tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, g.tokensPath, b)
+}
+
+// start starts replica i (again, on its port) and waits until it serves
+// discovery from the store.
+func (g *cpGateways) start(t testing.TB, i int) {
+	t.Helper()
+	r := g.replicas[i]
+	r.start(t)
+	eventually(t, waitTimeout, fmt.Sprintf("replica %d to serve discovery", i+1), func() bool {
+		code, _, _ := g.discovery(i, cpTeamToken, "team")
+		return code == http.StatusOK
+	})
+}
+
+// kill ends replica i with SIGKILL.
+func (g *cpGateways) kill(t testing.TB, i int) { t.Helper(); g.replicas[i].kill(t) }
+
+// url is replica i's base URL.
+func (g *cpGateways) url(i int) string { return g.replicas[i].endpoint() }
+
+// urls is the comma-separated list of the replicas' URLs, in this order.
+func (g *cpGateways) urls(order ...int) string {
+	if len(order) == 0 {
+		order = []int{0, 1}
+	}
+	var out []string
+	for _, i := range order {
+		out = append(out, g.url(i))
+	}
+	return strings.Join(out, ",")
+}
+
+var cpHTTP = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+
+// do sends one request with a bearer token to replica i and returns the
+// status and body (0 and the error on a transport failure).
+func (g *cpGateways) do(i int, method, path, token string, body []byte) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, g.url(i)+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := cpHTTP.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// cpInstance is one instance entry of a configuration document (workspace
+// team, tcp connector on loopback).
+type cpInstance struct {
+	Workspace  string            `json:"workspace"`
+	Sandbox    string            `json:"sandbox"`
+	Generation string            `json:"generation"`
+	Connector  map[string]string `json:"connector"`
+	Services   []service         `json:"services"`
+}
+
+// cpInst is the instance team/sandbox, generation 1, with services by name
+// ("" is the unnamed one) on the given app ports.
+func cpInst(sandbox string, services map[string]int) cpInstance {
+	in := cpInstance{Workspace: "team", Sandbox: sandbox, Generation: "1",
+		Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"}, Services: []service{}}
+	for name, port := range services {
+		in.Services = append(in.Services, service{Name: name, Port: port, Revision: 1})
+	}
+	return in
+}
+
+// put writes instance in of supervisor sup through replica i's admin API.
+func (g *cpGateways) put(t testing.TB, i int, sup string, in cpInstance) {
+	t.Helper()
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body, err := g.do(i, http.MethodPut, "/v1/supervisors/"+sup+"/instances/"+in.Workspace+"/"+in.Sandbox, cpAdminToken, b)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("PUT instance %s/%s of %s on replica %d: %d %s %v", in.Workspace, in.Sandbox, sup, i+1, code, body, err)
+	}
+}
+
+// del removes instance team/sandbox of supervisor sup through replica i.
+func (g *cpGateways) del(t testing.TB, i int, sup, sandbox string) {
+	t.Helper()
+	code, body, err := g.do(i, http.MethodDelete, "/v1/supervisors/"+sup+"/instances/team/"+sandbox, cpAdminToken, nil)
+	if err != nil || code != http.StatusNoContent {
+		t.Fatalf("DELETE instance team/%s of %s on replica %d: %d %s %v", sandbox, sup, i+1, code, body, err)
+	}
+}
+
+// discovery reads workspace ws's discovery snapshot from replica i.
+func (g *cpGateways) discovery(i int, token, ws string) (int, *discSnapshot, error) {
+	code, body, err := g.do(i, http.MethodGet, "/v1/workspaces/"+ws+"/service-routes", token, nil)
+	if err != nil || code != http.StatusOK {
+		if err == nil {
+			err = fmt.Errorf("discovery GET on replica %d: %d %s", i+1, code, bytes.TrimSpace(body))
+		}
+		return code, nil, err
+	}
+	var s discSnapshot
+	if err := json.Unmarshal(body, &s); err != nil {
+		return code, nil, fmt.Errorf("discovery snapshot %s: %v", body, err)
+	}
+	return code, &s, nil
+}
+
+// snapshot reads team's snapshot from replica i, failing the test on an
+// error.
+func (g *cpGateways) snapshot(t testing.TB, i int) *discSnapshot {
+	t.Helper()
+	_, s, err := g.discovery(i, cpTeamToken, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// waitRoute waits until replica i publishes host owned by supervisor sup
+// ("" for any owner; absent=true: until host is not published).
+func (g *cpGateways) waitRoute(t testing.TB, i int, host, sup string, absent bool) *discRoute {
+	t.Helper()
+	var r *discRoute
+	what := fmt.Sprintf("%s owned by %q in discovery on replica %d", host, sup, i+1)
+	if absent {
+		what = fmt.Sprintf("%s gone from discovery on replica %d", host, i+1)
+	}
+	eventually(t, waitTimeout, what, func() bool {
+		_, s, err := g.discovery(i, cpTeamToken, "team")
+		if err != nil {
+			return false
+		}
+		r = s.route(host)
+		if absent {
+			return r == nil
+		}
+		return r != nil && (sup == "" || r.Supervisor == sup)
+	})
+	return r
+}
+
+// ---------------------------------------------------------------------------
+// a raw discovery watch
+
+// cpEvent is one line of a discovery watch: a snapshot, when it arrived.
+type cpEvent struct {
+	at   time.Time
+	snap *discSnapshot
+}
+
+// cpWatch is GET /v1/workspaces/team/service-routes?watch=1 on one replica,
+// read in the background: every snapshot line is kept with its arrival
+// time (keepalives are dropped).
+type cpWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	events []cpEvent
+	err    error // why the stream ended
+	endAt  time.Time
+	notify chan struct{}
+}
+
+// cpStartWatch opens the watch on replica i; it fails the test unless the
+// gateway answers 200.
+func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.url(i)+"/v1/workspaces/team/service-routes?watch=1", nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+cpTeamToken)
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		cancel()
+		t.Fatalf("discovery watch on replica %d: %v", i+1, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		cancel()
+		t.Fatalf("discovery watch on replica %d: %d %s", i+1, resp.StatusCode, b)
+	}
+	w := &cpWatch{cancel: cancel, done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	go func() {
+		defer close(w.done)
+		defer func() { _ = resp.Body.Close() }()
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var raw json.RawMessage
+			err := dec.Decode(&raw)
+			now := time.Now()
+			if err != nil {
+				w.mu.Lock()
+				w.err, w.endAt = err, now
+				w.mu.Unlock()
+				w.signal()
+				return
+			}
+			var probe struct {
+				Keepalive bool            `json:"keepalive"`
+				Routes    json.RawMessage `json:"routes"`
+			}
+			if json.Unmarshal(raw, &probe) == nil && probe.Keepalive && probe.Routes == nil {
+				continue
+			}
+			var s discSnapshot
+			if err := json.Unmarshal(raw, &s); err != nil {
+				w.mu.Lock()
+				w.err, w.endAt = fmt.Errorf("watch line %s: %v", raw, err), now
+				w.mu.Unlock()
+				w.signal()
+				return
+			}
+			w.mu.Lock()
+			w.events = append(w.events, cpEvent{at: now, snap: &s})
+			w.mu.Unlock()
+			w.signal()
+		}
+	}()
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *cpWatch) signal() {
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (w *cpWatch) close() {
+	w.cancel()
+	<-w.done
+}
+
+// ended reports whether the stream ended, and when.
+func (w *cpWatch) ended() (bool, time.Time, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.endAt.IsZero(), w.endAt, w.err
+}
+
+// snapshots returns the snapshots received so far.
+func (w *cpWatch) snapshots() []cpEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]cpEvent(nil), w.events...)
+}
+
+// waitFor waits for the first snapshot from index from on that satisfies
+// cond and returns its index and arrival time.
+func (w *cpWatch) waitFor(t testing.TB, from int, timeout time.Duration, what string, cond func(*discSnapshot) bool) (int, time.Time) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		w.mu.Lock()
+		for i := from; i < len(w.events); i++ {
+			if cond(w.events[i].snap) {
+				ev := w.events[i]
+				w.mu.Unlock()
+				return i, ev.at
+			}
+		}
+		from = max(from, len(w.events))
+		ended, err := !w.endAt.IsZero(), w.err
+		w.mu.Unlock()
+		if ended {
+			t.Fatalf("discovery watch ended (%v) before %s", err, what)
+		}
+		select {
+		case <-w.notify:
+		case <-deadline.C:
+			t.Fatalf("discovery watch: no snapshot with %s within %v", what, timeout)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// supervisors, the edge
+
+// cpSup is a shared-mode supervisor with a gateway session.
+type cpSup struct {
+	*proc
+	id        string
+	tokenFile string
+}
+
+// cpSupConfig tunes cpStartSup.
+type cpSupConfig struct {
+	id        string
+	token     string        // bearer token (cp-sup-<id> when empty)
+	gateways  string        // --gateway-endpoint (both replicas, replica 1 first, when empty)
+	freshness time.Duration // --route-freshness (discFreshness when 0)
+	advertise string        // --advertise-address (127.0.0.1 when empty)
+	extra     []string
+	// noWait: return once the admin endpoint answers, without waiting for
+	// an accepted configuration.
+	noWait bool
+}
+
+// cpStartSup starts `applistener serve --mode shared` against the
+// replicas and waits until it is ready (an accepted configuration). It is
+// stopped with SIGTERM on cleanup.
+func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
+	t.Helper()
+	tok := cfg.token
+	if tok == "" {
+		tok = "cp-sup-" + cfg.id
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	writeAtomic(t, tokenFile, []byte(tok+"\n"))
+	tlsDir := gwTLSDir(t, dir)
+	gws := cfg.gateways
+	if gws == "" {
+		gws = g.urls()
+	}
+	fresh := cfg.freshness
+	if fresh == 0 {
+		fresh = discFreshness
+	}
+	adv := cfg.advertise
+	if adv == "" {
+		adv = "127.0.0.1"
+	}
+	ready := func(p *proc) bool { return p.readyz() == http.StatusOK }
+	if cfg.noWait {
+		ready = func(p *proc) bool { return p.readyz() != 0 }
+	}
+	p := discStart(t, "supervisor "+cfg.id, func(addr, admin string) []string {
+		return append([]string{"serve", "--mode", "shared",
+			"--gateway-endpoint", gws, "--supervisor-id", cfg.id, "--gateway-token-file", tokenFile,
+			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
+			"--advertise-address", adv,
+			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
+			"--admin-address", admin, "--route-freshness", fresh.String(),
+			"--drain-timeout", "1s", "--log-format", "json"}, cfg.extra...)
+	}, ready)
+	return &cpSup{proc: p, id: cfg.id, tokenFile: tokenFile}
+}
+
+// cpStartEdge starts `applistener edge` for workspace team reading
+// discovery from gateways (a URL list) and waits until it has a snapshot.
+func cpStartEdge(t testing.TB, gateways string) *proc {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeAtomic(t, tokenFile, []byte(cpTeamToken+"\n"))
+	return discStart(t, "edge", func(addr, admin string) []string {
+		return []string{"edge", "--address", addr, "--gateway", gateways, "--token-file", tokenFile,
+			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
+			"--drain-timeout", "1s", "--log-format", "json"}
+	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
+}
+
+// cpEdgeGet does one GET https://host/ through the edge on a new
+// connection and returns the body (the backend's greeting).
+func cpEdgeGet(edgeAddr, host string) (string, error) {
+	body, _, err := discThroughEdge(edgeAddr, caPool, host)
+	return body, err
+}
+
+// cpEdgeWS opens a WebSocket to host through the edge.
+func cpEdgeWS(edgeAddr, host string) (*websocket.Conn, error) {
+	d := websocket.Dialer{
+		NetDialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var nd net.Dialer
+			return nd.DialContext(ctx, "tcp", edgeAddr)
+		},
+		TLSClientConfig:  tlsConfig(host),
+		HandshakeTimeout: 5 * time.Second,
+	}
+	c, resp, err := d.Dial("wss://"+host+"/ws", nil)
+	if resp != nil && resp.Body != nil {
+		_ = resp.Body.Close()
+	}
+	return c, err
+}
+
+// cpMetric reads a metric of a process's admin endpoint (0 when absent).
+func cpMetric(p *proc, name string, labels map[string]string) float64 {
+	v, _, err := gwMetric(p.adminAddr, name, labels)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// cpPercentile returns the p-th percentile (nearest rank) of ds.
+func cpPercentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}
+
+// revision returns the cluster's current revision (every write adds one).
+func (c *etcdCluster) revision() (int64, error) {
+	req, _ := json.Marshal(map[string]any{"key": base64.StdEncoding.EncodeToString([]byte("/")), "count_only": true})
+	for _, m := range c.members {
+		if !m.running() {
+			continue
+		}
+		resp, err := etcdHTTP.Post(m.clientURL+"/v3/kv/range", "application/json", bytes.NewReader(req))
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var out struct {
+			Header struct {
+				Revision string `json:"revision"`
+			} `json:"header"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil {
+			continue
+		}
+		return strconv.ParseInt(out.Header.Revision, 10, 64)
+	}
+	return 0, errors.New("no etcd member answered")
 }

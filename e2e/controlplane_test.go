@@ -1,0 +1,798 @@
+package e2e
+
+// End-to-end tests of the replicated control plane: two `applistener
+// gateway --store etcd` replicas on a real three-member etcd cluster
+// (etcd_harness_test.go), supervisors, the edge and discovery watchers, all
+// real processes of the built binary. They need /usr/bin/etcd (Debian's
+// etcd-server, installed by scripts/test-deps.sh): without it they skip,
+// or fail when CI is set.
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+const (
+	cpHostDemo = "team--demo--web.apps.test"
+	// cpSessionTTL is the gateways' --session-ttl in these tests (at least
+	// twice the keepalive, which push streams renew their session with).
+	cpSessionTTL = 4 * time.Second
+)
+
+// cpFast are the gateway flags of most tests: a short session TTL and the
+// keepalive it allows (supervisors ask for freshness/3, 1 s, anyway).
+var cpFast = []string{"--keepalive", "1s", "--session-ttl", cpSessionTTL.String()}
+
+// cpLogf logs a measured figure in a form that is easy to grep for.
+func cpLogf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	t.Logf("FIGURE "+format, args...)
+}
+
+// TestControlPlaneCrossReplica: the supervisor holds its session with
+// replica 1 and the edge watches replica 2. An instance written through
+// replica 2's admin API reaches the supervisor (through etcd and replica 1),
+// the supervisor's advertisement reaches the edge (through replica 1, etcd
+// and replica 2), and traffic through the edge is served. Withdrawn through
+// replica 1, the route's WebSocket through the edge closes with 1008.
+// Then it measures the cross-replica discovery change latency: a write
+// accepted by replica 1 until a discovery watch on replica 2 shows it.
+func TestControlPlaneCrossReplica(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	web := newBackend(t, "web1")
+
+	// The supervisor's document exists (another instance) so that its
+	// session is accepted before the route is written.
+	g.put(t, 1, "sup-1", cpInst("idle", map[string]int{"web": web.port}))
+	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.url(0)})
+	edge := cpStartEdge(t, g.url(1))
+	eventually(t, waitTimeout, "the supervisor's push session on replica 1", func() bool {
+		v, _, err := gwMetric(g.replicas[0].adminAddr, "applistener_gateway_watchers", nil)
+		return err == nil && v == 1
+	})
+
+	start := time.Now()
+	g.put(t, 1, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	r := g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
+	cpLogf(t, "write on replica 2 -> supervisor on replica 1 -> route in discovery on replica 2: %v", time.Since(start).Round(time.Millisecond))
+	if r.Endpoint.Host != "127.0.0.1" || r.Endpoint.Port != discPort(sup.appAddr) {
+		t.Fatalf("published endpoint %+v, want the supervisor's listener %s", r.Endpoint, sup.appAddr)
+	}
+	var body string
+	eventually(t, waitTimeout, "GET through the edge (discovery from replica 2)", func() bool {
+		var err error
+		body, err = cpEdgeGet(edge.appAddr, cpHostDemo)
+		return err == nil
+	})
+	if body != "hello from web1" {
+		t.Fatalf("through the edge: %q", body)
+	}
+	// One WebSocket through the edge, one straight to the supervisor.
+	ws, err := cpEdgeWS(edge.appAddr, cpHostDemo)
+	if err != nil {
+		t.Fatalf("WebSocket through the edge: %v", err)
+	}
+	defer func() { _ = ws.Close() }()
+	if err := gwEcho(ws, "before"); err != nil {
+		t.Fatal(err)
+	}
+	direct := sup.wsDial(t, cpHostDemo)
+	wsEcho(t, direct, websocket.TextMessage, []byte("before"))
+
+	// Withdrawn through the other replica: the supervisor closes the
+	// route's WebSockets with 1008. Through the edge the stream ends too:
+	// with that close frame when it passes the edge before the edge, told
+	// by discovery at the same moment, cuts the splice.
+	closedDirect := gwWatchClose(direct, waitTimeout)
+	closedEdge := gwWatchClose(ws, waitTimeout)
+	t0 := time.Now()
+	g.del(t, 0, "sup-1", "demo")
+	res := gwAwaitClose(t, "WebSocket to the supervisor after the withdrawal on replica 1", closedDirect)
+	gwExpectClose(t, "WebSocket to the supervisor", res.err, websocket.ClosePolicyViolation)
+	resEdge := gwAwaitClose(t, "WebSocket through the edge after the withdrawal on replica 1", closedEdge)
+	var ce *websocket.CloseError
+	how := fmt.Sprintf("without a close frame (%v)", resEdge.err)
+	if errors.As(resEdge.err, &ce) && ce.Code != websocket.CloseAbnormalClosure {
+		how = fmt.Sprintf("with close code %d", ce.Code)
+	}
+	t.Logf("withdrawal on replica 1: WebSocket to the supervisor closed with 1008 after %v; through the edge it ended %s after %v",
+		res.at.Sub(t0).Round(time.Millisecond), how, resEdge.at.Sub(t0).Round(time.Millisecond))
+	g.waitRoute(t, 1, cpHostDemo, "", true)
+	eventually(t, waitTimeout, "the edge to refuse the withdrawn name", func() bool {
+		return gwUnrecognized(discHandshakeErr(edge.appAddr, caPool, cpHostDemo))
+	})
+
+	// Cross-replica discovery latency: writes on replica 1, a watch on
+	// replica 2. A withdrawal is a document change (the grant goes away at
+	// once); a publication also includes the supervisor's round trip
+	// (push, install, advertisement through replica 1).
+	w := cpStartWatch(t, g, 1)
+	const rounds = 20
+	var pub, unpub []time.Duration
+	idx := 0
+	for range rounds {
+		t0 := time.Now()
+		g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+		i, at := w.waitFor(t, idx, waitTimeout, cpHostDemo+" published", func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+		pub = append(pub, at.Sub(t0))
+		t1 := time.Now()
+		g.del(t, 0, "sup-1", "demo")
+		i, at = w.waitFor(t, i+1, waitTimeout, cpHostDemo+" withdrawn", func(s *discSnapshot) bool { return s.route(cpHostDemo) == nil })
+		unpub = append(unpub, at.Sub(t1))
+		idx = i + 1
+	}
+	cpLogf(t, "cross-replica discovery change (write on replica 1 -> watch on replica 2), withdrawal: p50 %v p99 %v max %v (n=%d)",
+		cpPercentile(unpub, 50), cpPercentile(unpub, 99), cpPercentile(unpub, 100), len(unpub))
+	cpLogf(t, "cross-replica discovery change, publication incl. the supervisor's round trip: p50 %v p99 %v max %v (n=%d)",
+		cpPercentile(pub, 50), cpPercentile(pub, 99), cpPercentile(pub, 100), len(pub))
+	if p := cpPercentile(unpub, 50); p > time.Second {
+		t.Errorf("median withdrawal latency across replicas %v; want well under a second", p)
+	}
+}
+
+// discPort is the port of a host:port address.
+func discPort(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	var n int
+	_, _ = fmt.Sscan(p, &n)
+	return n
+}
+
+// cpDiscoveryProbe polls replica i's discovery every interval until stop is
+// closed and records every answer that is a 200 without host (empty or
+// partial), or anything but 200 or a refused connection (a replica that is
+// down); transport errors count separately.
+type cpDiscoveryProbe struct {
+	mu       sync.Mutex
+	ok       int
+	down     int
+	missing  []string
+	stop     chan struct{}
+	finished chan struct{}
+}
+
+func cpProbeDiscovery(g *cpGateways, i int, host string, every time.Duration) *cpDiscoveryProbe {
+	p := &cpDiscoveryProbe{stop: make(chan struct{}), finished: make(chan struct{})}
+	start := time.Now()
+	go func() {
+		defer close(p.finished)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			code, s, err := g.discovery(i, cpTeamToken, "team")
+			p.mu.Lock()
+			switch {
+			case code == http.StatusOK && s != nil && s.route(host) != nil:
+				p.ok++
+			case code == http.StatusOK:
+				p.missing = append(p.missing, fmt.Sprintf("at %v: a 200 without %s (%d routes)", time.Since(start).Round(time.Millisecond), host, len(s.Routes)))
+			case code == 0 || code == http.StatusServiceUnavailable:
+				p.down++ // replica down or not loaded: never an empty set
+			default:
+				p.missing = append(p.missing, fmt.Sprintf("at %v: %v", time.Since(start).Round(time.Millisecond), err))
+			}
+			p.mu.Unlock()
+			select {
+			case <-p.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return p
+}
+
+// cpBackground runs check every interval in the background until the
+// returned function is called; that function fails the test if any run of
+// check failed, with the first failures.
+func cpBackground(t testing.TB, name string, every time.Duration, check func() error) func() {
+	stop, done := make(chan struct{}), make(chan struct{})
+	var runs int
+	var fails []string
+	start := time.Now()
+	go func() {
+		defer close(done)
+		for {
+			runs++
+			if err := check(); err != nil {
+				fails = append(fails, fmt.Sprintf("at %v: %v", time.Since(start).Round(time.Millisecond), err))
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+	return func() {
+		t.Helper()
+		close(stop)
+		<-done
+		t.Logf("%s: %d checks, %d failed", name, runs, len(fails))
+		if len(fails) > 0 {
+			t.Errorf("%s failed %d of %d times; first: %s", name, len(fails), runs, strings.Join(fails[:min(5, len(fails))], "; "))
+		}
+	}
+}
+
+// okCount is the number of answers with the route so far.
+func (p *cpDiscoveryProbe) okCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ok
+}
+
+// end stops the probe and fails the test if any answer lacked the route.
+func (p *cpDiscoveryProbe) end(t testing.TB, what string) {
+	t.Helper()
+	close(p.stop)
+	<-p.finished
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Logf("%s: %d answers with the route, %d while down or loading (503/refused)", what, p.ok, p.down)
+	if len(p.missing) > 0 {
+		t.Errorf("%s: %d answers without the route; first: %s", what, len(p.missing), strings.Join(p.missing[:min(5, len(p.missing))], "; "))
+	}
+	if p.ok == 0 {
+		t.Errorf("%s: no answer with the route at all", what)
+	}
+}
+
+// TestControlPlaneReplicaFailover: supervisor and edge are given both
+// replicas and use replica 1. Replica 1 is killed (SIGKILL): the supervisor
+// moves its session to replica 2, the edge its discovery watch; discovery
+// never answers with a set that lacks the route, a WebSocket through the
+// edge stays open, new connections through the edge keep working. Replica
+// 1 is started again and replica 2 killed: the same, the other way round.
+func TestControlPlaneReplicaFailover(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	web := newBackend(t, "web1")
+	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	const freshness = 2 * time.Second
+	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.urls(0, 1), freshness: freshness})
+	edge := cpStartEdge(t, g.urls(0, 1))
+	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
+	eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	ws, err := cpEdgeWS(edge.appAddr, cpHostDemo)
+	if err != nil {
+		t.Fatalf("WebSocket through the edge: %v", err)
+	}
+	defer func() { _ = ws.Close() }()
+
+	for _, dead := range []int{0, 1} {
+		alive := 1 - dead
+		name := fmt.Sprintf("replica %d killed", dead+1)
+		// Both clients are on the replica about to die.
+		for metric, what := range map[string]string{
+			"applistener_gateway_watchers":           "the supervisor's configuration session",
+			"applistener_gateway_discovery_watchers": "the edge's discovery watch",
+		} {
+			eventually(t, waitTimeout, fmt.Sprintf("%s on replica %d", what, dead+1), func() bool {
+				v, _, err := gwMetric(g.replicas[dead].adminAddr, metric, nil)
+				return err == nil && v == 1
+			})
+		}
+		pushes := cpMetric(sup.proc, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"})
+		probe := cpProbeDiscovery(g, alive, cpHostDemo, 50*time.Millisecond)
+		edgeRoutes := cpBackground(t, name+": the edge's discovery cache holds the route", 20*time.Millisecond, func() error {
+			if v := cpMetric(edge, "applistener_edge_routes", nil); v != 1 {
+				return fmt.Errorf("applistener_edge_routes %v", v)
+			}
+			return nil
+		})
+		var wsErr atomic.Value
+		stopWS := make(chan struct{})
+		var wsWG sync.WaitGroup
+		wsWG.Go(func() {
+			for n := 0; ; n++ {
+				if err := gwEcho(ws, fmt.Sprintf("%s %d", name, n)); err != nil {
+					wsErr.Store(err)
+					return
+				}
+				select {
+				case <-stopWS:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+
+		t0 := time.Now()
+		g.kill(t, dead)
+		var supAt, edgeAt time.Duration
+		deadline := time.Now().Add(waitTimeout)
+		for (supAt == 0 || edgeAt == 0) && time.Now().Before(deadline) {
+			if supAt == 0 && cpMetric(sup.proc, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}) > pushes {
+				supAt = time.Since(t0)
+			}
+			if edgeAt == 0 {
+				if v, _, err := gwMetric(g.replicas[alive].adminAddr, "applistener_gateway_discovery_watchers", nil); err == nil && v == 1 {
+					edgeAt = time.Since(t0)
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if supAt == 0 || edgeAt == 0 {
+			t.Fatalf("%s: after %v the supervisor's new session delivered: %v, the edge's watch on replica %d: %v", name, waitTimeout, supAt, alive+1, edgeAt)
+		}
+		cpLogf(t, "%s: supervisor session failover (first document of a push session on replica %d) %v", name, alive+1, supAt.Round(time.Millisecond))
+		cpLogf(t, "%s: discovery watch failover (edge's watch open on replica %d) %v", name, alive+1, edgeAt.Round(time.Millisecond))
+
+		// Routes keep being renewed through the new replica: watch past
+		// the freshness window.
+		gwWatch(t, freshness+500*time.Millisecond,
+			&gwCheck{name: name + ": GET through the edge", every: 300 * time.Millisecond, fn: func() error {
+				body, err := cpEdgeGet(edge.appAddr, cpHostDemo)
+				if err == nil && body != "hello from web1" {
+					err = fmt.Errorf("body %q", body)
+				}
+				return err
+			}},
+			&gwCheck{name: name + ": supervisor ready", every: 200 * time.Millisecond, fn: func() error {
+				if code := sup.readyz(); code != http.StatusOK {
+					return fmt.Errorf("/readyz %d", code)
+				}
+				return nil
+			}},
+		)
+		close(stopWS)
+		wsWG.Wait()
+		if err, _ := wsErr.Load().(error); err != nil {
+			t.Fatalf("%s: the WebSocket through the edge broke: %v", name, err)
+		}
+		probe.end(t, name+": discovery on replica "+fmt.Sprint(alive+1))
+		edgeRoutes()
+
+		// The dead replica comes back on its port: from its first 200 on,
+		// it publishes the route (loaded from etcd, never an empty set).
+		restart := cpProbeDiscovery(g, dead, cpHostDemo, 20*time.Millisecond)
+		g.start(t, dead)
+		base := restart.okCount()
+		eventually(t, waitTimeout, "a few answers of the restarted replica", func() bool { return restart.okCount() >= base+3 })
+		restart.end(t, fmt.Sprintf("discovery on replica %d while it restarts", dead+1))
+	}
+}
+
+// TestControlPlaneEtcdQuorum: one etcd member stopped (the leader): nothing
+// changes. Two stopped: both replicas answer 503 to new discovery reads,
+// end their discovery watches and refuse writes; the supervisor keeps
+// serving its route until its own freshness runs out (no renewals come
+// from a gateway that cannot vouch for its state). With the members back,
+// everything recovers by itself.
+func TestControlPlaneEtcdQuorum(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	web := newBackend(t, "web1")
+	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	const freshness = 5 * time.Second
+	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", freshness: freshness})
+	g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
+	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
+	edge := cpStartEdge(t, g.urls(1, 0))
+	eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	watches := []*cpWatch{cpStartWatch(t, g, 0), cpStartWatch(t, g, 1)}
+
+	// One member (the leader) stops: nothing changes.
+	leader := -1
+	eventually(t, waitTimeout, "an etcd leader", func() bool { leader = c.leader(); return leader >= 0 })
+	c.stop(t, leader)
+	n := 0
+	gwWatch(t, 3*time.Second,
+		&gwCheck{name: "one member down: discovery on both replicas", every: 100 * time.Millisecond, fn: func() error {
+			for i := range 2 {
+				_, s, err := g.discovery(i, cpTeamToken, "team")
+				if err != nil {
+					return err
+				}
+				if s.route(cpHostDemo) == nil {
+					return fmt.Errorf("replica %d: no %s", i+1, cpHostDemo)
+				}
+			}
+			return nil
+		}},
+		&gwCheck{name: "one member down: writes", every: 500 * time.Millisecond, fn: func() error {
+			n++
+			b := []byte(fmt.Sprintf(`{"workspace":"team","sandbox":"probe","generation":"%d","connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}`, n, web.port))
+			code, body, err := g.do(n%2, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", cpAdminToken, b)
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("PUT on replica %d: %d %s", n%2+1, code, body)
+			}
+			return err
+		}},
+		&gwCheck{name: "one member down: supervisor ready, GET through the edge", every: 250 * time.Millisecond, fn: func() error {
+			if code := sup.readyz(); code != http.StatusOK {
+				return fmt.Errorf("/readyz %d", code)
+			}
+			_, err := cpEdgeGet(edge.appAddr, cpHostDemo)
+			return err
+		}},
+	)
+	for i, w := range watches {
+		if ended, _, err := w.ended(); ended {
+			t.Fatalf("one member down: the discovery watch on replica %d ended: %v", i+1, err)
+		}
+	}
+
+	// A second member goes: quorum is lost.
+	second := (leader + 1) % 3
+	c.kill(t, second)
+	t0 := time.Now()
+	for i := range 2 {
+		eventually(t, waitTimeout, fmt.Sprintf("replica %d to answer 503 to discovery", i+1), func() bool {
+			code, _, _ := g.discovery(i, cpTeamToken, "team")
+			return code == http.StatusServiceUnavailable
+		})
+	}
+	refusedAt := time.Since(t0)
+	cpLogf(t, "quorum lost -> both replicas answer 503 to discovery: %v", refusedAt.Round(time.Millisecond))
+	// The supervisor still serves: its routes are fresh for a while.
+	if refusedAt < freshness-time.Second {
+		if !gwHandshakeOK(sup.proc, cpHostDemo) {
+			t.Fatalf("%v after quorum loss (freshness %v) the supervisor no longer serves its route", refusedAt, freshness)
+		}
+	} else {
+		t.Logf("503 came only %v after quorum loss: cannot check serving within the freshness of %v", refusedAt, freshness)
+	}
+	for i, w := range watches {
+		eventually(t, waitTimeout, fmt.Sprintf("the discovery watch on replica %d to end", i+1), func() bool {
+			ended, _, _ := w.ended()
+			return ended
+		})
+		// It ended without ever sending a set without the route.
+		for _, ev := range w.snapshots() {
+			if ev.snap.route(cpHostDemo) == nil {
+				t.Errorf("replica %d's watch sent a snapshot without %s at %v", i+1, cpHostDemo, ev.at.Sub(t0))
+			}
+		}
+	}
+	for i := range 2 {
+		code, body, _ := g.do(i, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", cpAdminToken,
+			[]byte(`{"workspace":"team","sandbox":"probe","generation":"x","connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":8080,"revision":1}]}`))
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("write on replica %d without quorum: %d %s; want 503", i+1, code, body)
+		}
+		code, body, _ = g.do(i, http.MethodGet, "/v1/supervisors/sup-1/config", "cp-sup-sup-1", nil)
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("configuration poll on replica %d without quorum: %d %s; want 503", i+1, code, body)
+		}
+	}
+	// Without renewals the route expires at the supervisor on time.
+	eventually(t, freshness+gwMargin, "the route to expire at the supervisor", func() bool {
+		return gwUnrecognized(sup.handshakeErr(cpHostDemo))
+	})
+	expiredAt := time.Since(t0)
+	cpLogf(t, "quorum lost -> route expired at the supervisor: %v (freshness %v)", expiredAt.Round(time.Millisecond), freshness)
+	if expiredAt < freshness-2*time.Second {
+		t.Errorf("the route expired %v after quorum loss; the supervisor should keep it about its freshness (%v)", expiredAt, freshness)
+	}
+
+	// The members come back: everything recovers without a restart.
+	t1 := time.Now()
+	c.start(t, second)
+	c.start(t, leader)
+	for i := range 2 {
+		g.waitRoute(t, i, cpHostDemo, "sup-1", false)
+	}
+	eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return gwHandshakeOK(sup.proc, cpHostDemo) })
+	eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	cpLogf(t, "members restarted -> route served through the edge again: %v", time.Since(t1).Round(time.Millisecond))
+	w := cpStartWatch(t, g, 0)
+	w.waitFor(t, 0, waitTimeout, cpHostDemo, func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+}
+
+// TestControlPlanePools: three supervisors with generated ids share one
+// pool token; each gets the document written for its own id and serves
+// only that. Another pool's token (and another supervisor's token) can
+// neither read nor advertise for those ids.
+func TestControlPlanePools(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("other-sup")}, cpFast...)
+	var ids []string
+	var sups []*cpSup
+	var apps []*backend
+	for i := range 3 {
+		id := fmt.Sprintf("host-%s", randomHex(t, 4))
+		ids = append(ids, id)
+		apps = append(apps, newBackend(t, id))
+		// Ready means its session was accepted: the empty document.
+		sups = append(sups, cpStartSup(t, g, cpSupConfig{id: id, token: cpPoolToken, gateways: g.urls(i%2, 1-i%2)}))
+	}
+	// The members list shows the three live sessions.
+	code, body, err := g.do(1, http.MethodGet, "/v1/pools/"+cpPool+"/members", cpAdminToken, nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("pool members: %d %s %v", code, body, err)
+	}
+	for _, id := range ids {
+		if !strings.Contains(string(body), `"`+id+`"`) {
+			t.Errorf("pool members %s do not list %s", body, id)
+		}
+	}
+	// Each gets its own instance.
+	hosts := map[string]string{}
+	for i, id := range ids {
+		sb := fmt.Sprintf("sb%d", i+1)
+		g.put(t, i%2, id, cpInst(sb, map[string]int{"web": apps[i].port}))
+		hosts[id] = gwHost("team", sb, "web")
+	}
+	for i, id := range ids {
+		g.waitRoute(t, 0, hosts[id], id, false)
+		for j, other := range ids {
+			ok := gwHandshakeOK(sups[i].proc, hosts[other])
+			if ok != (i == j) {
+				t.Errorf("supervisor %s serves %s: %v", id, hosts[other], ok)
+			}
+		}
+		cl, _ := sups[i].client(t, hosts[id])
+		if err := gwExpect200(cl, hosts[id], id); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Another pool's token, and another supervisor's token, get 403 for
+	// these ids: no document, no advertisement, no withdrawal.
+	ad := []byte(fmt.Sprintf(`{"installations":[{"hostname":%q,"workspace":"team","sandbox":"sb1","name":"web","installation_version":1,"declaration_revision":1,"expires_at":%q,"endpoint":{"host":"127.0.0.1","port":1},"generation":"1"}],"session":"%032x"}`,
+		hosts[ids[0]], time.Now().Add(time.Minute).UTC().Format(time.RFC3339Nano), 1))
+	for _, tok := range []string{cpPool2Token, "cp-sup-other-sup"} {
+		for _, req := range []struct{ method, path string }{
+			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/config"},
+			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/config?watch=1&session=" + strings.Repeat("ab", 16)},
+			{http.MethodPut, "/v1/supervisors/" + ids[0] + "/installations"},
+			{http.MethodDelete, "/v1/supervisors/" + ids[0] + "/installations?session=" + strings.Repeat("ab", 16)},
+			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/instances"},
+			{http.MethodGet, "/v1/pools/" + cpPool + "/members"},
+		} {
+			var b []byte
+			if req.method == http.MethodPut {
+				b = ad
+			}
+			code, body, err := g.do(0, req.method, req.path, tok, b)
+			if err != nil || code != http.StatusForbidden {
+				t.Errorf("%s %s with %s: %d %s %v; want 403", req.method, req.path, tok, code, body, err)
+			}
+		}
+	}
+	// The other pool binds an id of its own; then pool A cannot have it.
+	fresh := "host-" + randomHex(t, 4)
+	code, body, _ = g.do(1, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("cd", 16), cpPool2Token, nil)
+	if code != http.StatusOK {
+		t.Fatalf("pool %s's first session for %s: %d %s", cpPool2, fresh, code, body)
+	}
+	code, body, _ = g.do(0, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("ef", 16), cpPoolToken, nil)
+	if code != http.StatusForbidden {
+		t.Errorf("pool %s's token for %s (bound to %s): %d %s; want 403", cpPool, fresh, cpPool2, code, body)
+	}
+	// Nothing changed in discovery.
+	s := g.snapshot(t, 1)
+	for _, id := range ids {
+		if r := s.route(hosts[id]); r == nil || r.Supervisor != id || r.Endpoint.Port != discPort(sups[indexOf(ids, id)].appAddr) {
+			t.Errorf("after the refused requests, %s in discovery: %+v", hosts[id], r)
+		}
+	}
+}
+
+// randomHex returns n random bytes as lowercase hex.
+func randomHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestControlPlaneSigtermWithdrawsFirst: on SIGTERM a supervisor withdraws
+// its installations before its app listener closes: at the moment the
+// listener refuses connections, discovery no longer has its names.
+func TestControlPlaneSigtermWithdrawsFirst(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	web := newBackend(t, "web1")
+	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.url(0)})
+	g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
+	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
+	w := cpStartWatch(t, g, 1)
+	w.waitFor(t, 0, waitTimeout, cpHostDemo, func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+
+	// Connect in a tight loop until the listener refuses.
+	closedAt := make(chan time.Time, 1)
+	var dialWG sync.WaitGroup
+	dialWG.Go(func() {
+		deadline := time.Now().Add(waitTimeout)
+		for time.Now().Before(deadline) {
+			conn, err := net.DialTimeout("tcp", sup.appAddr, time.Second)
+			if err == nil {
+				_ = conn.Close()
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			if gwRefused(err) {
+				closedAt <- time.Now()
+				return
+			}
+		}
+	})
+	t0 := time.Now()
+	if err := sup.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var closed time.Time
+	select {
+	case closed = <-closedAt:
+	case <-time.After(waitTimeout + time.Second):
+		t.Fatal("the app listener did not close after SIGTERM")
+	}
+	// At that moment the replica that took the withdrawal no longer
+	// publishes the name.
+	code, s, err := g.discovery(0, cpTeamToken, "team")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("discovery right after the listener closed: %d %v", code, err)
+	}
+	if s.route(cpHostDemo) != nil {
+		t.Errorf("the listener closed %v after SIGTERM while replica 1 still published %s", closed.Sub(t0), cpHostDemo)
+	}
+	dialWG.Wait()
+	_, gone := w.waitFor(t, 0, waitTimeout, cpHostDemo+" withdrawn", func(s *discSnapshot) bool { return s.route(cpHostDemo) == nil })
+	cpLogf(t, "SIGTERM -> name gone from the watch on replica 2: %v; SIGTERM -> app listener closed: %v",
+		gone.Sub(t0).Round(time.Millisecond), closed.Sub(t0).Round(time.Millisecond))
+	select {
+	case <-sup.done:
+	case <-time.After(waitTimeout):
+		t.Fatal("the supervisor did not exit")
+	}
+	if sup.exitCode != 0 {
+		t.Errorf("exit code %d after SIGTERM", sup.exitCode)
+	}
+	if !strings.Contains(sup.stderr.String(), "installations withdrawn") {
+		t.Errorf("the supervisor did not log its withdrawal:\n%s", lastLines(sup.stderr.String(), 20))
+	}
+}
+
+// TestControlPlaneTakeover: one hostname granted to two supervisors. The
+// incumbent keeps it while its advertisement is publishable; when it
+// withdraws (SIGTERM) or dies (SIGKILL: its advertisement expires with its
+// freshness), the other's advertisement is published.
+func TestControlPlaneTakeover(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-a"), cpSupToken("sup-b")}, cpFast...)
+	appA, appB := newBackend(t, "app-a"), newBackend(t, "app-b")
+	g.put(t, 0, "sup-a", cpInst("demo", map[string]int{"web": appA.port}))
+	g.put(t, 1, "sup-b", cpInst("demo", map[string]int{"web": appB.port}))
+	const freshness = 3 * time.Second
+	a := cpStartSup(t, g, cpSupConfig{id: "sup-a", freshness: freshness})
+	g.waitRoute(t, 1, cpHostDemo, "sup-a", false)
+	b := cpStartSup(t, g, cpSupConfig{id: "sup-b", freshness: freshness, gateways: g.urls(1, 0)})
+	w := cpStartWatch(t, g, 1)
+	// The incumbent keeps the name while B advertises it too.
+	gwWatch(t, time.Second, &gwCheck{name: "incumbent keeps the name", every: 100 * time.Millisecond, fn: func() error {
+		s := g.snapshot(t, 0)
+		if r := s.route(cpHostDemo); r == nil || r.Supervisor != "sup-a" {
+			return fmt.Errorf("owner %+v", r)
+		}
+		return nil
+	}})
+	if !gwHandshakeOK(b.proc, cpHostDemo) {
+		t.Fatal("supervisor B has not installed the route")
+	}
+
+	// Graceful: A withdraws on SIGTERM.
+	from := len(w.snapshots())
+	t0 := time.Now()
+	a.signalAndWait(t, syscall.SIGTERM, waitTimeout)
+	_, at := w.waitFor(t, from, waitTimeout, "sup-b owning "+cpHostDemo, func(s *discSnapshot) bool {
+		r := s.route(cpHostDemo)
+		return r != nil && r.Supervisor == "sup-b"
+	})
+	graceful := at.Sub(t0)
+	cpLogf(t, "takeover after SIGTERM of the owner (withdrawal) -> new owner in discovery on replica 2: %v", graceful.Round(time.Millisecond))
+	for _, ev := range w.snapshots()[from:] {
+		if ev.snap.route(cpHostDemo) == nil {
+			t.Errorf("during the graceful takeover discovery had no owner for %s at %v", cpHostDemo, ev.at.Sub(t0))
+		}
+	}
+	if graceful > 2*time.Second {
+		t.Errorf("graceful takeover took %v; the withdrawal should publish the other advertisement at once", graceful)
+	}
+
+	// A comes back (a new session) and advertises too, B keeps the name;
+	// then B dies without a word.
+	a2 := cpStartSup(t, g, cpSupConfig{id: "sup-a", freshness: freshness})
+	eventually(t, waitTimeout, "the new A to install the route", func() bool { return gwHandshakeOK(a2.proc, cpHostDemo) })
+	gwWatch(t, time.Second, &gwCheck{name: "B keeps the name while the new A advertises it", every: 100 * time.Millisecond, fn: func() error {
+		if r := g.snapshot(t, 1).route(cpHostDemo); r == nil || r.Supervisor != "sup-b" {
+			return fmt.Errorf("owner %+v", r)
+		}
+		return nil
+	}})
+	from = len(w.snapshots())
+	t1 := time.Now()
+	b.kill()
+	_, at = w.waitFor(t, from, freshness+cpSessionTTL+gwMargin, "sup-a owning "+cpHostDemo, func(s *discSnapshot) bool {
+		r := s.route(cpHostDemo)
+		return r != nil && r.Supervisor == "sup-a"
+	})
+	abrupt := at.Sub(t1)
+	cpLogf(t, "takeover after SIGKILL of the owner -> new owner in discovery on replica 2: %v (freshness %v, session TTL %v)",
+		abrupt.Round(time.Millisecond), freshness, cpSessionTTL)
+	if abrupt > freshness+gwMargin {
+		t.Errorf("abrupt takeover took %v; the dead owner's advertisement expires within its freshness (%v)", abrupt, freshness)
+	}
+	body, err := func() (string, error) {
+		cl, _ := a2.client(t, cpHostDemo)
+		_, body, err := gwGet(cl, "https://"+cpHostDemo+"/", 5*time.Second)
+		return strings.TrimSpace(body), err
+	}()
+	if err != nil || body != "hello from app-a" {
+		t.Errorf("the new owner serves %q, %v", body, err)
+	}
+}
+
+// TestControlPlaneEndpointPolicySource: with --endpoint-policy=source an
+// advertisement whose endpoint is not the address it came from is refused
+// (logged, never published); one from its own address is published.
+func TestControlPlaneEndpointPolicySource(t *testing.T) {
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("good"), cpSupToken("bad")},
+		append(cpFast, "--endpoint-policy", "source")...)
+	appGood, appBad := newBackend(t, "good"), newBackend(t, "bad")
+	g.put(t, 0, "good", cpInst("good", map[string]int{"web": appGood.port}))
+	g.put(t, 0, "bad", cpInst("bad", map[string]int{"web": appBad.port}))
+	hostGood, hostBad := gwHost("team", "good", "web"), gwHost("team", "bad", "web")
+	// Both connect from 127.0.0.1; bad advertises another loopback address.
+	good := cpStartSup(t, g, cpSupConfig{id: "good"})
+	bad := cpStartSup(t, g, cpSupConfig{id: "bad", advertise: "127.0.0.2"})
+	g.waitRoute(t, 1, hostGood, "good", false)
+	if !gwHandshakeOK(bad.proc, hostBad) || !gwHandshakeOK(good.proc, hostGood) {
+		t.Fatal("the supervisors have not installed their routes")
+	}
+	eventually(t, waitTimeout, "a replica to count and log the refused endpoint", func() bool {
+		for _, r := range g.replicas {
+			v, _, _ := gwMetric(r.adminAddr, "applistener_gateway_endpoint_policy_refused_total", nil)
+			if v == 0 {
+				continue
+			}
+			for _, line := range strings.Split(r.stderr.String(), "\n") {
+				if strings.Contains(line, `"WARN"`) && strings.Contains(line, "endpoint policy") && strings.Contains(line, "127.0.0.2") {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	// Several advertisement rounds later it is still not published.
+	gwWatch(t, 2*time.Second, &gwCheck{name: "refused endpoint never published", every: 100 * time.Millisecond, fn: func() error {
+		for i := range 2 {
+			s := g.snapshot(t, i)
+			if r := s.route(hostBad); r != nil {
+				return fmt.Errorf("replica %d publishes %s at %+v", i+1, hostBad, r.Endpoint)
+			}
+			if s.route(hostGood) == nil {
+				return fmt.Errorf("replica %d lost %s", i+1, hostGood)
+			}
+		}
+		return nil
+	}})
+}
