@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -40,13 +41,29 @@ type expect struct {
 	appService    bool // a dedicated Service with the app port
 	serviceMon    bool
 	gateway       bool
-	appNamespaces []string // NetworkPolicy peers of the app port
+	gw            gatewayExpect // with gateway
+	appNamespaces []string      // NetworkPolicy peers of the app port
 	appPodLabels  map[string]string
 	monNamespaces []string // NetworkPolicy peers of the admin port
 	replicas      int32
 	preStop       int64
 	sandboxCtrs   []string // extra containers beside the supervisor (dedicated)
 	extraArgs     []string
+}
+
+// gatewayExpect is what the reference gateway's rendering must show.
+type gatewayExpect struct {
+	replicas       int32
+	store          string // memory | etcd
+	etcdEndpoints  string // --etcd-endpoints
+	etcdPrefix     string
+	etcdTLSSecret  string // Secret mounted for the etcd client files ("": none)
+	etcdCAKey      string // its key behind --etcd-ca-file ("": no such flag)
+	endpointPolicy string
+}
+
+func gatewayDefaults() gatewayExpect {
+	return gatewayExpect{replicas: 1, store: "memory", endpointPolicy: "source"}
 }
 
 func defaults() expect {
@@ -142,9 +159,89 @@ func TestChartSharedWithNetnsServiceMonitorAndGateway(t *testing.T) {
 	e := defaults()
 	e.mode, e.app, e.netns, e.unixRelay = "shared", true, true, "/run/sbx"
 	e.serviceMon, e.gateway, e.replicas, e.preStop = true, true, 3, 5
+	e.gw = gatewayDefaults()
 	e.endpoint = "https://rel-applistener-gateway.sbx.svc:8080"
 	e.extraArgs = []string{"--app-idle-timeout=300s", "--default-max-streams=512"}
 	checkRelease(t, r, e)
+}
+
+// gatewayValues enables the reference gateway with inline tokens and the
+// gateway values given.
+func gatewayValues(gw map[string]any) map[string]any {
+	g := map[string]any{
+		"enabled": true,
+		"tokens": map[string]any{"inline": map[string]any{"tokens": []any{
+			map[string]any{"token": "t-pool", "pool": "hosts"},
+			map[string]any{"token": "t-admin", "admin": true},
+		}}},
+	}
+	for k, v := range gw {
+		g[k] = v
+	}
+	return map[string]any{
+		"mode":         "shared",
+		"appListener":  map[string]any{"enabled": true, "domain": "apps.example.com"},
+		"controlPlane": map[string]any{"ca": map[string]any{"secretName": "applistener-gateway-ca"}},
+		"gateway":      g,
+	}
+}
+
+// TestChartGatewayReplicasOnEtcd: N gateway replicas on the platform's
+// etcd, with client certificates from a Secret: every replica gets the
+// etcd flags, the files come from that Secret, the replicas roll one at a
+// time, prefer different nodes and keep a disruption budget; endpoints are
+// checked against the advertisement's source address.
+func TestChartGatewayReplicasOnEtcd(t *testing.T) {
+	r := render(t, gatewayValues(map[string]any{
+		"replicas": 3,
+		"store":    "etcd",
+		"etcd": map[string]any{
+			"endpoints": []any{"https://etcd-0.etcd.platform.svc:2379", "https://etcd-1.etcd.platform.svc:2379", "https://etcd-2.etcd.platform.svc:2379"},
+			"prefix":    "/apps-prod/",
+			"tls":       map[string]any{"secretName": "applistener-etcd-client"},
+		},
+	}))
+	e := defaults()
+	e.mode, e.app, e.gateway, e.replicas = "shared", true, true, 2
+	e.endpoint = "https://rel-applistener-gateway.sbx.svc:8080"
+	e.gw = gatewayExpect{
+		replicas: 3, store: "etcd",
+		etcdEndpoints: "https://etcd-0.etcd.platform.svc:2379,https://etcd-1.etcd.platform.svc:2379,https://etcd-2.etcd.platform.svc:2379",
+		etcdPrefix:    "/apps-prod/", etcdTLSSecret: "applistener-etcd-client", etcdCAKey: "ca.crt",
+		endpointPolicy: "source",
+	}
+	checkRelease(t, r, e)
+}
+
+// TestChartGatewayEtcdPlainAndCIDRPolicy: etcd without client certificates
+// (no TLS flags, no volume), a CIDR endpoint policy, a session TTL, and
+// explicit affinity replacing the default anti-affinity.
+func TestChartGatewayEtcdPlainAndCIDRPolicy(t *testing.T) {
+	r := render(t, gatewayValues(map[string]any{
+		"replicas":       2,
+		"store":          "etcd",
+		"etcd":           map[string]any{"endpoints": []any{"http://etcd.platform.svc:2379"}, "dialTimeout": "3s"},
+		"endpointPolicy": "cidr:10.0.0.0/8,fd00::/8",
+		"sessionTTL":     "20s",
+		"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+			"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "In", "values": []any{"control"}}}}},
+		}}},
+	}))
+	e := defaults()
+	e.mode, e.app, e.gateway, e.replicas = "shared", true, true, 2
+	e.endpoint = "https://rel-applistener-gateway.sbx.svc:8080"
+	e.gw = gatewayExpect{replicas: 2, store: "etcd", etcdEndpoints: "http://etcd.platform.svc:2379",
+		etcdPrefix: "/applistener/", endpointPolicy: "cidr:10.0.0.0/8,fd00::/8"}
+	checkRelease(t, r, e)
+	d := gatewayDeployment(t, r)
+	args := parseArgs(t, d.Spec.Template.Spec.Containers[0].Args, "gateway")
+	if args["session-ttl"] != "20s" || args["etcd-dial-timeout"] != "3s" {
+		t.Errorf("--session-ttl=%q --etcd-dial-timeout=%q, want 20s and 3s", args["session-ttl"], args["etcd-dial-timeout"])
+	}
+	aff := d.Spec.Template.Spec.Affinity
+	if aff == nil || aff.NodeAffinity == nil || aff.PodAntiAffinity != nil {
+		t.Errorf("gateway affinity %+v: want exactly the given node affinity", aff)
+	}
 }
 
 func TestChartSharedNonRootWithMetricsService(t *testing.T) {
@@ -210,6 +307,15 @@ func TestChartRefusesContradictions(t *testing.T) {
 		{"gateway without TLS", map[string]any{"gateway": map[string]any{"enabled": true, "tls": map[string]any{"secretName": ""}}}, "gateway.tls.secretName"},
 		{"gateway without CA", map[string]any{"gateway": map[string]any{"enabled": true}}, "controlPlane.ca"},
 		{"CA from two places", map[string]any{"controlPlane": map[string]any{"ca": map[string]any{"secretName": "a", "configMapName": "b"}}}, "not both"},
+		{"gateway replicas on memory", gatewayValues(map[string]any{"replicas": 2}), "needs gateway.store=etcd"},
+		{"etcd without endpoints", gatewayValues(map[string]any{"store": "etcd"}), "gateway.etcd.endpoints is required"},
+		{"etcd endpoint without scheme", gatewayValues(map[string]any{"store": "etcd", "etcd": map[string]any{"endpoints": []any{"etcd:2379"}}}), "/gateway/etcd/endpoints/0"},
+		{"etcd client certificates over http", gatewayValues(map[string]any{"store": "etcd", "etcd": map[string]any{
+			"endpoints": []any{"http://etcd:2379"}, "tls": map[string]any{"secretName": "etcd-client"}}}), "plain http"},
+		{"etcd prefix without slashes", gatewayValues(map[string]any{"store": "etcd", "etcd": map[string]any{
+			"endpoints": []any{"https://etcd:2379"}, "prefix": "applistener"}}), "/gateway/etcd/prefix"},
+		{"unknown store", gatewayValues(map[string]any{"store": "redis"}), "/gateway/store"},
+		{"unknown endpoint policy", gatewayValues(map[string]any{"endpointPolicy": "trust-me"}), "gateway.endpointPolicy"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -398,11 +504,21 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 	checkServices(t, r, d, ports, e)
 	checkNetworkPolicy(t, r, d, ports, e)
 
-	// PodDisruptionBudget over the supervisors.
-	if len(r.PDBs) != 1 {
-		t.Fatalf("%d PodDisruptionBudgets, want 1", len(r.PDBs))
+	// PodDisruptionBudget over the supervisors (and one over the gateway
+	// replicas when there are several).
+	var supPDBs []*policyv1.PodDisruptionBudget
+	for _, p := range r.PDBs {
+		if p.Labels["app.kubernetes.io/component"] != "gateway" {
+			supPDBs = append(supPDBs, p)
+		}
 	}
-	pdb := r.PDBs[0]
+	if len(supPDBs) != 1 {
+		t.Fatalf("%d supervisor PodDisruptionBudgets, want 1", len(supPDBs))
+	}
+	if want := map[bool]int{true: 1, false: 0}[e.gateway && e.gw.replicas > 1]; len(r.PDBs)-len(supPDBs) != want {
+		t.Errorf("%d gateway PodDisruptionBudgets, want %d", len(r.PDBs)-len(supPDBs), want)
+	}
+	pdb := supPDBs[0]
 	mustSelect(t, "PodDisruptionBudget", pdb.Spec.Selector, podLabels)
 	if pdb.Spec.MaxUnavailable == nil || (pdb.Spec.MaxUnavailable.Type == intstr.Int && pdb.Spec.MaxUnavailable.IntVal < 1) {
 		t.Errorf("PodDisruptionBudget maxUnavailable %v would block node drains", pdb.Spec.MaxUnavailable)
@@ -902,7 +1018,7 @@ func checkServiceMonitor(t *testing.T, r *rendered, sm *serviceMonitor, e expect
 	}
 }
 
-func checkGateway(t *testing.T, r *rendered, e expect) {
+func gatewayDeployment(t *testing.T, r *rendered) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
 	for _, dep := range r.Deployments {
@@ -913,6 +1029,12 @@ func checkGateway(t *testing.T, r *rendered, e expect) {
 	if d == nil || len(d.Spec.Template.Spec.Containers) != 1 {
 		t.Fatal("no gateway Deployment with one container")
 	}
+	return d
+}
+
+func checkGateway(t *testing.T, r *rendered, e expect) {
+	t.Helper()
+	d := gatewayDeployment(t, r)
 	c := &d.Spec.Template.Spec.Containers[0]
 	gwFlags := acceptedFlags(t, "gateway")
 	args := parseArgs(t, c.Args, "gateway")
@@ -953,6 +1075,7 @@ func checkGateway(t *testing.T, r *rendered, e expect) {
 	if v := volumeAt(t, d, c, path.Dir(args["tokens"])); v.Secret == nil {
 		t.Error("gateway tokens are not mounted from a Secret")
 	}
+	checkGatewayStore(t, r, d, c, args, e.gw)
 	// The supervisors' endpoint is this Service.
 	var svc *corev1.Service
 	for _, s := range r.Services {
@@ -992,6 +1115,97 @@ func checkGateway(t *testing.T, r *rendered, e expect) {
 	}
 	if !admitted {
 		t.Error("no NetworkPolicy admits the supervisors to the gateway's port")
+	}
+}
+
+// checkGatewayStore checks the gateway's replicas, store, etcd flags and
+// files, endpoint policy, rollout, spreading and disruption budget.
+func checkGatewayStore(t *testing.T, r *rendered, d *appsv1.Deployment, c *corev1.Container, args map[string]string, g gatewayExpect) {
+	t.Helper()
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != g.replicas {
+		t.Errorf("gateway replicas = %v, want %d", d.Spec.Replicas, g.replicas)
+	}
+	if args["store"] != g.store {
+		t.Errorf("gateway --store=%q, want %q", args["store"], g.store)
+	}
+	if args["endpoint-policy"] != g.endpointPolicy {
+		t.Errorf("gateway --endpoint-policy=%q, want %q", args["endpoint-policy"], g.endpointPolicy)
+	}
+	etcdFlags := []string{"etcd-endpoints", "etcd-prefix", "etcd-ca-file", "etcd-cert-file", "etcd-key-file", "etcd-dial-timeout"}
+	if g.store != "etcd" {
+		// One in-memory replica, replaced (never two with split state).
+		for _, f := range etcdFlags {
+			if _, ok := args[f]; ok {
+				t.Errorf("gateway with the memory store gets --%s", f)
+			}
+		}
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("memory-store gateway strategy %q, want Recreate", d.Spec.Strategy.Type)
+		}
+		return
+	}
+	if args["etcd-endpoints"] != g.etcdEndpoints || args["etcd-prefix"] != g.etcdPrefix {
+		t.Errorf("gateway --etcd-endpoints=%q --etcd-prefix=%q, want %q and %q", args["etcd-endpoints"], args["etcd-prefix"], g.etcdEndpoints, g.etcdPrefix)
+	}
+	// Rolling, never below the wanted number of ready replicas.
+	ru := d.Spec.Strategy.RollingUpdate
+	if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("etcd-store gateway strategy %+v, want RollingUpdate with maxUnavailable 0", d.Spec.Strategy)
+	}
+	// The client certificate, key and CA come from the one Secret.
+	files := map[string]string{"etcd-cert-file": "tls.crt", "etcd-key-file": "tls.key"}
+	if g.etcdCAKey != "" {
+		files["etcd-ca-file"] = g.etcdCAKey
+	}
+	if g.etcdTLSSecret == "" {
+		files = nil
+	}
+	for _, f := range []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file"} {
+		key, want := files[f]
+		v, have := args[f]
+		switch {
+		case want != have:
+			t.Errorf("gateway --%s given: %v, want %v", f, have, want)
+		case want:
+			vol := volumeAt(t, d, c, path.Dir(v))
+			if vol.Secret == nil || vol.Secret.SecretName != g.etcdTLSSecret || path.Base(v) != key {
+				t.Errorf("gateway --%s=%s is not key %s of Secret %s: %+v", f, v, key, g.etcdTLSSecret, vol.VolumeSource)
+			}
+		}
+	}
+	// Several replicas: spread over nodes unless affinity is given, and a
+	// disruption budget that lets a node drain.
+	if g.replicas > 1 {
+		var pdb *policyv1.PodDisruptionBudget
+		for _, p := range r.PDBs {
+			if p.Labels["app.kubernetes.io/component"] == "gateway" {
+				pdb = p
+			}
+		}
+		if pdb == nil {
+			t.Fatal("no PodDisruptionBudget over the gateway replicas")
+		}
+		mustSelect(t, "gateway PodDisruptionBudget", pdb.Spec.Selector, d.Spec.Template.Labels)
+		sup := supervisorDeployment(t, r)
+		if s, _ := metav1.LabelSelectorAsSelector(pdb.Spec.Selector); s.Matches(labels.Set(sup.Spec.Template.Labels)) {
+			t.Error("the gateway PodDisruptionBudget also selects supervisors")
+		}
+		if mu := pdb.Spec.MaxUnavailable; mu == nil || (mu.Type == intstr.Int && (mu.IntVal < 1 || mu.IntVal >= g.replicas)) {
+			t.Errorf("gateway PodDisruptionBudget maxUnavailable %v: want at least 1 and fewer than %d", mu, g.replicas)
+		}
+		if aff := d.Spec.Template.Spec.Affinity; aff == nil {
+			t.Error("several gateway replicas without any affinity")
+		} else if aff.NodeAffinity == nil {
+			pa := aff.PodAntiAffinity
+			if pa == nil || len(pa.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+				t.Fatalf("gateway anti-affinity %+v: want one preferred term", pa)
+			}
+			term := pa.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+			if term.TopologyKey != "kubernetes.io/hostname" {
+				t.Errorf("gateway anti-affinity on %q, want kubernetes.io/hostname", term.TopologyKey)
+			}
+			mustSelect(t, "gateway anti-affinity", term.LabelSelector, d.Spec.Template.Labels)
+		}
 	}
 }
 

@@ -156,6 +156,35 @@ would admit every source). */}}
 {{- if and $v.gateway.config.existingConfigMap $v.gateway.config.existingSecret }}
 {{- fail "gateway.config: set existingConfigMap or existingSecret, not both" }}
 {{- end }}
+{{- $g := $v.gateway }}
+{{- if not (has $g.store (list "memory" "etcd")) }}
+{{- fail (printf "gateway.store must be memory or etcd, not %q" $g.store) }}
+{{- end }}
+{{- if lt (int $g.replicas) 1 }}
+{{- fail "gateway.replicas must be at least 1" }}
+{{- end }}
+{{- if and (eq $g.store "memory") (gt (int $g.replicas) 1) }}
+{{- fail "gateway.replicas > 1 needs gateway.store=etcd: memory-store replicas would each hold different sessions and advertisements" }}
+{{- end }}
+{{- if not (regexMatch "^(source|any|cidr:[0-9a-fA-F.:/]+(,[0-9a-fA-F.:/]+)*)$" ($g.endpointPolicy | default "")) }}
+{{- fail (printf "gateway.endpointPolicy must be source, any or cidr:CIDR[,CIDR...], not %q" $g.endpointPolicy) }}
+{{- end }}
+{{- if eq $g.store "etcd" }}
+{{- if not $g.etcd.endpoints }}
+{{- fail "gateway.etcd.endpoints is required when gateway.store is etcd" }}
+{{- end }}
+{{- range $g.etcd.endpoints }}
+{{- if not (regexMatch "^https?://[^/,]+$" .) }}
+{{- fail (printf "gateway.etcd.endpoints: %q is not an http(s)://host:port URL" .) }}
+{{- end }}
+{{- if and $g.etcd.tls.secretName (not (hasPrefix "https://" .)) }}
+{{- fail (printf "gateway.etcd.endpoints: %q is plain http although gateway.etcd.tls.secretName gives client certificates" .) }}
+{{- end }}
+{{- end }}
+{{- if not (regexMatch "^/(.*/)?$" ($g.etcd.prefix | default "")) }}
+{{- fail (printf "gateway.etcd.prefix %q must start and end with /" $g.etcd.prefix) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $drain := int $v.drainTimeoutSeconds }}
 {{- $need := add $drain (int $v.preStopSleepSeconds) }}
