@@ -59,7 +59,7 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.tokensFile, "tokens", "", `tokens file: {"tokens": [{"token": "...", "supervisor": "<id>"}, {"token": "...", "workspaces": ["<ws>", ...]}, {"token": "...", "admin": true}, {"token": "...", "pool": "<pool>"}]} (required; reloaded on change)`)
 	fs.StringVar(&o.tlsDir, "tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume): serve HTTPS with HTTP/2")
 	fs.DurationVar(&o.keepalive, "keepalive", gateway.DefaultKeepalive, "keepalive interval of push sessions: the default, and the longest granted")
-	fs.DurationVar(&o.keepaliveMin, "keepalive-min", gateway.DefaultKeepaliveMin, "shortest keepalive interval granted to a push session that asks for one (?keepalive=)")
+	fs.DurationVar(&o.keepaliveMin, "keepalive-min", 0, "shortest keepalive interval granted to a push session that asks for one (?keepalive=); default 250ms, or --keepalive when that is shorter")
 	fs.DurationVar(&o.sessionTTL, "session-ttl", gateway.DefaultSessionTTL, "a supervisor session holds this long after its last request (push streams renew it)")
 	fs.StringVar(&o.endpointPolicy, "endpoint-policy", gateway.EndpointPolicyAny, `which advertised endpoints are published: "any", "source" (the endpoint host is the advertisement's source IP) or "cidr:PREFIX[,PREFIX...]"`)
 	fs.StringVar(&o.store, "store", "memory", `where the gateway keeps its state: "memory" (one process) or "etcd" (shared by replicas)`)
@@ -153,6 +153,9 @@ func (o *gatewayOptions) validateStore() error {
 		}
 	default:
 		return usagef("--store must be memory or etcd, not %q", o.store)
+	}
+	if o.keepaliveMin == 0 {
+		o.keepaliveMin = min(gateway.DefaultKeepaliveMin, o.keepalive)
 	}
 	if o.keepaliveMin < 10*time.Millisecond || o.keepaliveMin > o.keepalive {
 		return usagef("--keepalive-min must be at least 10ms and at most --keepalive")
