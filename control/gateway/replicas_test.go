@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,27 +262,42 @@ func etcdKeys(t testing.TB, endpoints []string, prefix string) (int, int) {
 }
 
 // The footprint of 1,000 installed routes in etcd: 100 supervisors with 10
-// routes each, their documents, sessions and advertisements.
+// routes each, their documents (from the configuration file), sessions,
+// pool bindings and advertisements.
 func TestEtcdFootprint(t *testing.T) {
 	checkLeaks(t)
 	c := startEtcd(t, 1)
-	_, tokensPath := replicaFiles(t)
-	r := newReplica(t, replicaOptions{etcd: c.endpoints(), tokensPath: tokensPath, prefix: "/fp/"})
+	configPath, tokensPath := replicaFiles(t)
 	const sups, perSup = 100, 10
+	sections := make(map[string][]discInstance, sups)
 	for s := range sups {
 		sup := fmt.Sprintf("host-%03d", s)
+		for i := range perSup {
+			sections[sup] = append(sections[sup], discInstance{"team", fmt.Sprintf("s%03d-%02d", s, i), []string{"web"}})
+		}
+	}
+	writeFileAtomic(t, configPath, discConfig(sections))
+	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath, prefix: "/fp/"})
+	// 10 advertising at a time: etcd batches their writes.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 10)
+	codes := make([]int, sups)
+	for s := range sups {
 		var rs []genRoute
 		for i := range perSup {
-			sb := fmt.Sprintf("s%03d-%02d", s, i)
-			entry := fmt.Sprintf(`{"workspace":"team","sandbox":"%s","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}`, sb)
-			if resp, body := r.do(http.MethodPut, "/v1/supervisors/"+sup+"/instances/team/"+sb, repTokAdmin, strings.NewReader(entry)); resp.StatusCode != http.StatusOK {
-				t.Fatalf("PUT: %d %q", resp.StatusCode, body)
-			}
-			rs = append(rs, genRoute{discRoute{ws: "team", sb: sb, name: "web", version: uint64(i + 1), expires: time.Now().Add(time.Minute),
-				host: fmt.Sprintf("10.1.%d.%d", s/250, s%250+1), domain: "apps.example.com"}, "1"})
+			rs = append(rs, genRoute{discRoute{ws: "team", sb: fmt.Sprintf("s%03d-%02d", s, i), name: "web", version: uint64(i + 1),
+				expires: time.Now().Add(time.Minute), host: fmt.Sprintf("10.1.%d.%d", s/250, s%250+1), domain: "apps.example.com"}, "1"})
 		}
-		if code := r.advertise(sup, repTokPoolA, sessionID(s+1), rs...); code != http.StatusNoContent {
-			t.Fatal(code)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			codes[s] = r.advertise(fmt.Sprintf("host-%03d", s), repTokPoolA, sessionID(s+1), rs...)
+		})
+	}
+	wg.Wait()
+	for s, code := range codes {
+		if code != http.StatusNoContent {
+			t.Fatalf("advertisement of host-%03d: %d", s, code)
 		}
 	}
 	routes := len(r.snapshot("team", discTokTeam))
