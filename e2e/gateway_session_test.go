@@ -587,8 +587,13 @@ func TestParentLivenessStdin(t *testing.T) {
 func TestStderrStalled(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	gw := gwNewGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}))
+	doc := gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}})
+	gw := gwNewGateway(t, doc)
 	gw.start(t)
+	// The drained supervisor has a gateway of its own: both use the same
+	// supervisor id, and a newer session of an id supersedes the older.
+	gw2 := gwNewGateway(t, doc)
+	gw2.start(t)
 
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -603,7 +608,7 @@ func TestStderrStalled(t *testing.T) {
 		cmd.Stderr = w
 	}})
 	_ = w.Close()
-	drained := gwStartSup(t, gw, gwSupConfig{})
+	drained := gwStartSup(t, gw2, gwSupConfig{})
 
 	const measured = 300
 	run := func(name string, p *gwSup) []time.Duration {
