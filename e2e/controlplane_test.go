@@ -796,3 +796,95 @@ func TestControlPlaneEndpointPolicySource(t *testing.T) {
 		return nil
 	}})
 }
+
+// TestControlPlaneShortFreshnessQuiet: --route-freshness 2s against a gateway
+// with the default keepalive (5 s): the supervisor negotiates a shorter one
+// (or polls beside it), so 20 quiet seconds expire nothing and an idle
+// WebSocket stays open.
+func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
+	t.Parallel()
+	c := etcdStartCluster(t)
+	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}) // default keepalive and session TTL
+	web := newBackend(t, "web1")
+	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", freshness: 2 * time.Second})
+	r0 := g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
+	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
+	ws := sup.wsDial(t, cpHostDemo)
+	wsEcho(t, ws, websocket.TextMessage, []byte("before"))
+	_ = ws.SetReadDeadline(time.Time{})
+	// A reader that reports every message and how the socket ended.
+	msgs := make(chan string, 8)
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			_, m, err := ws.ReadMessage()
+			if err != nil {
+				ended <- err
+				return
+			}
+			msgs <- string(m)
+		}
+	}()
+
+	rev0, err := c.revision()
+	if err != nil {
+		t.Fatal(err)
+	}
+	quietStart := time.Now()
+	gwWatch(t, 20*time.Second,
+		&gwCheck{name: "route installed and unchanged", every: time.Second, fn: func() error {
+			if !gwHandshakeOK(sup.proc, cpHostDemo) {
+				return fmt.Errorf("handshake refused")
+			}
+			_, s, err := g.discovery(1, cpTeamToken, "team")
+			if err != nil {
+				return err
+			}
+			r := s.route(cpHostDemo)
+			if r == nil || r.InstallationVersion != r0.InstallationVersion {
+				return fmt.Errorf("discovery %+v, want installation %d", r, r0.InstallationVersion)
+			}
+			return nil
+		}},
+		&gwCheck{name: "WebSocket open", every: time.Second, fn: func() error {
+			select {
+			case err := <-ended:
+				ended <- err
+				return fmt.Errorf("closed: %v", err)
+			default:
+				return nil
+			}
+		}},
+	)
+	if v := gwMetricT(t, sup.adminAddr, "applistener_route_revocations_total", nil); v != 0 {
+		t.Errorf("%v route revocations during the quiet period", v)
+	}
+	// What one quiet supervisor costs etcd (for the sizing advice).
+	if rev1, err := c.revision(); err == nil {
+		kvs, _ := c.list(g.prefix)
+		size := 0
+		for _, kv := range kvs {
+			size += len(kv.Key) + len(kv.Value)
+		}
+		cpLogf(t, "one quiet supervisor (freshness 2s, 1 route): %.2f etcd writes/s; %d keys, %d bytes under the prefix",
+			float64(rev1-rev0)/time.Since(quietStart).Seconds(), len(kvs), size)
+	}
+	// Still alive after the quiet period: an echo goes through.
+	_ = ws.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := ws.WriteMessage(websocket.TextMessage, []byte("after")); err != nil {
+		t.Fatalf("WebSocket write after 20 quiet seconds: %v", err)
+	}
+	select {
+	case m := <-msgs:
+		if m != "after" {
+			t.Errorf("echo %q", m)
+		}
+	case err := <-ended:
+		t.Fatalf("WebSocket ended: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no echo after 20 quiet seconds")
+	}
+	_ = ws.Close()
+	<-ended
+}
