@@ -120,7 +120,7 @@ func TestControlPlaneCrossReplica(t *testing.T) {
 	// once); a publication also includes the supervisor's round trip
 	// (push, install, advertisement through replica 1).
 	w := cpStartWatch(t, g, 1)
-	const rounds = 20
+	const rounds = 100
 	var pub, unpub []time.Duration
 	idx := 0
 	for range rounds {
