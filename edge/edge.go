@@ -48,6 +48,7 @@ const (
 	DefaultHelloTimeout     = 10 * time.Second
 	DefaultDialTimeout      = 5 * time.Second
 	DefaultHalfCloseTimeout = 60 * time.Second
+	DefaultWithdrawGrace    = 2 * time.Second
 	// refusedRetry is the delay before a refused workspace is watched again.
 	refusedRetry = 5 * time.Second
 	// writeHelloTimeout bounds replaying the ClientHello to the supervisor.
@@ -80,6 +81,14 @@ type Config struct {
 	// HalfCloseTimeout bounds a splice after one side has finished sending
 	// (DefaultHalfCloseTimeout).
 	HalfCloseTimeout time.Duration
+	// WithdrawGrace is how long a spliced connection whose route was
+	// withdrawn (not expired) stays open so that its supervisor, which
+	// revokes the route too, can close it itself: a WebSocket then gets the
+	// supervisor's close frame (1008) instead of a cut. New connections
+	// for the name are refused at once. DefaultWithdrawGrace when zero;
+	// negative: closed at once. Expired routes are closed at once (their
+	// supervisor may be gone).
+	WithdrawGrace time.Duration
 	// MaxConnections bounds concurrent client connections (0: no bound).
 	MaxConnections int
 	// Dial connects to supervisors; nil uses a net.Dialer.
@@ -129,11 +138,14 @@ type Edge struct {
 	// table is the current host → route map, immutable, replaced whole.
 	table atomic.Pointer[map[string]*route]
 
-	mu         sync.Mutex
-	perWS      map[string][]api.ServiceRoute // latest snapshot per workspace
-	revision   map[string]string
-	have       map[string]bool // a usable snapshot arrived (and was not refused since)
-	splices    map[spliceKey]map[*splice]struct{}
+	mu       sync.Mutex
+	perWS    map[string][]api.ServiceRoute // latest snapshot per workspace
+	revision map[string]string
+	have     map[string]bool // a usable snapshot arrived (and was not refused since)
+	splices  map[spliceKey]map[*splice]struct{}
+	// lingering are splices of withdrawn routes waiting out
+	// WithdrawGrace for their supervisor to close them.
+	lingering  map[*splice]struct{}
 	pending    map[net.Conn]struct{} // accepted, not yet spliced
 	active     int                   // client connections being served
 	closed     bool
@@ -170,6 +182,12 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.HalfCloseTimeout <= 0 {
 		cfg.HalfCloseTimeout = DefaultHalfCloseTimeout
 	}
+	switch {
+	case cfg.WithdrawGrace == 0:
+		cfg.WithdrawGrace = DefaultWithdrawGrace
+	case cfg.WithdrawGrace < 0:
+		cfg.WithdrawGrace = 0
+	}
 	if cfg.Dial == nil {
 		d := &net.Dialer{KeepAlive: 30 * time.Second}
 		cfg.Dial = d.DialContext
@@ -178,15 +196,16 @@ func New(cfg Config) (*Edge, error) {
 		cfg.Logger = slog.Default()
 	}
 	e := &Edge{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		m:        newMetrics(cfg.Registerer),
-		perWS:    make(map[string][]api.ServiceRoute),
-		revision: make(map[string]string),
-		have:     make(map[string]bool),
-		splices:  make(map[spliceKey]map[*splice]struct{}),
-		pending:  make(map[net.Conn]struct{}),
-		wake:     make(chan struct{}, 1),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		m:         newMetrics(cfg.Registerer),
+		perWS:     make(map[string][]api.ServiceRoute),
+		revision:  make(map[string]string),
+		have:      make(map[string]bool),
+		splices:   make(map[spliceKey]map[*splice]struct{}),
+		pending:   make(map[net.Conn]struct{}),
+		lingering: make(map[*splice]struct{}),
+		wake:      make(chan struct{}, 1),
 	}
 	empty := map[string]*route{}
 	e.table.Store(&empty)
@@ -344,13 +363,20 @@ func (e *Edge) rebuildLocked(now time.Time, why string) {
 		if r != nil {
 			reason = "owner_changed"
 		}
+		delete(e.splices, key)
+		if o := old[key.host]; o != nil && now.Before(o.expires) && e.cfg.WithdrawGrace > 0 {
+			// Withdrawn: the supervisor closes them itself (close frames).
+			e.lingerLocked(set, reason)
+			e.log.Info("edge route withdrawn: spliced connections left to their supervisor", "hostname", key.host,
+				"endpoint", key.endpoint, "connections", len(set), "grace", e.cfg.WithdrawGrace, "reason", reason)
+			continue
+		}
 		for sp := range set {
 			sp.close()
 		}
 		e.m.revoked.WithLabelValues(reason).Add(float64(len(set)))
 		e.log.Info("edge closed spliced connections", "hostname", key.host, "endpoint", key.endpoint,
 			"connections", len(set), "reason", reason)
-		delete(e.splices, key)
 	}
 	if !next.Equal(e.nextExpiry) {
 		e.nextExpiry = next
@@ -566,9 +592,36 @@ func (e *Edge) register(host, endpoint string, c, backend net.Conn) (sp *splice,
 	return sp, nil, false
 }
 
+// lingerLocked keeps the splices of a withdrawn route open for
+// WithdrawGrace, then closes those still open. e.mu is held.
+func (e *Edge) lingerLocked(set map[*splice]struct{}, reason string) {
+	batch := make([]*splice, 0, len(set))
+	for sp := range set {
+		e.lingering[sp] = struct{}{}
+		batch = append(batch, sp)
+	}
+	time.AfterFunc(e.cfg.WithdrawGrace, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		closed := 0
+		for _, sp := range batch {
+			if _, ok := e.lingering[sp]; ok {
+				delete(e.lingering, sp)
+				sp.close()
+				closed++
+			}
+		}
+		if closed > 0 {
+			e.m.revoked.WithLabelValues(reason).Add(float64(closed))
+			e.log.Info("edge closed spliced connections after the withdrawal grace", "connections", closed, "reason", reason)
+		}
+	})
+}
+
 func (e *Edge) unregister(host, endpoint string, sp *splice) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	delete(e.lingering, sp)
 	key := spliceKey{host, endpoint}
 	if set := e.splices[key]; set != nil {
 		delete(set, sp)
@@ -637,7 +690,7 @@ drain:
 func (e *Edge) spliceCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := 0
+	n := len(e.lingering)
 	for _, set := range e.splices {
 		n += len(set)
 	}
@@ -655,6 +708,11 @@ func (e *Edge) closeAllSplices() {
 			closed++
 		}
 		delete(e.splices, key)
+	}
+	for sp := range e.lingering {
+		sp.close()
+		closed++
+		delete(e.lingering, sp)
 	}
 	e.m.revoked.WithLabelValues("shutdown").Add(float64(closed))
 	e.log.Warn("drain timeout: closing the remaining spliced connections", "connections", closed)

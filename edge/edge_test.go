@@ -219,7 +219,15 @@ type edgeFixture struct {
 	stop func()
 }
 
+// newEdgeFixture is an edge that closes the connections of a withdrawn
+// route at once (no withdrawal grace: the fake supervisors never close
+// them themselves).
 func newEdgeFixture(t *testing.T, src Source, pool *x509.CertPool, workspaces ...string) *edgeFixture {
+	t.Helper()
+	return newEdgeFixtureGrace(t, -1, src, pool, workspaces...)
+}
+
+func newEdgeFixtureGrace(t *testing.T, grace time.Duration, src Source, pool *x509.CertPool, workspaces ...string) *edgeFixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	e, err := New(Config{
@@ -227,6 +235,7 @@ func newEdgeFixture(t *testing.T, src Source, pool *x509.CertPool, workspaces ..
 		Workspaces:       workspaces,
 		HelloTimeout:     2 * time.Second,
 		HalfCloseTimeout: 2 * time.Second,
+		WithdrawGrace:    grace,
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer:       reg,
 	})
@@ -504,6 +513,39 @@ func TestEdgeMoveAndRemove(t *testing.T) {
 		t.Errorf("route_gone closes %v", n)
 	}
 	testutil.Eventually(t, time.Second, "no active splices", func() bool { return f.metric("applistener_edge_active_splices") == 0 })
+}
+
+// TestEdgeWithdrawGrace: the connections of a withdrawn route stay open
+// for the withdrawal grace, so that their supervisor (which revokes the
+// route as well) can close them with its own close frames; new connections
+// are refused at once; what is left is closed when the grace ends. An
+// expired route's connections are closed at once.
+func TestEdgeWithdrawGrace(t *testing.T) {
+	ca := newCA(t)
+	sup1 := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	const grace = 2 * time.Second
+	f := newEdgeFixtureGrace(t, grace, src, ca.Pool(), "team")
+	exp := time.Now().Add(time.Minute)
+	src.send(t, "team", routeTo(hostA, sup1, 1, exp), routeTo(hostB, sup1, 1, exp))
+	a := f.mustDial(hostA)
+	b := f.mustDial(hostB)
+	withdrawn := time.Now()
+	src.send(t, "team", routeTo(hostB, sup1, 1, exp))
+	f.expectUnrecognized(hostA)
+	// Within the grace the connection still carries bytes both ways.
+	a.echo(t, "still open in the grace")
+	if took := time.Since(withdrawn); took >= grace {
+		t.Fatalf("the in-grace echo took until %v after the withdrawal; the grace is %v", took, grace)
+	}
+	a.expectClosed(t, grace+3*time.Second)
+	if took := time.Since(withdrawn); took < grace {
+		t.Errorf("closed %v after the withdrawal; want the %v grace", took, grace)
+	}
+	testutil.Eventually(t, time.Second, "the grace's close counted", func() bool {
+		return f.metric("applistener_edge_splices_closed_total", "reason", "route_gone") == 1
+	})
+	b.echo(t, "b untouched")
 }
 
 // The cache drops a route at its expires_at by itself (the source is
