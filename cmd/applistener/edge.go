@@ -32,6 +32,7 @@ type edgeOptions struct {
 	helloTimeout   time.Duration
 	dialTimeout    time.Duration
 	halfClose      time.Duration
+	withdrawGrace  time.Duration
 	drainTimeout   time.Duration
 	streamIdle     time.Duration
 	maxConnections int
@@ -51,6 +52,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
+	fs.DurationVar(&o.withdrawGrace, "withdraw-grace", edge.DefaultWithdrawGrace, "how long connections of a withdrawn route stay open for their supervisor to close them (WebSocket close frames); 0: close at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
 	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
@@ -139,6 +141,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 		HelloTimeout:     o.helloTimeout,
 		DialTimeout:      o.dialTimeout,
 		HalfCloseTimeout: o.halfClose,
+		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
 		Logger:           logger,
 		Registerer:       reg,
@@ -186,4 +189,13 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 	cancelBG()
 	logger.Info("edge stopped")
 	return runErr
+}
+
+// withdrawGrace maps the flag to edge.Config.WithdrawGrace: 0 on the
+// command line means none.
+func withdrawGrace(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
