@@ -31,18 +31,24 @@ import (
 //
 // A route is published while (1) its advertised expires_at has not passed
 // (a timer republishes at each expiry, so a watch gets a line even when
-// nothing else happens), (2) the gateway's current configuration still
-// grants it to the supervisor that advertised it: that supervisor's section
-// has a valid instance with the route's workspace and sandbox and a service
-// with its name, and (3) the tokens file still has a token for that
-// supervisor. All are re-checked whenever the set is published, so a
-// configuration or tokens change removes routes at once, before any
-// re-advertisement.
+// nothing else happens), (2) the supervisor's current document still grants
+// it: a valid instance with the route's workspace and sandbox, a service
+// with its name, and the same generation as advertised (an advertisement
+// without a generation is accepted only without a session), (3) the session
+// that advertised it holds and is the supervisor's current one
+// (sessions.go), (4) the token that advertised it is still in the tokens
+// file and still grants the supervisor (a supervisor token for it, or the
+// token of the pool it is bound to), and (5) its endpoint passes the
+// endpoint policy (policy.go). All are re-checked whenever the set is
+// published, so a document, session or tokens change removes routes at
+// once, before any re-advertisement.
 //
 // One hostname is published once. When two supervisors advertise the same
 // hostname and both are granted it, the incumbent wins: the advertisement
 // whose installation (supervisor, installation_version, endpoint) the
-// gateway has known the longest, ties broken by the smaller supervisor id.
+// gateway has known the longest (the time is stored with the advertisement,
+// so every replica picks the same one), ties broken by the smaller
+// supervisor id.
 // Renewals keep an installation's age, so the winner does not flap at every
 // renewal (which "latest expires_at" would do, closing the consumers'
 // connections each time); the other takes over when the incumbent is
@@ -55,6 +61,8 @@ import (
 //   - the workspace's snapshot cannot be built: it would be larger than
 //     api.MaxDiscoverySnapshotBytes or fails to encode (a truncated set would
 //     withdraw routes at the consumers);
+//   - the store is not loaded, unreachable or without quorum (view.go); open
+//     watches are ended then;
 //   - for watches, the gateway is shutting down.
 //
 // A tokens or configuration file that fails to reload keeps its previous
