@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -122,8 +123,9 @@ func etagMatches(values []string, etag string) bool {
 // serveWatch holds one watch stream until the client goes away, the token
 // is revoked, the session is superseded or withdrawn, the store goes down,
 // the gateway closes, or a write fails or times out. It writes a keepalive
-// every grant and renews the session at every keepalive (and at least every
-// third of the session TTL).
+// every grant and, in a goroutine of its own that a slow store cannot hold
+// the keepalives up with, renews the session every grant or third of the
+// session TTL, whichever is shorter.
 func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gatewayWatcher, grant time.Duration) {
 	sup := wt.supervisor
 	first, code, why := g.addWatcher(wt)
@@ -161,8 +163,8 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		return nil
 	}
 	source := remoteIP(r)
-	renew := func() sessionOutcome {
-		ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	renew := func(parent context.Context) sessionOutcome {
+		ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
 		defer cancel()
 		return g.touchSession(ctx, sup, wt.session, source)
 	}
@@ -175,7 +177,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		// The session holds for one TTL after its stream ends, unless the
 		// stream ended because the session or the store is gone.
 		if g.storeUnusable() == "" && !g.isClosed() {
-			renew()
+			renew(context.Background())
 		}
 	}
 
@@ -184,11 +186,33 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		return
 	}
 	last := first.body
+	// The session is renewed in a goroutine of its own, so that a slow
+	// store never delays a keepalive: the supervisor's routes depend on
+	// the keepalives, the session only on the store.
+	superseded := make(chan string, 1)
+	renewCtx, stopRenewing := context.WithCancel(r.Context())
+	var renewing sync.WaitGroup
+	renewing.Go(func() {
+		t := time.NewTicker(min(grant, g.sessionTTL/3))
+		defer t.Stop()
+		for {
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-t.C:
+				if out := renew(renewCtx); out.code == http.StatusConflict {
+					superseded <- out.why
+					return
+				}
+			}
+		}
+	})
+	defer func() {
+		stopRenewing()
+		renewing.Wait()
+	}()
 	ticker := time.NewTicker(grant)
 	defer ticker.Stop()
-	renewal := time.NewTicker(min(grant, g.sessionTTL/3))
-	defer renewal.Stop()
-	renewed := time.Now()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -197,25 +221,13 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		case <-wt.done:
 			end(g.watcherReason(wt), nil)
 			return
+		case why := <-superseded:
+			end(why, nil)
+			return
 		case <-ticker.C:
 			if err := write(gatewayKeepaliveLine); err != nil {
 				end("write failed", err)
 				return
-			}
-			if time.Since(renewed) >= grant/2 {
-				if out := renew(); out.code == http.StatusConflict {
-					end(out.why, nil)
-					return
-				}
-				renewed = time.Now()
-			}
-		case <-renewal.C:
-			if time.Since(renewed) >= g.sessionTTL/3 {
-				if out := renew(); out.code == http.StatusConflict {
-					end(out.why, nil)
-					return
-				}
-				renewed = time.Now()
 			}
 		case <-wt.notify:
 			doc, open := g.takePending(wt)
