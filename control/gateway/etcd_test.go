@@ -126,7 +126,7 @@ func (c *etcdCluster) start(i int, state string) {
 	)
 	m.logs = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = &lockedWriter{mu: &m.mu, w: m.logs}, &lockedWriter{mu: &m.mu, w: m.logs}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childProcAttr()
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start etcd member %s: %v", m.name, err)
 	}
