@@ -551,7 +551,10 @@ func (c *GatewayClient) fallbackPoll(ctx context.Context, endpoint string, inter
 			return
 		case <-t.C:
 		}
-		err := c.poll(ctx, endpoint, "fallback-poll")
+		// A poll that hangs must not hold back the next one for long.
+		pctx, cancel := context.WithTimeout(ctx, max(2*interval, time.Second))
+		err := c.poll(pctx, endpoint, "fallback-poll")
+		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return

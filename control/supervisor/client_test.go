@@ -142,8 +142,12 @@ func TestKeepaliveNegotiation(t *testing.T) {
 			checks := 0
 			for time.Since(start) < tc.quiet {
 				if !c.routed() {
-					t.Fatalf("the route went stale %v into a quiet, healthy session (freshness 2s, grant %q)",
-						time.Since(start).Round(time.Millisecond), tc.grant)
+					var polls []string
+					for _, p := range g.log(isPoll) {
+						polls = append(polls, p.at.Sub(start).Round(time.Millisecond).String())
+					}
+					t.Fatalf("the route went stale %v into a quiet, healthy session (freshness 2s, grant %q); polls at %v",
+						time.Since(start).Round(time.Millisecond), tc.grant, polls)
 				}
 				checks++
 				time.Sleep(20 * time.Millisecond)
