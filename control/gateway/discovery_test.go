@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
@@ -722,7 +724,7 @@ func TestDiscoverySlowReaderDisconnected(t *testing.T) {
 	f := newDiscFixture(t, discOptions{sendTimeout: 100 * time.Millisecond})
 	conn := discRawWatch(t, f, "team", discTokTeam)
 	defer func() { _ = conn.Close() }()
-	waitFor(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 1 })
+	testutil.Eventually(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 1 })
 	exp := time.Now().Add(time.Minute)
 	start := time.Now()
 	for i := 0; f.metric("applistener_gateway_discovery_watchers") != 0; i++ {
@@ -800,7 +802,7 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 	for range watchers {
 		conns = append(conns, discRawWatch(t, f, "team", discTokTeam))
 	}
-	waitFor(t, 10*time.Second, "the watches", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the watches", func() bool {
 		return f.metric("applistener_gateway_discovery_watchers") == watchers
 	})
 	for i := 1; i <= changes; i++ {
@@ -824,7 +826,7 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 	}
 	conns = nil
 	f.g.Close()
-	waitFor(t, 10*time.Second, "the watches to end", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the watches to end", func() bool {
 		return f.metric("applistener_gateway_discovery_watchers") == 0
 	})
 }
@@ -912,7 +914,7 @@ func TestDiscoveryWatcherLimit(t *testing.T) {
 	// Snapshots are not limited.
 	f.snapshot("team", discTokTeam)
 	w1.close()
-	waitFor(t, 2*time.Second, "a slot", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
+	testutil.Eventually(t, 2*time.Second, "a slot", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
 	f.watch("team", discTokTeam).next(time.Second)
 }
 
@@ -1037,7 +1039,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = stuck.Body.Close() }()
-	waitFor(t, 2*time.Second, "two watchers", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
+	testutil.Eventually(t, 2*time.Second, "two watchers", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
 	exp := time.Now().Add(time.Minute)
 	// The client's HTTP/2 transport buffers 4 MiB per stream before flow
 	// control stops the writer: push well beyond that.

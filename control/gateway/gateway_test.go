@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
@@ -80,18 +82,6 @@ func writeFileAtomic(t *testing.T, path, data string) {
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond every 5 ms until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -407,7 +397,7 @@ func TestGatewayPollETagAndReload(t *testing.T) {
 
 	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s1"))
 	start := time.Now()
-	waitFor(t, 2*time.Second, "the new document", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the new document", func() bool {
 		resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil, "If-None-Match", `"r1"`)
 		return resp.StatusCode == http.StatusOK && resp.Header.Get("ETag") == `"r2"` && body == gwDoc1("r2")+"\n"
 	})
@@ -650,7 +640,7 @@ func TestGatewayWatchPush(t *testing.T) {
 	if l := w2.next(2 * time.Second); l.text != `{"revision":"s1","instances":[]}` {
 		t.Fatalf("sup-2 first line %q", l.text)
 	}
-	waitFor(t, time.Second, "2 watchers", func() bool { return f.metric("applistener_gateway_watchers") == 2 })
+	testutil.Eventually(t, time.Second, "2 watchers", func() bool { return f.metric("applistener_gateway_watchers") == 2 })
 
 	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s1"))
 	written := time.Now()
@@ -719,7 +709,7 @@ func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
 	w1.waitEnd(2 * time.Second)
 	w2.waitEnd(2 * time.Second)
 	t.Logf("streams ended %v after the tokens file changed", time.Since(start))
-	waitFor(t, time.Second, "no watchers", func() bool { return f.metric("applistener_gateway_watchers") == 0 })
+	testutil.Eventually(t, time.Second, "no watchers", func() bool { return f.metric("applistener_gateway_watchers") == 0 })
 	if resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil); resp.StatusCode != 401 {
 		t.Errorf("revoked token: %d %q", resp.StatusCode, body)
 	}
@@ -730,7 +720,7 @@ func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
 	w3 := f.watch("sup-3", tokSup3)
 	w3.next(2 * time.Second)
 	writeFileAtomic(t, f.tokensPath, `{"tokens": [{"token": "`+tokSup3+`", "supervisor": "sup-3"}, {"token": "new", "workspaces": ["team"]}]}`)
-	waitFor(t, 2*time.Second, "tokens reload", func() bool {
+	testutil.Eventually(t, 2*time.Second, "tokens reload", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "tokens", "result", "ok") >= 3
 	})
 	if got := f.metric("applistener_gateway_watchers"); got != 1 {
@@ -741,7 +731,7 @@ func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
 func TestGatewayBadReloadKeepsOld(t *testing.T) {
 	f := newGatewayFixture(t, gwOptions{})
 	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-1": {"revision": "r9", "instances": [}}`)
-	waitFor(t, 2*time.Second, "a failed config reload", func() bool {
+	testutil.Eventually(t, 2*time.Second, "a failed config reload", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 1
 	})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
@@ -762,7 +752,7 @@ func TestGatewayBadReloadKeepsOld(t *testing.T) {
 	// the old tokens.
 	writeFileAtomic(t, f.configPath, `{"supervisors": {}, "extra": true}`)
 	writeFileAtomic(t, f.tokensPath, `{"tokens": [{"token": "x"}]}`)
-	waitFor(t, 2*time.Second, "two more failed reloads", func() bool {
+	testutil.Eventually(t, 2*time.Second, "two more failed reloads", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 2 &&
 			f.metric("applistener_gateway_reloads_total", "file", "tokens", "result", "failed") == 1
 	})
@@ -774,11 +764,11 @@ func TestGatewayBadReloadKeepsOld(t *testing.T) {
 	if err := os.Remove(f.configPath); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Second, "the missing file reported", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the missing file reported", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 3
 	})
 	writeFileAtomic(t, f.configPath, gwConfigJSON("r3", "s1"))
-	waitFor(t, 2*time.Second, "the file's return", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the file's return", func() bool {
 		resp, _ := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
 		return resp.Header.Get("ETag") == `"r3"`
 	})
@@ -884,7 +874,7 @@ func TestGatewayCloseEndsWatches(t *testing.T) {
 	if resp, _ := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil); resp.StatusCode != 200 {
 		t.Errorf("poll after Close: %d", resp.StatusCode)
 	}
-	waitFor(t, time.Second, "no watchers", func() bool { return f.metric("applistener_gateway_watchers") == 0 })
+	testutil.Eventually(t, time.Second, "no watchers", func() bool { return f.metric("applistener_gateway_watchers") == 0 })
 }
 
 func TestGatewayWatchHTTP2(t *testing.T) {
@@ -926,7 +916,7 @@ func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_watchers") == 1 })
+	testutil.Eventually(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_watchers") == 1 })
 	// Never read; push 1 MiB documents until the gateway gives up.
 	pad := strings.Repeat("p", 1<<20)
 	deadline := time.Now().Add(30 * time.Second)
@@ -935,7 +925,7 @@ func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
 			t.Fatal("a stuck watcher was never disconnected")
 		}
 		writeFileAtomic(t, f.configPath, fmt.Sprintf(`{"supervisors": {"sup-1": {"revision": "big%d", "instances": [], "pad": %q}}}`, i, pad))
-		waitFor(t, 10*time.Second, "the reload", func() bool {
+		testutil.Eventually(t, 10*time.Second, "the reload", func() bool {
 			return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "ok") >= float64(i+2)
 		})
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
@@ -148,27 +150,15 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 			}
 		}
 	})
-	waitForTB(t, 10*time.Second, "the store loaded", func() bool { ok, _ := g.Ready(); return ok })
+	testutil.Eventually(t, 10*time.Second, "the store loaded", func() bool { ok, _ := g.Ready(); return ok })
 	if o.configPath != "" {
-		waitForTB(t, 10*time.Second, "the configuration imported", func() bool {
+		testutil.Eventually(t, 10*time.Second, "the configuration imported", func() bool {
 			g.reloadMu.Lock()
 			defer g.reloadMu.Unlock()
 			return !g.importPending
 		})
 	}
 	return r
-}
-
-// waitForTB polls cond every 5 ms until it holds or within passes.
-func waitForTB(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // do sends a request and returns the response with its body read.

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -143,7 +145,7 @@ func TestReplicasPoolBinding(t *testing.T) {
 		t.Fatal(code)
 	}
 	const host = "team--pooled--web.apps.test@host-7"
-	waitForTB(t, 2*time.Second, "the pool member published on A", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the pool member published on A", func() bool {
 		return slices.Equal(a.snapshot("team", discTokTeam), []string{host})
 	})
 	// The pool token leaves the tokens file: its members are unpublished.
@@ -199,7 +201,7 @@ func TestReplicasQuorumLoss(t *testing.T) {
 	back := time.Now()
 	c.start(1, "existing")
 	c.start(2, "existing")
-	waitForTB(t, 30*time.Second, "the replica to recover", func() bool { ok, _ := a.g.Ready(); return ok })
+	testutil.Eventually(t, 30*time.Second, "the replica to recover", func() bool { ok, _ := a.g.Ready(); return ok })
 	t.Logf("replica usable again %v after the members returned", time.Since(back).Round(time.Millisecond))
 	// The advertisement survived in etcd (its session is renewed by the
 	// supervisor's next request).

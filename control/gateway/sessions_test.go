@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
+
 	"github.com/applistener/applistener/control/api"
 )
 
@@ -496,7 +498,7 @@ func TestConfigImport(t *testing.T) {
 	}
 	// The file changes: sup-1 gets the file's document again, sup-2 leaves.
 	writeFileAtomic(t, configPath, discConfig(map[string][]discInstance{"sup-1": {{"team", "demo", []string{"web"}}}}))
-	waitFor(t, 2*time.Second, "the file imported", func() bool {
+	testutil.Eventually(t, 2*time.Second, "the file imported", func() bool {
 		return !strings.Contains(doc("sup-1"), `"sandbox":"api"`) && strings.Contains(doc("sup-1"), `"sandbox":"demo"`)
 	})
 	if !strings.Contains(doc("sup-9"), `"sandbox":"api"`) {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // recordingSink keeps what a store tells it.
@@ -91,10 +93,10 @@ func testStore(t *testing.T, st store, ttl time.Duration) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, 10*time.Second, "the load", func() bool { sink.mu.Lock(); defer sink.mu.Unlock(); return sink.loads > 0 })
+	testutil.Eventually(t, 10*time.Second, "the load", func() bool { sink.mu.Lock(); defer sink.mu.Unlock(); return sink.loads > 0 })
 	seen := func(key, want string) {
 		t.Helper()
-		waitFor(t, 5*time.Second, key+" = "+want, func() bool {
+		testutil.Eventually(t, 5*time.Second, key+" = "+want, func() bool {
 			v, ok := sink.value(key)
 			if want == "" {
 				return !ok
@@ -156,7 +158,7 @@ func testStore(t *testing.T, st store, ttl time.Duration) {
 	}
 	seen("ads/a", "a")
 	stopped := time.Now()
-	waitFor(t, ttl+5*time.Second, "the keys to expire", func() bool {
+	testutil.Eventually(t, ttl+5*time.Second, "the keys to expire", func() bool {
 		_, s := sink.value("sessions/s")
 		_, a := sink.value("ads/a")
 		return !s && !a
