@@ -1,0 +1,454 @@
+package monitoring_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
+)
+
+// startupWithin bounds every wait on a started process (listening, a
+// metric appearing after traffic).
+const startupWithin = 20 * time.Second
+
+// metricSet is what the binary exports: the names of sample lines and of
+// # TYPE lines; a histogram's or summary's base name also covers its
+// _bucket, _sum and _count series.
+type metricSet map[string]bool
+
+// has reports whether name is exported, directly or as a series of a
+// histogram/summary whose base name is.
+func (m metricSet) has(name string) bool {
+	if m[name] {
+		return true
+	}
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && m["histogram:"+base] {
+			return true
+		}
+	}
+	return false
+}
+
+// parseExposition adds the metric names of a text-format scrape to m.
+func parseExposition(m metricSet, body []byte) {
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			m[f[2]] = true
+			if f[3] == "histogram" || f[3] == "summary" {
+				m["histogram:"+f[2]] = true
+			}
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if i := strings.IndexAny(line, "{ "); i > 0 {
+			m[line[:i]] = true
+		}
+	}
+}
+
+var (
+	exportedOnce sync.Once
+	exported     metricSet
+)
+
+// exportedMetrics builds the binary, runs `serve` (a routes file, the app
+// listener on loopback, some traffic so that labelled series exist),
+// `gateway` and `edge` (following that gateway's discovery), and returns
+// the union of their /metrics.
+func exportedMetrics(t *testing.T) metricSet {
+	t.Helper()
+	exportedOnce.Do(func() { exported = scrapeAll(t) })
+	if exported == nil {
+		t.Fatal("the exported metrics are unknown: starting the binary failed (see the first failing test)")
+	}
+	return exported
+}
+
+func scrapeAll(t *testing.T) metricSet {
+	t.Helper()
+	bin := applistenerBinary(t)
+	dir, err := os.MkdirTemp("", "applistener-monitoring-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	m := metricSet{}
+
+	// --- serve ---------------------------------------------------------
+	domain := "apps.example.test"
+	tlsDir := filepath.Join(dir, "tls")
+	pool := writeCertificate(t, tlsDir, "*."+domain)
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello")
+	}))
+	defer app.Close()
+	appPort := app.Listener.Addr().(*net.TCPAddr).Port
+	deadPort := freePort(t) // nothing listens: dials fail, 502
+	routesFile := filepath.Join(dir, "routes.json")
+	writeFile(t, routesFile, fmt.Sprintf(`{"revision":"r1","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
+		`"services":[{"name":"web","port":%d,"revision":1},{"name":"down","port":%d,"revision":1}]}]}`, appPort, deadPort))
+	appAddr := "127.0.0.1:" + fmt.Sprint(freePort(t))
+	serveAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
+	serve := start(t, dir, "serve", bin, "serve",
+		"--routes-file", routesFile, "--admin-address", serveAdmin,
+		"--app-listener", "--app-domain", domain, "--app-tls-dir", tlsDir, "--app-address", appAddr,
+		"--drain-timeout", "1s")
+	defer serve.stop()
+	waitMetric(t, serve, serveAdmin, "applistener_routes 2")
+
+	// Traffic: a request served (2xx, a dial that succeeds, per-instance
+	// series), one to an app that is not listening (5xx, a failed dial),
+	// one whose Host is another route than its SNI (421 denial) and a
+	// handshake for an unknown name (handshake rejection).
+	web, down := "team--demo--web."+domain, "team--demo--down."+domain
+	get := func(sni, host string, wantStatus int) {
+		t.Helper()
+		tr := &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: sni},
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, appAddr)
+			},
+		}
+		defer tr.CloseIdleConnections()
+		req, err := http.NewRequest(http.MethodGet, "https://"+sni+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatalf("GET https://%s/ (SNI %s): %v\n%s", host, sni, err, serve.log())
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != wantStatus {
+			t.Fatalf("GET https://%s/ (SNI %s): %s, want %d", host, sni, resp.Status, wantStatus)
+		}
+	}
+	get(web, web, http.StatusOK)
+	get(web, down, http.StatusMisdirectedRequest)
+	get(down, down, http.StatusBadGateway) // no app listening
+	if c, err := tls.Dial("tcp", appAddr, &tls.Config{RootCAs: pool, ServerName: "nobody--here." + domain}); err == nil {
+		_ = c.Close()
+		t.Fatal("a handshake for an unknown name succeeded")
+	}
+	// Per-instance series exist while the instance is installed.
+	waitMetric(t, serve, serveAdmin, `applistener_instance_requests_total{`)
+	parseExposition(m, scrape(t, serve, serveAdmin))
+	// Withdraw the instance: its routes are revoked.
+	writeFile(t, routesFile, `{"revision":"r2","instances":[]}`)
+	waitMetric(t, serve, serveAdmin, `applistener_route_revocations_total{cause="withdrawn"} 2`)
+	waitMetric(t, serve, serveAdmin, `applistener_handshake_rejections_total{reason=`)
+	parseExposition(m, scrape(t, serve, serveAdmin))
+
+	// --- gateway and edge ------------------------------------------------
+	gwConfig := filepath.Join(dir, "gateway.json")
+	writeFile(t, gwConfig, `{"supervisors":{"s1":{"revision":"r1","instances":[{"workspace":"team","sandbox":"demo","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}]}}}`)
+	tokens := filepath.Join(dir, "tokens.json")
+	writeFile(t, tokens, `{"tokens":[{"token":"t-sup","supervisor":"s1"},{"token":"t-team","workspaces":["team"]}]}`)
+	teamToken := filepath.Join(dir, "team.token")
+	writeFile(t, teamToken, "t-team")
+	gwAddr := "127.0.0.1:" + fmt.Sprint(freePort(t))
+	gwAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
+	gw := start(t, dir, "gateway", bin, "gateway", "--address", gwAddr, "--admin-address", gwAdmin,
+		"--config", gwConfig, "--tokens", tokens)
+	defer gw.stop()
+	edgeAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
+	edge := start(t, dir, "edge", bin, "edge", "--address", "127.0.0.1:"+fmt.Sprint(freePort(t)), "--admin-address", edgeAdmin,
+		"--gateway", "http://"+gwAddr, "--token-file", teamToken, "--workspace", "team")
+	defer edge.stop()
+	waitMetric(t, gw, gwAdmin, "applistener_gateway_discovery_watchers 1")
+	waitMetric(t, edge, edgeAdmin, "applistener_edge_discovery_updates_total ")
+	parseExposition(m, scrape(t, gw, gwAdmin))
+	parseExposition(m, scrape(t, edge, edgeAdmin))
+	return m
+}
+
+// process is a started applistener command with its output.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func start(t *testing.T, dir, name, bin string, args ...string) *process {
+	t.Helper()
+	p := &process{name: name, out: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Dir = dir
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("applistener %s: %v", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	return p
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *process) log() string {
+	return fmt.Sprintf("--- applistener %s output:\n%s", p.name, p.out.String())
+}
+
+func (p *process) stop() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// scrape returns the body of http://admin/metrics.
+func scrape(t *testing.T, p *process, admin string) []byte {
+	t.Helper()
+	body, err := get(admin)
+	if err != nil {
+		t.Fatalf("scrape applistener %s: %v\n%s", p.name, err, p.log())
+	}
+	return body
+}
+
+func get(admin string) ([]byte, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = errors.New(resp.Status)
+	}
+	return body, err
+}
+
+// waitMetric polls /metrics until a line starts with prefix; it fails at
+// once if the process exits.
+func waitMetric(t *testing.T, p *process, admin, prefix string) {
+	t.Helper()
+	var last []byte
+	testutil.Eventually(t, startupWithin, fmt.Sprintf("applistener %s to export %q\n%s", p.name, prefix, lazyLog{p, &last}), func() bool {
+		if p.exited() {
+			t.Fatalf("applistener %s exited\n%s", p.name, p.log())
+		}
+		body, err := get(admin)
+		if err != nil {
+			return false
+		}
+		last = body
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, prefix) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// lazyLog formats a process's output and last scrape only when printed.
+type lazyLog struct {
+	p    *process
+	last *[]byte
+}
+
+func (l lazyLog) String() string {
+	return fmt.Sprintf("%s--- last scrape:\n%s", l.p.log(), *l.last)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	// Written beside and renamed, as a configuration update would be: the
+	// reader never sees half a document.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// writeCertificate writes a self-signed tls.crt/tls.key for name into dir
+// and returns a pool that trusts it.
+func writeCertificate(t *testing.T, dir, name string) *x509.CertPool {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "tls.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	writeFile(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return pool
+}
+
+// ---------------------------------------------------------------------------
+// The applistener binary.
+// ---------------------------------------------------------------------------
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+// applistenerBinary builds ./cmd/applistener once per test process (or
+// uses $APPLISTENER_BIN).
+func applistenerBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if p := os.Getenv("APPLISTENER_BIN"); p != "" {
+			binPath = p
+			return
+		}
+		binDir, binErr = os.MkdirTemp("", "applistener-monitoring-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "applistener")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/applistener")
+		cmd.Dir = moduleRoot(t)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/applistener: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", dir)
+		}
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func TestParseExposition(t *testing.T) {
+	m := metricSet{}
+	parseExposition(m, []byte(`# HELP a_total A.
+# TYPE a_total counter
+a_total{x="1"} 3
+# TYPE h_seconds histogram
+h_seconds_bucket{le="+Inf"} 1
+h_seconds_sum 0.1
+h_seconds_count 1
+plain 1
+`))
+	for _, n := range []string{"a_total", "h_seconds", "h_seconds_bucket", "h_seconds_sum", "h_seconds_count", "plain"} {
+		if !m.has(n) {
+			t.Errorf("%s not found", n)
+		}
+	}
+	for _, n := range []string{"a", "a_total_bucket", "plain_count", "h_second_bucket"} {
+		if m.has(n) {
+			t.Errorf("%s found", n)
+		}
+	}
+}
