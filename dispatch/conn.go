@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/applistener/applistener/listener"
@@ -41,6 +42,11 @@ type clientConn struct {
 	// calls it when it ends, not ServeConn.
 	release   func()
 	handedOff bool
+	// rec is the request being handled, for the access log and the
+	// latency histograms (accesslog.go); ci what the connection adds.
+	rec    accessRecord
+	ci     connInfo
+	bodyIn atomic.Int64 // request body bytes sent to the app (the body copy's result)
 
 	mu      sync.Mutex
 	idle    bool
@@ -214,6 +220,13 @@ func (c *clientConn) reject(pe *parseError) {
 // deny answers a request with the listener's own answer; it reports
 // whether the connection may continue.
 func (c *clientConn) deny(d denial) bool {
+	// A refusal outside handle (a head too large or too slow) is a
+	// request of its own for the access log.
+	outside := !c.rec.open
+	if outside {
+		c.rec.begin(protoH1)
+	}
+	c.rec.denied(d)
 	if c.req.body != bodyNone || c.req.close {
 		// An unread body leaves the connection unusable; a client that
 		// asked to close gets it.
@@ -229,6 +242,9 @@ func (c *clientConn) deny(d denial) bool {
 	c.out = appendErrorResponse(c.out[:0], d, accept)
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	_, _ = c.conn.Write(c.out)
+	if outside {
+		c.s.endRequest(&c.rec, &c.ci)
+	}
 	return !d.close
 }
 
@@ -263,8 +279,21 @@ func pathOnly(p []byte) string {
 	return string(p)
 }
 
-// handle processes one request; it reports whether the connection continues.
+// handle processes one request and ends its record (an upgraded
+// WebSocket's when it ends); it reports whether the connection continues.
 func (c *clientConn) handle(head []byte) bool {
+	c.rec.begin(protoH1)
+	c.bodyIn.Store(0)
+	keep := c.handleRequest(head)
+	if !c.handedOff {
+		c.rec.bytesIn = c.bodyIn.Load()
+		c.s.endRequest(&c.rec, &c.ci)
+	}
+	c.detached = nil
+	return keep
+}
+
+func (c *clientConn) handleRequest(head []byte) bool {
 	if err := parseRequestHead(&c.req, head, c.s.cfg.MaxHeaderFields); err != nil {
 		var pe *parseError
 		if errors.As(err, &pe) {
@@ -275,6 +304,8 @@ func (c *clientConn) handle(head []byte) bool {
 		}
 		return false
 	}
+	c.rec.parsed = true
+	c.rec.mb, c.rec.pb = c.req.method, c.req.path
 	if c.revokedErr() != nil || !c.route.Usable() {
 		c.deny(denyRevoked)
 		return false
@@ -369,6 +400,7 @@ func (c *clientConn) proxy() bool {
 	req := &c.req
 	x := &c.x
 	x.reset(c.s, c.route, c.sni, req, c)
+	defer c.rec.timings(x)
 	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted)
 	c.out = appendRequestHead(c.out[:0], req, &fi)
 	c.s.countDropped(&fi, c.route)
@@ -378,6 +410,9 @@ func (c *clientConn) proxy() bool {
 		c.out = append(c.out, c.in.bytes()[:req.length]...)
 		c.in.r += int(req.length)
 		inline = true
+	}
+	if inline {
+		c.bodyIn.Store(req.length)
 	}
 	if err := x.connect(context.Background(), c.out, inline); err != nil {
 		return c.exchangeFailed(x, err)
@@ -403,7 +438,10 @@ func (c *clientConn) proxy() bool {
 			method: string(req.method),
 			path:   pathOnly(req.path),
 		}
-		defer func() { c.detached = nil }()
+		// The head's bytes are about to be overwritten (handle clears
+		// detached once the request is logged).
+		c.rec.mb, c.rec.pb = nil, nil
+		c.rec.ms, c.rec.ps = c.detached.method, c.detached.path
 		c.body.start(c.conn, c.s.cfg.BodyTimeout)
 		c.in.src = &c.body
 		x.sendBody(c.copyRequestBody, c.body.abort)
@@ -461,11 +499,13 @@ func (c *clientConn) proxy() bool {
 	w := c.writer()
 	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead)
 	_, _ = w.Write(c.out)
+	c.rec.status, c.rec.outcome = resp.status, outcomeOK
 	err = x.copyBody(w, c.heldWriter(w), c.flush, out == bodyChunked)
 	if err == nil {
 		err = c.flush()
 	}
 	if err != nil {
+		c.rec.outcome = outcomeAborted
 		x.abort()
 		return false
 	}

@@ -39,6 +39,13 @@ type exchange struct {
 	stopCopy  func()     // makes a running body copy return at once
 	bodyEnded bool       // the body copy has returned (bodyErr is its result)
 	bodyErr   error
+
+	// Timings and counts for the access log and the latency histograms
+	// (accesslog.go), the same for both protocols.
+	sentAt       time.Time     // the request head was written to the app
+	connectDur   time.Duration // connect: getting an app connection and writing the head (-1: none)
+	firstByteDur time.Duration // sentAt to the final response head (-1: none)
+	bytesOut     int64         // response body bytes relayed to the client
 }
 
 // exchangeClient is what an exchange needs from its client side.
@@ -59,7 +66,7 @@ func (x *exchange) reset(s *Server, route *routes.Route, sni string, req *reques
 	resp := x.resp
 	resp.reset()
 	*x = exchange{s: s, route: route, pool: s.routePool(route), cl: cl, sni: sni, req: req,
-		isHead: string(req.method) == "HEAD", resp: resp}
+		isHead: string(req.method) == "HEAD", resp: resp, connectDur: -1, firstByteDur: -1}
 }
 
 // Failures of an exchange, mapped to answers by failure.
@@ -97,6 +104,7 @@ func (e *badResponseError) Unwrap() error { return e.err }
 // it as x.bc. It sends the request a second time only as the retry rule
 // allows (retry.go). ctx bounds the dial.
 func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) error {
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		var bc *backendConn
 		if attempt == 0 {
@@ -123,6 +131,8 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		n, err := bc.conn.Write(head)
 		if err == nil {
 			x.bc = bc
+			x.sentAt = time.Now()
+			x.connectDur = x.sentAt.Sub(start)
 			return nil
 		}
 		x.cl.detach(bc)
@@ -193,6 +203,7 @@ func (x *exchange) readHead(interim func(*response) error) error {
 		}
 		x.s.scopeCookies(&x.resp, x.sni, x.pool)
 		if x.resp.status == 101 || x.resp.status >= 200 {
+			x.firstByteDur = time.Since(x.sentAt)
 			return nil
 		}
 		if err := interim(&x.resp); err != nil {
@@ -226,6 +237,7 @@ func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut boo
 	case bodyUntilClose:
 		n, err = copyUntilEOF(w, &bc.in, flush)
 	}
+	x.bytesOut = n
 	x.s.m.bytesToClient.Add(float64(n))
 	x.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	return err

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -24,11 +25,32 @@ import (
 //	go test -run XXX -bench Protocols ./dispatch/
 func BenchmarkProtocols(b *testing.B) {
 	for _, proto := range []string{"http1", "http2"} {
-		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto) })
+		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto, true) })
 	}
 }
 
-func benchProtocol(b *testing.B, proto string) {
+// BenchmarkObservability is BenchmarkProtocols with the access log (JSON,
+// through the bounded log writer, every line written: no rate bound) and
+// the latency histograms on, and with both off: the difference is their
+// cost per request. cpu-ns/req is the process's CPU time (user + system,
+// client included) per request, the figure to compare.
+//
+//	go test -run XXX -bench Observability -benchmem -count 6 ./dispatch/
+func BenchmarkObservability(b *testing.B) {
+	for _, proto := range []string{"http1", "http2"} {
+		for _, on := range []bool{false, true} {
+			name := proto + "/off"
+			if on {
+				name = proto + "/on"
+			}
+			b.Run(name, func(b *testing.B) { benchProtocol(b, proto, on) })
+		}
+	}
+}
+
+// benchProtocol runs the small-request load over proto; observe: with the
+// access log and the latency histograms (false: neither).
+func benchProtocol(b *testing.B, proto string, observe bool) {
 	discard := slog.New(slog.DiscardHandler)
 	ca, err := tlsconf.NewAuthority("protocol bench CA")
 	if err != nil {
@@ -59,7 +81,14 @@ func benchProtocol(b *testing.B, proto string) {
 	defer table.Close()
 	table.Apply(doc)
 
-	srv := New(Config{Logger: discard})
+	cfg := Config{Logger: discard}
+	if observe {
+		sink := logsink.New(io.Discard, 0, time.Hour, true)
+		defer sink.Close(time.Second)
+		cfg.AccessLog, cfg.AccessLogWriter, cfg.AccessLogRate = AccessLogJSON, sink, -1
+	}
+	srv := New(cfg)
+	srv.noObserve = !observe
 	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -122,6 +151,7 @@ func benchProtocol(b *testing.B, proto string) {
 	b.ReportAllocs()
 	b.SetParallelism(sharedBenchParallelism)
 	start := time.Now()
+	cpu0 := processCPU()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -133,4 +163,5 @@ func benchProtocol(b *testing.B, proto string) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/req")
 }

@@ -21,6 +21,7 @@ type h2Conn struct {
 	route   *routes.Route
 	peer    netip.Addr
 	trusted bool
+	ci      connInfo // for the access log
 
 	mu       sync.Mutex
 	revoked  error
@@ -141,7 +142,13 @@ func (hc *h2Conn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := &h2Stream{hc: hc, s: hc.s, w: w, r: r, rc: http.NewResponseController(w)}
 	st.dog.init(hc.s.cfg.BodyTimeout)
 	defer st.dog.stop()
-	if st.serve() {
+	st.rec.begin(protoH2)
+	st.rec.parsed = true
+	st.rec.ms, st.rec.ps = r.Method, r.RequestURI
+	reset := st.serve()
+	st.rec.bytesIn = st.bodyIn.Load()
+	hc.s.endRequest(&st.rec, &hc.ci)
+	if reset {
 		// The response was started and cannot be completed, or the
 		// stream is gone: reset it, so that a client never takes a
 		// truncated body for a complete one (returning without a word

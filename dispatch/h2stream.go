@@ -31,6 +31,9 @@ type h2Stream struct {
 	// closed).
 	cancelStop func() bool
 	x          exchange
+	// rec is the stream's access-log record (accesslog.go).
+	rec    accessRecord
+	bodyIn atomic.Int64 // request body bytes sent to the app
 }
 
 // serve checks and forwards the request; it reports whether the stream
@@ -174,6 +177,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	s, r := st.s, st.r
 	x := &st.x
 	x.reset(s, st.hc.route, st.hc.sni, req, st)
+	defer st.rec.timings(x)
 	hasBody := req.body != bodyNone
 	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted)
 	head := appendRequestHead(make([]byte, 0, 1024), req, &fi)
@@ -247,6 +251,7 @@ func (st *h2Stream) proxy(req *request) bool {
 		h.Set("Connection", "close")
 	}
 	st.w.WriteHeader(resp.status)
+	st.rec.status, st.rec.outcome = resp.status, outcomeOK
 	if resp.body != bodyNone && x.bc.in.buffered() == 0 && (resp.body != bodyLength || resp.length != 0) {
 		// Nothing of the body is here yet (a stream of events, say): let
 		// the client have the head now.
@@ -258,6 +263,7 @@ func (st *h2Stream) proxy(req *request) bool {
 		s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
 	}
 	if err != nil {
+		st.rec.outcome = outcomeAborted
 		x.abort()
 		return true
 	}
@@ -329,7 +335,10 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 	const pre = 18
 	remaining := req.length
 	var sent int64
-	defer func() { s.m.bytesToApp.Add(float64(sent)) }()
+	defer func() {
+		s.m.bytesToApp.Add(float64(sent))
+		st.bodyIn.Store(sent)
+	}()
 	write := func(p []byte) error {
 		_ = bc.conn.SetWriteDeadline(time.Now().Add(s.cfg.BodyTimeout))
 		_, err := bc.conn.Write(p)
@@ -397,6 +406,7 @@ func (e *h2ClientBodyError) Unwrap() error { return e.err }
 // d.close (then x/net sends GOAWAY and the connection ends once its
 // streams are done).
 func (st *h2Stream) deny(d denial) {
+	st.rec.denied(d)
 	st.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
 	st.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
 	st.logDenial(d.status, d.reason)

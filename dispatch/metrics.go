@@ -14,7 +14,18 @@ type metrics struct {
 	staleConns       prometheus.Counter
 	headersDropped   *prometheus.CounterVec
 	cookieDomains    prometheus.Counter
+
+	// reqDuration is applistener_request_duration_seconds, resolved per
+	// protocol and outcome (accesslog.go) so that a request looks nothing up.
+	reqDuration       [numProtos][numOutcomes]prometheus.Observer
+	upstreamConnect   prometheus.Observer
+	upstreamFirstByte prometheus.Observer
+	accessLogDropped  prometheus.Counter
 }
+
+// latencyBuckets fit sub-millisecond proxy latencies as well as slow apps:
+// 100 µs to 30 s, exponential (19 buckets, factor ≈ 2).
+var latencyBuckets = prometheus.ExponentialBucketsRange(100e-6, 30, 19)
 
 // newMetrics creates the data plane's metrics; parked reports how many
 // WebSocket directions wait in the idle poller.
@@ -56,7 +67,33 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Help: "Set-Cookie Domain attributes removed because they named more than the request's host.",
 		}),
 	}
+	reqDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "applistener_request_duration_seconds",
+		Help:    "Requests from the complete request head to the end of the answer (WebSockets: to their end), by protocol (h1, h2, ws) and outcome (ok, denied, upstream_error, aborted).",
+		Buckets: latencyBuckets,
+	}, []string{"protocol", "outcome"})
+	for p := range numProtos {
+		for o := range numOutcomes {
+			m.reqDuration[p][o] = reqDuration.WithLabelValues(protoNames[p], outcomeNames[o])
+		}
+	}
+	upstreamConnect := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "applistener_upstream_connect_seconds",
+		Help:    "Time to get an app connection (pooled or dialled) and write the request head on it.",
+		Buckets: latencyBuckets,
+	})
+	upstreamFirstByte := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "applistener_upstream_first_byte_seconds",
+		Help:    "Time from the request head written to the app to its final response head.",
+		Buckets: latencyBuckets,
+	})
+	m.upstreamConnect, m.upstreamFirstByte = upstreamConnect, upstreamFirstByte
+	m.accessLogDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "applistener_access_log_dropped_total",
+		Help: "Access-log lines dropped by the per-instance rate bound.",
+	})
 	if reg != nil {
+		reg.MustRegister(reqDuration, upstreamConnect, upstreamFirstByte, m.accessLogDropped)
 		idle := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "applistener_websocket_directions_idle",
 			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",

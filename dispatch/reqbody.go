@@ -22,6 +22,7 @@ func (c *clientConn) copyRequestBody(bc *backendConn) error {
 		n, err = copyChunked(w, &c.in, true, nil)
 	}
 	c.s.m.bytesToApp.Add(float64(n))
+	c.bodyIn.Store(n)
 	if err != nil && !isAppWriteError(err) {
 		_ = bc.conn.Close()
 	}

@@ -28,6 +28,7 @@
 //	body.go        body framing: lengths, chunks, until-close
 //	cookies.go     app cookies made host-only
 //	errors.go      the listener's own answers (denials)
+//	accesslog.go   the access log (one line per request) and latency histograms
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
 //	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
@@ -37,6 +38,7 @@ package dispatch
 import (
 	"bufio"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -90,8 +92,19 @@ type Config struct {
 	WebSocketCloseGrace time.Duration
 	// NewConnector builds the connector of a route.
 	NewConnector func(routes.ConnectorSpec) (connector.Connector, error)
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
+	// AccessLog is the access log's format, AccessLogText or AccessLogJSON:
+	// one line per request and one per WebSocket when it ends, written to
+	// AccessLogWriter (accesslog.go). "", AccessLogOff or a nil writer: none.
+	AccessLog       string
+	AccessLogWriter io.Writer
+	// AccessLogRate bounds the access-log lines of each instance per
+	// second, with bursts of AccessLogBurst lines (a token bucket; lines
+	// beyond are dropped and counted). 0: DefaultAccessLogRate (burst
+	// twice the rate); negative: no bound.
+	AccessLogRate  float64
+	AccessLogBurst int
+	Logger         *slog.Logger
+	Registerer     prometheus.Registerer
 }
 
 // Defaults.
@@ -124,12 +137,16 @@ func NewConnector(spec routes.ConnectorSpec) (connector.Connector, error) {
 
 // Server serves client connections. It is safe for concurrent use.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	bufPool sync.Pool // *[]byte read buffers, client and app side
-	bwPool  sync.Pool // *bufio.Writer towards clients
-	bigPool sync.Pool // *[]byte app-side buffers while a large body is copied
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	alog *accessLog // nil: no access log
+	// noObserve turns the latency histograms off as well (only for the
+	// benchmark that measures their cost).
+	noObserve bool
+	bufPool   sync.Pool // *[]byte read buffers, client and app side
+	bwPool    sync.Pool // *bufio.Writer towards clients
+	bigPool   sync.Pool // *[]byte app-side buffers while a large body is copied
 
 	mu       sync.Mutex
 	conns    map[*clientConn]struct{}
@@ -174,6 +191,7 @@ func New(cfg Config) *Server {
 		idleCh: make(chan struct{}, 1),
 	}
 	s.m = newMetrics(cfg.Registerer, func() float64 { return float64(s.idle.waiters()) })
+	s.alog = newAccessLog(&s.cfg, s.m.accessLogDropped)
 	s.bufPool.New = func() any { b := make([]byte, bufSize); return &b }
 	s.bwPool.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
 	s.bigPool.New = func() any { b := make([]byte, bigBodyBuf); return &b }
@@ -206,6 +224,7 @@ func (s *Server) ServeConn(lc listener.Conn) {
 		in:    inbuf{src: lc.Conn, pool: &s.bufPool},
 	}
 	c.peer, c.trusted = s.peerOf(lc.Raw)
+	c.ci = connInfo{route: lc.Route, sni: lc.SNI, peer: c.peer, tlsVer: tlsVersionOf(lc.Conn)}
 	release, ok := admit(s, &s.conns, c, lc.Raw, lc.Route)
 	if !ok {
 		done()

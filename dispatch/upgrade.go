@@ -40,7 +40,18 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	sp.pumps = [2]*wsPump{up, down}
 	sp.running.Store(2)
 	inst, release := c.route.Instance, c.release
+	// The WebSocket's access-log record: the upgrade request's, with
+	// strings in place of the head's bytes (its buffer is reused).
+	rec, ci := c.rec, c.ci
+	rec.proto, rec.status, rec.outcome = protoWS, 101, outcomeOK
+	rec.timings(&c.x)
+	if rec.mb != nil {
+		rec.ms, rec.ps = string(rec.mb), string(pathPart(rec.pb))
+		rec.mb, rec.pb = nil, nil
+	}
 	sp.onDone = func() {
+		rec.bytesIn, rec.bytesOut = up.total, down.total
+		c.s.endRequest(&rec, &ci)
 		c.s.m.websocketsActive.Dec()
 		c.s.m.bytesToApp.Add(float64(up.total))
 		c.s.m.bytesToClient.Add(float64(down.total))

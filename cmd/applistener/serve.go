@@ -53,6 +53,8 @@ type serveOptions struct {
 	freshness         time.Duration
 	logFormat         string
 	logLevel          string
+	accessLog         string
+	accessLogRate     float64
 	preserveHost      bool
 	allowUnderscore   bool
 	passCookieDomain  bool
@@ -119,6 +121,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appACMERoots, "app-acme-ca-roots", "", "PEM bundle trusted for the ACME server's own HTTPS (default: system roots)")
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
+	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text or json")
+	fs.Float64Var(&o.accessLogRate, "access-log-rate", dispatch.DefaultAccessLogRate, "access-log lines per second per instance (bursts of twice as many; beyond: dropped and counted); negative: no bound")
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -196,6 +200,13 @@ func (o *serveOptions) validate() error {
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
+	}
+	switch o.accessLog {
+	case "":
+		o.accessLog = dispatch.AccessLogText // on unless turned off
+	case dispatch.AccessLogOff, dispatch.AccessLogText, dispatch.AccessLogJSON:
+	default:
+		return usagef("--access-log must be off, text or json, not %q", o.accessLog)
 	}
 	if o.trustedProxies != "" {
 		for _, s := range strings.Split(o.trustedProxies, ",") {
@@ -337,6 +348,15 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 // withdrawBound bounds the withdrawal of the installations at shutdown.
 const withdrawBound = 2 * time.Second
 
+// accessLogWriter is the access log's writer: the process's bounded log
+// writer (none without one).
+func accessLogWriter(sink *logsink.Writer) io.Writer {
+	if sink == nil {
+		return nil
+	}
+	return sink
+}
+
 // started is told the bound addresses once everything listens.
 type started func(app, admin string)
 
@@ -390,6 +410,9 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			BackendIdleTimeout:     o.backendIdle,
 			Logger:                 logger,
 			Registerer:             reg,
+			AccessLog:              o.accessLog,
+			AccessLogWriter:        accessLogWriter(sink),
+			AccessLogRate:          o.accessLogRate,
 		})
 		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
 		appLn = listener.New(ln, listener.Config{

@@ -1,0 +1,429 @@
+package dispatch
+
+import (
+	"crypto/tls"
+	"io"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/routes"
+)
+
+// Access log formats (Config.AccessLog).
+const (
+	AccessLogOff  = "off"
+	AccessLogText = "text"
+	AccessLogJSON = "json"
+)
+
+// Access log rate bound defaults (Config.AccessLogRate, AccessLogBurst).
+const (
+	DefaultAccessLogRate  = 100
+	DefaultAccessLogBurst = 200
+)
+
+// Protocols of an access-log record (the protocol label of
+// applistener_request_duration_seconds).
+const (
+	protoH1 = iota
+	protoH2
+	protoWS
+	numProtos
+)
+
+var protoNames = [numProtos]string{"h1", "h2", "ws"}
+
+// Outcomes of a request (the outcome label).
+const (
+	outcomeOK            = iota // the app's response was relayed whole
+	outcomeDenied               // the listener answered itself (4xx, 503)
+	outcomeUpstreamError        // the app failed: the listener answered 502 or 504
+	outcomeAborted              // the client or the app went away mid-way
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"ok", "denied", "upstream_error", "aborted"}
+
+// statusClientClosed is the status logged for a request that got no answer
+// because the client went away (nginx's convention).
+const statusClientClosed = 499
+
+// accessRecord is what is known of one request (or WebSocket) when it ends.
+// Method and path are either byte slices into the request head (HTTP/1.1,
+// valid until the next request) or strings.
+type accessRecord struct {
+	open      bool // a request is being handled (HTTP/1.1)
+	proto     uint8
+	outcome   uint8
+	parsed    bool // method and path are known
+	status    int
+	start     time.Time
+	mb, pb    []byte
+	ms, ps    string
+	reason    string
+	bytesIn   int64
+	bytesOut  int64
+	connect   time.Duration // -1: no app connection was made
+	firstByte time.Duration // -1: no response head arrived
+}
+
+// begin resets r for a request of proto starting now.
+func (r *accessRecord) begin(proto uint8) {
+	*r = accessRecord{open: true, proto: proto, start: time.Now(), connect: -1, firstByte: -1}
+}
+
+// denied records the listener's own answer d.
+func (r *accessRecord) denied(d denial) {
+	r.status, r.reason = d.status, d.reason
+	r.outcome = outcomeDenied
+	if d.status == 502 || d.status == 504 {
+		r.outcome = outcomeUpstreamError
+	}
+}
+
+// timings copies the upstream timings of x and the bytes it relayed.
+func (r *accessRecord) timings(x *exchange) {
+	r.connect, r.firstByte, r.bytesOut = x.connectDur, x.firstByteDur, x.bytesOut
+}
+
+// accessLog writes one line per request through the log writer, bounded per
+// instance by a token bucket.
+type accessLog struct {
+	w       io.Writer
+	json    bool
+	rate    float64 // lines per second per instance; <= 0: no bound
+	burst   float64
+	dropped prometheus.Counter
+
+	buckets   sync.Map // *routes.Instance → *logBucket
+	nBuckets  atomic.Int64
+	lastPrune atomic.Int64 // unix nanoseconds
+	bufs      sync.Pool    // *[]byte
+}
+
+type logBucket struct {
+	mu     sync.Mutex
+	tokens float64
+	last   int64 // unix nanoseconds of the last refill
+}
+
+// pruneAbove is the number of instance buckets beyond which idle ones (full
+// again for a minute) are forgotten.
+const pruneAbove = 1024
+
+func newAccessLog(cfg *Config, dropped prometheus.Counter) *accessLog {
+	if cfg.AccessLogWriter == nil {
+		return nil
+	}
+	l := &accessLog{w: cfg.AccessLogWriter, dropped: dropped}
+	switch cfg.AccessLog {
+	case AccessLogText:
+	case AccessLogJSON:
+		l.json = true
+	default:
+		return nil
+	}
+	l.rate, l.burst = cfg.AccessLogRate, float64(cfg.AccessLogBurst)
+	if l.rate == 0 {
+		l.rate = DefaultAccessLogRate
+	}
+	if l.burst <= 0 {
+		l.burst = max(1, 2*l.rate)
+	}
+	l.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
+	return l
+}
+
+// allow takes a token from inst's bucket.
+func (l *accessLog) allow(inst *routes.Instance, now int64) bool {
+	if l.rate <= 0 {
+		return true
+	}
+	v, ok := l.buckets.Load(inst)
+	if !ok {
+		var loaded bool
+		v, loaded = l.buckets.LoadOrStore(inst, &logBucket{tokens: l.burst, last: now})
+		if !loaded && l.nBuckets.Add(1) > pruneAbove {
+			l.prune(now)
+		}
+	}
+	b := v.(*logBucket)
+	b.mu.Lock()
+	if now > b.last {
+		b.tokens = min(l.burst, b.tokens+float64(now-b.last)*l.rate/1e9)
+		b.last = now
+	}
+	ok = b.tokens >= 1
+	if ok {
+		b.tokens--
+	}
+	b.mu.Unlock()
+	return ok
+}
+
+// prune forgets buckets idle for a minute (at most once a minute): a bucket
+// that would be full again is the same as none.
+func (l *accessLog) prune(now int64) {
+	const idle = int64(time.Minute)
+	last := l.lastPrune.Load()
+	if now-last < idle || !l.lastPrune.CompareAndSwap(last, now) {
+		return
+	}
+	l.buckets.Range(func(k, v any) bool {
+		b := v.(*logBucket)
+		b.mu.Lock()
+		old := now-b.last > idle
+		b.mu.Unlock()
+		if old {
+			l.buckets.Delete(k)
+			l.nBuckets.Add(-1)
+		}
+		return true
+	})
+}
+
+// connInfo is what a client connection contributes to its requests' lines.
+type connInfo struct {
+	route  *routes.Route
+	sni    string
+	peer   netip.Addr
+	tlsVer uint16
+}
+
+// tlsVersionOf returns the negotiated TLS version of conn (0 when it is
+// not a TLS connection).
+func tlsVersionOf(conn any) uint16 {
+	if tc, ok := conn.(*tls.Conn); ok {
+		return tc.ConnectionState().Version
+	}
+	return 0
+}
+
+// endRequest observes the request's histograms and writes its access-log
+// line.
+func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
+	r.open = false
+	if s.noObserve {
+		return
+	}
+	end := time.Now()
+	d := end.Sub(r.start)
+	if r.status == 0 {
+		r.status = statusClientClosed
+		r.outcome = outcomeAborted
+	}
+	s.m.reqDuration[r.proto][r.outcome].Observe(d.Seconds())
+	if r.connect >= 0 {
+		s.m.upstreamConnect.Observe(r.connect.Seconds())
+	}
+	if r.firstByte >= 0 {
+		s.m.upstreamFirstByte.Observe(r.firstByte.Seconds())
+	}
+	if l := s.alog; l != nil {
+		if !l.allow(ci.route.Instance, end.UnixNano()) {
+			l.dropped.Inc()
+			return
+		}
+		bp := l.bufs.Get().(*[]byte)
+		*bp = l.appendLine((*bp)[:0], r, ci, end, d)
+		_, _ = l.w.Write(*bp)
+		if cap(*bp) <= 64<<10 {
+			l.bufs.Put(bp)
+		}
+	}
+}
+
+// appendLine formats one access-log line.
+func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time.Time, d time.Duration) []byte {
+	f := fieldWriter{b: b, json: l.json}
+	if f.json {
+		f.b = append(f.b, '{')
+	}
+	f.key("time")
+	if f.json {
+		f.b = append(f.b, '"')
+	}
+	f.b = end.UTC().AppendFormat(f.b, "2006-01-02T15:04:05.000000Z07:00")
+	if f.json {
+		f.b = append(f.b, '"')
+	}
+	f.str("level", "INFO")
+	f.str("msg", "access")
+	f.str("protocol", protoNames[r.proto])
+	rt := ci.route
+	f.str("workspace", rt.Workspace)
+	f.str("sandbox", rt.Sandbox)
+	f.str("service", rt.Service)
+	f.str("host", ci.sni)
+	switch {
+	case !r.parsed:
+		f.str("method", "")
+		f.str("path", "")
+	case r.mb != nil:
+		f.bytes("method", r.mb)
+		f.bytes("path", pathPart(r.pb))
+	default:
+		f.str("method", r.ms)
+		f.str("path", pathPart(r.ps))
+	}
+	f.num("status", int64(r.status))
+	f.num("bytes_in", r.bytesIn)
+	f.num("bytes_out", r.bytesOut)
+	f.secs("duration", d)
+	if r.connect >= 0 {
+		f.secs("upstream_connect", r.connect)
+	}
+	if r.firstByte >= 0 {
+		f.secs("upstream_first_byte", r.firstByte)
+	}
+	f.str("tls", tlsName(ci.tlsVer))
+	f.key("client")
+	if f.json {
+		f.b = append(f.b, '"')
+	}
+	f.b = ci.peer.AppendTo(f.b)
+	if f.json {
+		f.b = append(f.b, '"')
+	}
+	if r.reason != "" {
+		f.str("reason", r.reason)
+	}
+	f.num("installation_version", int64(rt.InstallationVersion))
+	if f.json {
+		f.b = append(f.b, '}')
+	}
+	return append(f.b, '\n')
+}
+
+// pathPart is p without its query string or fragment: logs never carry
+// them.
+func pathPart[T string | []byte](p T) T {
+	for i := 0; i < len(p); i++ {
+		if p[i] == '?' || p[i] == '#' {
+			return p[:i]
+		}
+	}
+	return p
+}
+
+func tlsName(v uint16) string {
+	switch v {
+	case tls.VersionTLS13:
+		return "1.3"
+	case tls.VersionTLS12:
+		return "1.2"
+	case tls.VersionTLS11:
+		return "1.1"
+	case tls.VersionTLS10:
+		return "1.0"
+	}
+	return ""
+}
+
+// fieldWriter appends key/value pairs as logfmt (key=value, values quoted
+// when needed) or as the members of a JSON object.
+type fieldWriter struct {
+	b     []byte
+	json  bool
+	first bool
+}
+
+func (f *fieldWriter) key(k string) {
+	if f.json {
+		if f.first {
+			f.b = append(f.b, ',')
+		}
+		f.b = append(f.b, '"')
+		f.b = append(f.b, k...)
+		f.b = append(f.b, '"', ':')
+	} else {
+		if f.first {
+			f.b = append(f.b, ' ')
+		}
+		f.b = append(f.b, k...)
+		f.b = append(f.b, '=')
+	}
+	f.first = true
+}
+
+func (f *fieldWriter) str(k, v string) {
+	f.key(k)
+	f.b = appendValue(f.b, v, f.json)
+}
+
+func (f *fieldWriter) bytes(k string, v []byte) {
+	f.key(k)
+	f.b = appendValue(f.b, v, f.json)
+}
+
+func (f *fieldWriter) num(k string, v int64) {
+	f.key(k)
+	f.b = strconv.AppendInt(f.b, v, 10)
+}
+
+// secs appends d in seconds with microsecond precision.
+func (f *fieldWriter) secs(k string, d time.Duration) {
+	f.key(k)
+	f.b = strconv.AppendFloat(f.b, d.Seconds(), 'f', 6, 64)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendValue appends v as a JSON string, or as a logfmt value: bare when
+// it holds only printable ASCII other than space, '"', '=' and '\',
+// quoted otherwise. Control bytes and invalid UTF-8 are escaped.
+func appendValue[T string | []byte](b []byte, v T, json bool) []byte {
+	if !json && len(v) > 0 && bareValue(v) {
+		return append(b, v...)
+	}
+	b = append(b, '"')
+	for i := 0; i < len(v); {
+		c := v[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c == 0x7f:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := decodeRune(v[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, v[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+func decodeRune[T string | []byte](v T) (rune, int) {
+	switch s := any(v).(type) {
+	case string:
+		return utf8.DecodeRuneInString(s)
+	case []byte:
+		return utf8.DecodeRune(s)
+	}
+	return utf8.RuneError, 1
+}
+
+func bareValue[T string | []byte](v T) bool {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c <= ' ' || c >= 0x7f || c == '"' || c == '=' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}

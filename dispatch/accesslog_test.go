@@ -1,0 +1,416 @@
+package dispatch
+
+import (
+	"bytes"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/applistener/applistener/internal/logsink"
+	"github.com/applistener/applistener/internal/testutil"
+	"github.com/applistener/applistener/routes"
+)
+
+// lineLog collects the lines written to it (each Write is one line, as
+// the log writer hands them over); delay slows every write down.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+	delay time.Duration
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	if l.delay > 0 {
+		time.Sleep(l.delay)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, string(p))
+	return len(p), nil
+}
+
+// records returns the JSON access-log records whose field key has value
+// want (any when key is empty), and the raw lines.
+func (l *lineLog) records(t *testing.T, key string, want any) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range l.lines {
+		if !strings.HasSuffix(line, "\n") || strings.Count(line, "\n") != 1 {
+			t.Fatalf("not one line: %q", line)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("access-log line is not JSON: %v: %q", err, line)
+		}
+		if m["msg"] != "access" {
+			continue
+		}
+		if key == "" || m[key] == want {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (l *lineLog) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "")
+}
+
+// waitRecord waits for exactly one record with key = want and returns it.
+func (l *lineLog) waitRecord(t *testing.T, key string, want any) map[string]any {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, fmt.Sprintf("an access-log line with %s=%v", key, want), func() bool {
+		return len(l.records(t, key, want)) > 0
+	})
+	recs := l.records(t, key, want)
+	if len(recs) != 1 {
+		t.Fatalf("%d access-log lines with %s=%v, want 1: %v", len(recs), key, want, recs)
+	}
+	return recs[0]
+}
+
+// checkRecord compares the fields of rec with want, and checks that the
+// timings are present and plausible.
+func checkRecord(t *testing.T, rec map[string]any, want map[string]any, upstream bool) {
+	t.Helper()
+	for k, v := range want {
+		if rec[k] != v {
+			t.Errorf("%s = %#v, want %#v (record %v)", k, rec[k], v, rec)
+		}
+	}
+	for _, k := range []string{"time", "workspace", "sandbox", "service", "host", "method", "path", "status",
+		"bytes_in", "bytes_out", "duration", "protocol", "tls", "client", "installation_version"} {
+		if _, ok := rec[k]; !ok {
+			t.Errorf("field %s missing from %v", k, rec)
+		}
+	}
+	if ts, _ := rec["time"].(string); ts != "" {
+		if tm, err := time.Parse(time.RFC3339Nano, ts); err != nil || time.Since(tm) > time.Minute || time.Since(tm) < 0 {
+			t.Errorf("time %q: %v", ts, err)
+		}
+	}
+	if d, _ := rec["duration"].(float64); d <= 0 || d > 10 {
+		t.Errorf("duration = %v", rec["duration"])
+	}
+	if v, _ := rec["installation_version"].(float64); v < 1 {
+		t.Errorf("installation_version = %v", rec["installation_version"])
+	}
+	for _, k := range []string{"upstream_connect", "upstream_first_byte"} {
+		v, ok := rec[k].(float64)
+		switch {
+		case upstream && (!ok || v <= 0 || v > rec["duration"].(float64)):
+			t.Errorf("%s = %v (duration %v)", k, rec[k], rec["duration"])
+		case !upstream && ok:
+			t.Errorf("%s = %v on a request that reached no app", k, v)
+		}
+	}
+}
+
+// histCount returns the sample count of the histogram name with labels.
+func histCount(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue next
+				}
+			}
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			return m.GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
+// TestAccessLogOneLinePerRequest: over HTTP/1.1 and HTTP/2, one request
+// gives exactly one access-log line with every field; neither the query
+// string nor the Cookie or Authorization values appear; a denial logs its
+// status and reason; the latency histograms get an observation each.
+func TestAccessLogOneLinePerRequest(t *testing.T) {
+	h2Verify(t)
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			out := &lineLog{}
+			reg := prometheus.NewRegistry()
+			e := newH2Env(t, 0, Config{AccessLog: AccessLogJSON, AccessLogWriter: out, Registerer: reg})
+			switch proto {
+			case "h1":
+				c := e.h1(h2WebHost)
+				if st, _, _ := c.do(t, "GET /first?token=secret HTTP/1.1\r\nHost: "+h2WebHost+
+					"\r\nCookie: session=cookievalue\r\nAuthorization: Bearer authvalue\r\n\r\n"); st != 200 {
+					t.Fatalf("status %d", st)
+				}
+				if st, _, _ := c.do(t, "POST /upload HTTP/1.1\r\nHost: "+h2WebHost+"\r\nContent-Length: 5\r\n\r\nhello"); st != 200 {
+					t.Fatalf("upload status %d", st)
+				}
+				if st, _, _ := c.do(t, "GET /wrong?token=secret HTTP/1.1\r\nHost: "+h2APIHost+"\r\n\r\n"); st != 421 {
+					t.Fatalf("misdirected status %d", st)
+				}
+			case "h2":
+				cc := e.dial(h2WebHost)
+				req := h2Req(t, "GET", h2WebHost, "/first?token=secret", nil)
+				req.Header.Set("Cookie", "session=cookievalue")
+				req.Header.Set("Authorization", "Bearer authvalue")
+				h2MustDo(t, cc, req, 200)
+				h2MustDo(t, cc, h2Req(t, "POST", h2WebHost, "/upload", strings.NewReader("hello")), 200)
+				h2MustDo(t, cc, h2Req(t, "GET", h2APIHost, "/wrong?token=secret", nil), 421)
+			}
+			// The last request's line comes last on its connection: once it
+			// is there, a second line for an earlier request would be too.
+			wrong := out.waitRecord(t, "path", "/wrong")
+			first := out.waitRecord(t, "path", "/first")
+			upload := out.waitRecord(t, "path", "/upload")
+			if n := len(out.records(t, "", nil)); n != 3 {
+				t.Fatalf("%d access-log lines for 3 requests:\n%s", n, out.text())
+			}
+			base := map[string]any{"protocol": proto, "workspace": "team", "sandbox": "demo", "service": "web",
+				"host": h2WebHost, "tls": "1.3", "client": "127.0.0.1", "level": "INFO"}
+			with := func(kv ...any) map[string]any {
+				m := map[string]any{}
+				for k, v := range base {
+					m[k] = v
+				}
+				for i := 0; i < len(kv); i += 2 {
+					m[kv[i].(string)] = kv[i+1]
+				}
+				return m
+			}
+			checkRecord(t, first, with("method", "GET", "status", 200.0, "bytes_in", 0.0,
+				"bytes_out", float64(len("web token=secret"))), true)
+			checkRecord(t, upload, with("method", "POST", "status", 200.0, "bytes_in", 5.0), true)
+			checkRecord(t, wrong, with("method", "GET", "status", 421.0, "bytes_in", 0.0, "reason", reasonMisdirected), false)
+			if _, ok := first["reason"]; ok {
+				t.Errorf("an answered request has a reason: %v", first)
+			}
+			for _, s := range []string{"secret", "token", "cookievalue", "session", "authvalue", "Bearer", "?"} {
+				if strings.Contains(out.text(), s) {
+					t.Errorf("the access log holds %q:\n%s", s, out.text())
+				}
+			}
+
+			for _, c := range []struct {
+				outcome string
+				want    uint64
+			}{{"ok", 2}, {"denied", 1}} {
+				if n := histCount(t, reg, "applistener_request_duration_seconds",
+					map[string]string{"protocol": proto, "outcome": c.outcome}); n != c.want {
+					t.Errorf("request_duration_seconds{protocol=%s,outcome=%s} count = %d, want %d", proto, c.outcome, n, c.want)
+				}
+			}
+			for _, name := range []string{"applistener_upstream_connect_seconds", "applistener_upstream_first_byte_seconds"} {
+				if n := histCount(t, reg, name, nil); n != 2 {
+					t.Errorf("%s count = %d, want 2", name, n)
+				}
+			}
+		})
+	}
+}
+
+// TestAccessLogWebSocket: a WebSocket that lives about 2 s logs one line
+// when it ends (none at the upgrade), with its duration and the bytes of
+// both directions.
+func TestAccessLogWebSocket(t *testing.T) {
+	h2Verify(t)
+	out := &lineLog{}
+	reg := prometheus.NewRegistry()
+	e := newH2Env(t, 0, Config{AccessLog: AccessLogJSON, AccessLogWriter: out, Registerer: reg})
+	port := wsEchoApp(t)
+	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
+		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"ws","port":%d,"revision":1}]}]}`, port)))
+	if err != nil || len(doc.Rejected) > 0 {
+		t.Fatalf("document: %v %+v", err, doc)
+	}
+	e.table.Apply(doc)
+	host := "team--demo--ws." + h2Domain
+	dialer := websocket.Dialer{
+		TLSClientConfig:  &tls.Config{ServerName: host, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}},
+		HandshakeTimeout: 5 * time.Second,
+		NetDial:          func(string, string) (net.Conn, error) { return net.Dial("tcp", e.ln.Addr().String()) },
+	}
+	start := time.Now()
+	c, resp, err := dialer.Dial("wss://"+host+"/ws?token=secret", nil)
+	if err != nil {
+		t.Fatalf("dial: %v (%v)", err, resp)
+	}
+	_ = resp.Body.Close()
+	defer func() { _ = c.Close() }()
+	// Messages every 100 ms for 2 s: client frames carry a 6-byte header
+	// (masked), the app's a 2-byte one.
+	var payload, frames int
+	for i := 0; time.Since(start) < 2*time.Second; i++ {
+		msg := fmt.Sprintf("message %d", i)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if err := c.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := c.ReadMessage(); err != nil || string(got) != msg {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+		payload += len(msg)
+		frames++
+		if len(out.records(t, "", nil)) != 0 {
+			t.Fatalf("a line before the WebSocket ended: %s", out.text())
+		}
+		time.Sleep(100 * time.Millisecond) // the WebSocket's life, not a wait for a condition
+	}
+	_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		if _, _, err := c.ReadMessage(); err != nil {
+			break
+		}
+	}
+	_ = c.Close()
+	lived := time.Since(start)
+	rec := out.waitRecord(t, "protocol", "ws")
+	checkRecord(t, rec, map[string]any{"path": "/ws", "method": "GET", "status": 101.0, "service": "ws",
+		"host": host, "sandbox": "demo"}, true)
+	d := rec["duration"].(float64)
+	if d < 2 || d > lived.Seconds()+0.5 {
+		t.Errorf("duration %v s, want about %v", d, lived.Seconds())
+	}
+	// Up: every client frame plus its close frame (6 + 2 bytes); down:
+	// every echo plus the app's close frame (2 + 2).
+	in, outB := rec["bytes_in"].(float64), rec["bytes_out"].(float64)
+	if wantIn := float64(payload + 6*frames + 8); in != wantIn {
+		t.Errorf("bytes_in = %v, want %v", in, wantIn)
+	}
+	if wantOut := float64(payload + 2*frames + 4); outB != wantOut {
+		t.Errorf("bytes_out = %v, want %v", outB, wantOut)
+	}
+	if strings.Contains(out.text(), "secret") {
+		t.Errorf("query logged: %s", out.text())
+	}
+	if n := len(out.records(t, "", nil)); n != 1 {
+		t.Errorf("%d lines for one WebSocket:\n%s", n, out.text())
+	}
+	if n := histCount(t, reg, "applistener_request_duration_seconds", map[string]string{"protocol": "ws", "outcome": "ok"}); n != 1 {
+		t.Errorf("request_duration_seconds{protocol=ws} count = %d, want 1", n)
+	}
+}
+
+// TestAccessLogPerInstanceBound: one sandbox flooding requests through a
+// slow log destination cannot push another sandbox's lines out: the
+// noisy one is held to its token bucket (the excess dropped and counted),
+// the quiet one's lines all arrive, and the log writer drops nothing.
+func TestAccessLogPerInstanceBound(t *testing.T) {
+	h2Verify(t)
+	dst := &lineLog{delay: 2 * time.Millisecond}
+	sink := logsink.New(dst, 32, time.Hour, true)
+	t.Cleanup(func() { sink.Close(5 * time.Second) })
+	const rate, burst = 10, 20
+	e := newH2Env(t, 0, Config{AccessLog: AccessLogJSON, AccessLogWriter: sink, AccessLogRate: rate, AccessLogBurst: burst})
+	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[`+
+		`{"workspace":"team","sandbox":"quiet","services":[{"name":"web","port":%d}]},`+
+		`{"workspace":"team","sandbox":"noisy","services":[{"name":"web","port":%d}]}]}`, e.web.port(), e.web.port())))
+	if err != nil || len(doc.Rejected) > 0 {
+		t.Fatalf("document: %v %+v", err, doc)
+	}
+	e.table.Apply(doc)
+	noisyHost, quietHost := "team--noisy--web."+h2Domain, "team--quiet--web."+h2Domain
+
+	start := time.Now()
+	var noisy atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		cc := e.dial(noisyHost)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if res := h2Do(cc, h2Req(t, "GET", noisyHost, "/", nil)); res.err != nil || res.status != 200 {
+					t.Errorf("noisy request: %d %v", res.status, res.err)
+					return
+				}
+				noisy.Add(1)
+			}
+		})
+	}
+	// The quiet sandbox's requests, within its own burst, amid the flood.
+	const quiet = 15
+	cc := e.dial(quietHost)
+	testutil.Eventually(t, 5*time.Second, "the flood under way", func() bool { return noisy.Load() > 100 })
+	for range quiet {
+		h2MustDo(t, cc, h2Req(t, "GET", quietHost, "/", nil), 200)
+	}
+	testutil.Eventually(t, 10*time.Second, "the flood at 1000 requests", func() bool { return noisy.Load() >= 1000 })
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	sent := noisy.Load()
+	testutil.Eventually(t, 5*time.Second, "every line written and every drop counted", func() bool {
+		got := int64(len(dst.records(t, "sandbox", "noisy")))
+		return len(dst.records(t, "sandbox", "quiet")) == quiet &&
+			got+int64(promtest.ToFloat64(e.srv.m.accessLogDropped)) == sent
+	})
+	got := len(dst.records(t, "sandbox", "noisy"))
+	if limit := burst + int(rate*elapsed.Seconds()) + 1; got > limit {
+		t.Errorf("noisy sandbox logged %d lines in %v; the bound allows %d", got, elapsed, limit)
+	}
+	if got < burst {
+		t.Errorf("noisy sandbox logged %d lines, fewer than its burst %d", got, burst)
+	}
+	if n := sink.Dropped(); n != 0 {
+		t.Errorf("the log writer dropped %d lines", n)
+	}
+	t.Logf("noisy: %d requests, %d lines, %v dropped in %v", sent, got, promtest.ToFloat64(e.srv.m.accessLogDropped), elapsed)
+}
+
+// TestAccessLogTextFormat: the text form is logfmt: bare values, quoted
+// ones where needed (spaces, quotes, control bytes), no query.
+func TestAccessLogTextFormat(t *testing.T) {
+	l := newAccessLog(&Config{AccessLog: AccessLogText, AccessLogWriter: &lineLog{}}, prometheus.NewCounter(prometheus.CounterOpts{Name: "x"}))
+	rt := &routes.Route{Workspace: "team", Sandbox: "demo", Service: "", InstallationVersion: 7}
+	r := accessRecord{proto: protoH1, parsed: true, mb: []byte("GET"), pb: []byte("/a\"b\x01?token=secret"),
+		status: 503, reason: reasonRevoked, bytesIn: 3, bytesOut: 4, connect: 1500 * time.Microsecond, firstByte: -1}
+	ci := connInfo{route: rt, sni: "team--demo.apps.test", peer: netip.MustParseAddr("10.0.0.1"), tlsVer: tls.VersionTLS12}
+	end := time.Date(2026, 12, 1, 15, 4, 5, 123456000, time.UTC)
+	got := string(l.appendLine(nil, &r, &ci, end, 2*time.Millisecond))
+	want := `time=2026-12-01T15:04:05.123456Z level=INFO msg=access protocol=h1 workspace=team sandbox=demo service="" ` +
+		`host=team--demo.apps.test method=GET path="/a\"b\u0001" status=503 bytes_in=3 bytes_out=4 duration=0.002000 ` +
+		`upstream_connect=0.001500 tls=1.2 client=10.0.0.1 reason="this application route is no longer available" installation_version=7` + "\n"
+	if got != want {
+		t.Errorf("text line\n got %s\nwant %s", got, want)
+	}
+	l.json = true
+	line := l.appendLine(nil, &r, &ci, end, 2*time.Millisecond)
+	var m map[string]any
+	if err := json.Unmarshal(line, &m); err != nil {
+		t.Fatalf("json line %s: %v", line, err)
+	}
+	if m["path"] != "/a\"b\x01" || m["service"] != "" || m["upstream_connect"] != 0.0015 || bytes.Contains(line, []byte("secret")) {
+		t.Errorf("json line %s", line)
+	}
+}
