@@ -65,6 +65,7 @@ var requiredRuleMetrics = []string{
 // requiredDashboardMetrics are the signals the dashboard must show.
 var requiredDashboardMetrics = []string{
 	"applistener_requests_total", "applistener_request_denials_total", "applistener_handshake_rejections_total",
+	"applistener_request_duration_seconds_bucket",
 	"applistener_client_connections_active", "applistener_streams_active", "applistener_websockets_active",
 	"applistener_bytes_total", "applistener_connector_dials_total", "applistener_route_revocations_total",
 	"applistener_config_deliveries_total", "applistener_gateway_sessions", "applistener_gateway_watchers",
