@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -34,56 +35,92 @@ import (
 const startupWithin = 20 * time.Second
 
 // metricSet is what the binary exports: the names of sample lines and of
-// # TYPE lines; a histogram's or summary's base name also covers its
-// _bucket, _sum and _count series.
-type metricSet map[string]bool
+// # TYPE lines (a histogram's or summary's base name also covers its
+// _bucket, _sum and _count series), and the label names and values each
+// sampled metric carries.
+type metricSet struct {
+	names  map[string]bool
+	hist   map[string]bool                       // histogram and summary base names
+	labels map[string]map[string]map[string]bool // metric → label → values
+}
+
+func newMetricSet() *metricSet {
+	return &metricSet{names: map[string]bool{}, hist: map[string]bool{}, labels: map[string]map[string]map[string]bool{}}
+}
 
 // has reports whether name is exported, directly or as a series of a
 // histogram/summary whose base name is.
-func (m metricSet) has(name string) bool {
-	if m[name] {
+func (m *metricSet) has(name string) bool {
+	if m.names[name] {
 		return true
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok && m["histogram:"+base] {
+		if base, ok := strings.CutSuffix(name, suffix); ok && m.hist[base] {
 			return true
 		}
 	}
 	return false
 }
 
-// parseExposition adds the metric names of a text-format scrape to m.
-func parseExposition(m metricSet, body []byte) {
+// labelsOf returns the label names and values of name's samples, and
+// false when no sample of name was seen.
+func (m *metricSet) labelsOf(name string) (map[string]map[string]bool, bool) {
+	l, ok := m.labels[name]
+	return l, ok
+}
+
+var sampleLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+
+// parseExposition adds the metrics of a text-format scrape to m.
+func parseExposition(m *metricSet, body []byte) {
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			m[f[2]] = true
+			m.names[f[2]] = true
 			if f[3] == "histogram" || f[3] == "summary" {
-				m["histogram:"+f[2]] = true
+				m.hist[f[2]] = true
 			}
 			continue
 		}
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		if i := strings.IndexAny(line, "{ "); i > 0 {
-			m[line[:i]] = true
+		i := strings.IndexAny(line, "{ ")
+		if i <= 0 {
+			continue
+		}
+		name := line[:i]
+		m.names[name] = true
+		labels := m.labels[name]
+		if labels == nil {
+			labels = map[string]map[string]bool{}
+			m.labels[name] = labels
+		}
+		if line[i] == '{' {
+			if end := strings.LastIndexByte(line, '}'); end > i {
+				for _, kv := range sampleLabel.FindAllStringSubmatch(line[i+1:end], -1) {
+					if labels[kv[1]] == nil {
+						labels[kv[1]] = map[string]bool{}
+					}
+					labels[kv[1]][kv[2]] = true
+				}
+			}
 		}
 	}
 }
 
 var (
 	exportedOnce sync.Once
-	exported     metricSet
+	exported     *metricSet
 )
 
 // exportedMetrics builds the binary, runs `serve` (a routes file, the app
 // listener on loopback, some traffic so that labelled series exist),
 // `gateway` and `edge` (following that gateway's discovery), and returns
 // the union of their /metrics.
-func exportedMetrics(t *testing.T) metricSet {
+func exportedMetrics(t *testing.T) *metricSet {
 	t.Helper()
 	exportedOnce.Do(func() { exported = scrapeAll(t) })
 	if exported == nil {
@@ -92,7 +129,7 @@ func exportedMetrics(t *testing.T) metricSet {
 	return exported
 }
 
-func scrapeAll(t *testing.T) metricSet {
+func scrapeAll(t *testing.T) *metricSet {
 	t.Helper()
 	bin := applistenerBinary(t)
 	dir, err := os.MkdirTemp("", "applistener-monitoring-test-")
@@ -100,7 +137,7 @@ func scrapeAll(t *testing.T) metricSet {
 		t.Fatal(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	m := metricSet{}
+	m := newMetricSet()
 
 	// --- serve ---------------------------------------------------------
 	domain := "apps.example.test"
@@ -431,7 +468,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestParseExposition(t *testing.T) {
-	m := metricSet{}
+	m := newMetricSet()
 	parseExposition(m, []byte(`# HELP a_total A.
 # TYPE a_total counter
 a_total{x="1"} 3
@@ -450,5 +487,17 @@ plain 1
 		if m.has(n) {
 			t.Errorf("%s found", n)
 		}
+	}
+	if l, ok := m.labelsOf("a_total"); !ok || len(l) != 1 || !l["x"]["1"] {
+		t.Errorf("labels of a_total: %v, %v", l, ok)
+	}
+	if l, ok := m.labelsOf("plain"); !ok || len(l) != 0 {
+		t.Errorf("labels of plain: %v, %v", l, ok)
+	}
+	if l, ok := m.labelsOf("h_seconds_bucket"); !ok || !l["le"]["+Inf"] {
+		t.Errorf("labels of h_seconds_bucket: %v, %v", l, ok)
+	}
+	if _, ok := m.labelsOf("h_seconds"); ok {
+		t.Error("h_seconds has samples")
 	}
 }

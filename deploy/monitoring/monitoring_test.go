@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -196,13 +197,24 @@ func markdownAnchors(t *testing.T, path string) map[string]bool {
 	return anchors
 }
 
+// targetLabels are attached by Prometheus (the scrape target, the
+// ServiceMonitor's relabelling), not by the binary.
+var targetLabels = map[string]bool{
+	"job": true, "instance": true, "namespace": true, "pod": true,
+	"service": true, "endpoint": true, "container": true,
+}
+
 // checkNames reports every metric name of expr that is neither exported
-// by the binary nor an allowed external or after-traffic metric.
-func checkNames(exported metricSet, literals map[string]bool, expr string) (names []string, problems []string) {
-	names, err := metricNames(expr)
+// by the binary nor an allowed external or after-traffic metric, every
+// label matcher that names a label the metric's samples do not carry, and
+// every by/without/on/ignoring label that none of the expression's
+// metrics carries.
+func checkNames(exported *metricSet, literals map[string]bool, expr string) (names []string, problems []string) {
+	info, err := parseExpr(expr)
 	if err != nil {
 		return nil, []string{fmt.Sprintf("cannot parse %q: %v", expr, err)}
 	}
+	names, _ = metricNames(expr)
 	if len(names) == 0 {
 		problems = append(problems, fmt.Sprintf("%q selects no metric", expr))
 	}
@@ -213,6 +225,31 @@ func checkNames(exported metricSet, literals map[string]bool, expr string) (name
 		case afterTrafficOnly[n] != "" && literals[n]:
 		default:
 			problems = append(problems, fmt.Sprintf("%s is not exported by applistener serve, gateway or edge", n))
+		}
+	}
+	// Labels: known only for metrics whose samples were scraped.
+	allKnown := true
+	carried := map[string]bool{}
+	for _, sel := range info.selectors {
+		labels, ok := exported.labelsOf(sel.name)
+		if !ok {
+			allKnown = false
+			continue
+		}
+		for l := range labels {
+			carried[l] = true
+		}
+		for _, l := range sel.labels {
+			if labels[l] == nil && !targetLabels[l] {
+				problems = append(problems, fmt.Sprintf("%s has no label %q (its labels: %v)", sel.name, l, slices.Sorted(maps.Keys(labels))))
+			}
+		}
+	}
+	if allKnown {
+		for _, l := range info.grouping {
+			if !carried[l] && !targetLabels[l] {
+				problems = append(problems, fmt.Sprintf("by/without/on label %q is carried by none of %v", l, names))
+			}
 		}
 	}
 	return names, problems
@@ -277,6 +314,12 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			t.Errorf("no alert rule uses %s", n)
 		}
 	}
+	// The 5xx ratio matches code="5xx": the scrape after a 200 and a 502
+	// must show that convention (status classes, not codes).
+	codes, _ := exported.labelsOf("applistener_requests_total")
+	if !codes["code"]["5xx"] || !codes["code"]["2xx"] {
+		t.Errorf(`ApplistenerHighErrorRatio matches applistener_requests_total{code="5xx"}, but after a 200 and a 502 the binary exports codes %v`, slices.Sorted(maps.Keys(codes["code"])))
+	}
 }
 
 // TestMetricCheckCatchesTypos: the check above fails on a misspelt name,
@@ -285,6 +328,9 @@ func TestMetricCheckCatchesTypos(t *testing.T) {
 	exported := exportedMetrics(t)
 	literals := sourceLiterals(t)
 	for _, expr := range []string{
+		`sum by (status) (rate(applistener_requests_total{code="5xx"}[5m]))`,
+		`rate(applistener_requests_total{status="500"}[5m])`,
+		`applistener_routes{cause="x"}`,
 		`rate(applistener_request_total[5m])`,
 		`histogram_quantile(0.9, rate(applistener_revocation_close_second_bucket[5m]))`,
 		`applistener_routes_bucket`,

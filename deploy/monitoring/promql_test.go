@@ -2,6 +2,7 @@ package monitoring_test
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -82,26 +83,25 @@ func skipSpace(s string, i int) int {
 }
 
 // matchers reads the label matchers starting at s[i] == '{' and returns
-// the metric name of a __name__="x" matcher ("" if none) and the index
-// after the closing brace.
-func matchers(s string, i int) (string, int, error) {
-	name := ""
+// the metric name of a __name__="x" matcher ("" if none), the other
+// labels matched and the index after the closing brace.
+func matchers(s string, i int) (name string, labels []string, _ int, _ error) {
 	j := i + 1
 	for {
 		j = skipSpace(s, j)
 		if j >= len(s) {
-			return "", 0, fmt.Errorf("unterminated label matchers at offset %d", i)
+			return "", nil, 0, fmt.Errorf("unterminated label matchers at offset %d", i)
 		}
 		switch c := s[j]; {
 		case c == '}':
-			return name, j + 1, nil
+			return name, labels, j + 1, nil
 		case c == ',':
 			j++
 		case c == '"' || c == '\'' || c == '`':
 			// A quoted metric name (Prometheus 3: {"name"}) or label.
 			v, end, err := readString(s, j)
 			if err != nil {
-				return "", 0, err
+				return "", nil, 0, err
 			}
 			k := skipSpace(s, end)
 			if k < len(s) && (s[k] == '}' || s[k] == ',') {
@@ -122,30 +122,56 @@ func matchers(s string, i int) (string, int, error) {
 			}
 			k = skipSpace(s, k)
 			if op == "" || k >= len(s) || strings.IndexByte("\"'`", s[k]) < 0 {
-				return "", 0, fmt.Errorf("bad label matcher %q at offset %d", s[j:min(k+1, len(s))], j)
+				return "", nil, 0, fmt.Errorf("bad label matcher %q at offset %d", s[j:min(k+1, len(s))], j)
 			}
 			v, end, err := readString(s, k)
 			if err != nil {
-				return "", 0, err
+				return "", nil, 0, err
 			}
-			if label == "__name__" && op == "=" {
+			switch {
+			case label == "__name__" && op == "=":
 				name = v
+			case label != "__name__":
+				labels = append(labels, label)
 			}
 			j = end
 		default:
-			return "", 0, fmt.Errorf("unexpected %q in label matchers at offset %d", c, j)
+			return "", nil, 0, fmt.Errorf("unexpected %q in label matchers at offset %d", c, j)
 		}
 	}
 }
 
+// selector is a metric name and the labels its matchers name.
+type selector struct {
+	name   string
+	labels []string
+}
+
+// exprInfo is what parseExpr finds in an expression: its selectors and
+// the labels of its by/without/on/ignoring/group_left/group_right lists.
+type exprInfo struct {
+	selectors []selector
+	grouping  []string
+}
+
 // metricNames returns the metric names expr selects, in order of first use.
 func metricNames(expr string) ([]string, error) {
+	info, err := parseExpr(expr)
+	if err != nil {
+		return nil, err
+	}
 	var names []string
-	add := func(n string) {
-		if n != "" && !slices.Contains(names, n) {
-			names = append(names, n)
+	for _, sel := range info.selectors {
+		if sel.name != "" && !slices.Contains(names, sel.name) {
+			names = append(names, sel.name)
 		}
 	}
+	return names, nil
+}
+
+func parseExpr(expr string) (exprInfo, error) {
+	var info exprInfo
+	afterName := -1 // index just after the last metric name, for its {matchers}
 	depth := 0
 	for i := 0; i < len(expr); {
 		c := expr[i]
@@ -153,7 +179,7 @@ func metricNames(expr string) ([]string, error) {
 		case c == '"' || c == '\'' || c == '`':
 			end, err := skipString(expr, i)
 			if err != nil {
-				return nil, err
+				return info, err
 			}
 			i = end
 		case c == '#': // comment to the end of the line
@@ -161,16 +187,22 @@ func metricNames(expr string) ([]string, error) {
 				i++
 			}
 		case c == '{':
-			n, end, err := matchers(expr, i)
+			n, labels, end, err := matchers(expr, i)
 			if err != nil {
-				return nil, err
+				return info, err
 			}
-			add(n)
+			if n == "" && afterName >= 0 && strings.TrimSpace(expr[afterName:i]) == "" {
+				// name{...}: the matchers of the name just read.
+				last := &info.selectors[len(info.selectors)-1]
+				last.labels = append(last.labels, labels...)
+			} else {
+				info.selectors = append(info.selectors, selector{name: n, labels: labels})
+			}
 			i = end
 		case c == '[':
 			end := strings.IndexByte(expr[i:], ']')
 			if end < 0 {
-				return nil, fmt.Errorf("unterminated [ at offset %d", i)
+				return info, fmt.Errorf("unterminated [ at offset %d", i)
 			}
 			i += end + 1
 		case c == '$': // a Grafana variable: $name, ${name}, $__rate_interval
@@ -178,7 +210,7 @@ func metricNames(expr string) ([]string, error) {
 			if i < len(expr) && expr[i] == '{' {
 				end := strings.IndexByte(expr[i:], '}')
 				if end < 0 {
-					return nil, fmt.Errorf("unterminated ${ at offset %d", i)
+					return info, fmt.Errorf("unterminated ${ at offset %d", i)
 				}
 				i += end + 1
 				continue
@@ -202,7 +234,12 @@ func metricNames(expr string) ([]string, error) {
 			case labelListKeywords[word] && k < len(expr) && expr[k] == '(':
 				end := strings.IndexByte(expr[k:], ')')
 				if end < 0 {
-					return nil, fmt.Errorf("unterminated label list after %s", word)
+					return info, fmt.Errorf("unterminated label list after %s", word)
+				}
+				for _, l := range strings.Split(expr[k+1:k+end], ",") {
+					if l = strings.TrimSpace(l); l != "" {
+						info.grouping = append(info.grouping, l)
+					}
 				}
 				j = k + end + 1
 			case promqlKeywords[word]:
@@ -211,7 +248,8 @@ func metricNames(expr string) ([]string, error) {
 			case nextWord(expr, k) == "by" || nextWord(expr, k) == "without":
 				// An aggregation with its labels first: sum by (x) (...).
 			default:
-				add(word)
+				info.selectors = append(info.selectors, selector{name: word})
+				afterName = j
 			}
 			i = j
 		default:
@@ -221,16 +259,16 @@ func metricNames(expr string) ([]string, error) {
 			case ')':
 				depth--
 				if depth < 0 {
-					return nil, fmt.Errorf("unbalanced ) at offset %d", i)
+					return info, fmt.Errorf("unbalanced ) at offset %d", i)
 				}
 			}
 			i++
 		}
 	}
 	if depth != 0 {
-		return nil, fmt.Errorf("unbalanced parentheses")
+		return info, fmt.Errorf("unbalanced parentheses")
 	}
-	return names, nil
+	return info, nil
 }
 
 // grafanaQueryNames returns the metric names of a Grafana Prometheus
@@ -281,6 +319,17 @@ func TestMetricNamesExtraction(t *testing.T) {
 		if !slices.Equal(got, c.want) {
 			t.Errorf("metricNames(%q) = %q, want %q", c.expr, got, c.want)
 		}
+	}
+	info, err := parseExpr(`sum by (code, pod) (rate(a_total{code="5xx", le=~".+"}[5m])) / on(pod) group_left() b{job="x"} + {__name__="c", d!="e"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := exprInfo{
+		selectors: []selector{{"a_total", []string{"code", "le"}}, {"b", []string{"job"}}, {"c", []string{"d"}}},
+		grouping:  []string{"code", "pod", "pod"},
+	}
+	if !reflect.DeepEqual(info, want) {
+		t.Errorf("parseExpr = %+v, want %+v", info, want)
 	}
 	for _, bad := range []string{`rate(x[5m]`, `x{a="b"`, `x{a}`, `sum(x))`, `x{a="b}`} {
 		if got, err := metricNames(bad); err == nil {
