@@ -166,7 +166,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	// one whose Host is another route than its SNI (421 denial) and a
 	// handshake for an unknown name (handshake rejection).
 	web, down := "team--demo--web."+domain, "team--demo--down."+domain
-	get := func(sni, host string, wantStatus int) {
+	request := func(sni, host string, wantStatus int) {
 		t.Helper()
 		tr := &http.Transport{
 			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: sni},
@@ -190,9 +190,9 @@ func scrapeAll(t *testing.T) *metricSet {
 			t.Fatalf("GET https://%s/ (SNI %s): %s, want %d", host, sni, resp.Status, wantStatus)
 		}
 	}
-	get(web, web, http.StatusOK)
-	get(web, down, http.StatusMisdirectedRequest)
-	get(down, down, http.StatusBadGateway) // no app listening
+	request(web, web, http.StatusOK)
+	request(web, down, http.StatusMisdirectedRequest)
+	request(down, down, http.StatusBadGateway) // no app listening
 	if c, err := tls.Dial("tcp", appAddr, &tls.Config{RootCAs: pool, ServerName: "nobody--here." + domain}); err == nil {
 		_ = c.Close()
 		t.Fatal("a handshake for an unknown name succeeded")
