@@ -249,7 +249,7 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	if f.json {
 		f.b = append(f.b, '"')
 	}
-	f.b = end.UTC().AppendFormat(f.b, "2006-01-02T15:04:05.000000Z07:00")
+	f.b = appendTime(f.b, end)
 	if f.json {
 		f.b = append(f.b, '"')
 	}
@@ -367,10 +367,45 @@ func (f *fieldWriter) num(k string, v int64) {
 	f.b = strconv.AppendInt(f.b, v, 10)
 }
 
-// secs appends d in seconds with microsecond precision.
+// secs appends d in seconds with microsecond precision (0.000512).
 func (f *fieldWriter) secs(k string, d time.Duration) {
 	f.key(k)
-	f.b = strconv.AppendFloat(f.b, d.Seconds(), 'f', 6, 64)
+	us := max(d.Microseconds(), 0)
+	f.b = strconv.AppendInt(f.b, us/1e6, 10)
+	f.b = append(f.b, '.')
+	f.b = appendDigits(f.b, int(us%1e6), 6)
+}
+
+// appendTime appends t in UTC as RFC 3339 with microseconds
+// (2026-12-01T15:04:05.123456Z), without time.Format's layout parsing.
+func appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	y, mo, d := t.Date()
+	h, mi, s := t.Clock()
+	b = appendDigits(b, y, 4)
+	b = append(b, '-')
+	b = appendDigits(b, int(mo), 2)
+	b = append(b, '-')
+	b = appendDigits(b, d, 2)
+	b = append(b, 'T')
+	b = appendDigits(b, h, 2)
+	b = append(b, ':')
+	b = appendDigits(b, mi, 2)
+	b = append(b, ':')
+	b = appendDigits(b, s, 2)
+	b = append(b, '.')
+	b = appendDigits(b, t.Nanosecond()/1000, 6)
+	return append(b, 'Z')
+}
+
+// appendDigits appends v (0 <= v < 10^width) zero-padded to width digits.
+func appendDigits(b []byte, v, width int) []byte {
+	var buf [8]byte
+	for i := width - 1; i >= 0; i-- {
+		buf[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, buf[:width]...)
 }
 
 const hexDigits = "0123456789abcdef"
