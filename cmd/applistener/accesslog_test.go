@@ -1,0 +1,47 @@
+package main
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/applistener/applistener/dispatch"
+)
+
+// TestServeAccessLogFlags: the access log is on (text, 100 lines/s per
+// instance) unless turned off; an unknown format is a usage error.
+func TestServeAccessLogFlags(t *testing.T) {
+	base := []string{"--routes-file", "routes.json"}
+	for _, c := range []struct {
+		args       []string
+		format     string
+		rate       float64
+		usageError bool
+	}{
+		{nil, dispatch.AccessLogText, dispatch.DefaultAccessLogRate, false},
+		{[]string{"--access-log=json", "--access-log-rate=5"}, dispatch.AccessLogJSON, 5, false},
+		{[]string{"--access-log=off"}, dispatch.AccessLogOff, dispatch.DefaultAccessLogRate, false},
+		{[]string{"--access-log=ocsf"}, "", 0, true},
+	} {
+		var o serveOptions
+		err := parseCommand("serve", append(append([]string{}, base...), c.args...), &o)
+		var ue *usageError
+		if c.usageError {
+			if !errors.As(err, &ue) {
+				t.Errorf("%v: err %v, want a usage error", c.args, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%v: %v", c.args, err)
+			continue
+		}
+		if o.accessLog != c.format || o.accessLogRate != c.rate {
+			t.Errorf("%v: access log %q rate %v, want %q %v", c.args, o.accessLog, o.accessLogRate, c.format, c.rate)
+		}
+	}
+	// A struct built without flags (applistener dev) gets the default.
+	o := serveOptions{mode: "shared", routesFile: "routes.json", logFormat: "text", logLevel: "info", freshness: 30e9, maxHeaderBytes: 16 << 10}
+	if err := o.validate(); err != nil || o.accessLog != dispatch.AccessLogText {
+		t.Errorf("zero options: %v, access log %q", err, o.accessLog)
+	}
+}
