@@ -11,20 +11,8 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/internal/testutil"
 )
-
-// waitFor polls cond every 5 ms until it holds, failing the test after
-// within.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // count returns the number of requests that match.
 func (g *fakeGateway) count(match func(fakeRequest) bool) int { return len(g.log(match)) }
@@ -42,19 +30,19 @@ func TestSessionIDSentAndStable(t *testing.T) {
 		t.Fatalf("session id %q: want 32 lowercase hex characters", c.Session)
 	}
 	stop := c.run(t, true)
-	waitFor(t, 5*time.Second, "the route installed", c.routed)
+	testutil.Eventually(t, 5*time.Second, "the route installed", c.routed)
 
 	// A reconnection of the push session.
 	g.endStreams()
-	waitFor(t, 5*time.Second, "a second push session", func() bool { return g.count(isPush) >= 2 })
+	testutil.Eventually(t, 5*time.Second, "a second push session", func() bool { return g.count(isPush) >= 2 })
 	// Push refused: the client polls, then asks for push again.
 	g.set(func(g *fakeGateway) { g.pushCode = http.StatusServiceUnavailable })
 	g.endStreams()
-	waitFor(t, 5*time.Second, "a poll", func() bool { return g.count(isPoll) >= 1 })
+	testutil.Eventually(t, 5*time.Second, "a poll", func() bool { return g.count(isPoll) >= 1 })
 	pushes := g.count(isPush)
 	g.set(func(g *fakeGateway) { g.pushCode = 0 })
-	waitFor(t, 5*time.Second, "push again", func() bool { return g.count(isPush) > pushes && c.Connected() })
-	waitFor(t, 5*time.Second, "an advertisement of the route", func() bool {
+	testutil.Eventually(t, 5*time.Second, "push again", func() bool { return g.count(isPush) > pushes && c.Connected() })
+	testutil.Eventually(t, 5*time.Second, "an advertisement of the route", func() bool {
 		for _, r := range g.log(isPut) {
 			if strings.Contains(string(r.body), testHost) {
 				return true
@@ -136,7 +124,7 @@ func TestKeepaliveNegotiation(t *testing.T) {
 			c := newTestClient(t, g.url, 2*time.Second, ca)
 			c.StreamIdleTimeout = time.Second // shorter than a 5s grant: the grant wins
 			c.run(t, false)
-			waitFor(t, 5*time.Second, "the route installed", c.routed)
+			testutil.Eventually(t, 5*time.Second, "the route installed", c.routed)
 
 			start := time.Now()
 			checks := 0
@@ -242,7 +230,7 @@ func TestGatewayFailoverAndStickiness(t *testing.T) {
 	a.set(func(g *fakeGateway) { g.status = http.StatusServiceUnavailable })
 	c := newTestClient(t, dead+", "+a.url+","+b.url, 3*time.Second, ca)
 	c.run(t, true)
-	waitFor(t, 5*time.Second, "a session with the third endpoint", func() bool {
+	testutil.Eventually(t, 5*time.Second, "a session with the third endpoint", func() bool {
 		return c.Connected() && c.CurrentEndpoint() == b.url && c.routed()
 	})
 	if a.count(nil) == 0 {
@@ -253,7 +241,7 @@ func TestGatewayFailoverAndStickiness(t *testing.T) {
 	a.set(func(g *fakeGateway) { g.status = 0 })
 	seenA := a.count(nil)
 	putsB := b.count(isPut)
-	waitFor(t, 5*time.Second, "ten more advertisements to B", func() bool { return b.count(isPut) >= putsB+10 })
+	testutil.Eventually(t, 5*time.Second, "ten more advertisements to B", func() bool { return b.count(isPut) >= putsB+10 })
 	if n := a.count(nil); n != seenA {
 		t.Errorf("%d requests went to the recovered endpoint while the current one worked", n-seenA)
 	}
@@ -265,10 +253,10 @@ func TestGatewayFailoverAndStickiness(t *testing.T) {
 	// past the dead endpoint, to A; the advertiser follows.
 	b.set(func(g *fakeGateway) { g.status = http.StatusServiceUnavailable })
 	b.endStreams()
-	waitFor(t, 5*time.Second, "a session with the first working endpoint again", func() bool {
+	testutil.Eventually(t, 5*time.Second, "a session with the first working endpoint again", func() bool {
 		return c.Connected() && c.CurrentEndpoint() == a.url && a.count(isPush) > 0
 	})
-	waitFor(t, 5*time.Second, "an advertisement to A", func() bool { return a.count(isPut) > 0 })
+	testutil.Eventually(t, 5*time.Second, "an advertisement to A", func() bool { return a.count(isPut) > 0 })
 	if !c.routed() {
 		t.Error("the route was lost across the failover")
 	}
@@ -330,16 +318,16 @@ func TestGatewayCARotation(t *testing.T) {
 	g := newFakeGateway(t, ca1, testDocument("r1", "1"))
 	c := newTestClient(t, g.url, 3*time.Second, ca1)
 	c.run(t, false)
-	waitFor(t, 5*time.Second, "the session", c.Connected)
+	testutil.Eventually(t, 5*time.Second, "the session", c.Connected)
 
 	g.rotate(ca2)
-	waitFor(t, 5*time.Second, "handshakes to fail with the old CA", func() bool {
+	testutil.Eventually(t, 5*time.Second, "handshakes to fail with the old CA", func() bool {
 		return !c.Connected() && strings.Contains(c.LastError(), "certificate")
 	})
 	t.Logf("with the old CA: %s", c.LastError())
 	writeCAFile(t, c.CAFile, ca2.pem)
 	start := time.Now()
-	waitFor(t, 5*time.Second, "the session with the new CA", c.Connected)
+	testutil.Eventually(t, 5*time.Second, "the session with the new CA", c.Connected)
 	t.Logf("session back %v after the CA file was replaced", time.Since(start).Round(time.Millisecond))
 	if !strings.Contains(c.logs.String(), "gateway CA file reloaded") {
 		t.Error("the reload was not logged")
@@ -350,7 +338,7 @@ func TestGatewayCARotation(t *testing.T) {
 	g.endStreams()
 	g.srv.CloseClientConnections()
 	pushes := g.count(isPush)
-	waitFor(t, 5*time.Second, "a new push session", func() bool { return g.count(isPush) > pushes && c.Connected() })
+	testutil.Eventually(t, 5*time.Second, "a new push session", func() bool { return g.count(isPush) > pushes && c.Connected() })
 	if !strings.Contains(c.logs.String(), "keeping the previous bundle") {
 		t.Error("the unusable CA file was not logged")
 	}
@@ -371,7 +359,7 @@ func TestWithdrawEndsTheSession(t *testing.T) {
 		defer close(done)
 		_ = c.Run(ctx)
 	}()
-	waitFor(t, 5*time.Second, "the session", func() bool { return c.Connected() && c.routed() })
+	testutil.Eventually(t, 5*time.Second, "the session", func() bool { return c.Connected() && c.routed() })
 	wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer wcancel()
 	if err := c.Withdraw(wctx); err != nil {

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -54,17 +55,6 @@ func writeAtomic(t *testing.T, path, content string) {
 	}
 }
 
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 const fileDoc = `{"revision":"%s","instances":[{"workspace":"team","sandbox":"demo","services":[{"name":"web","port":8080}]}]}`
 
 // The routes file: a change is applied; re-reading the same document is a
@@ -79,25 +69,25 @@ func TestFileSourceDeliveries(t *testing.T) {
 	src := &FileSource{Path: path, Sink: sink, Refresh: 30 * time.Millisecond, Poll: 10 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler), Metrics: metrics}
 	seen := func(result string) float64 {
-		return testutil.ToFloat64(metrics.deliveries.WithLabelValues("file", result))
+		return promtest.ToFloat64(metrics.deliveries.WithLabelValues("file", result))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = src.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	eventuallyTrue(t, "r1 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 1 && a[0] == "r1" })
-	eventuallyTrue(t, "renewals by re-reading", func() bool { _, r := sink.snapshot(); return r >= 3 })
+	testutil.Eventually(t, 5*time.Second, "r1 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 1 && a[0] == "r1" })
+	testutil.Eventually(t, 5*time.Second, "renewals by re-reading", func() bool { _, r := sink.snapshot(); return r >= 3 })
 	if a, _ := sink.snapshot(); len(a) != 1 {
 		t.Fatalf("the unchanged document was applied again: %v", a)
 	}
 
 	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r2"))
-	eventuallyTrue(t, "r2 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 2 && a[1] == "r2" })
+	testutil.Eventually(t, 5*time.Second, "r2 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 2 && a[1] == "r2" })
 
 	// Unparsable: no apply, no renewal.
 	writeAtomic(t, path, `{"revision": "r3", "instances": [`)
-	eventuallyTrue(t, "the unparsable file read", func() bool { return seen("unparsable") >= 1 })
+	testutil.Eventually(t, 5*time.Second, "the unparsable file read", func() bool { return seen("unparsable") >= 1 })
 	a0, r0 := sink.snapshot()
 	for range 10 {
 		time.Sleep(20 * time.Millisecond)
@@ -110,7 +100,7 @@ func TestFileSourceDeliveries(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyTrue(t, "the file seen missing", func() bool { return seen("missing") >= 1 })
+	testutil.Eventually(t, 5*time.Second, "the file seen missing", func() bool { return seen("missing") >= 1 })
 	a0, r0 = sink.snapshot()
 	for range 10 {
 		time.Sleep(20 * time.Millisecond)
@@ -119,5 +109,5 @@ func TestFileSourceDeliveries(t *testing.T) {
 		}
 	}
 	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r4"))
-	eventuallyTrue(t, "r4 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 3 && a[2] == "r4" })
+	testutil.Eventually(t, 5*time.Second, "r4 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 3 && a[2] == "r4" })
 }
