@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // TestBrowserHarness checks the Chromium harness end to end against the
@@ -96,7 +98,7 @@ func TestBrowserHarness(t *testing.T) {
 // come before the app has recorded a request that is not the document.
 func appRecorded(t testing.TB, be *backend, uri string) *recorded {
 	t.Helper()
-	eventually(t, waitTimeout, "the app to record "+uri, func() bool {
+	testutil.Eventually(t, waitTimeout, "the app to record "+uri, func() bool {
 		for _, r := range be.requests() {
 			if r.URI == uri {
 				return true

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 const (
@@ -58,7 +60,7 @@ func TestControlPlaneCrossReplica(t *testing.T) {
 	g.put(t, 1, "sup-1", cpInst("idle", map[string]int{"web": web.port}))
 	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.url(0)})
 	edge := cpStartEdge(t, g.url(1))
-	eventually(t, waitTimeout, "the supervisor's push session on replica 1", func() bool {
+	testutil.Eventually(t, waitTimeout, "the supervisor's push session on replica 1", func() bool {
 		v, _, err := gwMetric(g.replicas[0].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
@@ -71,7 +73,7 @@ func TestControlPlaneCrossReplica(t *testing.T) {
 		t.Fatalf("published endpoint %+v, want the supervisor's listener %s", r.Endpoint, sup.appAddr)
 	}
 	var body string
-	eventually(t, waitTimeout, "GET through the edge (discovery from replica 2)", func() bool {
+	testutil.Eventually(t, waitTimeout, "GET through the edge (discovery from replica 2)", func() bool {
 		var err error
 		body, err = cpEdgeGet(edge.appAddr, cpHostDemo)
 		return err == nil
@@ -106,7 +108,7 @@ func TestControlPlaneCrossReplica(t *testing.T) {
 	t.Logf("withdrawal on replica 1: WebSocket to the supervisor closed with 1008 after %v; through the edge after %v",
 		res.at.Sub(t0).Round(time.Millisecond), resEdge.at.Sub(t0).Round(time.Millisecond))
 	g.waitRoute(t, 1, cpHostDemo, "", true)
-	eventually(t, waitTimeout, "the edge to refuse the withdrawn name", func() bool {
+	testutil.Eventually(t, waitTimeout, "the edge to refuse the withdrawn name", func() bool {
 		return gwUnrecognized(discHandshakeErr(edge.appAddr, caPool, cpHostDemo))
 	})
 
@@ -261,7 +263,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.urls(0, 1), freshness: freshness})
 	edge := cpStartEdge(t, g.urls(0, 1))
 	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
 	ws, err := cpEdgeWS(edge.appAddr, cpHostDemo)
 	if err != nil {
 		t.Fatalf("WebSocket through the edge: %v", err)
@@ -276,7 +278,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 			"applistener_gateway_watchers":           "the supervisor's configuration session",
 			"applistener_gateway_discovery_watchers": "the edge's discovery watch",
 		} {
-			eventually(t, waitTimeout, fmt.Sprintf("%s on replica %d", what, dead+1), func() bool {
+			testutil.Eventually(t, waitTimeout, fmt.Sprintf("%s on replica %d", what, dead+1), func() bool {
 				v, _, err := gwMetric(g.replicas[dead].adminAddr, metric, nil)
 				return err == nil && v == 1
 			})
@@ -357,7 +359,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 		restart := cpProbeDiscovery(g, dead, cpHostDemo, 20*time.Millisecond)
 		g.start(t, dead)
 		base := restart.okCount()
-		eventually(t, waitTimeout, "a few answers of the restarted replica", func() bool { return restart.okCount() >= base+3 })
+		testutil.Eventually(t, waitTimeout, "a few answers of the restarted replica", func() bool { return restart.okCount() >= base+3 })
 		restart.end(t, fmt.Sprintf("discovery on replica %d while it restarts", dead+1))
 	}
 }
@@ -378,12 +380,12 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
 	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
 	edge := cpStartEdge(t, g.urls(1, 0))
-	eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
 	watches := []*cpWatch{cpStartWatch(t, g, 0), cpStartWatch(t, g, 1)}
 
 	// One member (the leader) stops: nothing changes.
 	leader := -1
-	eventually(t, waitTimeout, "an etcd leader", func() bool { leader = c.leader(); return leader >= 0 })
+	testutil.Eventually(t, waitTimeout, "an etcd leader", func() bool { leader = c.leader(); return leader >= 0 })
 	c.stop(t, leader)
 	n := 0
 	gwWatch(t, 3*time.Second,
@@ -427,7 +429,7 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	c.kill(t, second)
 	t0 := time.Now()
 	for i := range 2 {
-		eventually(t, waitTimeout, fmt.Sprintf("replica %d to answer 503 to discovery", i+1), func() bool {
+		testutil.Eventually(t, waitTimeout, fmt.Sprintf("replica %d to answer 503 to discovery", i+1), func() bool {
 			code, _, _ := g.discovery(i, cpTeamToken, "team")
 			return code == http.StatusServiceUnavailable
 		})
@@ -443,7 +445,7 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 		t.Logf("503 came only %v after quorum loss: cannot check serving within the freshness of %v", refusedAt, freshness)
 	}
 	for i, w := range watches {
-		eventually(t, waitTimeout, fmt.Sprintf("the discovery watch on replica %d to end", i+1), func() bool {
+		testutil.Eventually(t, waitTimeout, fmt.Sprintf("the discovery watch on replica %d to end", i+1), func() bool {
 			ended, _, _ := w.ended()
 			return ended
 		})
@@ -466,7 +468,7 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 		}
 	}
 	// Without renewals the route expires at the supervisor on time.
-	eventually(t, freshness+gwMargin, "the route to expire at the supervisor", func() bool {
+	testutil.Eventually(t, freshness+gwMargin, "the route to expire at the supervisor", func() bool {
 		return gwUnrecognized(sup.handshakeErr(cpHostDemo))
 	})
 	expiredAt := time.Since(t0)
@@ -482,8 +484,8 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	for i := range 2 {
 		g.waitRoute(t, i, cpHostDemo, "sup-1", false)
 	}
-	eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return gwHandshakeOK(sup.proc, cpHostDemo) })
-	eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
+	testutil.Eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return gwHandshakeOK(sup.proc, cpHostDemo) })
+	testutil.Eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
 	cpLogf(t, "members restarted -> route served through the edge again: %v", time.Since(t1).Round(time.Millisecond))
 	w := cpStartWatch(t, g, 0)
 	w.waitFor(t, 0, waitTimeout, cpHostDemo, func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
@@ -715,7 +717,7 @@ func TestControlPlaneTakeover(t *testing.T) {
 	// A comes back (a new session) and advertises too, B keeps the name;
 	// then B dies without a word.
 	a2 := cpStartSup(t, g, cpSupConfig{id: "sup-a", freshness: freshness})
-	eventually(t, waitTimeout, "the new A to install the route", func() bool { return gwHandshakeOK(a2.proc, cpHostDemo) })
+	testutil.Eventually(t, waitTimeout, "the new A to install the route", func() bool { return gwHandshakeOK(a2.proc, cpHostDemo) })
 	gwWatch(t, time.Second, &gwCheck{name: "B keeps the name while the new A advertises it", every: 100 * time.Millisecond, fn: func() error {
 		if r := g.snapshot(t, 1).route(cpHostDemo); r == nil || r.Supervisor != "sup-b" {
 			return fmt.Errorf("owner %+v", r)
@@ -763,7 +765,7 @@ func TestControlPlaneEndpointPolicySource(t *testing.T) {
 	if !gwHandshakeOK(bad.proc, hostBad) || !gwHandshakeOK(good.proc, hostGood) {
 		t.Fatal("the supervisors have not installed their routes")
 	}
-	eventually(t, waitTimeout, "a replica to count and log the refused endpoint", func() bool {
+	testutil.Eventually(t, waitTimeout, "a replica to count and log the refused endpoint", func() bool {
 		for _, r := range g.replicas {
 			v, _, _ := gwMetric(r.adminAddr, "applistener_gateway_endpoint_policy_refused_total", nil)
 			if v == 0 {

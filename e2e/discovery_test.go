@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 const (
@@ -35,7 +37,7 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 
 	// Both supervisors' installations are published with their endpoints.
 	var snap *discSnapshot
-	eventually(t, waitTimeout, "both routes in discovery", func() bool {
+	testutil.Eventually(t, waitTimeout, "both routes in discovery", func() bool {
 		snap = discGet(t, gw)
 		return snap.route(discHostDemo) != nil && snap.route(discHostOther) != nil
 	})
@@ -86,7 +88,7 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 
 	// Renewal keeps the installation version while expires_at moves on.
 	first := discGet(t, gw).route(discHostDemo)
-	eventually(t, waitTimeout, "a renewal", func() bool {
+	testutil.Eventually(t, waitTimeout, "a renewal", func() bool {
 		r := discGet(t, gw).route(discHostDemo)
 		return r != nil && r.ExpiresAt.After(first.ExpiresAt.Add(discKeepalive/2))
 	})
@@ -100,11 +102,11 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 		"sup-1": {{"demo", map[string]int{"web": web3.port}}},
 		"sup-2": {{"other", map[string]int{"web": web2.port}}},
 	})
-	eventually(t, waitTimeout, "a new installation version", func() bool {
+	testutil.Eventually(t, waitTimeout, "a new installation version", func() bool {
 		r := discGet(t, gw).route(discHostDemo)
 		return r != nil && r.InstallationVersion > first.InstallationVersion && r.Supervisor == "sup-1"
 	})
-	eventually(t, waitTimeout, "web3 through the edge", func() bool {
+	testutil.Eventually(t, waitTimeout, "web3 through the edge", func() bool {
 		body, _, err := discThroughEdge(edge.appAddr, pki.pool, discHostDemo)
 		return err == nil && body == "hello from web3"
 	})
@@ -120,7 +122,7 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 		"sup-2": {{"other", map[string]int{"web": web2.port}}, {"demo", map[string]int{"web": web3.port}}},
 	})
 	var followed time.Duration
-	eventually(t, waitTimeout, "new connections to follow the move to sup-2", func() bool {
+	testutil.Eventually(t, waitTimeout, "new connections to follow the move to sup-2", func() bool {
 		_, serial, err := discThroughEdge(edge.appAddr, pki.pool, discHostDemo)
 		if err == nil && serial == sup2.serial {
 			followed = time.Since(moved)
@@ -154,7 +156,7 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 	}
 	sup2.kill()
 	var gone time.Time
-	eventually(t, discFreshness+waitTimeout, "sup-2's routes to leave discovery", func() bool {
+	testutil.Eventually(t, discFreshness+waitTimeout, "sup-2's routes to leave discovery", func() bool {
 		s := discGet(t, gw)
 		for _, r := range s.Routes {
 			if r.Supervisor == "sup-2" {
@@ -172,7 +174,7 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 		var s discSnapshot
 		return json.Unmarshal([]byte(l), &s) == nil && s.route(discHostDemo) == nil && s.route(discHostOther) == nil
 	})
-	eventually(t, waitTimeout, "the edge to refuse sup-2's names", func() bool {
+	testutil.Eventually(t, waitTimeout, "the edge to refuse sup-2's names", func() bool {
 		err := discHandshakeErr(edge.appAddr, pki.pool, discHostOther)
 		return err != nil && strings.Contains(err.Error(), "unrecognized name")
 	})

@@ -36,6 +36,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // etcdBinary is Debian's etcd-server (3.4, API v3).
@@ -488,7 +490,7 @@ func TestEtcdHarness(t *testing.T) {
 		t.Fatalf("two of three members: %v", err)
 	}
 	c.kill(t, 1)
-	eventually(t, waitTimeout, "quorum lost with one member of three", func() bool { return !c.hasQuorum() })
+	testutil.Eventually(t, waitTimeout, "quorum lost with one member of three", func() bool { return !c.hasQuorum() })
 	if _, err := c.list("/e2e/"); err == nil {
 		t.Fatal("a linearizable read succeeded without a quorum")
 	}
@@ -641,7 +643,7 @@ func (g *cpGateways) start(t testing.TB, i int) {
 	t.Helper()
 	r := g.replicas[i]
 	r.start(t)
-	eventually(t, waitTimeout, fmt.Sprintf("replica %d to serve discovery", i+1), func() bool {
+	testutil.Eventually(t, waitTimeout, fmt.Sprintf("replica %d to serve discovery", i+1), func() bool {
 		code, _, _ := g.discovery(i, cpTeamToken, "team")
 		return code == http.StatusOK
 	})
@@ -772,7 +774,7 @@ func (g *cpGateways) waitRoute(t testing.TB, i int, host, sup string, absent boo
 	if absent {
 		what = fmt.Sprintf("%s gone from discovery on replica %d", host, i+1)
 	}
-	eventually(t, waitTimeout, what, func() bool {
+	testutil.Eventually(t, waitTimeout, what, func() bool {
 		_, s, err := g.discovery(i, cpTeamToken, "team")
 		if err != nil {
 			return false

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // gwEnv is a gateway serving web and api of team/demo to one supervisor.
@@ -85,7 +87,7 @@ func TestGatewayPushWithdrawal(t *testing.T) {
 	start := time.Now()
 	e.gw.writeDoc(t, e.doc(false, true))
 	var latency time.Duration
-	eventually(t, 5*time.Second, "new handshakes for the withdrawn web route to be refused", func() bool {
+	testutil.Eventually(t, 5*time.Second, "new handshakes for the withdrawn web route to be refused", func() bool {
 		if gwUnrecognized(p.handshakeErr(hostWeb)) {
 			latency = time.Since(start)
 			return true
@@ -127,7 +129,7 @@ func TestSessionQuietPush(t *testing.T) {
 	}
 	ws := p.wsDial(t, hostWeb)
 	wsEcho(t, ws, websocket.TextMessage, []byte("quiet start"))
-	eventually(t, waitTimeout, "the health port to accept connections", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	renewed0 := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "renewed"})
@@ -206,7 +208,7 @@ func TestPollOnlyGateway(t *testing.T) {
 	start := time.Now()
 	e.gw.writeDoc(t, e.doc(true, false))
 	var latency time.Duration
-	eventually(t, waitTimeout, "the withdrawn api route to be refused", func() bool {
+	testutil.Eventually(t, waitTimeout, "the withdrawn api route to be refused", func() bool {
 		if gwUnrecognized(p.handshakeErr(hostAPI)) {
 			latency = time.Since(start)
 			return true
@@ -247,7 +249,7 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	e := gwNewEnv(t, gwExtra, gwSupConfig{})
 	p := e.sup
 	pid := p.cmd.Process.Pid
-	eventually(t, waitTimeout, "the health port to accept connections", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	ws := p.wsDial(t, hostWeb)
@@ -265,7 +267,7 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	// Readiness and the health port drop as soon as the session is
 	// noticed lost, at the latest when the routes expire.
 	var notReady, healthClosed time.Duration
-	eventually(t, until(limit), "/readyz 503 and the health port refusing connections", func() bool {
+	testutil.Eventually(t, until(limit), "/readyz 503 and the health port refusing connections", func() bool {
 		if notReady == 0 && p.readyz() == http.StatusServiceUnavailable {
 			notReady = time.Since(start)
 		}
@@ -284,7 +286,7 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	}
 	ka.expectClosed(t, until(limit))
 	for _, sni := range []string{hostWeb, hostAPI} {
-		eventually(t, until(limit), "handshakes for "+sni+" to be refused", func() bool {
+		testutil.Eventually(t, until(limit), "handshakes for "+sni+" to be refused", func() bool {
 			return gwUnrecognized(p.handshakeErr(sni))
 		})
 	}
@@ -301,18 +303,18 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	restart := time.Now()
 	e.gw.start(t)
 	var back time.Duration
-	eventually(t, waitTimeout, "/readyz 200 after the gateway restarted", func() bool {
+	testutil.Eventually(t, waitTimeout, "/readyz 200 after the gateway restarted", func() bool {
 		if p.readyz() == http.StatusOK {
 			back = time.Since(restart)
 			return true
 		}
 		return false
 	})
-	eventually(t, waitTimeout, "the health port to accept connections again", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to accept connections again", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	for _, sni := range []string{hostWeb, hostAPI} {
-		eventually(t, waitTimeout, "handshakes for "+sni+" to succeed again", func() bool {
+		testutil.Eventually(t, waitTimeout, "handshakes for "+sni+" to succeed again", func() bool {
 			return gwHandshakeOK(p.proc, sni)
 		})
 	}
@@ -362,11 +364,11 @@ func TestGatewayInvalidInstance(t *testing.T) {
 	wc := gwAwaitClose(t, "WebSocket of the rejected instance", wsDone)
 	t.Logf("beta's WebSocket closed %v after its entry became invalid: %v", wc.at.Sub(start), wc.err)
 	gwExpectClose(t, "WebSocket of the rejected instance", wc.err, websocket.ClosePolicyViolation)
-	eventually(t, waitTimeout, "the rejected instance's hostname to be refused", func() bool {
+	testutil.Eventually(t, waitTimeout, "the rejected instance's hostname to be refused", func() bool {
 		return gwUnrecognized(p.handshakeErr(hostB))
 	})
 	p.handshakeRefused(t, tlsConfig(hostB))
-	eventually(t, waitTimeout, "beta's app connections (pooled and WebSocket) to close", func() bool {
+	testutil.Eventually(t, waitTimeout, "beta's app connections (pooled and WebSocket) to close", func() bool {
 		return b.open.Load() == 0
 	})
 
@@ -410,7 +412,7 @@ func TestHealthListenerLifecycle(t *testing.T) {
 
 	start := time.Now()
 	gw.start(t)
-	eventually(t, waitTimeout, "the health port to open once the gateway delivers", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to open once the gateway delivers", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	opened := time.Since(start)
@@ -420,14 +422,14 @@ func TestHealthListenerLifecycle(t *testing.T) {
 
 	lost := time.Now()
 	gw.kill(t)
-	eventually(t, freshness+gwMargin, "the health port to close after the gateway died", func() bool {
+	testutil.Eventually(t, freshness+gwMargin, "the health port to close after the gateway died", func() bool {
 		return gwRefused(gwDialHealth(p.healthAddr))
 	})
 	closed := time.Since(lost)
 
 	back := time.Now()
 	gw.start(t)
-	eventually(t, waitTimeout, "the health port to reopen when the gateway returns", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to reopen when the gateway returns", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	t.Logf("health port: opened %v after the gateway started, closed %v after it died, reopened %v after it returned",
@@ -445,7 +447,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		const drain = 3 * time.Second
 		e := gwNewEnv(t, nil, gwSupConfig{extra: []string{"--drain-timeout", drain.String()}})
 		p := e.sup
-		eventually(t, waitTimeout, "the health port to accept connections", func() bool {
+		testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
 			return gwDialHealth(p.healthAddr) == nil
 		})
 		c, _ := p.client(t, hostWeb)
@@ -460,7 +462,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 			code, body, err := gwGet(c, "https://"+hostWeb+"/slow?ms=1500", 10*time.Second)
 			done <- result{code, body, err, time.Now()}
 		}()
-		eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
+		testutil.Eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
 			return slices.ContainsFunc(e.web.requests(), func(r *recorded) bool { return strings.HasPrefix(r.URI, "/slow") })
 		})
 
@@ -469,7 +471,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 			t.Fatal(err)
 		}
 		var refused, healthClosed time.Duration
-		eventually(t, 3*time.Second, "new connections to the app listener to be refused", func() bool {
+		testutil.Eventually(t, 3*time.Second, "new connections to the app listener to be refused", func() bool {
 			conn, err := net.DialTimeout("tcp", p.appAddr, time.Second)
 			if err != nil {
 				refused = time.Since(sig)
@@ -478,7 +480,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 			_ = conn.Close()
 			return false
 		})
-		eventually(t, 3*time.Second, "the health port to close", func() bool {
+		testutil.Eventually(t, 3*time.Second, "the health port to close", func() bool {
 			if gwRefused(gwDialHealth(p.healthAddr)) {
 				healthClosed = time.Since(sig)
 				return true
@@ -675,7 +677,7 @@ func TestStderrStalled(t *testing.T) {
 	start := time.Now()
 	latStalled := run("stalled stderr", stalled)
 	tookStalled := time.Since(start)
-	eventually(t, waitTimeout, "applistener_log_lines_dropped_total to rise above 0", func() bool {
+	testutil.Eventually(t, waitTimeout, "applistener_log_lines_dropped_total to rise above 0", func() bool {
 		return gwMetricT(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil) > 0
 	})
 	droppedStalled := gwMetricT(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil)
@@ -709,7 +711,7 @@ func TestGatewayTokenWrong(t *testing.T) {
 	p := gwStartSup(t, gw, gwSupConfig{noWait: true, token: "wrong-token"})
 	pid := p.cmd.Process.Pid
 
-	eventually(t, waitTimeout, "stderr to explain the 401 and name --gateway-token-file", func() bool {
+	testutil.Eventually(t, waitTimeout, "stderr to explain the 401 and name --gateway-token-file", func() bool {
 		s := p.stderr.String()
 		return strings.Contains(s, "401") && strings.Contains(s, "--gateway-token-file")
 	})
@@ -768,7 +770,7 @@ func TestGatewayTokenWrong(t *testing.T) {
 
 	fixed := time.Now()
 	writeAtomic(t, p.tokenFile, []byte(gwToken+"\n"))
-	eventually(t, waitTimeout, "the supervisor to become ready with the fixed token", func() bool {
+	testutil.Eventually(t, waitTimeout, "the supervisor to become ready with the fixed token", func() bool {
 		return p.readyz() == http.StatusOK
 	})
 	t.Logf("ready %v after the token file was fixed", time.Since(fixed))
@@ -776,7 +778,7 @@ func TestGatewayTokenWrong(t *testing.T) {
 	if err := gwExpect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "the health port to open", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to open", func() bool {
 		return gwDialHealth(p.healthAddr) == nil
 	})
 	if p.exited() || p.cmd.Process.Pid != pid {

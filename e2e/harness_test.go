@@ -193,21 +193,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// eventually polls cond every 20 ms until it holds or timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 var (
 	portsMu   sync.Mutex
 	portsUsed = map[string]bool{}

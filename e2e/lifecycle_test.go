@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // expectPolicyClose checks the error a WebSocket read returned when the
@@ -53,7 +55,7 @@ func TestWithdrawal(t *testing.T) {
 	t.Logf("web WebSocket closed %v after the routes file was rewritten: %v", time.Since(start), err)
 	expectPolicyClose(t, "withdrawn web WebSocket", err)
 	ka.expectClosed(t, until(limit))
-	eventually(t, until(limit), "the web app's connections (pooled and WebSocket) to close", func() bool {
+	testutil.Eventually(t, until(limit), "the web app's connections (pooled and WebSocket) to close", func() bool {
 		return e.web.open.Load() == 0
 	})
 
@@ -69,7 +71,7 @@ func TestWithdrawal(t *testing.T) {
 
 	// Installing it again brings it back.
 	p.writeRoutes(t, e.doc(true, true))
-	eventually(t, waitTimeout, "the web route to be installed again", func() bool {
+	testutil.Eventually(t, waitTimeout, "the web route to be installed again", func() bool {
 		return p.handshakeErr(hostWeb) == nil
 	})
 	ws := p.wsDial(t, hostWeb)
@@ -107,21 +109,21 @@ func TestStaleness(t *testing.T) {
 	}
 	ka.expectClosed(t, until(limit))
 	for _, sni := range []string{hostWeb, hostAPI} {
-		eventually(t, until(limit), "new handshakes for "+sni+" to be refused", func() bool {
+		testutil.Eventually(t, until(limit), "new handshakes for "+sni+" to be refused", func() bool {
 			err := p.handshakeErr(sni)
 			return err != nil && strings.Contains(err.Error(), "unrecognized name")
 		})
 		p.handshakeRefused(t, tlsConfig(sni))
 	}
-	eventually(t, until(limit), "/readyz to answer 503", func() bool {
+	testutil.Eventually(t, until(limit), "/readyz to answer 503", func() bool {
 		return p.readyz() == http.StatusServiceUnavailable
 	})
 
 	p.writeRoutes(t, e.doc(true, true))
-	eventually(t, waitTimeout, "/readyz to answer 200 again", func() bool {
+	testutil.Eventually(t, waitTimeout, "/readyz to answer 200 again", func() bool {
 		return p.readyz() == http.StatusOK
 	})
-	eventually(t, waitTimeout, "the web route to come back", func() bool {
+	testutil.Eventually(t, waitTimeout, "the web route to come back", func() bool {
 		return p.handshakeErr(hostWeb) == nil
 	})
 	c, _ := p.client(t, hostAPI)

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // TestShutdown checks SIGTERM handling: a clean exit 0, in-flight requests
@@ -59,7 +61,7 @@ func TestShutdown(t *testing.T) {
 			_ = resp.Body.Close()
 			done <- result{resp.StatusCode, string(b), err}
 		}()
-		eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
+		testutil.Eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
 			for _, r := range e.web.requests() {
 				if strings.HasPrefix(r.URI, "/slow") {
 					return true
@@ -252,7 +254,7 @@ func TestDev(t *testing.T) {
 		body   []byte
 	)
 	// The route file is read in the background: allow it a moment.
-	eventually(t, waitTimeout, "the dev route to answer 200", func() bool {
+	testutil.Eventually(t, waitTimeout, "the dev route to answer 200", func() bool {
 		resp, err := client.Get(url)
 		if err != nil {
 			return false

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // countingApp is an app that counts how often it executed each request
@@ -162,7 +164,7 @@ func TestNoReplayedRequestsThroughBinary(t *testing.T) {
 			t.Fatalf("/last: %d", code)
 		}
 		answered := time.Now()
-		eventually(t, waitTimeout, "the listener's pooled connection to see the app's close", func() bool {
+		testutil.Eventually(t, waitTimeout, "the listener's pooled connection to see the app's close", func() bool {
 			// The listener probes connections idle for 1 ms or more.
 			return closeWaitTo(t, app.port()) && time.Since(answered) > 5*time.Millisecond
 		})

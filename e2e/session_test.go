@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // ---------------------------------------------------------------------------
@@ -239,7 +241,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 				return nil
 			}
 			g.mu.Unlock()
-			eventually(t, waitTimeout, "an advertisement", func() bool {
+			testutil.Eventually(t, waitTimeout, "an advertisement", func() bool {
 				g.mu.Lock()
 				defer g.mu.Unlock()
 				return g.adSession != ""
@@ -339,7 +341,7 @@ func TestSessionLongKeepaliveGrant(t *testing.T) {
 	if err := gwExpect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "the health port to accept connections", func() bool {
+	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
 		return gwDialHealth(sup.healthAddr) == nil
 	})
 	gwWatch(t, 4*freshness,
@@ -393,12 +395,12 @@ func TestSessionGatewayFailover(t *testing.T) {
 	dead := sessDeadEndpoint(t)
 	list := dead + "," + gws[0].endpoint() + "," + gws[1].endpoint()
 	sup := sessSup(t, list, nil)
-	eventually(t, waitTimeout, "the push session at the first live gateway", func() bool {
+	testutil.Eventually(t, waitTimeout, "the push session at the first live gateway", func() bool {
 		v, _, err := gwMetric(gws[0].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
 	tok := sessTokenFile(t, "t2")
-	eventually(t, waitTimeout, "the route in discovery through the list", func() bool {
+	testutil.Eventually(t, waitTimeout, "the route in discovery through the list", func() bool {
 		out, _, code := discRunOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
@@ -410,14 +412,14 @@ func TestSessionGatewayFailover(t *testing.T) {
 			return gwExpect200(c, hostWeb, "web")
 		}},
 	)
-	eventually(t, waitTimeout, "the push session at the second gateway", func() bool {
+	testutil.Eventually(t, waitTimeout, "the push session at the second gateway", func() bool {
 		v, _, err := gwMetric(gws[1].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
 	if code, body := gwReadyz(sup.adminAddr); code != http.StatusOK {
 		t.Errorf("/readyz %d %q after the failover", code, body)
 	}
-	eventually(t, waitTimeout, "the route in discovery at the survivor", func() bool {
+	testutil.Eventually(t, waitTimeout, "the route in discovery at the survivor", func() bool {
 		out, _, code := discRunOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
@@ -462,7 +464,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "put team/other on supervisor sup-1: document revision") {
 		t.Fatalf("put: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	eventually(t, waitTimeout, "the new instance served by the supervisor", func() bool {
+	testutil.Eventually(t, waitTimeout, "the new instance served by the supervisor", func() bool {
 		return gwHandshakeOK(sup.proc, hostOther)
 	})
 	t.Logf("instances put -> served by the supervisor: %v", time.Since(start).Round(time.Millisecond))
@@ -500,7 +502,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 	if out, errOut, code := cli("", append([]string{"delete", "--workspace", "team", "--sandbox", "other"}, common...)...); code != 0 || !strings.Contains(out, "deleted team/other") {
 		t.Fatalf("delete: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	eventually(t, waitTimeout, "the deleted instance refused by the supervisor", func() bool {
+	testutil.Eventually(t, waitTimeout, "the deleted instance refused by the supervisor", func() bool {
 		return gwUnrecognized(sup.handshakeErr(hostOther))
 	})
 	t.Logf("instances delete -> refused by the supervisor: %v", time.Since(start).Round(time.Millisecond))

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // sharedEnv is a shared-mode supervisor in front of sandboxes a and b of
@@ -158,7 +160,7 @@ func TestSharedHostWithdraw(t *testing.T) {
 	p.handshakeRefused(t, tlsConfig(e.hostA))
 	// The fresh request's slot is released just after its response is
 	// written: poll until only the WebSocket holds one.
-	eventually(t, waitTimeout, "B's streams_active to be 1 (its WebSocket)", func() bool {
+	testutil.Eventually(t, waitTimeout, "B's streams_active to be 1 (its WebSocket)", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", nsInstanceLabels("b"))
 		return v == 1
 	})
@@ -190,7 +192,7 @@ func TestSharedHostLimits(t *testing.T) {
 		t.Errorf("applistener_instance_max_streams for a before any request = %v; want no series", v)
 	}
 	slow1, slow2 := sendSlow(t, p, e.hostA), sendSlow(t, p, e.hostA)
-	eventually(t, waitTimeout, "two streams in flight for a", func() bool {
+	testutil.Eventually(t, waitTimeout, "two streams in flight for a", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", la)
 		return v == 2
 	})
@@ -241,7 +243,7 @@ func TestSharedHostLimits(t *testing.T) {
 	for range 3 {
 		sendSlow(t, p, e.hostB)
 	}
-	eventually(t, waitTimeout, "three streams in flight for b", func() bool {
+	testutil.Eventually(t, waitTimeout, "three streams in flight for b", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", lb)
 		return v == 3
 	})
@@ -317,7 +319,7 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 		}
 	}
 	_ = again.Close()
-	eventually(t, waitTimeout, "A's streams_active to drop to 0", func() bool {
+	testutil.Eventually(t, waitTimeout, "A's streams_active to drop to 0", func() bool {
 		v, _ := nsMetric(t, p, "applistener_instance_streams_active", nsInstanceLabels("a"))
 		return v == 0
 	})
@@ -439,7 +441,7 @@ func TestSharedHostUnix(t *testing.T) {
 	err := wsExpectClosed(t, ws, 5*time.Second)
 	nsExpectClose(t, "the unix instance's WebSocket", err, websocket.ClosePolicyViolation)
 	wsEcho(t, wsT, websocket.TextMessage, []byte("tcp after"))
-	eventually(t, waitTimeout, "the unix app's connections to close", func() bool {
+	testutil.Eventually(t, waitTimeout, "the unix app's connections to close", func() bool {
 		return app.open.Load() == 0
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // TestWebSocket checks a WebSocket echo through the listener in both
@@ -67,7 +69,7 @@ func TestWebSocketsHoldConnectionSlots(t *testing.T) {
 		conns[i] = p.wsDial(t, hostWeb)
 		wsEcho(t, conns[i], websocket.TextMessage, fmt.Appendf(nil, "hello %d", i))
 	}
-	eventually(t, waitTimeout, "all six directions idle", func() bool {
+	testutil.Eventually(t, waitTimeout, "all six directions idle", func() bool {
 		v, _ := nsMetric(t, p, "applistener_websocket_directions_idle", nil)
 		return v == 6
 	})
@@ -81,7 +83,7 @@ func TestWebSocketsHoldConnectionSlots(t *testing.T) {
 	// The WebSockets still work, and closing one frees its slot.
 	wsEcho(t, conns[1], websocket.TextMessage, []byte("still here"))
 	_ = conns[0].Close()
-	eventually(t, waitTimeout, "a new connection once a WebSocket closed", func() bool {
+	testutil.Eventually(t, waitTimeout, "a new connection once a WebSocket closed", func() bool {
 		tc, err := p.dialTLS(tlsConfig(hostWeb))
 		if err != nil {
 			return false
