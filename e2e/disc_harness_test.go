@@ -15,7 +15,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -26,8 +25,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -116,55 +113,27 @@ func (p *discPKI) tlsDir(t testing.TB, serial int64) string {
 	return dir
 }
 
-// discChildEnv: without GORACE set, a -race binary skips its exit sleep.
-func discChildEnv() []string {
-	env := os.Environ()
-	if _, ok := os.LookupEnv("GORACE"); !ok {
-		env = append(env, "GORACE=atexit_sleep_ms=0")
-	}
-	return env
-}
-
 // discStart starts the binary with the args mk returns for fresh addresses
 // (retrying a lost port race) and waits until ready reports true. The
 // process is stopped with SIGTERM on cleanup; its output is logged if the
 // test failed.
 func discStart(t testing.TB, name string, mk func(addr, admin string) []string, ready func(p *proc) bool) *proc {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
-		p := &proc{t: t, appAddr: freeAddr(t), adminAddr: freeAddr(t), stderr: &syncBuffer{}, done: make(chan struct{})}
-		args := mk(p.appAddr, p.adminAddr)
-		p.cmd = exec.Command(binPath, args...)
-		p.cmd.Env = discChildEnv()
-		p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			p.waitErr = p.cmd.Wait()
-			p.exitCode = p.cmd.ProcessState.ExitCode()
-			close(p.done)
-		}()
-		deadline := time.Now().Add(waitTimeout)
-		for !p.exited() && !ready(p) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if !p.exited() && ready(p) {
-			t.Cleanup(func() {
-				p.stop()
-				if t.Failed() {
-					t.Logf("%s output:\n%s", name, p.stderr.String())
-				}
-			})
-			return p
-		}
-		exited := p.exited()
-		p.kill()
-		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
-			continue
-		}
-		t.Fatalf("%s did not become ready (exited=%v)\nargs: %q\noutput:\n%s", name, exited, args, p.stderr.String())
-	}
+	p := &proc{}
+	p.process = launch(t, launchSpec{
+		name: name,
+		args: func() []string {
+			p.appAddr, p.adminAddr = freeAddr(t), freeAddr(t)
+			return mk(p.appAddr, p.adminAddr)
+		},
+		env: childEnv(),
+		ready: func(run *process) bool {
+			p.process = run
+			return ready(p)
+		},
+		retryPortRace: true,
+	})
+	return p
 }
 
 // discInst is an instance of a supervisor's section: services by name
@@ -386,54 +355,28 @@ func discHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
 
 // discLines runs a command and delivers its stdout lines.
 type discLines struct {
-	cmd    *exec.Cmd
-	lines  chan string
-	stderr *syncBuffer
-	done   chan struct{}
+	*process // its output is stderr's
+	lines    chan string
 }
 
 // discRun starts the binary with args, its stdout read line by line. It is
-// stopped with SIGTERM on cleanup.
+// stopped with SIGTERM on cleanup (exit 0 expected).
 func discRun(t testing.TB, args ...string) *discLines {
 	t.Helper()
-	l := &discLines{lines: make(chan string, 4096), stderr: &syncBuffer{}, done: make(chan struct{})}
-	l.cmd = exec.Command(binPath, args...)
-	l.cmd.Env = discChildEnv()
-	l.cmd.Stderr = l.stderr
-	out, err := l.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(l.lines)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			l.lines <- sc.Text()
-		}
+	l := &discLines{lines: make(chan string, 4096)}
+	w := &lineWriter{lines: l.lines}
+	l.process = launch(t, launchSpec{
+		name:  fmt.Sprintf("%q", args),
+		args:  argv(args...),
+		env:   childEnv(),
+		setup: func(cmd *exec.Cmd) { cmd.Stdout = w },
+		exit:  exitZero, // also when a SIGTERM of the test ended it
 	})
 	go func() {
-		wg.Wait()
-		_ = l.cmd.Wait()
-		close(l.done)
+		<-l.done // the process has exited and its stdout is written
+		w.flush()
+		close(l.lines)
 	}()
-	t.Cleanup(func() {
-		_ = l.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-l.done:
-			if c := l.cmd.ProcessState.ExitCode(); c != 0 {
-				t.Errorf("%q exited with %d after SIGTERM; stderr:\n%s", args, c, l.stderr.String())
-			}
-		case <-time.After(10 * time.Second):
-			_ = l.cmd.Process.Kill()
-			<-l.done
-			t.Errorf("%q did not exit within 10s of SIGTERM", args)
-		}
-	})
 	return l
 }
 
@@ -447,13 +390,13 @@ func (l *discLines) next(t testing.TB, within time.Duration, what string, match 
 		select {
 		case line, ok := <-l.lines:
 			if !ok {
-				t.Fatalf("waiting for %s: output ended; stderr:\n%s", what, l.stderr.String())
+				t.Fatalf("waiting for %s: output ended; stderr:\n%s", what, l.output())
 			}
 			if match(line) {
 				return line
 			}
 		case <-timer.C:
-			t.Fatalf("no output line with %s within %v; stderr:\n%s", what, within, l.stderr.String())
+			t.Fatalf("no output line with %s within %v; stderr:\n%s", what, within, l.output())
 		}
 	}
 }
@@ -462,14 +405,5 @@ func (l *discLines) next(t testing.TB, within time.Duration, what string, match 
 // the exit code.
 func discRunOnce(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	cmd.Env = discChildEnv()
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+	return runBin(t, "", args...)
 }

@@ -964,7 +964,7 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	writeAtomic(t, tokenFile, []byte(tok+"\n"))
-	tlsDir := gwTLSDir(t, dir)
+	tlsDir := writeTLSDir(t, dir)
 	gws := cfg.gateways
 	if gws == "" {
 		gws = g.urls()

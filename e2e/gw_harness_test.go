@@ -2,10 +2,11 @@ package e2e
 
 // Harness for the gateway session tests: the reference gateway
 // (`applistener gateway`) and a shared-mode supervisor (`applistener serve
-// --gateway-endpoint`) as child processes. It builds on harness_test.go: the
-// binary, the certificates, the backends, the *proc type (a supervisor
-// started here is a *proc with extra fields, so its client helpers apply)
-// and the waiting helpers. Everything here is prefixed gw.
+// --gateway-endpoint`) as child processes, started with launch
+// (launch_test.go). It builds on harness_test.go: the binary, the
+// certificates, the backends and the *proc type (a supervisor started here
+// is a *proc with extra fields, so its client helpers apply). Everything
+// here is prefixed gw.
 
 import (
 	"bufio"
@@ -17,7 +18,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -99,12 +99,10 @@ type gwGateway struct {
 	configPath string
 	tokensPath string
 	extra      []string
-	stderr     *syncBuffer
+	stderr     *syncBuffer // the output of all its runs
 
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	done     chan struct{}
-	exitCode int
+	mu  sync.Mutex
+	run *process // the current (or last) run; nil before the first start
 	// pinned: a supervisor knows the address, so it can no longer change.
 	pinned bool
 }
@@ -166,19 +164,16 @@ func (g *gwGateway) writeTokens(t testing.TB, tokens ...string) {
 	writeAtomic(t, g.tokensPath, b)
 }
 
-func (g *gwGateway) running() bool {
+// current is the current (or last) run, nil before the first start.
+func (g *gwGateway) current() *process {
 	g.mu.Lock()
-	done := g.done
-	g.mu.Unlock()
-	if done == nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
+	defer g.mu.Unlock()
+	return g.run
+}
+
+func (g *gwGateway) running() bool {
+	p := g.current()
+	return p != nil && !p.exited()
 }
 
 // start runs the gateway and waits until it answers HTTP. Before any
@@ -188,63 +183,35 @@ func (g *gwGateway) start(t testing.TB) {
 	if g.running() {
 		t.Fatal("gateway already running")
 	}
-	for attempt := 1; ; attempt++ {
-		args := []string{"gateway",
-			"--address", g.addr,
-			"--config", g.configPath,
-			"--tokens", g.tokensPath,
-			"--admin-address", g.adminAddr,
-			"--log-format", "json",
-		}
-		args = append(args, g.extra...)
-		mark := len(g.stderr.String())
-		cmd := exec.Command(binPath, args...)
-		cmd.Env = gwChildEnv()
-		cmd.Stdout, cmd.Stderr = g.stderr, g.stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		g.mu.Lock()
-		g.cmd, g.done = cmd, done
-		g.mu.Unlock()
-		go func() {
-			_ = cmd.Wait()
-			g.mu.Lock()
-			g.exitCode = cmd.ProcessState.ExitCode()
-			g.mu.Unlock()
-			close(done)
-		}()
-		deadline := time.Now().Add(waitTimeout)
-		for {
-			if g.answers() {
-				return
+	g.mu.Lock()
+	pinned := g.pinned
+	g.mu.Unlock()
+	retry := false
+	p := launch(t, launchSpec{
+		name: "gateway",
+		args: func() []string {
+			if retry { // the last start lost a port race
+				g.addr, g.adminAddr = freeAddr(t), freeAddr(t)
 			}
-			exited := false
-			select {
-			case <-done:
-				exited = true
-			default:
-			}
-			if exited {
-				out := g.stderr.String()[mark:]
-				g.mu.Lock()
-				pinned := g.pinned
-				g.mu.Unlock()
-				if !pinned && attempt < 5 && strings.Contains(out, "address already in use") {
-					g.addr, g.adminAddr = freeAddr(t), freeAddr(t)
-					break
-				}
-				t.Fatalf("gateway exited at start\nargs: %q\nstderr:\n%s", args, out)
-			}
-			if time.Now().After(deadline) {
-				_ = cmd.Process.Kill()
-				<-done
-				t.Fatalf("gateway did not answer within %v\nargs: %q\nstderr:\n%s", waitTimeout, args, g.stderr.String()[mark:])
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+			retry = true
+			return append([]string{"gateway",
+				"--address", g.addr,
+				"--config", g.configPath,
+				"--tokens", g.tokensPath,
+				"--admin-address", g.adminAddr,
+				"--log-format", "json",
+			}, g.extra...)
+		},
+		env:           childEnv(),
+		output:        g.stderr,
+		ready:         func(*process) bool { return g.answers() },
+		retryPortRace: !pinned,
+		exit:          exitAny,
+		noCleanup:     true, // gwNewGateway's cleanup stops every run
+	})
+	g.mu.Lock()
+	g.run = p
+	g.mu.Unlock()
 }
 
 // answers reports whether the gateway (and not something else on its port)
@@ -262,35 +229,20 @@ func (g *gwGateway) answers() bool {
 // kill ends the gateway with SIGKILL (no goodbye to its sessions).
 func (g *gwGateway) kill(t testing.TB) {
 	t.Helper()
-	g.mu.Lock()
-	cmd, done := g.cmd, g.done
-	g.mu.Unlock()
-	if cmd == nil {
+	p := g.current()
+	if p == nil {
 		t.Fatal("gateway not started")
 	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-done:
-	case <-time.After(waitTimeout):
+	_ = p.cmd.Process.Kill()
+	if !p.waitExit(waitTimeout) {
 		t.Fatal("gateway did not die after SIGKILL")
 	}
 }
 
 // stop ends the gateway with SIGTERM (kill after a while).
 func (g *gwGateway) stop(t testing.TB) {
-	if !g.running() {
-		return
-	}
-	g.mu.Lock()
-	cmd, done := g.cmd, g.done
-	g.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		t.Errorf("gateway did not exit within 15s of SIGTERM; killing it")
-		_ = cmd.Process.Kill()
-		<-done
+	if p := g.current(); p != nil {
+		p.stop(t)
 	}
 }
 
@@ -302,7 +254,6 @@ type gwSup struct {
 	*proc
 	healthAddr string
 	tokenFile  string
-	args       []string
 }
 
 // gwSupConfig tunes gwStartSup.
@@ -315,33 +266,6 @@ type gwSupConfig struct {
 	setup func(cmd *exec.Cmd)
 }
 
-// gwChildEnv is the environment of the child processes: without GORACE
-// set, a binary built with -race (APPLISTENER_E2E_RACE=1) does not add its
-// default one-second sleep at exit, so exit latencies stay meaningful.
-func gwChildEnv() []string {
-	env := os.Environ()
-	if _, ok := os.LookupEnv("GORACE"); !ok {
-		env = append(env, "GORACE=atexit_sleep_ms=0")
-	}
-	return env
-}
-
-// gwTLSDir writes the wildcard certificate as a Kubernetes TLS Secret dir.
-func gwTLSDir(t testing.TB, dir string) string {
-	t.Helper()
-	tlsDir := filepath.Join(dir, "tls")
-	if err := os.Mkdir(tlsDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tlsDir, "tls.crt"), leafPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tlsDir, "tls.key"), leafKeyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return tlsDir
-}
-
 // gwStartSup starts `applistener serve --mode shared` against g and waits
 // until it is ready (or, with noWait, until its admin endpoint answers).
 // It is stopped with SIGTERM on cleanup (exit 0 expected) and its stderr
@@ -351,8 +275,14 @@ func gwStartSup(t testing.TB, g *gwGateway, cfg gwSupConfig) *gwSup {
 	g.mu.Lock()
 	g.pinned = true
 	g.mu.Unlock()
+	return gwLaunchSup(t, g.endpoint(), cfg)
+}
+
+// gwLaunchSup is gwStartSup against endpoints (a comma-separated list).
+func gwLaunchSup(t testing.TB, endpoints string, cfg gwSupConfig) *gwSup {
+	t.Helper()
 	dir := t.TempDir()
-	tlsDir := gwTLSDir(t, dir)
+	tlsDir := writeTLSDir(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	tok := cfg.token
 	if tok == "" {
@@ -360,85 +290,43 @@ func gwStartSup(t testing.TB, g *gwGateway, cfg gwSupConfig) *gwSup {
 	}
 	writeAtomic(t, tokenFile, []byte(tok+"\n"))
 
-	for attempt := 1; ; attempt++ {
-		p := &proc{
-			t: t, dir: dir,
-			appAddr: freeAddr(t), adminAddr: freeAddr(t),
-			stderr: &syncBuffer{}, done: make(chan struct{}),
-		}
-		s := &gwSup{proc: p, healthAddr: freeAddr(t), tokenFile: tokenFile}
-		s.args = []string{"serve",
-			"--mode", "shared",
-			"--gateway-endpoint", g.endpoint(),
-			"--supervisor-id", gwSupervisorID,
-			"--gateway-token-file", tokenFile,
-			"--address", s.healthAddr,
-			"--app-listener",
-			"--app-domain", domain,
-			"--app-address", p.appAddr,
-			"--app-tls-dir", tlsDir,
-			"--admin-address", p.adminAddr,
-			"--route-freshness", freshness.String(),
-			"--gateway-poll-interval", gwPollInterval.String(),
-			"--gateway-stream-timeout", "1s",
-			"--log-format", "json",
-		}
-		if !containsFlag(cfg.extra, "--drain-timeout") {
-			s.args = append(s.args, "--drain-timeout", "2s")
-		}
-		s.args = append(s.args, cfg.extra...)
-		p.cmd = exec.Command(binPath, s.args...)
-		p.cmd.Env = gwChildEnv()
-		p.cmd.Stdout = p.stderr
-		p.cmd.Stderr = p.stderr
-		if cfg.setup != nil {
-			cfg.setup(p.cmd)
-		}
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			p.waitErr = p.cmd.Wait()
-			p.exitCode = p.cmd.ProcessState.ExitCode()
-			close(p.done)
-		}()
-		var ok, exited bool
-		if cfg.noWait {
-			ok, exited = s.waitAdmin(waitTimeout)
-		} else {
-			ok, exited = p.waitReady(waitTimeout)
-		}
-		if ok {
-			t.Cleanup(func() {
-				p.stop()
-				if t.Failed() {
-					t.Logf("supervisor stderr (%s):\n%s", p.appAddr, p.stderr.String())
-				}
-			})
-			return s
-		}
-		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
-			continue
-		}
-		p.kill()
-		t.Fatalf("supervisor did not become ready (exited=%v, err=%v, /readyz %s)\nargs: %q\nstderr:\n%s",
-			exited, p.waitErr, gwReadyzString(p.adminAddr), s.args, p.stderr.String())
+	s := &gwSup{proc: &proc{dir: dir}, tokenFile: tokenFile}
+	ready := func(*process) bool { return s.readyz() == http.StatusOK }
+	if cfg.noWait {
+		ready = func(*process) bool { return s.readyz() != 0 }
 	}
-}
-
-// waitAdmin waits until /readyz answers at all (200 or 503).
-func (s *gwSup) waitAdmin(timeout time.Duration) (ok, exited bool) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if s.exited() {
-			return false, true
-		}
-		if s.readyz() != 0 {
-			return true, false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false, false
+	s.process = launch(t, launchSpec{
+		name: "supervisor",
+		args: func() []string {
+			s.appAddr, s.adminAddr, s.healthAddr = freeAddr(t), freeAddr(t), freeAddr(t)
+			args := []string{"serve",
+				"--mode", "shared",
+				"--gateway-endpoint", endpoints,
+				"--supervisor-id", gwSupervisorID,
+				"--gateway-token-file", tokenFile,
+				"--address", s.healthAddr,
+				"--app-listener",
+				"--app-domain", domain,
+				"--app-address", s.appAddr,
+				"--app-tls-dir", tlsDir,
+				"--admin-address", s.adminAddr,
+				"--route-freshness", freshness.String(),
+				"--gateway-poll-interval", gwPollInterval.String(),
+				"--gateway-stream-timeout", "1s",
+				"--log-format", "json",
+			}
+			if !containsFlag(cfg.extra, "--drain-timeout") {
+				args = append(args, "--drain-timeout", "2s")
+			}
+			return append(args, cfg.extra...)
+		},
+		env:           childEnv(),
+		setup:         cfg.setup,
+		ready:         ready,
+		retryPortRace: true,
+		detail:        func(*process) string { return "/readyz " + gwReadyzString(s.adminAddr) },
+	})
+	return s
 }
 
 // gwReadyz returns the status and body of GET /readyz (0 on a transport

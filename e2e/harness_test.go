@@ -544,17 +544,14 @@ func (c *countedConn) Close() error {
 // ---------------------------------------------------------------------------
 // the applistener process
 
+// proc is an applistener process with an app listener and an admin
+// endpoint; startProc's also has a routes file.
 type proc struct {
-	t          testing.TB
-	cmd        *exec.Cmd
+	*process
 	appAddr    string
 	adminAddr  string
 	dir        string
 	routesFile string
-	stderr     *syncBuffer
-	done       chan struct{}
-	waitErr    error
-	exitCode   int
 }
 
 var adminClient = &http.Client{
@@ -569,6 +566,39 @@ var adminClient = &http.Client{
 func startProc(t testing.TB, doc []byte, extra ...string) *proc {
 	t.Helper()
 	dir := t.TempDir()
+	tlsDir := writeTLSDir(t, dir)
+	routesFile := filepath.Join(dir, "routes.json")
+	writeAtomic(t, routesFile, doc)
+	p := &proc{dir: dir, routesFile: routesFile}
+	p.process = launch(t, launchSpec{
+		name: "applistener",
+		args: func() []string {
+			p.appAddr, p.adminAddr = freeAddr(t), freeAddr(t)
+			args := []string{"serve",
+				"--app-listener",
+				"--app-domain", domain,
+				"--app-address", p.appAddr,
+				"--app-tls-dir", tlsDir,
+				"--routes-file", routesFile,
+				"--admin-address", p.adminAddr,
+				"--route-freshness", freshness.String(),
+				"--log-format", "json",
+			}
+			if !containsFlag(extra, "--drain-timeout") {
+				args = append(args, "--drain-timeout", "3s")
+			}
+			return append(args, extra...)
+		},
+		ready:         func(*process) bool { return p.readyz() == http.StatusOK },
+		retryPortRace: true,
+	})
+	return p
+}
+
+// writeTLSDir writes the wildcard certificate as a Kubernetes TLS Secret
+// directory, dir/tls, and returns its path.
+func writeTLSDir(t testing.TB, dir string) string {
+	t.Helper()
 	tlsDir := filepath.Join(dir, "tls")
 	if err := os.Mkdir(tlsDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -579,57 +609,7 @@ func startProc(t testing.TB, doc []byte, extra ...string) *proc {
 	if err := os.WriteFile(filepath.Join(tlsDir, "tls.key"), leafKeyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	routesFile := filepath.Join(dir, "routes.json")
-	writeAtomic(t, routesFile, doc)
-
-	for attempt := 1; ; attempt++ {
-		p := &proc{
-			t: t, dir: dir, routesFile: routesFile,
-			appAddr: freeAddr(t), adminAddr: freeAddr(t),
-			stderr: &syncBuffer{}, done: make(chan struct{}),
-		}
-		args := []string{"serve",
-			"--app-listener",
-			"--app-domain", domain,
-			"--app-address", p.appAddr,
-			"--app-tls-dir", tlsDir,
-			"--routes-file", routesFile,
-			"--admin-address", p.adminAddr,
-			"--route-freshness", freshness.String(),
-			"--log-format", "json",
-		}
-		if !containsFlag(extra, "--drain-timeout") {
-			args = append(args, "--drain-timeout", "3s")
-		}
-		args = append(args, extra...)
-		p.cmd = exec.Command(binPath, args...)
-		p.cmd.Stdout = p.stderr
-		p.cmd.Stderr = p.stderr
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			p.waitErr = p.cmd.Wait()
-			p.exitCode = p.cmd.ProcessState.ExitCode()
-			close(p.done)
-		}()
-		ok, exited := p.waitReady(waitTimeout)
-		if ok {
-			t.Cleanup(func() {
-				p.stop()
-				if t.Failed() {
-					t.Logf("applistener stderr (%s):\n%s", p.appAddr, p.stderr.String())
-				}
-			})
-			return p
-		}
-		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
-			continue // lost a port race with a parallel test: pick new ports
-		}
-		p.kill()
-		t.Fatalf("applistener did not become ready (exited=%v, err=%v)\nargs: %q\nstderr:\n%s",
-			exited, p.waitErr, args, p.stderr.String())
-	}
+	return tlsDir
 }
 
 func containsFlag(args []string, flag string) bool {
@@ -639,23 +619,6 @@ func containsFlag(args []string, flag string) bool {
 		}
 	}
 	return false
-}
-
-// waitReady polls /readyz until 200; exited reports that the process ended.
-func (p *proc) waitReady(timeout time.Duration) (ok, exited bool) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			return false, true
-		default:
-		}
-		if p.readyz() == http.StatusOK {
-			return true, false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false, false
 }
 
 // readyz returns the status of GET /readyz, or 0 on a transport error or
@@ -706,58 +669,6 @@ func (p *proc) metric(t testing.TB, name string) float64 {
 		t.Fatalf("metric %s not found on /metrics", name)
 	}
 	return sum
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// signal sends sig and returns how long the process took to exit, failing
-// the test if it did not exit within timeout.
-func (p *proc) signalAndWait(t testing.TB, sig syscall.Signal, timeout time.Duration) time.Duration {
-	t.Helper()
-	start := time.Now()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %v: %v", sig, err)
-	}
-	select {
-	case <-p.done:
-		return time.Since(start)
-	case <-time.After(timeout):
-		p.kill()
-		t.Fatalf("applistener did not exit within %v of %v", timeout, sig)
-		return 0
-	}
-}
-
-// stop ends the process with SIGTERM and checks it exits 0.
-func (p *proc) stop() {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		if p.exitCode != 0 {
-			p.t.Errorf("applistener exited with %d after SIGTERM (%v)", p.exitCode, p.waitErr)
-		}
-	case <-time.After(15 * time.Second):
-		p.t.Errorf("applistener did not exit within 15s of SIGTERM; killing it")
-		p.kill()
-	}
-}
-
-func (p *proc) kill() {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
 }
 
 func (p *proc) writeRoutes(t testing.TB, doc []byte) { writeAtomic(t, p.routesFile, doc) }

@@ -162,58 +162,21 @@ func TestBadFlags(t *testing.T) {
 // Go client, and stops it with SIGINT.
 func TestDev(t *testing.T) {
 	t.Parallel()
-	var (
-		cmd    *exec.Cmd
-		stdout syncBuffer
-		done   chan struct{}
-		curl   string
-	)
-	for attempt := 1; ; attempt++ {
-		stdout = syncBuffer{}
-		done = make(chan struct{})
-		cmd = exec.Command(binPath, "dev",
-			"--app-address", freeAddr(t), "--admin-address", freeAddr(t), "--dir", t.TempDir())
-		cmd.Stdout, cmd.Stderr = &stdout, &stdout
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = cmd.Wait(); close(done) }()
-		exited := false
-		deadline := time.Now().Add(waitTimeout)
-		for curl == "" && !exited && time.Now().Before(deadline) {
-			for _, line := range strings.Split(stdout.String(), "\n") {
+	var curl string
+	p := launch(t, launchSpec{
+		name: "applistener dev",
+		args: func() []string {
+			return []string{"dev", "--app-address", freeAddr(t), "--admin-address", freeAddr(t), "--dir", t.TempDir()}
+		},
+		ready: func(run *process) bool { // it printed the curl command
+			for _, line := range strings.Split(run.output(), "\n") {
 				if strings.HasPrefix(strings.TrimSpace(line), "curl ") {
 					curl = strings.TrimSpace(line)
 				}
 			}
-			select {
-			case <-done:
-				exited = true
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-		if curl != "" {
-			break
-		}
-		if !exited {
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if exited && attempt < 5 && strings.Contains(stdout.String(), "address already in use") {
-			continue
-		}
-		t.Fatalf("applistener dev printed no curl command:\n%s", stdout.String())
-	}
-	t.Cleanup(func() {
-		select {
-		case <-done:
-		default:
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("applistener dev output:\n%s", stdout.String())
-		}
+			return curl != ""
+		},
+		retryPortRace: true,
 	})
 
 	m := regexp.MustCompile(`--cacert (\S+) --resolve (\S+) (https://\S+)`).FindStringSubmatch(curl)
@@ -269,15 +232,13 @@ func TestDev(t *testing.T) {
 	}
 	tr.CloseIdleConnections()
 
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-done:
-	case <-time.After(waitTimeout):
+	if !p.waitExit(waitTimeout) {
 		t.Fatalf("applistener dev did not exit within %v of SIGINT", waitTimeout)
 	}
-	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("applistener dev exited %d after SIGINT; want 0", code)
+	if p.exitCode != 0 {
+		t.Errorf("applistener dev exited %d after SIGINT; want 0", p.exitCode)
 	}
 }

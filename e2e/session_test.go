@@ -36,62 +36,10 @@ import (
 // stopped with SIGTERM on cleanup.
 func sessSup(t *testing.T, endpoints string, setup func(*exec.Cmd), extra ...string) *gwSup {
 	t.Helper()
-	dir := t.TempDir()
-	tlsDir := gwTLSDir(t, dir)
-	tokenFile := filepath.Join(dir, "token")
-	writeAtomic(t, tokenFile, []byte(gwToken+"\n"))
-	for attempt := 1; ; attempt++ {
-		p := &proc{t: t, dir: dir, appAddr: freeAddr(t), adminAddr: freeAddr(t), stderr: &syncBuffer{}, done: make(chan struct{})}
-		s := &gwSup{proc: p, healthAddr: freeAddr(t), tokenFile: tokenFile}
-		s.args = append([]string{"serve",
-			"--mode", "shared",
-			"--gateway-endpoint", endpoints,
-			"--supervisor-id", gwSupervisorID,
-			"--gateway-token-file", tokenFile,
-			"--address", s.healthAddr,
-			"--app-listener",
-			"--app-domain", domain,
-			"--app-address", p.appAddr,
-			"--advertise-address", "127.0.0.1",
-			"--app-tls-dir", tlsDir,
-			"--admin-address", p.adminAddr,
-			"--route-freshness", freshness.String(),
-			"--gateway-poll-interval", gwPollInterval.String(),
-			"--gateway-stream-timeout", "1s",
-			"--drain-timeout", "2s",
-			"--log-format", "json",
-		}, extra...)
-		p.cmd = exec.Command(binPath, s.args...)
-		p.cmd.Env = gwChildEnv()
-		p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
-		if setup != nil {
-			setup(p.cmd)
-		}
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			p.waitErr = p.cmd.Wait()
-			p.exitCode = p.cmd.ProcessState.ExitCode()
-			close(p.done)
-		}()
-		ok, exited := p.waitReady(waitTimeout)
-		if ok {
-			t.Cleanup(func() {
-				p.stop()
-				if t.Failed() {
-					t.Logf("supervisor stderr (%s):\n%s", p.appAddr, p.stderr.String())
-				}
-			})
-			return s
-		}
-		if exited && attempt < 5 && strings.Contains(p.stderr.String(), "address already in use") {
-			continue
-		}
-		p.kill()
-		t.Fatalf("supervisor did not become ready (exited=%v, /readyz %s)\nargs: %q\nstderr:\n%s",
-			exited, gwReadyzString(p.adminAddr), s.args, p.stderr.String())
-	}
+	return gwLaunchSup(t, endpoints, gwSupConfig{
+		extra: append([]string{"--advertise-address", "127.0.0.1"}, extra...),
+		setup: setup,
+	})
 }
 
 // sessLogIndex returns the offset of the first log line whose msg is msg,
@@ -442,13 +390,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 	endpoints := sessDeadEndpoint(t) + "," + g.endpoint()
 	cli := func(stdin string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(binPath, append([]string{"instances"}, args...)...)
-		cmd.Env = gwChildEnv()
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		_ = cmd.Run()
-		return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+		return runBin(t, stdin, append([]string{"instances"}, args...)...)
 	}
 	common := []string{"--gateway", endpoints, "--token-file", admin, "--supervisor", gwSupervisorID}
 	const hostOther = "team--other--web." + domain
