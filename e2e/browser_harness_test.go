@@ -660,13 +660,6 @@ func (b *browser) cookies(t testing.TB, url string) []browserCookie {
 	return res.Cookies
 }
 
-// responses returns every response the page has received, in order.
-func (b *browser) responses() []browserResponse {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]browserResponse(nil), b.received...)
-}
-
 // lastProtocol returns the protocol ("h2", "http/1.1") of the last
 // response the page received, or "" if none.
 func (b *browser) lastProtocol() string {

@@ -883,5 +883,5 @@ func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 		t.Fatal("no echo after 20 quiet seconds")
 	}
 	_ = ws.Close()
-	<-ended
+	<-ended //nolint:errcheck // waits for the reader to end; its error is the Close
 }

@@ -403,7 +403,7 @@ func (c *etcdCluster) list(prefix string) ([]etcdKV, error) {
 		"key":       base64.StdEncoding.EncodeToString([]byte(prefix)),
 		"range_end": base64.StdEncoding.EncodeToString(end),
 	})
-	var lastErr error = errors.New("no etcd member running")
+	lastErr := errors.New("no etcd member running")
 	for _, m := range c.members {
 		if !m.running() {
 			continue
@@ -450,20 +450,6 @@ func (c *etcdCluster) list(prefix string) ([]etcdKV, error) {
 		return kvs, nil
 	}
 	return nil, lastErr
-}
-
-// keys returns the keys under prefix, failing the test on an error.
-func (c *etcdCluster) keys(t testing.TB, prefix string) []string {
-	t.Helper()
-	kvs, err := c.list(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, kv := range kvs {
-		out = append(out, kv.Key)
-	}
-	return out
 }
 
 // lastLines returns the last n lines of s.
