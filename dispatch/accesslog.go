@@ -283,13 +283,17 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 		f.secs("upstream_first_byte", r.firstByte)
 	}
 	f.str("tls", tlsName(ci.tlsVer))
-	f.key("client")
-	if f.json {
-		f.b = append(f.b, '"')
-	}
-	f.b = ci.peer.AppendTo(f.b)
-	if f.json {
-		f.b = append(f.b, '"')
+	if ci.peer.IsValid() {
+		f.key("client")
+		if f.json {
+			f.b = append(f.b, '"')
+		}
+		f.b = ci.peer.AppendTo(f.b)
+		if f.json {
+			f.b = append(f.b, '"')
+		}
+	} else {
+		f.str("client", "")
 	}
 	if r.reason != "" {
 		f.str("reason", r.reason)
