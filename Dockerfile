@@ -1,6 +1,6 @@
 # applistener image: a static binary on a distroless, non-root base.
 #
-#   docker build -t applistener .
+#   docker build -t applistener --build-arg VERSION=$(git describe --tags --always --dirty) .
 #   docker run --rm applistener serve -h
 #
 # Checked by deploy/helm/dockerfile_test.go (stages, CGO_ENABLED=0, base, USER,
@@ -11,12 +11,15 @@
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETOS
 ARG TARGETARCH
+# The version stamped into the binary (applistener version); .git is not in
+# the build context, so it comes from the build argument.
+ARG VERSION=dev
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags "-s -w" -o /out/applistener ./cmd/applistener
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/applistener ./cmd/applistener
 
 # Final stage: no shell, no package manager; CA certificates for the gateway's
 # HTTPS are included in distroless/static.

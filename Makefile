@@ -3,6 +3,9 @@ GO        ?= go
 BIN       ?= bin/applistener
 FUZZTIME  ?= 3s
 LONGFUZZ  ?= 2m
+# VERSION is stamped into the binary (applistener version): the nearest tag,
+# commits since, abbreviated revision, -dirty; "dev" outside a git checkout.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 # package:target pairs run by `make fuzz` (and briefly by `make test`).
 FUZZ_TARGETS = \
@@ -20,7 +23,7 @@ FUZZ_TARGETS = \
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/applistener
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/applistener
 
 ## run: a working demo on loopback (certificate, demo app, route, listener).
 run:

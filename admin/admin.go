@@ -1,7 +1,7 @@
 // Package admin serves the operator's endpoints on their own address, never
 // on the app listener: /healthz (the process runs), /readyz (a
-// configuration is accepted and fresh), /metrics (Prometheus), and
-// /debug/pprof. It also owns the health TCP listener that kubelet tcpSocket
+// configuration is accepted and fresh), /metrics (Prometheus), and, only
+// when enabled with [Server.EnablePprof], /debug/pprof. It also owns the health TCP listener that kubelet tcpSocket
 // probes connect to. The data plane never imports it: each package
 // registers its own metrics on the registry cmd hands it.
 package admin
@@ -50,11 +50,6 @@ func New(addr string, gatherer prometheus.Gatherer, ready func() (bool, string),
 		_, _ = fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	s := &Server{
 		mux: mux,
 		ln:  ln,
@@ -65,6 +60,17 @@ func New(addr string, gatherer prometheus.Gatherer, ready func() (bool, string),
 		},
 	}
 	return s, nil
+}
+
+// EnablePprof adds the runtime profiles under /debug/pprof/ (off unless
+// called: profiles reveal the command line and cost CPU on demand). Call it
+// before Serve.
+func (s *Server) EnablePprof() {
+	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
 // Handle adds an endpoint.

@@ -40,9 +40,9 @@ type testAdmin struct {
 
 // startAdmin serves New(127.0.0.1:0, ...) with the extra handlers added the
 // way cmd adds them (Handle before Serve), and shuts it down when the test
-// ends.
+// ends. setup runs on the server before Serve (EnablePprof).
 func startAdmin(t *testing.T, gatherer prometheus.Gatherer, ready func() (bool, string),
-	extra map[string]http.Handler) *testAdmin {
+	extra map[string]http.Handler, setup ...func(*Server)) *testAdmin {
 	t.Helper()
 	srv, err := New("127.0.0.1:0", gatherer, ready, discardLogger())
 	if err != nil {
@@ -50,6 +50,9 @@ func startAdmin(t *testing.T, gatherer prometheus.Gatherer, ready func() (bool, 
 	}
 	for pattern, h := range extra {
 		srv.Handle(pattern, h)
+	}
+	for _, f := range setup {
+		f(srv)
 	}
 	tr := &http.Transport{DisableKeepAlives: true}
 	a := &testAdmin{
@@ -276,9 +279,20 @@ func TestHandleAddsInstallationsEndpoint(t *testing.T) {
 	}
 }
 
-func TestPprofIndex(t *testing.T) {
+// TestPprofOffByDefault: without EnablePprof there are no profiles.
+func TestPprofOffByDefault(t *testing.T) {
 	testutil.VerifyNone(t)
 	a := startAdmin(t, prometheus.NewRegistry(), alwaysReady, nil)
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/goroutine"} {
+		if got := a.get(t, path); got.status != http.StatusNotFound {
+			t.Errorf("GET %s without EnablePprof: status %d, want 404", path, got.status)
+		}
+	}
+}
+
+func TestPprofIndex(t *testing.T) {
+	testutil.VerifyNone(t)
+	a := startAdmin(t, prometheus.NewRegistry(), alwaysReady, nil, (*Server).EnablePprof)
 	got := a.get(t, "/debug/pprof/")
 	if got.status != http.StatusOK || !strings.Contains(got.body, "goroutine") {
 		t.Fatalf("GET /debug/pprof/ = %d, want 200 listing the goroutine profile; body:\n%s", got.status, got.body)

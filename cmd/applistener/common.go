@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -35,27 +36,51 @@ type adminServer struct {
 }
 
 // startAdmin binds the admin endpoints on addr (when set), adds extra
-// handlers by pattern, and serves them in a goroutine owned by wg.
+// handlers by pattern, and serves them in a goroutine owned by wg. pprof
+// adds /debug/pprof (--admin-pprof).
 func startAdmin(wg *sync.WaitGroup, addr string, gatherer prometheus.Gatherer, ready func() (bool, string),
-	logger *slog.Logger, extra map[string]http.Handler) (*adminServer, error) {
+	logger *slog.Logger, extra map[string]http.Handler, pprof bool) (*adminServer, error) {
+	a, err := bindAdmin(addr, gatherer, ready, logger, pprof)
+	if err != nil {
+		return nil, err
+	}
+	a.start(wg, logger, extra)
+	return a, nil
+}
+
+// bindAdmin binds the admin endpoints on addr (when set) without serving
+// them yet: start serves them. A bind error is one line naming the flag.
+func bindAdmin(addr string, gatherer prometheus.Gatherer, ready func() (bool, string),
+	logger *slog.Logger, pprof bool) (*adminServer, error) {
 	a := &adminServer{}
 	if addr == "" {
 		return a, nil
 	}
 	srv, err := admin.New(addr, gatherer, ready, logger)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--admin-address %s: cannot listen: %s", addr, bindError(err))
 	}
-	for pattern, h := range extra {
-		srv.Handle(pattern, h)
+	if pprof {
+		srv.EnablePprof()
 	}
 	a.srv = srv
+	return a, nil
+}
+
+// start adds extra handlers by pattern and serves the endpoints in a
+// goroutine owned by wg.
+func (a *adminServer) start(wg *sync.WaitGroup, logger *slog.Logger, extra map[string]http.Handler) {
+	if a.srv == nil {
+		return
+	}
+	for pattern, h := range extra {
+		a.srv.Handle(pattern, h)
+	}
 	wg.Go(func() {
-		if err := srv.Serve(); err != nil {
+		if err := a.srv.Serve(); err != nil {
 			logger.Error("admin server stopped", "err", err)
 		}
 	})
-	return a, nil
 }
 
 // Addr returns the bound address, "" when off.

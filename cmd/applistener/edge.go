@@ -29,6 +29,7 @@ type edgeOptions struct {
 	caFile         string
 	workspaces     string
 	adminAddress   string
+	adminPprof     bool
 	helloTimeout   time.Duration
 	dialTimeout    time.Duration
 	halfClose      time.Duration
@@ -48,7 +49,8 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway (required; re-read on every request)")
 	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.workspaces, "workspace", "", "comma-separated workspaces to serve (required)")
-	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics (and /debug/pprof with --admin-pprof); empty: off")
+	fs.BoolVar(&o.adminPprof, "admin-pprof", false, "serve /debug/pprof on the admin address (off by default)")
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
@@ -155,7 +157,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 
-	adm, err := startAdmin(&wg, o.adminAddress, reg, e.Ready, logger, nil)
+	adm, err := startAdmin(&wg, o.adminAddress, reg, e.Ready, logger, nil, o.adminPprof)
 	if err != nil {
 		return err
 	}

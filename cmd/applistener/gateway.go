@@ -35,6 +35,7 @@ type gatewayOptions struct {
 	logFormat    string
 	logLevel     string
 	adminAddress string
+	adminPprof   bool
 
 	discMaxWatchers  int
 	discSendTimeout  time.Duration
@@ -72,7 +73,8 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics (and /debug/pprof with --admin-pprof); empty: off")
+	fs.BoolVar(&o.adminPprof, "admin-pprof", false, "serve /debug/pprof on the admin address (off by default)")
 	fs.IntVar(&o.discMaxWatchers, "discovery-max-watchers-per-token", gateway.DefaultDiscoveryMaxWatchersPerToken, "open discovery watches per token (429 beyond)")
 	fs.DurationVar(&o.discSendTimeout, "discovery-send-timeout", gateway.DefaultDiscoverySendTimeout, "a discovery watcher that does not take a line within this is disconnected")
 	fs.DurationVar(&o.discMaxLifetime, "discovery-max-watch-lifetime", gateway.DefaultDiscoveryMaxWatchLifetime, "discovery watches end cleanly after this (clients reconnect)")
@@ -274,7 +276,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
 
-	adm, err := startAdmin(&wg, o.adminAddress, reg, gw.Ready, logger, nil)
+	adm, err := startAdmin(&wg, o.adminAddress, reg, gw.Ready, logger, nil, o.adminPprof)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@
 //	applistener edge       an SNI pass-through front door fed by discovery
 //	applistener instances  put, delete or list instances (the gateway's admin API)
 //	applistener dev        a self-contained demo on loopback
+//	applistener validate   check a supervisor's or gateway's configuration
+//	applistener version    the build's version, revision and Go version
 package main
 
 import (
@@ -35,8 +37,11 @@ commands:
   edge       run an SNI pass-through front door that follows discovery
   instances  put, delete or list a supervisor's instances (the gateway's admin API)
   dev        run a self-contained demo (certificate, app and route) on loopback
+  validate   check serve's flags and files (validate gateway ...: the gateway's) without starting
+  version    print the version, VCS revision and Go version
 
-Run 'applistener <command> -h' for the flags of a command.
+Run 'applistener <command> -h' for the flags of a command; --version on any
+command prints the version.
 `
 
 func main() {
@@ -48,8 +53,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprint(stderr, topUsage)
 		return 2
 	}
+	if args[0] != "version" && wantsVersion(args[1:]) {
+		_, _ = fmt.Fprintln(stdout, readBuildInfo())
+		return 0
+	}
 	var err error
 	switch args[0] {
+	case "version", "--version", "-version":
+		err = versionCommand(args[1:], stdout)
+	case "validate":
+		err = validateCommand(args[1:], stdout)
 	case "serve":
 		err = serveCommand(args[1:], stderr)
 	case "dev":

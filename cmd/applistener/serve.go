@@ -76,6 +76,7 @@ type serveOptions struct {
 	appACMEEmail      string
 	appCertCache      string
 	appACMERoots      string
+	adminPprof        bool
 
 	trusted []netip.Prefix
 }
@@ -95,7 +96,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", supervisor.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
 	fs.StringVar(&o.advertiseAddress, "advertise-address", "", "address advertised to the gateway as this supervisor's endpoint (the Pod IP; default: the host of --app-address when it is not a wildcard)")
 	fs.BoolVar(&o.parentLiveness, "parent-liveness-stdin", false, "exit cleanly when stdin reaches EOF (the parent process died)")
-	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics and /debug/pprof (empty: off)")
+	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of /healthz, /readyz, /metrics (and /debug/pprof with --admin-pprof); empty: off")
+	fs.BoolVar(&o.adminPprof, "admin-pprof", false, "serve /debug/pprof on the admin address (off by default)")
 	fs.StringVar(&o.healthAddress, "address", "", "health TCP listener, open only while ready (kubelet tcpSocket probes)")
 	fs.DurationVar(&o.freshness, "route-freshness", routes.DefaultFreshness, "how long a delivered route stays valid without renewal")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -385,15 +387,44 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 
+	// Start-up fails fast, with one line and before anything else is
+	// logged: the files and the certificate (`applistener validate`'s
+	// checks; an instance entry that fails is rejected on its own later),
+	// then every listen address.
+	if err := checkServe(o, false, time.Now()).errors(false).asError(); err != nil {
+		return err
+	}
+	var ln net.Listener
+	if o.appListener {
+		var err error
+		if ln, err = net.Listen("tcp", o.appAddress); err != nil {
+			return fmt.Errorf("--app-address %s: cannot listen: %s", o.appAddress, bindError(err))
+		}
+	}
+	closeLn := func() {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+	// ready is set below, before the admin endpoints serve.
+	var ready func() (bool, string)
+	adm, err := bindAdmin(o.adminAddress, reg, func() (bool, string) { return ready() }, logger, o.adminPprof)
+	if err != nil {
+		closeLn()
+		return err
+	}
+	if ps := checkPort("--address", o.healthAddress); len(ps) > 0 {
+		closeLn()
+		adm.Stop()
+		return ps.asError()
+	}
+
 	var appLn *listener.Listener
 	if o.appListener {
-		ln, err := net.Listen("tcp", o.appAddress)
-		if err != nil {
-			return fmt.Errorf("app listener: %w", err)
-		}
 		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, logger)
 		if err != nil {
 			_ = ln.Close()
+			adm.Stop()
 			return err
 		}
 		disp := dispatch.New(dispatch.Config{
@@ -447,6 +478,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			if appLn != nil {
 				_ = appLn.Shutdown(context.Background())
 			}
+			adm.Stop()
 			return err
 		}
 		src = gw
@@ -459,7 +491,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Metrics: metrics,
 		}
 	}
-	ready := func() (bool, string) {
+	ready = func() (bool, string) {
 		switch {
 		case gw != nil && !gw.Connected():
 			why := "no gateway session"
@@ -502,24 +534,25 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			advWG.Go(func() { adv.Run(advCtx) })
 		}
 	}
-	adm, err := startAdmin(&wg, o.adminAddress, reg, ready, logger,
-		map[string]http.Handler{"GET /v1/installations": supervisor.InstallationsHandler(table, endpoint)})
-	if err != nil {
-		if appLn != nil {
-			_ = appLn.Shutdown(context.Background())
-		}
-		return err
-	}
+	adm.start(&wg, logger, map[string]http.Handler{"GET /v1/installations": supervisor.InstallationsHandler(table, endpoint)})
 	var health *admin.HealthListener
 	if o.healthAddress != "" {
 		health = admin.NewHealthListener(o.healthAddress, logger)
 		wg.Go(func() {
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()
+			lastErr := ""
 			for {
 				ok, _ := ready()
-				if err := health.SetReady(ok); err != nil {
+				// The address was free at start; should another process
+				// take it later, say so once per change, not every tick.
+				err := health.SetReady(ok)
+				if e := fmt.Sprint(err); err != nil && e != lastErr {
 					logger.Error("health listener", "err", err)
+					lastErr = e
+				} else if err == nil && lastErr != "" {
+					logger.Info("health listener bound again", "address", o.healthAddress)
+					lastErr = ""
 				}
 				select {
 				case <-bg.Done():

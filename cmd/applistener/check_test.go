@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writePair writes a self-signed tls.crt/tls.key for names, valid from
+// notBefore to notAfter, into a new directory and returns it.
+func writePair(t *testing.T, names []string, notBefore, notAfter time.Time) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: notBefore, NotAfter: notAfter,
+	}, &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: notBefore, NotAfter: notAfter}, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "tls.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	write(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})))
+	return dir
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func lines(ps problems) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+func TestCheckDocumentPaths(t *testing.T) {
+	doc := `{"revision": "r1", "instances": [
+	  {"workspace": "team", "sandbox": "a", "services": [{"name": "web", "port": 8080}]},
+	  {"workspace": "team", "sandbox": "b", "services": [{"name": "web", "port": 8080}]},
+	  {"workspace": "team", "sandbox": "c", "limits": {"max_streamz": 3}, "services": [{"name": "web", "port": 8080}]},
+	  {"workspace": "team", "sandbox": "d", "services": [{"name": "web", "port": 80800}]},
+	  {"workspace": "team", "sandbox": "e", "services": [{"name": "web", "port": 8080, "extra": true}]}
+	]}`
+	got := lines(checkDocument("routes.json", "", []byte(doc)))
+	want := []string{
+		"routes.json: instances[2].limits.max_streamz: unknown field",
+		`routes.json: instances[3]: services[0]: service "web": port 80800 out of range 1..65535`,
+		"routes.json: instances[4].services[0].extra: unknown field",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	got = lines(checkDocument("routes.json", "", []byte(`{"revision": "r1", "instancez": []}`)))
+	if len(got) != 1 || !strings.HasPrefix(got[0], "routes.json: ") || !strings.Contains(got[0], `unknown field "instancez"`) {
+		t.Errorf("unknown top-level field: %q", got)
+	}
+	if got := checkDocument("routes.json", "", []byte(`{"revision": "r1", "instances": []}`)); len(got) != 0 {
+		t.Errorf("empty document: %q, want no problem", lines(got))
+	}
+}
+
+func TestCheckCertificate(t *testing.T) {
+	now := time.Now()
+	good := writePair(t, []string{"*.apps.example.com"}, now.Add(-time.Hour), now.Add(time.Hour))
+	other := writePair(t, []string{"*.apps.other.com"}, now.Add(-time.Hour), now.Add(time.Hour))
+	expired := writePair(t, []string{"*.apps.example.com"}, now.Add(-2*time.Hour), now.Add(-time.Hour))
+	for _, c := range []struct {
+		name, dir string
+		acme      bool
+		errs      int
+		want      string
+	}{
+		{"covers", good, false, 0, ""},
+		{"other domain", other, false, 1, "does not cover *.apps.example.com (DNS names: *.apps.other.com)"},
+		{"other domain with ACME", other, true, 0, "warning: "},
+		{"expired", expired, false, 1, "certificate expired at "},
+		{"missing", t.TempDir(), false, 1, "certificate pair: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ps := checkCertificate(c.dir, "apps.example.com", c.acme, now)
+			if n := len(ps.errors(true)); n != c.errs {
+				t.Errorf("%d errors %q, want %d", n, lines(ps), c.errs)
+			}
+			if c.want != "" && (len(ps) != 1 || !strings.Contains(ps[0].String(), c.want)) {
+				t.Errorf("problems %q, want one containing %q", lines(ps), c.want)
+			}
+		})
+	}
+}
+
+func TestCheckPort(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = busy.Close() }()
+	ps := checkPort("--address", busy.Addr().String())
+	if len(ps) != 1 || !strings.Contains(ps[0].String(), "--address "+busy.Addr().String()+": cannot listen: ") {
+		t.Errorf("busy port: %q", lines(ps))
+	}
+	if ps := checkPort("--address", "127.0.0.1:0"); len(ps) != 0 {
+		t.Errorf("free port: %q", lines(ps))
+	}
+	if ps := checkPort("--address", ""); len(ps) != 0 {
+		t.Errorf("off: %q", lines(ps))
+	}
+}
+
+func TestCheckGateway(t *testing.T) {
+	dir := t.TempDir()
+	cfg, tokens := filepath.Join(dir, "gateway.json"), filepath.Join(dir, "tokens.json")
+	write(t, cfg, `{"supervisors": {"sup-1": {"revision": "r1", "instances": [
+	  {"workspace": "team", "sandbox": "a", "limits": {"max_streamz": 1}, "services": [{"name": "web", "port": 8080}]}]}}}`)
+	o := gatewayOptions{address: "127.0.0.1:0", configFile: cfg, tokensFile: tokens, store: "memory"}
+	got := lines(checkGateway(&o, true, time.Now()))
+	want := []string{
+		cfg + ": supervisors.sup-1.instances[0].limits.max_streamz: unknown field",
+		tokens + ": tokens file (--tokens): does not exist",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	write(t, cfg, `{"supervisors": {"sup-1": {"revision": "r1", "instances": []}}}`)
+	write(t, tokens, `{"tokens": [{"token": "0123456789abcdef0123456789abcdef", "supervisor": "sup-1"}]}`)
+	if got := checkGateway(&o, true, time.Now()); len(got) != 0 {
+		t.Errorf("clean gateway files: %q", lines(got))
+	}
+	write(t, tokens, `{"tokenz": []}`)
+	if got := checkGateway(&o, true, time.Now()); len(got) != 1 || got[0].where != "gateway" {
+		t.Errorf("bad tokens file: %q, want the gateway's own refusal", lines(got))
+	}
+}
+
+// validate prints one line per problem on stdout and exits 1; 0 and
+// "configuration ok" when clean; a flag error is exit 2.
+func TestValidateCommand(t *testing.T) {
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes.json")
+	write(t, routes, `{"revision": "r1", "instances": [{"workspace": "team", "sandbox": "a", "services": [{"name": "web", "port": 8080}]}]}`)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"validate", "--routes-file", routes, "--admin-address", "127.0.0.1:0"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("clean: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+	if stdout.String() != "configuration ok\n" {
+		t.Errorf("clean: stdout %q", stdout.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	missing := filepath.Join(dir, "missing.json")
+	if code := run([]string{"validate", "--routes-file", missing, "--admin-address", "127.0.0.1:0"}, &stdout, &stderr); code != 1 {
+		t.Fatalf("missing routes file: exit %d, want 1", code)
+	}
+	if want := missing + ": routes file (--routes-file): does not exist\n"; stdout.String() != want {
+		t.Errorf("stdout %q, want %q", stdout.String(), want)
+	}
+	stdout.Reset()
+	if code := run([]string{"validate", "--no-such-flag"}, &stdout, &stderr); code != 2 {
+		t.Errorf("unknown flag: exit %d, want 2", code)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	old := version
+	defer func() { version = old }()
+	version = "v9.8.7-test"
+	for _, args := range [][]string{{"version"}, {"--version"}, {"serve", "--version"}, {"gateway", "--routes-file", "x", "--version"}, {"validate", "gateway", "--version"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != 0 {
+			t.Errorf("%q: exit %d, stderr %q", args, code, stderr.String())
+		}
+		if !strings.HasPrefix(stdout.String(), "applistener v9.8.7-test module=") || !strings.Contains(stdout.String(), " go=go") ||
+			strings.Count(stdout.String(), "\n") != 1 {
+			t.Errorf("%q: stdout %q", args, stdout.String())
+		}
+	}
+	if wantsVersion([]string{"--", "--version"}) {
+		t.Error("--version after -- counted")
+	}
+	version = ""
+	if v := readBuildInfo().Version; v == "" {
+		t.Error("unstamped version is empty")
+	}
+}
