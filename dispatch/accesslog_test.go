@@ -288,13 +288,13 @@ func TestAccessLogWebSocket(t *testing.T) {
 		}
 	}
 	_ = c.Close()
-	lived := time.Since(start)
 	rec := out.waitRecord(t, "protocol", "ws")
+	lived := time.Since(start) // an upper bound: the line is there
 	checkRecord(t, rec, map[string]any{"path": "/ws", "method": "GET", "status": 101.0, "service": "ws",
 		"host": host, "sandbox": "demo"}, true)
 	d := rec["duration"].(float64)
-	if d < 2 || d > lived.Seconds()+0.5 {
-		t.Errorf("duration %v s, want about %v", d, lived.Seconds())
+	if d < 2 || d > lived.Seconds() {
+		t.Errorf("duration %v s, want between 2 and %v", d, lived.Seconds())
 	}
 	// Up: every client frame plus its close frame (6 + 2 bytes); down:
 	// every echo plus the app's close frame (2 + 2).
