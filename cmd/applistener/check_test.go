@@ -8,14 +8,20 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"flag"
+	"log/slog"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // writePair writes a self-signed tls.crt/tls.key for names, valid from
@@ -205,5 +211,47 @@ func TestVersion(t *testing.T) {
 	version = ""
 	if v := readBuildInfo().Version; v == "" {
 		t.Error("unstamped version is empty")
+	}
+}
+
+// --admin-pprof: /debug/pprof/ is served only with it, on every command
+// that has an admin address (serve, gateway and edge share bindAdmin).
+func TestAdminPprofFlag(t *testing.T) {
+	for _, cmd := range []struct {
+		name string
+		o    commandOptions
+	}{
+		{"serve", &serveOptions{}},
+		{"gateway", &gatewayOptions{}},
+		{"edge", &edgeOptions{}},
+	} {
+		fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+		cmd.o.flags(fs)
+		f := fs.Lookup("admin-pprof")
+		if f == nil || f.DefValue != "false" {
+			t.Errorf("%s: --admin-pprof missing or not off by default (%v)", cmd.name, f)
+		}
+	}
+	for _, pprof := range []bool{false, true} {
+		var wg sync.WaitGroup
+		a, err := startAdmin(&wg, "127.0.0.1:0", prometheus.NewRegistry(), func() (bool, string) { return true, "" },
+			slog.New(slog.DiscardHandler), nil, pprof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Get("http://" + a.Addr() + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		want := http.StatusNotFound
+		if pprof {
+			want = http.StatusOK
+		}
+		if resp.StatusCode != want {
+			t.Errorf("pprof=%v: GET /debug/pprof/ = %d, want %d", pprof, resp.StatusCode, want)
+		}
+		a.Stop()
+		wg.Wait()
 	}
 }
