@@ -130,6 +130,9 @@ func (c *clientConn) serve() {
 // readHead waits for the next request and returns its head (ending with
 // CRLFCRLF), or false when the connection should end.
 func (c *clientConn) readHead() ([]byte, bool) {
+	// Nothing of the previous request may answer for this one (a denial
+	// before the new head is parsed reads c.req).
+	c.req.reset()
 	if len(c.pending) > 0 {
 		// Bytes the client watch read while a response was pending.
 		c.in.acquire()
@@ -500,7 +503,11 @@ func (c *clientConn) proxy() bool {
 	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead)
 	_, _ = w.Write(c.out)
 	c.rec.status, c.rec.outcome = resp.status, outcomeOK
-	err = x.copyBody(w, c.heldWriter(w), c.flush, out == bodyChunked)
+	var big io.Writer // large bodies: TLS records batched per write
+	if resp.body == bodyLength && resp.length >= bigBody && !x.isHead {
+		big = c.heldWriter(w)
+	}
+	err = x.copyBody(w, big, c.flush, out == bodyChunked)
 	if err == nil {
 		err = c.flush()
 	}

@@ -250,11 +250,13 @@ func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut boo
 // it meanwhile. Otherwise it is closed. It reports whether it was reused.
 func (x *exchange) finish(reusable bool) bool {
 	bc := x.bc
-	reusable = reusable && !x.resp.close && x.resp.body != bodyUntilClose
-	if reusable && !x.bodySent() {
-		reusable = false
+	// The body copy is settled first, whatever the reuse decision: it
+	// must not outlive the exchange (it reads the client's buffer).
+	sent := x.bodySent()
+	if !sent {
 		_ = x.stopBody()
 	}
+	reusable = reusable && sent && !x.resp.close && x.resp.body != bodyUntilClose
 	if !x.cl.detach(bc) {
 		reusable = false
 	}

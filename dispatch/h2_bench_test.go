@@ -25,7 +25,7 @@ import (
 //	go test -run XXX -bench Protocols ./dispatch/
 func BenchmarkProtocols(b *testing.B) {
 	for _, proto := range []string{"http1", "http2"} {
-		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto, true) })
+		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto, benchHistograms) })
 	}
 }
 
@@ -43,14 +43,25 @@ func BenchmarkObservability(b *testing.B) {
 			if on {
 				name = proto + "/on"
 			}
-			b.Run(name, func(b *testing.B) { benchProtocol(b, proto, on) })
+			mode := benchNothing
+			if on {
+				mode = benchAccessLog
+			}
+			b.Run(name, func(b *testing.B) { benchProtocol(b, proto, mode) })
 		}
 	}
 }
 
-// benchProtocol runs the small-request load over proto; observe: with the
-// access log and the latency histograms (false: neither).
-func benchProtocol(b *testing.B, proto string, observe bool) {
+// What benchProtocol observes of each request.
+const (
+	benchHistograms = iota // the latency histograms, no access log (New's default)
+	benchNothing           // neither histograms nor access log
+	benchAccessLog         // the histograms and a JSON access-log line through the log writer
+)
+
+// benchProtocol runs the small-request load over proto, observing each
+// request as mode says.
+func benchProtocol(b *testing.B, proto string, mode int) {
 	discard := slog.New(slog.DiscardHandler)
 	ca, err := tlsconf.NewAuthority("protocol bench CA")
 	if err != nil {
@@ -82,13 +93,13 @@ func benchProtocol(b *testing.B, proto string, observe bool) {
 	table.Apply(doc)
 
 	cfg := Config{Logger: discard}
-	if observe {
+	if mode == benchAccessLog {
 		sink := logsink.New(io.Discard, 0, time.Hour, true)
 		defer sink.Close(time.Second)
 		cfg.AccessLog, cfg.AccessLogWriter, cfg.AccessLogRate = AccessLogJSON, sink, -1
 	}
 	srv := New(cfg)
-	srv.noObserve = !observe
+	srv.noObserve = mode == benchNothing
 	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

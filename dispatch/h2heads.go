@@ -106,12 +106,15 @@ func (k *h2HeadClock) frameDone() {
 	k.endsBlock = false
 }
 
-// timedOut reports whether err is the clock's deadline firing; it reports
-// it once.
+// timedOut reports whether err is the clock's deadline firing on a
+// request head in progress (a header block, or a frame header that may
+// start one); it reports it once. A connection that simply opened no
+// stream in time is closed without a word, as an idle HTTP/1.1 connection
+// is (browsers open connections ahead of use).
 func (k *h2HeadClock) timedOut(err error) bool {
 	if !k.armed || k.expired || !isTimeout(err) {
 		return false
 	}
 	k.expired = true
-	return true
+	return k.inBlock || k.hdrN > 0
 }
