@@ -10,7 +10,25 @@
 # The etcd package's own service is never started (nor left enabled): the
 # tests start their members themselves, on free ports with their own data
 # directories, and must not depend on (or collide with) a system etcd.
+#   promtool        checks and unit-tests deploy/prometheus's rules
+#                   (deploy/monitoring); built once from the Go module proxy
+#                   into the user cache, where the test looks for it
 set -euo pipefail
+
+# promtool: the version deploy/monitoring/monitoring_test.go names.
+promtool_version=$(sed -n 's/^const promtoolVersion = "\(.*\)"$/\1/p' "$(dirname "$0")/../deploy/monitoring/monitoring_test.go")
+promtool_dir="${XDG_CACHE_HOME:-$HOME/.cache}/applistener/promtool-$promtool_version"
+if [ -n "$promtool_version" ] && ! command -v promtool >/dev/null 2>&1 && [ ! -x "$promtool_dir/promtool" ]; then
+	echo "test-deps: building promtool $promtool_version (once; a few minutes)" >&2
+	tmp=$(mktemp -d)
+	if (cd "$tmp" && GOBIN="$tmp" GOFLAGS=-mod=mod CGO_ENABLED=0 go install -tags remove_all_sd \
+		"github.com/prometheus/prometheus/cmd/promtool@$promtool_version"); then
+		mkdir -p "$promtool_dir" && mv "$tmp/promtool" "$promtool_dir/promtool"
+	else
+		echo "test-deps: could not build promtool; the rule tests will say so" >&2
+	fi
+	rm -rf "$tmp"
+fi
 
 need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
