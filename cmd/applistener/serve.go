@@ -546,11 +546,11 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 				ok, _ := ready()
 				// The address was free at start; should another process
 				// take it later, say so once per change, not every tick.
-				err := health.SetReady(ok)
-				if e := fmt.Sprint(err); err != nil && e != lastErr {
+				switch err := health.SetReady(ok); {
+				case err != nil && err.Error() != lastErr:
 					logger.Error("health listener", "err", err)
-					lastErr = e
-				} else if err == nil && lastErr != "" {
+					lastErr = err.Error()
+				case err == nil && ok && lastErr != "":
 					logger.Info("health listener bound again", "address", o.healthAddress)
 					lastErr = ""
 				}
