@@ -243,21 +243,30 @@ func TestStartupFailsFast(t *testing.T) {
 	}
 }
 
-// TestVersionStamped builds the binary the way the Makefile does, with a
-// version stamped by -ldflags, and reads it back from `version` and from
-// --version of each subcommand.
+// TestVersionStamped builds the binary with `make build VERSION=...` (the
+// Makefile's -ldflags stamp) and reads the version back from `version` and
+// from --version of each command. The Dockerfile stamps it the same way.
 func TestVersionStamped(t *testing.T) {
 	t.Parallel()
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	dockerfile, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ARG VERSION", "-X main.version=${VERSION}"} {
+		if !bytes.Contains(dockerfile, []byte(want)) {
+			t.Errorf("Dockerfile does not contain %q", want)
+		}
+	}
 	const stamp = "v0.0.0-e2e-stamp"
 	bin := filepath.Join(t.TempDir(), "applistener")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+stamp, "-o", bin, "./cmd/applistener")
+	build := exec.Command("make", "--no-print-directory", "build", "BIN="+bin, "VERSION="+stamp)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatalf("make build: %v\n%s", err, out)
 	}
 	for _, args := range [][]string{{"version"}, {"--version"}, {"serve", "--version"}, {"gateway", "--version"},
 		{"edge", "--version"}, {"routes", "--version"}, {"instances", "--version"}, {"dev", "--version"}, {"validate", "--version"}} {
