@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -412,5 +413,48 @@ func TestAccessLogTextFormat(t *testing.T) {
 	}
 	if m["path"] != "/a\"b\x01" || m["service"] != "" || m["upstream_connect"] != 0.0015 || bytes.Contains(line, []byte("secret")) {
 		t.Errorf("json line %s", line)
+	}
+}
+
+// TestAccessLogOff: with the access log off nothing is written, and the
+// latency histograms still observe every request.
+func TestAccessLogOff(t *testing.T) {
+	h2Verify(t)
+	out := &lineLog{}
+	reg := prometheus.NewRegistry()
+	e := newH2Env(t, 0, Config{AccessLog: AccessLogOff, AccessLogWriter: out, Registerer: reg})
+	if e.srv.alog != nil {
+		t.Fatal("an access log although it is off")
+	}
+	if st, _, _ := e.h1(h2WebHost).do(t, "GET / HTTP/1.1\r\nHost: "+h2WebHost+"\r\n\r\n"); st != 200 {
+		t.Fatalf("status %d", st)
+	}
+	testutil.Eventually(t, 5*time.Second, "the request observed", func() bool {
+		return histCount(t, reg, "applistener_request_duration_seconds", map[string]string{"protocol": "h1", "outcome": "ok"}) == 1
+	})
+	if s := out.text(); s != "" {
+		t.Errorf("lines written with the access log off: %q", s)
+	}
+}
+
+// TestAccessLogNoAllocations: ending a request allocates nothing, with the
+// access log off or on (the line is formatted into a pooled buffer; only
+// the log writer's copy of it, outside this test, allocates).
+func TestAccessLogNoAllocations(t *testing.T) {
+	rt := &routes.Route{Workspace: "team", Sandbox: "demo", Service: "web", InstallationVersion: 3, Instance: &routes.Instance{}}
+	ci := connInfo{route: rt, sni: h2WebHost, peer: netip.MustParseAddr("10.1.2.3"), tlsVer: tls.VersionTLS13}
+	method, path := []byte("GET"), []byte("/static/app.js?v=3")
+	for _, format := range []string{AccessLogOff, AccessLogText, AccessLogJSON} {
+		s := New(Config{AccessLog: format, AccessLogWriter: io.Discard})
+		var r accessRecord
+		allocs := testing.AllocsPerRun(200, func() {
+			r.begin(protoH1)
+			r.parsed, r.mb, r.pb = true, method, path
+			r.status, r.bytesOut, r.connect, r.firstByte = 200, 1234, 80*time.Microsecond, 310*time.Microsecond
+			s.endRequest(&r, &ci)
+		})
+		if allocs != 0 {
+			t.Errorf("access log %s: %v allocations per request, want 0", format, allocs)
+		}
 	}
 }
