@@ -403,16 +403,20 @@ any error, 0 when clean (warnings do not fail). Flag errors exit 2.
 func validateCommand(args []string, stdout io.Writer) error {
 	var ps problems
 	now := time.Now()
+	rest := args
+	if len(rest) > 0 && rest[0] == "gateway" {
+		rest = rest[1:]
+	}
+	if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
+		_, _ = fmt.Fprint(stdout, validateUsage)
+	}
 	if len(args) > 0 && args[0] == "gateway" {
 		var o gatewayOptions
-		if err := parseCommand("validate gateway", args[1:], &o); err != nil {
+		if err := parseCommand("validate gateway", rest, &o); err != nil {
 			return err
 		}
 		ps = checkGateway(&o, true, now)
 	} else {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			_, _ = fmt.Fprint(stdout, validateUsage)
-		}
 		var o serveOptions
 		if err := parseCommand("validate", args, &o); err != nil {
 			return err
