@@ -480,10 +480,12 @@ func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64,
 		c.Logger.Warn("instance rejected", "class_uid", 5019, "index", rj.Index,
 			"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
 	}
-	if res.Installed+res.Changed+res.Withdrawn+res.Rejected > 0 {
+	if res.Installed+res.Changed+res.Withdrawn+res.Rejected+len(doc.Rejected) > 0 {
+		// rejected: instance entries refused by validation (their routes,
+		// if any were installed, are counted in rejected_routes).
 		c.Logger.Info("configuration applied", "source", source, "revision", doc.Revision,
 			"installed", res.Installed, "changed", res.Changed, "withdrawn", res.Withdrawn,
-			"rejected", res.Rejected, "kept", res.Kept)
+			"rejected", len(doc.Rejected), "rejected_routes", res.Rejected, "kept", res.Kept)
 	}
 	return nil
 }

@@ -174,7 +174,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 			if changed {
 				log.Info("routes file applied", "path", s.Path, "revision", doc.Revision,
 					"installed", res.Installed, "changed", res.Changed, "withdrawn", res.Withdrawn,
-					"rejected", res.Rejected, "kept", res.Kept)
+					"rejected", len(doc.Rejected), "rejected_routes", res.Rejected, "kept", res.Kept)
 			}
 		}
 		select {

@@ -1,11 +1,13 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,4 +112,51 @@ func TestFileSourceDeliveries(t *testing.T) {
 	}
 	writeAtomic(t, path, fmt.Sprintf(fileDoc, "r4"))
 	testutil.Eventually(t, 5*time.Second, "r4 applied", func() bool { a, _ := sink.snapshot(); return len(a) == 3 && a[2] == "r4" })
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFileSourceSummaryCountsRejected: the "routes file applied" summary
+// counts the instance entries that validation rejected, also on the first
+// read (it said rejected=0 right after the "instance rejected" warnings).
+func TestFileSourceSummaryCountsRejected(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.json")
+	writeAtomic(t, path, `{"revision":"r1","instances":[
+		{"workspace":"team","sandbox":"demo","services":[{"name":"web","port":8080}]},
+		{"workspace":"team","sandbox":"bad","services":[{"name":"web","port":0}]},
+		{"workspace":"team","sandbox":"worse","limitz":{}}]}`)
+	var logs lockedBuffer
+	src := &FileSource{Path: path, Sink: &countingSink{}, Refresh: time.Hour, Poll: 10 * time.Millisecond,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testutil.Eventually(t, 5*time.Second, "the summary line", func() bool {
+		return strings.Contains(logs.String(), `"msg":"routes file applied"`)
+	})
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"msg":"routes file applied"`) && !strings.Contains(line, `"rejected":2,`) {
+			t.Errorf("summary %s; want rejected 2", line)
+		}
+	}
+	if n := strings.Count(logs.String(), `"msg":"instance rejected"`); n != 2 {
+		t.Errorf("%d instance rejected warnings; want 2", n)
+	}
 }
