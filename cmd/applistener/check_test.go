@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // writePair writes a self-signed tls.crt/tls.key for names, valid from
@@ -253,5 +254,47 @@ func TestAdminPprofFlag(t *testing.T) {
 		}
 		a.Stop()
 		wg.Wait()
+	}
+}
+
+// applistener_build_info carries what `applistener version` prints, and
+// every command's registry has it.
+func TestBuildInfoMetric(t *testing.T) {
+	b := buildInfo{Version: "v1.2.3", Revision: "abc123", Modified: true, GoVersion: "go1.26.0"}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildInfoGauge(b))
+	want := `
+# HELP applistener_build_info Always 1; its labels are the version, VCS revision and Go version of the running binary.
+# TYPE applistener_build_info gauge
+applistener_build_info{goversion="go1.26.0",revision="abc123-dirty",version="v1.2.3"} 1
+`
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want), "applistener_build_info"); err != nil {
+		t.Error(err)
+	}
+	b.Revision, b.Modified = "", false
+	reg = prometheus.NewRegistry()
+	reg.MustRegister(buildInfoGauge(b))
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(strings.Replace(want, "abc123-dirty", "unknown", 1)), "applistener_build_info"); err != nil {
+		t.Error(err)
+	}
+
+	old := version
+	defer func() { version = old }()
+	version = "v9.8.7-test"
+	mfs, err := newRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{}
+	for _, mf := range mfs {
+		if mf.GetName() != "applistener_build_info" {
+			continue
+		}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+	}
+	if labels["version"] != "v9.8.7-test" || labels["goversion"] != readBuildInfo().GoVersion || labels["revision"] == "" {
+		t.Errorf("applistener_build_info labels %v", labels)
 	}
 }

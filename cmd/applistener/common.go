@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/internal/logsink"
@@ -99,4 +101,29 @@ func (a *adminServer) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = a.srv.Shutdown(ctx)
+}
+
+// newRegistry is a command's metrics registry: Go runtime and process
+// metrics and applistener_build_info.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(buildInfoGauge(readBuildInfo()))
+	return reg
+}
+
+// buildInfoGauge is applistener_build_info{version,revision,goversion} = 1,
+// the same values `applistener version` prints (revision "unknown" when the
+// build has no VCS information, with a "-dirty" suffix for a modified tree).
+func buildInfoGauge(b buildInfo) prometheus.Collector {
+	revision := cmp.Or(b.Revision, "unknown")
+	if b.Modified {
+		revision += "-dirty"
+	}
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "applistener_build_info",
+		Help: "Always 1; its labels are the version, VCS revision and Go version of the running binary.",
+	}, []string{"version", "revision", "goversion"})
+	g.WithLabelValues(b.Version, revision, b.GoVersion).Set(1)
+	return g
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/edge"
@@ -122,8 +121,7 @@ func edgeCommand(args []string, stderr io.Writer) error {
 // runEdge serves the edge until ctx ends, then drains. onStarted, if not
 // nil, is told the bound addresses.
 func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *logsink.Writer, onStarted func(addr, admin string)) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	if sink != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",

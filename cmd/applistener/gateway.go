@@ -17,9 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -213,8 +210,7 @@ const gatewayTLSPoll = 500 * time.Millisecond
 // and shuts the server down. onStarted, if not nil, is told the bound
 // address.
 func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onStarted func(addr string)) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	var etcd *gateway.EtcdConfig
 	if o.store == "etcd" {
 		etcd = &gateway.EtcdConfig{

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control/api"
@@ -365,8 +364,7 @@ type started func(app, admin string)
 // runSupervisor wires the supervisor and runs it until ctx ends, then
 // drains. hup triggers a certificate reload.
 func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, sink *logsink.Writer, hup <-chan os.Signal, onStart started) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	if sink != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",

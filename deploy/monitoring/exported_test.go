@@ -160,6 +160,7 @@ func scrapeAll(t *testing.T) *metricSet {
 		"--drain-timeout", "1s")
 	defer serve.stop()
 	waitMetric(t, serve, serveAdmin, "applistener_routes 2")
+	waitMetric(t, serve, serveAdmin, buildInfoPrefix)
 
 	// Traffic: a request served (2xx, a dial that succeeds, per-instance
 	// series), one to an app that is not listening (5xx, a failed dial),
@@ -224,10 +225,17 @@ func scrapeAll(t *testing.T) *metricSet {
 	defer edge.stop()
 	waitMetric(t, gw, gwAdmin, "applistener_gateway_discovery_watchers 1")
 	waitMetric(t, edge, edgeAdmin, "applistener_edge_discovery_updates_total ")
+	// Every command exports applistener_build_info.
+	waitMetric(t, gw, gwAdmin, buildInfoPrefix)
+	waitMetric(t, edge, edgeAdmin, buildInfoPrefix)
 	parseExposition(m, scrape(t, gw, gwAdmin))
 	parseExposition(m, scrape(t, edge, edgeAdmin))
 	return m
 }
+
+// buildInfoPrefix starts the applistener_build_info line (labels in
+// exposition order: goversion, revision, version).
+const buildInfoPrefix = `applistener_build_info{goversion="go`
 
 // process is a started applistener command with its output.
 type process struct {
