@@ -4,11 +4,15 @@ import (
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
@@ -52,6 +56,12 @@ func (h *recordingHandler) handedOff() []handed {
 // team--demo--web.apps.test.
 func newTestListener(t *testing.T) (*Listener, *recordingHandler, *tlsconf.Authority) {
 	t.Helper()
+	return newTestListenerWith(t, nil)
+}
+
+// newTestListenerWith is newTestListener with its metrics in reg.
+func newTestListenerWith(t *testing.T, reg prometheus.Registerer) (*Listener, *recordingHandler, *tlsconf.Authority) {
+	t.Helper()
 	testutil.VerifyNone(t)
 	ca, err := tlsconf.NewAuthority("listener test CA")
 	if err != nil {
@@ -81,6 +91,7 @@ func newTestListener(t *testing.T) (*Listener, *recordingHandler, *tlsconf.Autho
 	l := New(ln, Config{
 		TLS:    &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12},
 		Routes: table, Handler: h, HandshakeTimeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler),
+		Registerer: reg,
 	})
 	served := make(chan error, 1)
 	go func() { served <- l.Serve() }()
@@ -155,5 +166,94 @@ func TestUnknownNameRefusedBeforeTheHandler(t *testing.T) {
 	}
 	if n := len(h.handedOff()); n != 0 {
 		t.Errorf("%d connections handed to the handler", n)
+	}
+}
+
+// pausedWriter pauses after the first 5 bytes of its first Write: the
+// ClientHello reaches the listener in two parts, pause apart.
+type pausedWriter struct {
+	net.Conn
+	pause time.Duration
+	once  sync.Once
+}
+
+func (p *pausedWriter) Write(b []byte) (int, error) {
+	var n int
+	p.once.Do(func() {
+		if len(b) > 5 {
+			n, _ = p.Conn.Write(b[:5])
+			time.Sleep(p.pause)
+		}
+	})
+	m, err := p.Conn.Write(b[n:])
+	return n + m, err
+}
+
+// handshakeHistogram returns the sample count and sum of
+// applistener_tls_handshake_seconds and its bucket bounds.
+func handshakeHistogram(t *testing.T, g prometheus.Gatherer) (count uint64, sum float64, bounds []float64) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "applistener_tls_handshake_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		for _, b := range h.GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		return h.GetSampleCount(), h.GetSampleSum(), bounds
+	}
+	t.Fatal("no applistener_tls_handshake_seconds")
+	return 0, 0, nil
+}
+
+// TestHandshakeSeconds: applistener_tls_handshake_seconds observes each
+// completed handshake from accept on, so a slow ClientHello counts; a
+// refused name and a failed handshake are not observed.
+func TestHandshakeSeconds(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l, h, ca := newTestListenerWith(t, reg)
+	name := "team--demo--web." + testDomain
+	tc, err := tls.Dial("tcp", l.Addr().String(), &tls.Config{ServerName: name, RootCAs: ca.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tc.Close()
+	const pause = 200 * time.Millisecond
+	raw, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := tls.Client(&pausedWriter{Conn: raw, pause: pause}, &tls.Config{ServerName: name, RootCAs: ca.Pool()})
+	if err := slow.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	_ = slow.Close()
+	// Refused: no route for the name. Failed: the client does not trust
+	// the certificate and aborts.
+	if c, err := tls.Dial("tcp", l.Addr().String(), &tls.Config{ServerName: "team--other--web." + testDomain, RootCAs: ca.Pool()}); err == nil {
+		_ = c.Close()
+		t.Fatal("handshake for an unknown name succeeded")
+	}
+	if c, err := tls.Dial("tcp", l.Addr().String(), &tls.Config{ServerName: name}); err == nil {
+		_ = c.Close()
+		t.Fatal("handshake with an untrusted certificate succeeded")
+	}
+	testutil.Eventually(t, 5*time.Second, "two handoffs and the failed handshake counted", func() bool {
+		return len(h.handedOff()) == 2 && promtestutil.ToFloat64(l.m.rejections.WithLabelValues("handshake")) == 1
+	})
+	count, sum, bounds := handshakeHistogram(t, reg)
+	if count != 2 {
+		t.Errorf("%d handshakes observed, want 2 (completed only)", count)
+	}
+	if sum < pause.Seconds() || sum > 5 {
+		t.Errorf("sum %.4fs; want at least the %v ClientHello pause", sum, pause)
+	}
+	if len(bounds) < 10 || math.Abs(bounds[0]-100e-6) > 1e-9 || math.Abs(bounds[len(bounds)-1]-10) > 1e-9 {
+		t.Errorf("buckets %v; want 100 µs … 10 s", bounds)
 	}
 }
