@@ -261,6 +261,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(store.ExpiryCollector())
 		wg.Go(func() { store.Watch(bg, gatewayTLSPoll) })
 		srv.TLSConfig = tlsconf.ServerConfig(store.GetCertificate, []string{"h2", "http/1.1"})
 		rot := tlsconf.NewTicketKeyRotator(srv.TLSConfig, time.Hour)

@@ -274,8 +274,10 @@ func watchParentLiveness(ctx context.Context, stdin io.Reader, logger *slog.Logg
 // appTLSConfig builds the app listener's TLS configuration: the TLS Secret
 // directory (hot reload, SIGHUP) and/or managed certificates obtained on
 // demand for installed routes only, ECDSA preferred, session tickets with
-// rotating keys. Its goroutines are owned by wg and end with ctx.
-func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, table *routes.Table, boundAddr string, hup <-chan os.Signal, logger *slog.Logger) (*tls.Config, error) {
+// rotating keys. Its goroutines are owned by wg and end with ctx. The TLS
+// directory's certificate expiry is exported to reg.
+func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, table *routes.Table, boundAddr string, hup <-chan os.Signal,
+	reg prometheus.Registerer, logger *slog.Logger) (*tls.Config, error) {
 	var sources []func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	protos := []string{"http/1.1"}
 	if o.appHTTP2 {
@@ -322,6 +324,7 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 		if err != nil {
 			return nil, err
 		}
+		reg.MustRegister(store.ExpiryCollector())
 		wg.Go(func() { store.Watch(ctx, o.certPoll) })
 		wg.Go(func() {
 			for {
@@ -419,7 +422,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 
 	var appLn *listener.Listener
 	if o.appListener {
-		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, logger)
+		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, reg, logger)
 		if err != nil {
 			_ = ln.Close()
 			adm.Stop()

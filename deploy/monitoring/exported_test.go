@@ -161,6 +161,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	defer serve.stop()
 	waitMetric(t, serve, serveAdmin, "applistener_routes 2")
 	waitMetric(t, serve, serveAdmin, buildInfoPrefix)
+	waitMetric(t, serve, serveAdmin, `applistener_certificate_expiry_timestamp_seconds{name="*.`+domain+`"} `)
 
 	// Traffic: a request served (2xx, a dial that succeeds, per-instance
 	// series), one to an app that is not listening (5xx, a failed dial),
