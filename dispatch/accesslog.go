@@ -212,6 +212,7 @@ func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
 	if s.noObserve {
 		return
 	}
+	ci.route.Instance.CountBytes(r.bytesIn, r.bytesOut)
 	end := time.Now()
 	d := end.Sub(r.start)
 	if r.status == 0 {

@@ -209,6 +209,15 @@ func TestAccessLogOneLinePerRequest(t *testing.T) {
 			if _, ok := first["reason"]; ok {
 				t.Errorf("an answered request has a reason: %v", first)
 			}
+			// The instance's byte counters hold what the records say.
+			var sumIn, sumOut uint64
+			for _, r := range out.records(t, "", nil) {
+				sumIn += uint64(r["bytes_in"].(float64))
+				sumOut += uint64(r["bytes_out"].(float64))
+			}
+			if toApp, toClient := e.table.Lookup(h2WebHost).Instance.Bytes(); toApp != sumIn || toClient != sumOut || toApp != 5 {
+				t.Errorf("instance bytes to_app %d, to_client %d; want %d (5), %d", toApp, toClient, sumIn, sumOut)
+			}
 			for _, s := range []string{"secret", "token", "cookievalue", "session", "authvalue", "Bearer", "?"} {
 				if strings.Contains(out.text(), s) {
 					t.Errorf("the access log holds %q:\n%s", s, out.text())
@@ -305,6 +314,9 @@ func TestAccessLogWebSocket(t *testing.T) {
 	}
 	if wantOut := float64(payload + 2*frames + 4); outB != wantOut {
 		t.Errorf("bytes_out = %v, want %v", outB, wantOut)
+	}
+	if toApp, toClient := e.table.Lookup(host).Instance.Bytes(); toApp != uint64(payload+6*frames+8) || toClient != uint64(payload+2*frames+4) {
+		t.Errorf("instance bytes to_app %d, to_client %d; want %d, %d", toApp, toClient, payload+6*frames+8, payload+2*frames+4)
 	}
 	if strings.Contains(out.text(), "secret") {
 		t.Errorf("query logged: %s", out.text())

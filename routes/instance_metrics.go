@@ -24,6 +24,7 @@ type instanceCollector struct {
 	max      *prometheus.Desc
 	requests *prometheus.Desc
 	limited  *prometheus.Desc
+	bytes    *prometheus.Desc
 }
 
 func newInstanceCollector(t *Table) *instanceCollector {
@@ -34,6 +35,8 @@ func newInstanceCollector(t *Table) *instanceCollector {
 		max:      prometheus.NewDesc("applistener_instance_max_streams", "Stream limit of an instance (0: none).", labels, nil),
 		requests: prometheus.NewDesc("applistener_instance_requests_total", "Requests admitted for an instance.", labels, nil),
 		limited:  prometheus.NewDesc("applistener_instance_limit_rejections_total", "Requests refused with 503 because the instance was at max_streams.", labels, nil),
+		bytes: prometheus.NewDesc("applistener_instance_bytes_total", "Body and stream bytes relayed for an instance, by direction (to_app, to_client), counted when each request or WebSocket ends.",
+			[]string{"workspace", "sandbox", "direction"}, nil),
 	}
 }
 
@@ -43,6 +46,7 @@ func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.max
 	ch <- c.requests
 	ch <- c.limited
+	ch <- c.bytes
 }
 
 // Collect implements prometheus.Collector.
@@ -62,12 +66,14 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		return strings.Compare(a.Key.Sandbox, b.Key.Sandbox)
 	})
 	limit := c.t.opts.MaxInstanceLabels
-	var oActive, oMax, oReq, oLim float64
+	var oActive, oMax, oReq, oLim, oApp, oClient float64
 	for n, i := range list {
 		active, max := float64(i.active.Load()), float64(i.maxStreams.Load())
 		req, lim := float64(i.requests.Load()), float64(i.limited.Load())
+		toApp, toClient := float64(i.bytesToApp.Load()), float64(i.bytesToClient.Load())
 		if n >= limit {
 			oActive, oMax, oReq, oLim = oActive+active, oMax+max, oReq+req, oLim+lim
+			oApp, oClient = oApp+toApp, oClient+toClient
 			continue
 		}
 		ws, sb := i.Key.Workspace, i.Key.Sandbox
@@ -75,11 +81,15 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, max, ws, sb)
 		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, req, ws, sb)
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, lim, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toApp, ws, sb, "to_app")
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toClient, ws, sb, "to_client")
 	}
 	if len(list) > limit {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, oActive, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, oMax, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, oReq, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, oLim, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oApp, otherLabel, otherLabel, "to_app")
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oClient, otherLabel, otherLabel, "to_client")
 	}
 }

@@ -46,6 +46,10 @@ type Instance struct {
 	idleTimeout atomic.Int64 // nanoseconds; 0: the supervisor's default
 	requests    atomic.Uint64
 	limited     atomic.Uint64
+	// Bytes relayed for the instance's requests and WebSockets, counted
+	// when each ends (CountBytes).
+	bytesToApp    atomic.Uint64
+	bytesToClient atomic.Uint64
 }
 
 // IdleTimeout is the instance's idle timeout for client connections and
@@ -54,6 +58,25 @@ func (i *Instance) IdleTimeout() time.Duration { return time.Duration(i.idleTime
 
 // CountRequest counts one request answered for the instance.
 func (i *Instance) CountRequest() { i.requests.Add(1) }
+
+// CountBytes counts the body and stream bytes of one ended request or
+// WebSocket of the instance: toApp from the client, toClient from the app.
+func (i *Instance) CountBytes(toApp, toClient int64) {
+	if i == nil {
+		return
+	}
+	if toApp > 0 {
+		i.bytesToApp.Add(uint64(toApp))
+	}
+	if toClient > 0 {
+		i.bytesToClient.Add(uint64(toClient))
+	}
+}
+
+// Bytes returns the bytes counted by CountBytes so far.
+func (i *Instance) Bytes() (toApp, toClient uint64) {
+	return i.bytesToApp.Load(), i.bytesToClient.Load()
+}
 
 // Acquire takes one stream slot; it returns false when the instance is at
 // its max_streams limit.

@@ -1,0 +1,63 @@
+package routes
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestInstanceBytesMetric: applistener_instance_bytes_total has a series
+// per direction for the first MaxInstanceLabels instances with traffic (in
+// key order) and sums the rest under workspace="_other"; the counters
+// survive a renewal of the instance's routes.
+func TestInstanceBytesMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	table := NewTable(Options{Domain: tbDomain, Freshness: time.Hour, MaxInstanceLabels: 2, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	defer table.Close()
+	doc := `{"revision":"r","instances":[` +
+		`{"workspace":"a","sandbox":"one","generation":"1","services":[{"name":"web","port":8080,"revision":1}]},` +
+		`{"workspace":"b","sandbox":"two","generation":"1","services":[{"name":"web","port":8080,"revision":1}]},` +
+		`{"workspace":"c","sandbox":"three","generation":"1","services":[{"name":"web","port":8080,"revision":1}]},` +
+		`{"workspace":"d","sandbox":"four","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}]}`
+	apply := func() {
+		t.Helper()
+		d, err := ParseDocument([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		table.Apply(d)
+	}
+	apply()
+	count := func(ws, sb string, toApp, toClient int64) {
+		t.Helper()
+		r := table.Lookup(Hostname(ws, sb, "web", tbDomain))
+		if r == nil {
+			t.Fatalf("no route for %s/%s", ws, sb)
+		}
+		r.Instance.CountRequest()
+		r.Instance.CountBytes(toApp, toClient)
+	}
+	count("a", "one", 10, 100)
+	count("b", "two", 20, 200)
+	count("c", "three", 30, 300)
+	count("d", "four", 40, 400)
+	count("a", "one", 1, -1) // a negative count (nothing relayed) adds nothing
+	apply()                  // a renewal keeps the counters
+	want := `
+# HELP applistener_instance_bytes_total Body and stream bytes relayed for an instance, by direction (to_app, to_client), counted when each request or WebSocket ends.
+# TYPE applistener_instance_bytes_total counter
+applistener_instance_bytes_total{direction="to_app",sandbox="one",workspace="a"} 11
+applistener_instance_bytes_total{direction="to_client",sandbox="one",workspace="a"} 100
+applistener_instance_bytes_total{direction="to_app",sandbox="two",workspace="b"} 20
+applistener_instance_bytes_total{direction="to_client",sandbox="two",workspace="b"} 200
+applistener_instance_bytes_total{direction="to_app",sandbox="_other",workspace="_other"} 70
+applistener_instance_bytes_total{direction="to_client",sandbox="_other",workspace="_other"} 700
+`
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want), "applistener_instance_bytes_total"); err != nil {
+		t.Error(err)
+	}
+}
