@@ -205,16 +205,20 @@ func tlsVersionOf(conn any) uint16 {
 	return 0
 }
 
-// endRequest observes the request's histograms and writes its access-log
-// line.
+// endRequest counts the request in its instance's usage, observes the
+// request's histograms and writes its access-log line.
 func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
 	r.open = false
 	if s.noObserve {
 		return
 	}
-	ci.route.Instance.CountBytes(r.bytesIn, r.bytesOut)
 	end := time.Now()
 	d := end.Sub(r.start)
+	var ws time.Duration
+	if r.proto == protoWS {
+		ws = d
+	}
+	ci.route.Instance.CountEnded(r.bytesIn, r.bytesOut, ws, end)
 	if r.status == 0 {
 		r.status = statusClientClosed
 		r.outcome = outcomeAborted

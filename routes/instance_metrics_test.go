@@ -39,7 +39,7 @@ func TestInstanceBytesMetric(t *testing.T) {
 			t.Fatalf("no route for %s/%s", ws, sb)
 		}
 		r.Instance.CountRequest()
-		r.Instance.CountBytes(toApp, toClient)
+		r.Instance.CountEnded(toApp, toClient, 0, time.Now())
 	}
 	count("a", "one", 10, 100)
 	count("b", "two", 20, 200)

@@ -47,9 +47,11 @@ type Instance struct {
 	requests    atomic.Uint64
 	limited     atomic.Uint64
 	// Bytes relayed for the instance's requests and WebSockets, counted
-	// when each ends (CountBytes).
+	// when each ends (CountEnded).
 	bytesToApp    atomic.Uint64
 	bytesToClient atomic.Uint64
+	wsNanos       atomic.Int64 // WebSocket lifetimes, counted when each ends
+	lastActivity  atomic.Int64 // unix nanos of the last ended request or WebSocket
 }
 
 // IdleTimeout is the instance's idle timeout for client connections and
@@ -59,11 +61,16 @@ func (i *Instance) IdleTimeout() time.Duration { return time.Duration(i.idleTime
 // CountRequest counts one request answered for the instance.
 func (i *Instance) CountRequest() { i.requests.Add(1) }
 
-// CountBytes counts the body and stream bytes of one ended request or
-// WebSocket of the instance: toApp from the client, toClient from the app.
-func (i *Instance) CountBytes(toApp, toClient int64) {
+// CountEnded counts one ended request or WebSocket of the instance: its
+// body and stream bytes (toApp from the client, toClient from the app), the
+// WebSocket's lifetime (0 for a request) and the time it ended.
+func (i *Instance) CountEnded(toApp, toClient int64, ws time.Duration, end time.Time) {
 	if i == nil {
 		return
+	}
+	i.lastActivity.Store(end.UnixNano())
+	if ws > 0 {
+		i.wsNanos.Add(int64(ws))
 	}
 	if toApp > 0 {
 		i.bytesToApp.Add(uint64(toApp))
@@ -73,7 +80,7 @@ func (i *Instance) CountBytes(toApp, toClient int64) {
 	}
 }
 
-// Bytes returns the bytes counted by CountBytes so far.
+// Bytes returns the bytes counted by CountEnded so far.
 func (i *Instance) Bytes() (toApp, toClient uint64) {
 	return i.bytesToApp.Load(), i.bytesToClient.Load()
 }
@@ -211,6 +218,9 @@ type Options struct {
 	Clock             Clock        // SystemClock when nil
 	Logger            *slog.Logger // slog.Default() when nil
 	Registerer        prometheus.Registerer
+	// UsageRetention is how long Usage still reports a withdrawn instance
+	// (DefaultUsageRetention when 0).
+	UsageRetention time.Duration
 }
 
 // Table is the route table. Lookups are lock-free loads of an immutable
@@ -230,8 +240,12 @@ type Table struct {
 	closed    bool
 	version   uint64
 	instances map[InstanceKey]*Instance
-	lastDoc   *Document
-	timer     Timer
+	// retired holds withdrawn instances for UsageRetention, so that
+	// /v1/usage reports their final counts; a re-installed instance takes
+	// its counters back.
+	retired map[InstanceKey]retiredInstance
+	lastDoc *Document
+	timer   Timer
 }
 
 // NewTable returns an empty table.
@@ -251,6 +265,10 @@ func NewTable(opts Options) *Table {
 		log:       opts.Logger,
 		metrics:   newTableMetrics(opts.Registerer),
 		instances: make(map[InstanceKey]*Instance),
+		retired:   make(map[InstanceKey]retiredInstance),
+	}
+	if t.opts.UsageRetention <= 0 {
+		t.opts.UsageRetention = DefaultUsageRetention
 	}
 	if opts.MaxInstanceLabels <= 0 {
 		t.opts.MaxInstanceLabels = 1000
@@ -443,7 +461,12 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		seenInstances[key] = true
 		inst := t.instances[key]
 		if inst == nil {
-			inst = &Instance{Key: key}
+			if r, ok := t.retired[key]; ok {
+				inst = r.inst // back within the retention: counters continue
+				delete(t.retired, key)
+			} else {
+				inst = &Instance{Key: key}
+			}
 			t.instances[key] = inst
 		}
 		limit := spec.Limits.MaxStreams
@@ -508,11 +531,17 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		revs = append(revs, revocation{r, cause, len(events)})
 		events = append(events, Event{Kind: kind, Host: host, Port: r.Port, Version: r.InstallationVersion, Reason: reason})
 	}
+	retiredSome := false
 	for key := range t.instances {
 		y.step()
 		if !seenInstances[key] {
+			t.retired[key] = retiredInstance{t.instances[key], t.clock.Now()}
 			delete(t.instances, key)
+			retiredSome = true
 		}
+	}
+	if retiredSome {
+		t.pruneRetiredLocked(t.clock.Now())
 	}
 	t.snap.Store(&Snapshot{byHost: next, Revision: doc.Revision})
 	t.lastDoc = doc

@@ -535,7 +535,10 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			advWG.Go(func() { adv.Run(advCtx) })
 		}
 	}
-	adm.start(&wg, logger, map[string]http.Handler{"GET /v1/installations": supervisor.InstallationsHandler(table, endpoint)})
+	adm.start(&wg, logger, map[string]http.Handler{
+		"GET /v1/installations": supervisor.InstallationsHandler(table, endpoint),
+		"GET /v1/usage":         supervisor.UsageHandler(table),
+	})
 	var health *admin.HealthListener
 	if o.healthAddress != "" {
 		health = admin.NewHealthListener(o.healthAddress, logger)

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -201,6 +202,11 @@ func scrapeAll(t *testing.T) *metricSet {
 	}
 	// Per-instance series exist while the instance is installed.
 	waitMetric(t, serve, serveAdmin, `applistener_instance_requests_total{`)
+	// GET /v1/usage (serve's admin address) lists the instance with the
+	// bytes it served ("hello" to the one answered request).
+	testutil.Eventually(t, startupWithin, "GET /v1/usage to report team/demo\n"+serve.log(), func() bool {
+		return usageBytesOut(serveAdmin, "team", "demo") >= int64(len("hello"))
+	})
 	parseExposition(m, scrape(t, serve, serveAdmin))
 	// Withdraw the instance: its routes are revoked.
 	writeFile(t, routesFile, `{"revision":"r2","instances":[]}`)
@@ -232,6 +238,33 @@ func scrapeAll(t *testing.T) *metricSet {
 	parseExposition(m, scrape(t, gw, gwAdmin))
 	parseExposition(m, scrape(t, edge, edgeAdmin))
 	return m
+}
+
+// usageBytesOut returns bytes_out of workspace/sandbox in GET /v1/usage
+// (-1 when it is not listed or the request fails).
+func usageBytesOut(admin, workspace, sandbox string) int64 {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + admin + "/v1/usage")
+	if err != nil {
+		return -1
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var u struct {
+		Instances []struct {
+			Workspace string `json:"workspace"`
+			Sandbox   string `json:"sandbox"`
+			BytesOut  int64  `json:"bytes_out"`
+		} `json:"instances"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&u) != nil {
+		return -1
+	}
+	for _, i := range u.Instances {
+		if i.Workspace == workspace && i.Sandbox == sandbox {
+			return i.BytesOut
+		}
+	}
+	return -1
 }
 
 // buildInfoPrefix starts the applistener_build_info line (labels in

@@ -1,0 +1,88 @@
+package routes
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// DefaultUsageRetention is how long Usage reports a withdrawn instance.
+const DefaultUsageRetention = 15 * time.Minute
+
+type retiredInstance struct {
+	inst *Instance
+	at   time.Time
+}
+
+// InstanceUsage is the traffic of one instance since it was installed:
+// monotonic counters that survive renewals (and a withdrawal followed by a
+// re-install within the retention). Requests and WebSockets are counted
+// when they end.
+type InstanceUsage struct {
+	Workspace        string     `json:"workspace"`
+	Sandbox          string     `json:"sandbox"`
+	BytesIn          uint64     `json:"bytes_in"`  // body and stream bytes from clients to the app
+	BytesOut         uint64     `json:"bytes_out"` // from the app to clients
+	Requests         uint64     `json:"requests"`  // requests admitted, WebSocket upgrades included
+	WebSocketSeconds float64    `json:"websocket_seconds"`
+	LastActivity     *time.Time `json:"last_activity"` // end of the last request or WebSocket; null if none
+	Installed        bool       `json:"installed"`
+	WithdrawnAt      *time.Time `json:"withdrawn_at,omitempty"`
+}
+
+// Usage returns the usage of every installed instance and of the instances
+// withdrawn less than UsageRetention ago, in key order. It is not bounded
+// by MaxInstanceLabels.
+func (t *Table) Usage() []InstanceUsage {
+	now := t.clock.Now()
+	t.mu.Lock()
+	type entry struct {
+		inst      *Instance
+		withdrawn *time.Time
+	}
+	list := make([]entry, 0, len(t.instances)+len(t.retired))
+	for _, i := range t.instances {
+		list = append(list, entry{inst: i})
+	}
+	t.pruneRetiredLocked(now)
+	for _, r := range t.retired {
+		at := r.at.UTC()
+		list = append(list, entry{r.inst, &at})
+	}
+	t.mu.Unlock()
+	out := make([]InstanceUsage, 0, len(list))
+	for _, e := range list {
+		i := e.inst
+		u := InstanceUsage{
+			Workspace: i.Key.Workspace, Sandbox: i.Key.Sandbox,
+			BytesIn: i.bytesToApp.Load(), BytesOut: i.bytesToClient.Load(),
+			Requests:         i.requests.Load(),
+			WebSocketSeconds: time.Duration(i.wsNanos.Load()).Seconds(),
+			Installed:        e.withdrawn == nil,
+			WithdrawnAt:      e.withdrawn,
+		}
+		if ns := i.lastActivity.Load(); ns != 0 {
+			at := time.Unix(0, ns).UTC()
+			u.LastActivity = &at
+		}
+		out = append(out, u)
+	}
+	slices.SortFunc(out, func(a, b InstanceUsage) int {
+		if n := strings.Compare(a.Workspace, b.Workspace); n != 0 {
+			return n
+		}
+		return strings.Compare(a.Sandbox, b.Sandbox)
+	})
+	return out
+}
+
+// pruneRetiredLocked forgets the instances withdrawn UsageRetention ago
+// or earlier (on every withdrawal and every Usage call, so that churn
+// without readers stays bounded by the retention).
+func (t *Table) pruneRetiredLocked(now time.Time) {
+	for key, r := range t.retired {
+		if now.Sub(r.at) >= t.opts.UsageRetention {
+			delete(t.retired, key)
+		}
+	}
+}
