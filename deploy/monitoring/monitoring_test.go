@@ -32,8 +32,7 @@ const (
 // externalMetrics are metrics of other exporters that the rules may use;
 // every other name must be one the applistener binary exports.
 var externalMetrics = map[string]string{
-	"certmanager_certificate_expiration_timestamp_seconds": "cert-manager: applistener exports no certificate expiry yet",
-	"kube_pod_status_ready":                                "kube-state-metrics: the readiness the health listener drives",
+	"kube_pod_status_ready": "kube-state-metrics: the readiness the health listener drives",
 }
 
 // afterTrafficOnly are applistener metrics that exist only once a rare
@@ -56,7 +55,7 @@ var requiredRuleMetrics = []string{
 	"kube_pod_status_ready",                             // supervisor not ready
 	"applistener_revocation_close_seconds_bucket",       // revocation latency
 	"applistener_requests_total",                        // 5xx ratio
-	"certmanager_certificate_expiration_timestamp_seconds",
+	"applistener_certificate_expiry_timestamp_seconds",
 	"applistener_log_lines_dropped_total",
 	"applistener_client_connections_active", // listener saturation
 	"applistener_gateway_store_up",
