@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,8 +234,7 @@ func (c *clientConn) deny(d denial) bool {
 		// asked to close gets it.
 		d.close = true
 	}
-	c.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
-	c.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
+	c.s.m.denied(d.status)
 	c.logDenial(d.status, d.reason)
 	accept := c.req.accept
 	if c.detached != nil {

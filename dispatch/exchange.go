@@ -239,7 +239,7 @@ func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut boo
 	}
 	x.bytesOut = n
 	x.s.m.bytesToClient.Add(float64(n))
-	x.s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
+	x.s.m.request(resp.status)
 	return err
 }
 

@@ -55,8 +55,7 @@ func (hc *h2Conn) Revoke(cause error) {
 // first one) did not arrive within the head timeout.
 func (hc *h2Conn) headTimedOut() {
 	s := hc.s
-	s.m.requests.WithLabelValues(statusClass(408)).Inc()
-	s.m.denials.WithLabelValues("408").Inc()
+	s.m.denied(408)
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
 		s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
 			slog.Int("class_uid", 4002),

@@ -260,7 +260,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	if err == nil {
 		err = x.copyBody(h2BodyWriter{st}, nil, st.flush, false)
 	} else {
-		s.m.requests.WithLabelValues(statusClass(resp.status)).Inc()
+		s.m.request(resp.status)
 	}
 	if err != nil {
 		st.rec.outcome = outcomeAborted
@@ -407,8 +407,7 @@ func (e *h2ClientBodyError) Unwrap() error { return e.err }
 // streams are done).
 func (st *h2Stream) deny(d denial) {
 	st.rec.denied(d)
-	st.s.m.requests.WithLabelValues(statusClass(d.status)).Inc()
-	st.s.m.denials.WithLabelValues(strconv.Itoa(d.status)).Inc()
+	st.s.m.denied(d.status)
 	st.logDenial(d.status, d.reason)
 	if st.s.draining.Load() {
 		d.close = true

@@ -1,10 +1,18 @@
 package dispatch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	requests         *prometheus.CounterVec
 	denials          *prometheus.CounterVec
+	// requestsByCode and denialsByCode are requests and denials by code
+	// (see request and denied).
+	requestsByCode, denialsByCode byCode
 	connsActive      prometheus.Gauge
 	streamsActive    prometheus.Gauge
 	websocketsActive prometheus.Gauge
@@ -35,11 +43,11 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 	}, []string{"direction"})
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "applistener_requests_total", Help: "Requests answered, by status class.",
+			Name: "applistener_requests_total", Help: "Requests answered, by status code (code: the three digits, as every applistener metric labels a status).",
 		}, []string{"code"}),
 		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_request_denials_total", Help: "Requests refused by the listener itself, by status code.",
-		}, []string{"status"}),
+		}, []string{"code"}),
 		connsActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "applistener_client_connections_active", Help: "Client connections being served.",
 		}),
@@ -67,6 +75,7 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Help: "Set-Cookie Domain attributes removed because they named more than the request's host.",
 		}),
 	}
+	m.requestsByCode.vec, m.denialsByCode.vec = m.requests, m.denials
 	reqDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "applistener_request_duration_seconds",
 		Help:    "Requests from the complete request head to the end of the answer (WebSockets: to their end), by protocol (h1, h2, ws) and outcome (ok, denied, upstream_error, aborted).",
@@ -104,16 +113,51 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 	return m
 }
 
-func statusClass(code int) string {
-	switch code / 100 {
-	case 1:
-		return "1xx"
-	case 2:
-		return "2xx"
-	case 3:
-		return "3xx"
-	case 4:
-		return "4xx"
+// maxStatusCode is the largest status code a metric labels as itself;
+// anything outside 100–599 (an app's nonstandard status) is labelled "other".
+const maxStatusCode = 599
+
+// codeCounter is one series of a by-code counter, cached (see byCode).
+type codeCounter struct{ prometheus.Counter }
+
+// byCode caches the series of a CounterVec labelled only by code, one per
+// status, created on first use: counting an answer formats and hashes
+// nothing after the first time.
+type byCode struct {
+	vec    *prometheus.CounterVec
+	series [maxStatusCode + 1]atomic.Pointer[codeCounter]
+}
+
+// inc counts one answer with status code.
+func (b *byCode) inc(code int) {
+	if code < 100 || code > maxStatusCode {
+		code = 0 // "other"
 	}
-	return "5xx"
+	c := b.series[code].Load()
+	if c == nil {
+		b.series[code].CompareAndSwap(nil, &codeCounter{b.vec.WithLabelValues(codeLabel(code))})
+		c = b.series[code].Load()
+	}
+	c.Inc()
+}
+
+// codeLabel is the code label value of a status: its three digits, or
+// "other" outside 100–599. Every applistener metric that labels an HTTP
+// status does so this way (the promhttp convention), so code="503" and
+// code=~"5.." select the same answers on every metric.
+func codeLabel(code int) string {
+	if code < 100 || code > maxStatusCode {
+		return "other"
+	}
+	return strconv.Itoa(code)
+}
+
+// request counts an answer with status code in applistener_requests_total.
+func (m *metrics) request(code int) { m.requestsByCode.inc(code) }
+
+// denied counts a refusal by the listener itself with status code, in
+// applistener_request_denials_total and applistener_requests_total.
+func (m *metrics) denied(code int) {
+	m.requestsByCode.inc(code)
+	m.denialsByCode.inc(code)
 }

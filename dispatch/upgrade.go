@@ -55,7 +55,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 		c.s.m.websocketsActive.Dec()
 		c.s.m.bytesToApp.Add(float64(up.total))
 		c.s.m.bytesToClient.Add(float64(down.total))
-		c.s.m.requests.WithLabelValues("1xx").Inc()
+		c.s.m.request(101)
 		c.s.m.streamsActive.Dec()
 		inst.Release()
 		if release != nil {

@@ -313,11 +313,23 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			t.Errorf("no alert rule uses %s", n)
 		}
 	}
-	// The 5xx ratio matches code="5xx": the scrape after a 200 and a 502
-	// must show that convention (status classes, not codes).
+	// The 5xx ratio matches code=~"5..": the scrape after a 200 and a 502
+	// must show that convention (exact three-digit codes, as on every
+	// applistener metric that labels a status, not classes such as "5xx").
+	for _, name := range []string{"applistener_requests_total", "applistener_request_denials_total", "applistener_gateway_requests_total"} {
+		labels, _ := exported.labelsOf(name)
+		if len(labels["code"]) == 0 {
+			t.Errorf("%s has no code label values after traffic; labels %v", name, slices.Sorted(maps.Keys(labels)))
+		}
+		for v := range labels["code"] {
+			if len(v) != 3 || v[0] < '1' || v[0] > '5' || strings.Trim(v, "0123456789") != "" {
+				t.Errorf("%s{code=%q}: want a three-digit status code", name, v)
+			}
+		}
+	}
 	codes, _ := exported.labelsOf("applistener_requests_total")
-	if !codes["code"]["5xx"] || !codes["code"]["2xx"] {
-		t.Errorf(`ApplistenerHighErrorRatio matches applistener_requests_total{code="5xx"}, but after a 200 and a 502 the binary exports codes %v`, slices.Sorted(maps.Keys(codes["code"])))
+	if !codes["code"]["502"] || !codes["code"]["200"] {
+		t.Errorf(`ApplistenerHighErrorRatio matches applistener_requests_total{code=~"5.."}, but after a 200 and a 502 the binary exports codes %v`, slices.Sorted(maps.Keys(codes["code"])))
 	}
 }
 
@@ -341,7 +353,7 @@ func TestMetricCheckCatchesTypos(t *testing.T) {
 		}
 	}
 	for _, expr := range []string{
-		`sum(rate(applistener_requests_total{code="5xx"}[5m]))`,
+		`sum(rate(applistener_requests_total{code=~"5.."}[5m]))`,
 		`histogram_quantile(0.9, rate(applistener_revocation_close_seconds_bucket[5m]))`,
 		`applistener_gateway_store_up == 0`,
 		`applistener_edge_routes`,
