@@ -10,9 +10,6 @@ import (
 type metrics struct {
 	requests         *prometheus.CounterVec
 	denials          *prometheus.CounterVec
-	// requestsByCode and denialsByCode are requests and denials by code
-	// (see request and denied).
-	requestsByCode, denialsByCode byCode
 	connsActive      prometheus.Gauge
 	streamsActive    prometheus.Gauge
 	websocketsActive prometheus.Gauge
@@ -29,6 +26,10 @@ type metrics struct {
 	upstreamConnect   prometheus.Observer
 	upstreamFirstByte prometheus.Observer
 	accessLogDropped  prometheus.Counter
+
+	// requestsByCode and denialsByCode are requests and denials by code
+	// (see request and denied).
+	requestsByCode, denialsByCode byCode
 }
 
 // latencyBuckets fit sub-millisecond proxy latencies as well as slow apps:
