@@ -214,7 +214,7 @@ func discStartSup(t testing.TB, g *discGateway, pki *discPKI, id string, serial 
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
 			"--advertise-address", "127.0.0.1",
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
-			"--admin-address", admin, "--route-freshness", discFreshness.String(),
+			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", discFreshness.String(),
 			"--drain-timeout", "1s", "--log-format", "json"}
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 	return &discSup{proc: p, id: id, serial: strconv.FormatInt(serial, 10)}

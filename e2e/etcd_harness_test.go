@@ -973,7 +973,7 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
 			"--advertise-address", adv,
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
-			"--admin-address", admin, "--route-freshness", fresh.String(),
+			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", fresh.String(),
 			"--drain-timeout", "1s", "--log-format", "json"}, cfg.extra...)
 	}, ready)
 	return &cpSup{proc: p, id: cfg.id, tokenFile: tokenFile}

@@ -587,6 +587,9 @@ func startProc(t testing.TB, doc []byte, extra ...string) *proc {
 			if !containsFlag(extra, "--drain-timeout") {
 				args = append(args, "--drain-timeout", "3s")
 			}
+			if containsFlag(extra, "--mode") && !containsFlag(extra, "--address") { // --mode=shared requires a health listener
+				args = append(args, "--address", freeAddr(t))
+			}
 			return append(args, extra...)
 		},
 		ready:         func(*process) bool { return p.readyz() == http.StatusOK },

@@ -40,7 +40,7 @@ func TestServeAccessLogFlags(t *testing.T) {
 		}
 	}
 	// A struct built without flags (applistener dev) gets the default.
-	o := serveOptions{mode: "shared", routesFile: "routes.json", logFormat: "text", logLevel: "info", freshness: 30e9, maxHeaderBytes: 16 << 10}
+	o := serveOptions{mode: "shared", healthAddress: "127.0.0.1:0", routesFile: "routes.json", logFormat: "text", logLevel: "info", freshness: 30e9, maxHeaderBytes: 16 << 10}
 	if err := o.validate(); err != nil || o.accessLog != dispatch.AccessLogText {
 		t.Errorf("zero options: %v, access log %q", err, o.accessLog)
 	}

@@ -192,6 +192,28 @@ func TestValidateCommand(t *testing.T) {
 	}
 }
 
+// TestSharedModeRequiresHealthAddress: a shared host without --address
+// (the listener the platform probes) is a usage error, exit 2 with one
+// line that names the missing flag, for serve and validate alike; with it,
+// either configuration source is accepted.
+func TestSharedModeRequiresHealthAddress(t *testing.T) {
+	for _, cmd := range []string{"serve", "validate"} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{cmd, "--mode=shared", "--routes-file", "routes.json"}, &stdout, &stderr)
+		if code != 2 {
+			t.Errorf("%s --mode=shared without --address: exit %d, want 2", cmd, code)
+		}
+		out := stderr.String() + stdout.String()
+		if !strings.Contains(out, "--mode=shared requires --address") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+			t.Errorf("%s --mode=shared without --address: output %q, want one line naming --address", cmd, out)
+		}
+	}
+	o := serveOptions{mode: "shared", healthAddress: "127.0.0.1:0", routesFile: "routes.json", logFormat: "text", logLevel: "info", freshness: 30e9, maxHeaderBytes: 16 << 10}
+	if err := o.validate(); err != nil {
+		t.Errorf("shared mode with --address and a routes file: %v", err)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	old := version
 	defer func() { version = old }()

@@ -150,8 +150,12 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("gateway: %w", gwErr)
 	}
 
+	mode := "shared"
+	if *healthAddress == "" {
+		mode = "dedicated" // shared mode requires the health listener
+	}
 	o := serveOptions{
-		mode:              "shared",
+		mode:              mode,
 		appListener:       true,
 		appDomain:         *domain,
 		appAddress:        *appAddress,

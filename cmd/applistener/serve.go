@@ -129,7 +129,16 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 // validate checks the flags together; every problem is a usage error.
 func (o *serveOptions) validate() error {
 	switch o.mode {
-	case "dedicated", "shared":
+	case "dedicated":
+	case "shared":
+		// A shared host serves many sandboxes: the platform must be able
+		// to see whether it is ready (seed 002: --mode=shared with
+		// --gateway-endpoint and --address). Either configuration source
+		// stays allowed (DESIGN.md): a routes file written by a local
+		// agent is a legitimate source for a shared host too.
+		if o.healthAddress == "" {
+			return usagef("--mode=shared requires --address (the health listener the platform probes)")
+		}
 	default:
 		return usagef("--mode must be dedicated or shared, not %q", o.mode)
 	}
