@@ -59,6 +59,7 @@ const statusClientClosed = 499
 // valid until the next request) or strings.
 type accessRecord struct {
 	open      bool // a request is being handled (HTTP/1.1)
+	wsOpened  bool // upgraded counted the WebSocket open in its instance
 	proto     uint8
 	outcome   uint8
 	parsed    bool // method and path are known
@@ -76,6 +77,15 @@ type accessRecord struct {
 // begin resets r for a request of proto starting now.
 func (r *accessRecord) begin(proto uint8) {
 	*r = accessRecord{open: true, proto: proto, start: time.Now(), connect: -1, firstByte: -1}
+}
+
+// upgraded records that the request became a WebSocket of inst (status
+// 101, or 200 for an extended CONNECT), whose seconds the instance's usage
+// counts while it is open.
+func (r *accessRecord) upgraded(status int, inst *routes.Instance) {
+	r.proto, r.status, r.outcome = protoWS, status, outcomeOK
+	inst.WebSocketOpened(r.start)
+	r.wsOpened = true
 }
 
 // denied records the listener's own answer d.
@@ -209,6 +219,10 @@ func tlsVersionOf(conn any) uint16 {
 // request's histograms and writes its access-log line.
 func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
 	r.open = false
+	if r.wsOpened {
+		r.wsOpened = false
+		ci.route.Instance.WebSocketClosed(r.start)
+	}
 	if s.noObserve {
 		return
 	}

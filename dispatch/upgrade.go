@@ -43,7 +43,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	// The WebSocket's access-log record: the upgrade request's, with
 	// strings in place of the head's bytes (its buffer is reused).
 	rec, ci := c.rec, c.ci
-	rec.proto, rec.status, rec.outcome = protoWS, 101, outcomeOK
+	rec.upgraded(101, inst)
 	rec.timings(&c.x)
 	if rec.mb != nil {
 		rec.ms, rec.ps = string(rec.mb), string(pathPart(rec.pb))

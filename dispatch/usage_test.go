@@ -123,6 +123,11 @@ func TestUsageMatchesClientBytes(t *testing.T) {
 				t.Fatalf("echo: %d bytes, %v", len(got), err)
 			}
 		}
+		// While it is open, the usage shows it: one open WebSocket holding
+		// a stream slot, its seconds growing.
+		waitUsage(t, e.table, func(got routes.InstanceUsage) bool {
+			return got.WebSocketsOpen == 1 && got.ActiveStreams == 1 && got.WebSocketSeconds > 0
+		})
 		_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 		for {
 			if _, _, err := c.ReadMessage(); err != nil {
@@ -134,7 +139,7 @@ func TestUsageMatchesClientBytes(t *testing.T) {
 		var u routes.InstanceUsage
 		waitUsage(t, e.table, func(got routes.InstanceUsage) bool {
 			u = got
-			return got.WebSocketSeconds > 0
+			return got.WebSocketsOpen == 0 && got.ActiveStreams == 0 && got.WebSocketSeconds > 0
 		})
 		if !within(u.BytesIn, sent) || !within(u.BytesOut, received) {
 			t.Errorf("usage in %d, out %d; the client sent %d and received %d", u.BytesIn, u.BytesOut, sent, received)

@@ -52,6 +52,45 @@ type Instance struct {
 	bytesToClient atomic.Uint64
 	wsNanos       atomic.Int64 // WebSocket lifetimes, counted when each ends
 	lastActivity  atomic.Int64 // unix nanos of the last ended request or WebSocket
+	// Open WebSockets (WebSocketOpened, not yet WebSocketClosed) and the
+	// sum of their start times in unix nanos: their seconds so far are
+	// wsOpen×now − wsStartSum, so that usage grows while they are open.
+	wsOpen     atomic.Int64
+	wsStartSum atomic.Int64
+}
+
+// WebSocketOpened counts a WebSocket of the instance open since start, so
+// that Usage reports its seconds while it is open; WebSocketClosed with
+// the same start must follow when it ends (before CountEnded).
+func (i *Instance) WebSocketOpened(start time.Time) {
+	if i == nil {
+		return
+	}
+	i.wsStartSum.Add(start.UnixNano())
+	i.wsOpen.Add(1)
+}
+
+// WebSocketClosed undoes WebSocketOpened(start).
+func (i *Instance) WebSocketClosed(start time.Time) {
+	if i == nil {
+		return
+	}
+	i.wsOpen.Add(-1)
+	i.wsStartSum.Add(-start.UnixNano())
+}
+
+// openWebSocketNanos returns the number of open WebSockets and their
+// lifetimes so far at now.
+func (i *Instance) openWebSocketNanos(now time.Time) (open, nanos int64) {
+	// Read the count last: a WebSocket opening between the loads adds its
+	// start before its count, so the sum never lacks a counted start.
+	sum := i.wsStartSum.Load()
+	open = i.wsOpen.Load()
+	nanos = open*now.UnixNano() - sum
+	if open <= 0 || nanos < 0 {
+		return max(open, 0), 0
+	}
+	return open, nanos
 }
 
 // IdleTimeout is the instance's idle timeout for client connections and

@@ -16,15 +16,20 @@ type retiredInstance struct {
 
 // InstanceUsage is the traffic of one instance since it was installed:
 // monotonic counters that survive renewals (and a withdrawal followed by a
-// re-install within the retention). Requests and WebSockets are counted
-// when they end.
+// re-install within the retention). Requests, bytes and WebSocket lifetimes
+// are counted when they end; the seconds of WebSockets still open are added
+// to WebSocketSeconds as they pass, and ActiveStreams and WebSocketsOpen say
+// whether anything is in flight (an auto-pauser must not pause an instance
+// whose last_activity is old but whose WebSocket is open).
 type InstanceUsage struct {
 	Workspace        string     `json:"workspace"`
 	Sandbox          string     `json:"sandbox"`
 	BytesIn          uint64     `json:"bytes_in"`  // body and stream bytes from clients to the app
 	BytesOut         uint64     `json:"bytes_out"` // from the app to clients
 	Requests         uint64     `json:"requests"`  // requests admitted, WebSocket upgrades included
-	WebSocketSeconds float64    `json:"websocket_seconds"`
+	WebSocketSeconds float64    `json:"websocket_seconds"` // ended WebSockets' lifetimes plus open ones' so far
+	WebSocketsOpen   int64      `json:"websockets_open"`
+	ActiveStreams    int64      `json:"active_streams"` // requests in flight and open WebSockets
 	LastActivity     *time.Time `json:"last_activity"` // end of the last request or WebSocket; null if none
 	Installed        bool       `json:"installed"`
 	WithdrawnAt      *time.Time `json:"withdrawn_at,omitempty"`
@@ -53,11 +58,14 @@ func (t *Table) Usage() []InstanceUsage {
 	out := make([]InstanceUsage, 0, len(list))
 	for _, e := range list {
 		i := e.inst
+		open, openNanos := i.openWebSocketNanos(now)
 		u := InstanceUsage{
 			Workspace: i.Key.Workspace, Sandbox: i.Key.Sandbox,
 			BytesIn: i.bytesToApp.Load(), BytesOut: i.bytesToClient.Load(),
 			Requests:         i.requests.Load(),
-			WebSocketSeconds: time.Duration(i.wsNanos.Load()).Seconds(),
+			WebSocketSeconds: time.Duration(i.wsNanos.Load() + openNanos).Seconds(),
+			WebSocketsOpen:   open,
+			ActiveStreams:    max(i.active.Load(), 0),
 			Installed:        e.withdrawn == nil,
 			WithdrawnAt:      e.withdrawn,
 		}

@@ -77,3 +77,51 @@ func TestUsage(t *testing.T) {
 		t.Errorf("installed after the retention: %+v; want new counters", u)
 	}
 }
+
+// TestUsageOpenWebSockets: a WebSocket's seconds grow in the usage while
+// it is open, it counts in websockets_open and active_streams, and once it
+// ends its lifetime is counted exactly once.
+func TestUsageOpenWebSockets(t *testing.T) {
+	clock := newFakeClock()
+	table := NewTable(Options{Domain: tbDomain, Freshness: time.Hour, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	defer table.Close()
+	d, err := ParseDocument([]byte(`{"revision":"r","instances":[{"workspace":"a","sandbox":"one","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table.Apply(d)
+	inst := table.Lookup(Hostname("a", "one", "web", tbDomain)).Instance
+	usage := func() InstanceUsage {
+		t.Helper()
+		list := table.Usage()
+		if len(list) != 1 {
+			t.Fatalf("usage %+v; want one instance", list)
+		}
+		return list[0]
+	}
+	start := clock.Now()
+	if !inst.Acquire() {
+		t.Fatal("no stream slot")
+	}
+	inst.WebSocketOpened(start)
+	clock.Advance(90 * time.Second)
+	if u := usage(); u.WebSocketSeconds != 90 || u.WebSocketsOpen != 1 || u.ActiveStreams != 1 || u.LastActivity != nil {
+		t.Errorf("a WebSocket open for 90 s: %+v; want 90 websocket_seconds, 1 open, 1 active, no last activity", u)
+	}
+	second := clock.Now()
+	inst.WebSocketOpened(second)
+	clock.Advance(10 * time.Second)
+	if u := usage(); u.WebSocketSeconds != 110 || u.WebSocketsOpen != 2 {
+		t.Errorf("two open (100 s and 10 s): %+v; want 110 websocket_seconds, 2 open", u)
+	}
+	end := clock.Now()
+	inst.WebSocketClosed(start)
+	inst.CountEnded(0, 0, end.Sub(start), end)
+	inst.Release()
+	inst.WebSocketClosed(second)
+	inst.CountEnded(0, 0, end.Sub(second), end)
+	clock.Advance(time.Hour)
+	if u := usage(); u.WebSocketSeconds != 110 || u.WebSocketsOpen != 0 || u.ActiveStreams != 0 {
+		t.Errorf("both ended an hour ago: %+v; want 110 websocket_seconds, none open", u)
+	}
+}
