@@ -24,13 +24,13 @@ type retiredInstance struct {
 type InstanceUsage struct {
 	Workspace        string     `json:"workspace"`
 	Sandbox          string     `json:"sandbox"`
-	BytesIn          uint64     `json:"bytes_in"`  // body and stream bytes from clients to the app
-	BytesOut         uint64     `json:"bytes_out"` // from the app to clients
-	Requests         uint64     `json:"requests"`  // requests admitted, WebSocket upgrades included
+	BytesIn          uint64     `json:"bytes_in"`          // body and stream bytes from clients to the app
+	BytesOut         uint64     `json:"bytes_out"`         // from the app to clients
+	Requests         uint64     `json:"requests"`          // requests admitted, WebSocket upgrades included
 	WebSocketSeconds float64    `json:"websocket_seconds"` // ended WebSockets' lifetimes plus open ones' so far
 	WebSocketsOpen   int64      `json:"websockets_open"`
 	ActiveStreams    int64      `json:"active_streams"` // requests in flight and open WebSockets
-	LastActivity     *time.Time `json:"last_activity"` // end of the last request or WebSocket; null if none
+	LastActivity     *time.Time `json:"last_activity"`  // end of the last request or WebSocket; null if none
 	Installed        bool       `json:"installed"`
 	WithdrawnAt      *time.Time `json:"withdrawn_at,omitempty"`
 }
