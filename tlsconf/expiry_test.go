@@ -29,7 +29,7 @@ func TestExpiryCollector(t *testing.T) {
 # HELP applistener_certificate_expiry_timestamp_seconds %s
 # TYPE applistener_certificate_expiry_timestamp_seconds gauge
 applistener_certificate_expiry_timestamp_seconds{name=%q} %d
-`, "NotAfter of the served certificate from the TLS directory, as a Unix time; name is its first DNS name, else its subject.", name, notAfter.Unix())
+`, expiryHelp, name, notAfter.Unix())
 		if err := promtestutil.GatherAndCompare(reg, strings.NewReader(exp), "applistener_certificate_expiry_timestamp_seconds"); err != nil {
 			t.Error(err)
 		}

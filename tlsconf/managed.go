@@ -97,6 +97,8 @@ type Managed struct {
 	ctx    context.Context // cancelled by Close; bounds in-flight issuance
 	cancel context.CancelFunc
 
+	expiries managedExpiries // hostnames served, for ExpiryCollector
+
 	mu       sync.RWMutex
 	closed   bool
 	inflight sync.WaitGroup
@@ -198,6 +200,7 @@ func (m *Managed) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 			"fallback", m.fallback != nil)
 		return m.useFallback(hello, err)
 	}
+	m.expiries.served(name)
 	return cert, nil
 }
 

@@ -29,6 +29,8 @@ import (
 	_ "unsafe" // go:linkname, see stopCertmagicRateLimiters
 
 	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/applistener/applistener/internal/testutil"
@@ -595,6 +597,15 @@ func TestManagedIssuesOnDemandForInstalledRoutesOnly(t *testing.T) {
 		t.Errorf("certmagic's logs did not reach the slog logger:\n%s", logs)
 	}
 	serial := leaf.SerialNumber.Text(16)
+	// Its expiry is exported under the hostname, with the NotAfter the
+	// client was served, beside the TLS directory's certificate.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(ExpiryCollector(nil, m))
+	wantExpiry := fmt.Sprintf("# HELP applistener_certificate_expiry_timestamp_seconds %s\n# TYPE applistener_certificate_expiry_timestamp_seconds gauge\n"+
+		"applistener_certificate_expiry_timestamp_seconds{name=%q} %d\n", expiryHelp, testServerName, leaf.NotAfter.Unix())
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(wantExpiry), "applistener_certificate_expiry_timestamp_seconds"); err != nil {
+		t.Errorf("managed certificate expiry: %v", err)
+	}
 
 	// Later handshakes reuse it.
 	if got := handshakeSerial(t, srv.addr, client(testServerName)); got != serial {
@@ -630,6 +641,19 @@ func TestManagedIssuesOnDemandForInstalledRoutesOnly(t *testing.T) {
 	if got := pebble.orders(); got != ordersBefore {
 		t.Errorf("pebble orders went from %d to %d", ordersBefore, got)
 	}
+	// Refused names are not exported; a withdrawn route's series goes.
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(wantExpiry), "applistener_certificate_expiry_timestamp_seconds"); err != nil {
+		t.Errorf("managed certificate expiry after refused names: %v", err)
+	}
+	allow.mu.Lock()
+	delete(allow.names, testServerName)
+	allow.mu.Unlock()
+	if n, err := promtestutil.GatherAndCount(reg, "applistener_certificate_expiry_timestamp_seconds"); err != nil || n != 0 {
+		t.Errorf("after the route is withdrawn: %d expiry series (%v), want 0", n, err)
+	}
+	allow.mu.Lock()
+	allow.names[testServerName] = true
+	allow.mu.Unlock()
 
 	// (3) The certificate is cached in CacheDir: a new Managed on the same
 	// directory serves it without a new order.

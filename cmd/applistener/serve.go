@@ -283,8 +283,9 @@ func watchParentLiveness(ctx context.Context, stdin io.Reader, logger *slog.Logg
 // appTLSConfig builds the app listener's TLS configuration: the TLS Secret
 // directory (hot reload, SIGHUP) and/or managed certificates obtained on
 // demand for installed routes only, ECDSA preferred, session tickets with
-// rotating keys. Its goroutines are owned by wg and end with ctx. The TLS
-// directory's certificate expiry is exported to reg.
+// rotating keys. Its goroutines are owned by wg and end with ctx. The
+// expiry of the TLS directory's certificate and of the managed ones served
+// is exported to reg.
 func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, table *routes.Table, boundAddr string, hup <-chan os.Signal,
 	reg prometheus.Registerer, logger *slog.Logger) (*tls.Config, error) {
 	var sources []func(*tls.ClientHelloInfo) (*tls.Certificate, error)
@@ -292,6 +293,8 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 	if o.appHTTP2 {
 		protos = []string{"h2", "http/1.1"}
 	}
+	var managed *tlsconf.Managed
+	var store *tlsconf.Store
 	if o.appACMECA != "" {
 		var roots *x509.CertPool
 		if o.appACMERoots != "" {
@@ -304,7 +307,8 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 				return nil, fmt.Errorf("--app-acme-ca-roots %s: no PEM certificates", o.appACMERoots)
 			}
 		}
-		managed, err := tlsconf.NewManaged(tlsconf.ManagedConfig{
+		var err error
+		managed, err = tlsconf.NewManaged(tlsconf.ManagedConfig{
 			CA:               o.appACMECA,
 			Email:            o.appACMEEmail,
 			CacheDir:         o.appCertCache,
@@ -329,11 +333,11 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 		protos = append(protos, tlsconf.ACMETLS1Protocol)
 	}
 	if o.appTLSDir != "" {
-		store, err := tlsconf.NewStore(o.appTLSDir, logger)
+		var err error
+		store, err = tlsconf.NewStore(o.appTLSDir, logger)
 		if err != nil {
 			return nil, err
 		}
-		reg.MustRegister(store.ExpiryCollector())
 		wg.Go(func() { store.Watch(ctx, o.certPoll) })
 		wg.Go(func() {
 			for {
@@ -348,6 +352,7 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 		})
 		sources = append(sources, store.GetCertificate)
 	}
+	reg.MustRegister(tlsconf.ExpiryCollector(store, managed))
 	getCert := sources[0]
 	if len(sources) > 1 {
 		getCert = tlsconf.PreferECDSA(sources...)
