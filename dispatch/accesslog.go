@@ -400,26 +400,46 @@ func (f *fieldWriter) secs(k string, d time.Duration) {
 }
 
 // appendTime appends t in UTC as RFC 3339 with microseconds
-// (2026-12-01T15:04:05.123456Z), without time.Format's layout parsing.
+// (2026-12-01T15:04:05.123456Z), without time.Format's layout parsing; the
+// part up to the second is formatted once per second (secondCache).
 func appendTime(b []byte, t time.Time) []byte {
 	t = t.UTC()
-	y, mo, d := t.Date()
-	h, mi, s := t.Clock()
-	b = appendDigits(b, y, 4)
-	b = append(b, '-')
-	b = appendDigits(b, int(mo), 2)
-	b = append(b, '-')
-	b = appendDigits(b, d, 2)
-	b = append(b, 'T')
-	b = appendDigits(b, h, 2)
-	b = append(b, ':')
-	b = appendDigits(b, mi, 2)
-	b = append(b, ':')
-	b = appendDigits(b, s, 2)
+	sec := t.Unix()
+	c := lastSecond.Load()
+	if c == nil || c.sec != sec {
+		c = &secondPrefix{sec: sec}
+		y, mo, d := t.Date()
+		h, mi, s := t.Clock()
+		p := c.text[:0]
+		p = appendDigits(p, y, 4)
+		p = append(p, '-')
+		p = appendDigits(p, int(mo), 2)
+		p = append(p, '-')
+		p = appendDigits(p, d, 2)
+		p = append(p, 'T')
+		p = appendDigits(p, h, 2)
+		p = append(p, ':')
+		p = appendDigits(p, mi, 2)
+		p = append(p, ':')
+		p = appendDigits(p, s, 2)
+		c.n = len(p)
+		lastSecond.Store(c)
+	}
+	b = append(b, c.text[:c.n]...)
 	b = append(b, '.')
 	b = appendDigits(b, t.Nanosecond()/1000, 6)
 	return append(b, 'Z')
 }
+
+// secondPrefix is "2026-12-01T15:04:05" for the Unix second sec.
+type secondPrefix struct {
+	sec  int64
+	n    int
+	text [24]byte
+}
+
+// lastSecond is the prefix of the last second appendTime formatted.
+var lastSecond atomic.Pointer[secondPrefix]
 
 // appendDigits appends v (0 <= v < 10^width) zero-padded to width digits.
 func appendDigits(b []byte, v, width int) []byte {
@@ -441,6 +461,10 @@ func appendValue[T string | []byte](b []byte, v T, json bool) []byte {
 		return append(b, v...)
 	}
 	b = append(b, '"')
+	if plainJSON(v) {
+		b = append(b, v...)
+		return append(b, '"')
+	}
 	for i := 0; i < len(v); {
 		c := v[i]
 		if c < utf8.RuneSelf {
@@ -474,6 +498,18 @@ func decodeRune[T string | []byte](v T) (rune, int) {
 		return utf8.DecodeRune(s)
 	}
 	return utf8.RuneError, 1
+}
+
+// plainJSON reports whether v goes into a JSON string as it is: printable
+// ASCII without '"' or '\'.
+func plainJSON[T string | []byte](v T) bool {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c < ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 func bareValue[T string | []byte](v T) bool {

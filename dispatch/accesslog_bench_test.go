@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -15,7 +17,8 @@ import (
 // latency histograms alone, as endRequest pays it at the end of every
 // request: off (nothing), histograms only, and histograms with a JSON or
 // text line through the bounded log writer (no rate bound: every line is
-// formatted and queued).
+// formatted and queued; text-file: written to a file, the system calls of
+// the log writer's goroutine included in cpu-ns/op).
 //
 //	go test -run XXX -bench EndRequest -benchmem ./dispatch/
 func BenchmarkEndRequest(b *testing.B) {
@@ -26,17 +29,34 @@ func BenchmarkEndRequest(b *testing.B) {
 	for _, c := range []struct {
 		name, format string
 		observe      bool
-		sink         bool // through the log writer (false: formatted only)
-	}{{"off", "", false, true}, {"histograms", "", true, true}, {"json-format-only", AccessLogJSON, true, false},
-		{"json", AccessLogJSON, true, true}, {"text", AccessLogText, true, true}} {
+		sink         bool    // through the log writer (false: formatted only)
+		file         bool    // the log writer writes to a file (else io.Discard)
+		rate         float64 // lines per second per instance (-1: no bound)
+	}{{"off", "", false, true, false, -1}, {"histograms", "", true, true, false, -1},
+		{"json-format-only", AccessLogJSON, true, false, false, -1},
+		{"json", AccessLogJSON, true, true, false, -1}, {"text", AccessLogText, true, true, false, -1},
+		{"text-file", AccessLogText, true, true, true, -1},
+		// serve's defaults (text, DefaultAccessLogRate per instance) under
+		// a flood of one instance, as in make bench-compare: the bound
+		// writes DefaultAccessLogRate lines a second and counts the rest.
+		{"default-flood", AccessLogText, true, true, true, DefaultAccessLogRate}} {
 		b.Run(c.name, func(b *testing.B) {
 			w := io.Writer(io.Discard)
 			if c.sink {
-				sink := logsink.New(io.Discard, 1<<16, time.Hour, true)
+				dst := io.Writer(io.Discard)
+				if c.file { // system calls included, as stderr to a file or pipe costs
+					f, err := os.Create(filepath.Join(b.TempDir(), "access.log"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() { _ = f.Close() }()
+					dst = f
+				}
+				sink := logsink.New(dst, 1<<16, time.Hour, true)
 				defer sink.Close(time.Second)
 				w = sink
 			}
-			s := New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: c.format, AccessLogWriter: w, AccessLogRate: -1})
+			s := New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: c.format, AccessLogWriter: w, AccessLogRate: c.rate})
 			s.noObserve = !c.observe
 			var r accessRecord
 			b.ReportAllocs()

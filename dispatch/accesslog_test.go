@@ -23,8 +23,9 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// lineLog collects the lines written to it (each Write is one line, as
-// the log writer hands them over); delay slows every write down.
+// lineLog collects the lines written to it (a Write is whole lines: one
+// from the access log directly, several batched by the log writer); delay
+// slows every write down.
 type lineLog struct {
 	mu    sync.Mutex
 	lines []string
@@ -37,7 +38,15 @@ func (l *lineLog) Write(p []byte) (int, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lines = append(l.lines, string(p))
+	if !bytes.HasSuffix(p, []byte("\n")) {
+		l.lines = append(l.lines, string(p)) // records fails on it
+		return len(p), nil
+	}
+	for line := range strings.SplitAfterSeq(string(p), "\n") {
+		if line != "" {
+			l.lines = append(l.lines, line)
+		}
+	}
 	return len(p), nil
 }
 

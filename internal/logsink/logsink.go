@@ -16,22 +16,38 @@ import (
 // DefaultQueue is the number of lines the writer holds.
 const DefaultQueue = 1024
 
+// maxPendingBytes bounds the bytes the writer holds, whatever the line
+// count: DefaultQueue lines of up to 1 KiB, fewer long ones.
+const maxPendingBytes = 1 << 20
+
 // Writer is a bounded, non-blocking line writer.
+//
+// Write appends the line to a pending buffer under a mutex and, when the
+// buffer was empty, wakes the drain goroutine; the drain goroutine swaps
+// the buffer for its spare and writes everything pending in one call. A
+// line costs a copy and an uncontended lock, not an allocation and a
+// channel operation, and under load one system call carries many lines.
 type Writer struct {
 	dst      io.Writer
-	queue    chan []byte
 	dropped  atomic.Uint64
 	reported uint64 // drops already reported; owned by the drain goroutine
 	interval time.Duration
 	json     bool
+	wake     chan struct{} // capacity 1: pending went from empty to not
 	stop     chan struct{}
 	done     chan struct{}
 	once     sync.Once
+
+	mu       sync.Mutex
+	pending  []byte // whole lines, in order
+	lines    int    // lines in pending
+	maxLines int
+	closed   bool
 }
 
 // New starts a writer to dst holding up to queue lines (DefaultQueue when
-// queue <= 0). summaryEvery is how often dropped lines are reported (10 s
-// when 0); json makes the summary line a JSON object.
+// queue <= 0) and at most 1 MiB. summaryEvery is how often dropped lines
+// are reported (10 s when 0); json makes the summary line a JSON object.
 func New(dst io.Writer, queue int, summaryEvery time.Duration, json bool) *Writer {
 	if queue <= 0 {
 		queue = DefaultQueue
@@ -41,9 +57,10 @@ func New(dst io.Writer, queue int, summaryEvery time.Duration, json bool) *Write
 	}
 	w := &Writer{
 		dst:      dst,
-		queue:    make(chan []byte, queue),
+		maxLines: queue,
 		interval: summaryEvery,
 		json:     json,
+		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -51,15 +68,25 @@ func New(dst io.Writer, queue int, summaryEvery time.Duration, json bool) *Write
 	return w
 }
 
-// Write queues a copy of p as one line, or drops it when the queue is full.
-// It never blocks and never fails.
+// Write queues a copy of p as one line, or drops it when the writer holds
+// its bound of lines or bytes (or is closed). It never blocks on the
+// destination and never fails.
 func (w *Writer) Write(p []byte) (int, error) {
-	line := make([]byte, len(p))
-	copy(line, p)
-	select {
-	case w.queue <- line:
-	default:
+	w.mu.Lock()
+	if w.closed || w.lines >= w.maxLines || len(w.pending)+len(p) > maxPendingBytes {
+		w.mu.Unlock()
 		w.dropped.Add(1)
+		return len(p), nil
+	}
+	wasEmpty := w.lines == 0
+	w.pending = append(w.pending, p...)
+	w.lines++
+	w.mu.Unlock()
+	if wasEmpty {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 	return len(p), nil
 }
@@ -71,24 +98,39 @@ func (w *Writer) drain() {
 	defer close(w.done)
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
+	var spare []byte
 	for {
 		select {
-		case line := <-w.queue:
-			_, _ = w.dst.Write(line)
+		case <-w.wake:
+			spare = w.flush(spare)
 		case <-t.C:
 			w.summary()
 		case <-w.stop:
-			for {
-				select {
-				case line := <-w.queue:
-					_, _ = w.dst.Write(line)
-				default:
-					w.summary()
-					return
-				}
-			}
+			w.mu.Lock()
+			w.closed = true
+			w.mu.Unlock()
+			w.flush(spare)
+			w.summary()
+			return
 		}
 	}
+}
+
+// flush writes every pending line in one Write, using spare as the next
+// pending buffer, and returns the buffer to reuse as spare (dropped when a
+// burst made it larger than the bound).
+func (w *Writer) flush(spare []byte) []byte {
+	w.mu.Lock()
+	batch := w.pending
+	w.pending, w.lines = spare[:0], 0
+	w.mu.Unlock()
+	if len(batch) > 0 {
+		_, _ = w.dst.Write(batch)
+	}
+	if cap(batch) > 2*maxPendingBytes {
+		return nil
+	}
+	return batch[:0]
 }
 
 func (w *Writer) summary() {

@@ -3,6 +3,7 @@ package logsink
 import (
 	"bytes"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,4 +120,56 @@ func TestConcurrentWritersNeverInterleave(t *testing.T) {
 		}
 	}
 	testutil.Eventually(t, 5*time.Second, "no dropped lines", func() bool { return w.Dropped() == 0 })
+}
+
+// gatedWriter blocks its first Write until release is closed and records
+// every Write it gets.
+type gatedWriter struct {
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	writes  []string
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	g.once.Do(func() { close(g.started); <-g.release })
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.writes = append(g.writes, string(p))
+	return len(p), nil
+}
+
+// TestQueuedLinesShareOneWrite: lines that queue up while the destination
+// is busy reach it in one Write (one system call for a file or pipe), whole
+// and in order, and a batch stays within the writer's byte bound.
+func TestQueuedLinesShareOneWrite(t *testing.T) {
+	g := &gatedWriter{started: make(chan struct{}), release: make(chan struct{})}
+	w := New(g, 4096, time.Hour, false)
+	_, _ = w.Write([]byte("first\n"))
+	<-g.started // the drain goroutine is blocked in the first Write
+	var want strings.Builder
+	want.WriteString("first\n")
+	line := strings.Repeat("y", 999) + "\n"
+	for i := range 200 { // 200,000 bytes
+		l := strings.Replace(line, "yyy", strconv.Itoa(i%1000), 1)
+		_, _ = w.Write([]byte(l))
+		want.WriteString(l)
+	}
+	close(g.release)
+	w.Close(5 * time.Second)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if got := strings.Join(g.writes, ""); got != want.String() {
+		t.Fatalf("lines lost, cut or reordered: %d bytes written, want %d", len(got), want.Len())
+	}
+	// first, then the 200 lines queued behind it in one batch.
+	if len(g.writes) != 2 {
+		t.Errorf("%d writes for 201 lines, 200 of them queued behind the first: want 2 (batched)", len(g.writes))
+	}
+	for i, wr := range g.writes {
+		if len(wr) > maxPendingBytes || !strings.HasSuffix(wr, "\n") {
+			t.Errorf("write %d: %d bytes (max %d), ends in a whole line: %v", i, len(wr), maxPendingBytes, strings.HasSuffix(wr, "\n"))
+		}
+	}
 }
