@@ -2,10 +2,10 @@ package dispatch
 
 import (
 	"io"
-	"os"
-	"path/filepath"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
