@@ -13,6 +13,8 @@
 #   promtool        checks and unit-tests deploy/prometheus's rules
 #                   (deploy/monitoring); built once from the Go module proxy
 #                   into the user cache, where the test looks for it
+#   h2spec          the HTTP/2 conformance suite e2e/h2spec_test.go runs against
+#                   the binary; built once from the Go module proxy likewise
 set -euo pipefail
 
 # promtool: the version deploy/monitoring/monitoring_test.go names.
@@ -26,6 +28,21 @@ if [ -n "$promtool_version" ] && ! command -v promtool >/dev/null 2>&1 && [ ! -x
 		mkdir -p "$promtool_dir" && mv "$tmp/promtool" "$promtool_dir/promtool"
 	else
 		echo "test-deps: could not build promtool; the rule tests will say so" >&2
+	fi
+	rm -rf "$tmp"
+fi
+
+# h2spec: the version e2e/h2spec_test.go names.
+h2spec_version=$(sed -n 's/^const h2specVersion = "\(.*\)"$/\1/p' "$(dirname "$0")/../e2e/h2spec_test.go")
+h2spec_dir="${XDG_CACHE_HOME:-$HOME/.cache}/applistener/h2spec-${h2spec_version%+incompatible}"
+if [ -n "$h2spec_version" ] && ! command -v h2spec >/dev/null 2>&1 && [ ! -x "$h2spec_dir/h2spec" ]; then
+	echo "test-deps: building h2spec $h2spec_version (once)" >&2
+	tmp=$(mktemp -d)
+	if (cd "$tmp" && GOBIN="$tmp" GOFLAGS=-mod=mod CGO_ENABLED=0 go install \
+		"github.com/summerwind/h2spec/cmd/h2spec@$h2spec_version"); then
+		mkdir -p "$h2spec_dir" && mv "$tmp/h2spec" "$h2spec_dir/h2spec"
+	else
+		echo "test-deps: could not build h2spec; the conformance test will say so" >&2
 	fi
 	rm -rf "$tmp"
 fi
