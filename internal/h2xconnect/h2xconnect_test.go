@@ -3,8 +3,8 @@ package h2xconnect_test
 import (
 	"errors"
 	"net"
-	"os"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
