@@ -61,6 +61,7 @@ type accessRecord struct {
 	open      bool // a request is being handled (HTTP/1.1)
 	wsOpened  bool // upgraded counted the WebSocket open in its instance
 	proto     uint8
+	overH2    bool // a WebSocket over HTTP/2 (extended CONNECT)
 	outcome   uint8
 	parsed    bool // method and path are known
 	status    int
@@ -275,6 +276,15 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	f.str("level", "INFO")
 	f.str("msg", "access")
 	f.str("protocol", protoNames[r.proto])
+	if r.proto == protoWS {
+		// How the client opened it: an HTTP/1.1 upgrade or an HTTP/2
+		// extended CONNECT.
+		if r.overH2 {
+			f.str("transport", "h2")
+		} else {
+			f.str("transport", "h1")
+		}
+	}
 	rt := ci.route
 	f.str("workspace", rt.Workspace)
 	f.str("sandbox", rt.Sandbox)

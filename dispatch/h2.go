@@ -182,7 +182,8 @@ func (s *Server) ServeH2(lc listener.Conn) {
 	// Deadlines left by the handshake would end the connection; x/net
 	// keeps its own timers (idle, ping, write-byte).
 	_ = conn.SetDeadline(time.Time{})
-	nc := &h2NetConn{Conn: tc, raw: raw, onHeadTimeout: hc.headTimedOut}
+	nc := &h2NetConn{Conn: tc, raw: raw, onHeadTimeout: hc.headTimedOut, hideXConnect: s.cfg.DisableHTTP2WebSockets}
+	hc.nc = nc
 	nc.heads.start(tc, s.cfg.HeaderTimeout)
 	//nolint:staticcheck // SA1019: no net/http equivalent, see h2State.
 	srv.ServeConn(nc, &http2.ServeConnOpts{
@@ -202,6 +203,12 @@ type h2NetConn struct {
 	heads h2HeadClock
 	// onHeadTimeout runs once when a request head took too long.
 	onHeadTimeout func()
+	// hideXConnect: advertise SETTINGS_ENABLE_CONNECT_PROTOCOL = 0
+	// (Config.DisableHTTP2WebSockets; h2websocket.go rewrites it).
+	hideXConnect bool
+	settings     settingsRewriter
+	// nextWrite is closed by the next write (afterNextWrite).
+	nextWrite atomic.Pointer[chan struct{}]
 }
 
 func (c *h2NetConn) Close() error { return c.raw.Close() }

@@ -21,18 +21,21 @@ type h2Conn struct {
 	route   *routes.Route
 	peer    netip.Addr
 	trusted bool
-	ci      connInfo // for the access log
+	ci      connInfo   // for the access log
+	nc      *h2NetConn // what x/net writes to
 
 	mu       sync.Mutex
 	revoked  error
 	backends map[*backendConn]struct{} // in use by a stream
+	// websockets are the connection's WebSockets (h2websocket.go).
+	websockets map[*h2WebSocket]struct{}
 	active   int                       // stream handlers running
 	ended    bool                      // x/net stopped serving
 	allDone  chan struct{}
 }
 
 // Revoke closes the connection (all of its streams end) and every app
-// connection its streams are using.
+// connection its streams are using; WebSockets get close frames first.
 func (hc *h2Conn) Revoke(cause error) {
 	hc.mu.Lock()
 	if hc.revoked != nil {
@@ -45,10 +48,10 @@ func (hc *h2Conn) Revoke(cause error) {
 		bcs = append(bcs, bc)
 	}
 	hc.mu.Unlock()
-	_ = hc.raw.Close()
 	for _, bc := range bcs {
 		_ = bc.conn.Close()
 	}
+	hc.closeRevoked(cause)
 }
 
 // headTimedOut records a connection closed because a request head (or the

@@ -49,9 +49,10 @@ func (st *h2Stream) serve() bool {
 		st.deny(denyMisdirected)
 		return false
 	}
+	if isExtendedConnect(r) {
+		return st.serveWebSocket() // RFC 8441 (h2websocket.go)
+	}
 	if r.Method == "CONNECT" || r.Method == "TRACE" {
-		// Extended CONNECT (RFC 8441) is CONNECT too; x/net refuses it
-		// anyway unless GODEBUG=http2xconnect=1.
 		st.deny(denyMethod)
 		return false
 	}

@@ -15,6 +15,7 @@
 //	h2stream.go    an HTTP/2 stream: checks, conversion, forwarding
 //	h2heads.go     HTTP/2 request heads bounded in time
 //	h2watchdog.go  per-stream read and write timeouts
+//	h2websocket.go WebSockets over HTTP/2 (RFC 8441 extended CONNECT)
 //	exchange.go    one request forwarded to the app, shared by both
 //	retry.go       when a request may be sent to the app again
 //	backend.go     the per-route pool of app connections
@@ -87,6 +88,11 @@ type Config struct {
 	BackendIdleTimeout time.Duration
 	// MaxIdlePerRoute bounds idle app connections kept per route.
 	MaxIdlePerRoute int
+	// DisableHTTP2WebSockets turns WebSockets over HTTP/2 (RFC 8441
+	// extended CONNECT) off: SETTINGS_ENABLE_CONNECT_PROTOCOL is sent as 0
+	// and extended CONNECT streams get 405, so clients use HTTP/1.1 for
+	// WebSockets.
+	DisableHTTP2WebSockets bool
 	// WebSocketCloseGrace is how long a revoked WebSocket may take to reach
 	// a frame boundary before it is closed anyway.
 	WebSocketCloseGrace time.Duration
