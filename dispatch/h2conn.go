@@ -29,9 +29,9 @@ type h2Conn struct {
 	backends map[*backendConn]struct{} // in use by a stream
 	// websockets are the connection's WebSockets (h2websocket.go).
 	websockets map[*h2WebSocket]struct{}
-	active   int                       // stream handlers running
-	ended    bool                      // x/net stopped serving
-	allDone  chan struct{}
+	active     int  // stream handlers running
+	ended      bool // x/net stopped serving
+	allDone    chan struct{}
 }
 
 // Revoke closes the connection (all of its streams end) and every app

@@ -176,6 +176,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		maxConnections:    10000,
 		certPoll:          500 * time.Millisecond,
 		appHTTP2:          true,
+		appH2WebSockets:   true,
 	}
 	if err := o.validate(); err != nil {
 		return err

@@ -71,6 +71,7 @@ type serveOptions struct {
 	maxConnections    int
 	certPoll          time.Duration
 	appHTTP2          bool
+	appH2WebSockets   bool
 	appACMECA         string
 	appACMEEmail      string
 	appCertCache      string
@@ -121,6 +122,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appCertCache, "app-cert-cache", "", "directory caching managed certificates (required with --app-acme-ca; shared between replicas)")
 	fs.StringVar(&o.appACMERoots, "app-acme-ca-roots", "", "PEM bundle trusted for the ACME server's own HTTPS (default: system roots)")
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
+	fs.BoolVar(&o.appH2WebSockets, "app-http2-websockets", true, "accept WebSockets over HTTP/2 (RFC 8441 extended CONNECT, advertised in SETTINGS); off: clients open WebSockets over HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
 	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text or json")
 	fs.Float64Var(&o.accessLogRate, "access-log-rate", dispatch.DefaultAccessLogRate, "access-log lines per second per instance (bursts of twice as many; beyond: dropped and counted); negative: no bound")
@@ -454,6 +456,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			DialTimeout:            o.dialTimeout,
 			ResponseHeaderTimeout:  o.responseTimeout,
 			BackendIdleTimeout:     o.backendIdle,
+			DisableHTTP2WebSockets: !o.appH2WebSockets,
 			Logger:                 logger,
 			Registerer:             reg,
 			AccessLog:              o.accessLog,
