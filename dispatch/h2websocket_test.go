@@ -234,8 +234,11 @@ func (c *h2wsClient) expectClose(t *testing.T, code uint16) {
 	if err != nil || op != 8 || len(p) < 2 || binary.BigEndian.Uint16(p) != code {
 		t.Fatalf("want a close frame %d; got op %d payload %q, %v", code, op, p, err)
 	}
-	done := make(chan error, 1)
-	go func() { _, err := io.Copy(io.Discard, c.r); done <- err }()
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, c.r)
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
