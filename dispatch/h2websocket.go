@@ -166,7 +166,9 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 	st.copyResponseFields(h, resp, false)
 	delete(h, "Sec-Websocket-Accept")
 	st.w.WriteHeader(http.StatusOK)
-	st.rec.proto, st.rec.status, st.rec.outcome, st.rec.overH2 = protoWS, http.StatusOK, outcomeOK, true
+	// From here the instance's usage counts the WebSocket as open.
+	st.rec.upgraded(http.StatusOK, hc.route.Instance)
+	st.rec.overH2 = true
 	if err := st.flush(); err != nil {
 		st.rec.outcome = outcomeAborted
 		bc.close()
@@ -260,7 +262,7 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	s.m.websocketsActive.Dec()
 	s.m.bytesToApp.Add(float64(up.total))
 	s.m.bytesToClient.Add(float64(down.total))
-	s.m.requests.WithLabelValues(statusClass(http.StatusOK)).Inc()
+	s.m.request(http.StatusOK)
 	st.bodyIn.Store(up.total)
 	st.rec.bytesOut = down.total
 	return false

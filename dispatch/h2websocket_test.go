@@ -39,11 +39,12 @@ type h2wsApp struct {
 	ts       *httptest.Server
 	upgrades chan *http.Request
 	closes   chan int
+	bigEcho  chan struct{} // the app starts echoing a message of 1 MiB or more
 }
 
 func newH2WSApp(t *testing.T) *h2wsApp {
 	t.Helper()
-	a := &h2wsApp{upgrades: make(chan *http.Request, 64), closes: make(chan int, 64)}
+	a := &h2wsApp{upgrades: make(chan *http.Request, 64), closes: make(chan int, 64), bigEcho: make(chan struct{}, 64)}
 	up := websocket.Upgrader{Subprotocols: []string{"chat"}, EnableCompression: true,
 		CheckOrigin: func(*http.Request) bool { return true }}
 	a.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -80,6 +81,9 @@ func newH2WSApp(t *testing.T) *h2wsApp {
 					a.closes <- ce.Code
 				}
 				return
+			}
+			if len(msg) >= 1<<20 {
+				a.bigEcho <- struct{}{}
 			}
 			if err := c.WriteMessage(op, msg); err != nil {
 				return
@@ -351,6 +355,11 @@ func TestH2WebSocketEcho(t *testing.T) {
 		t.Errorf("websockets_active = %v while open; want 1", ws)
 	}
 	c.echo(t, websocket.TextMessage, []byte("after parking"))
+	// While open, the usage shows it (auto-pause must not take the
+	// sandbox for idle).
+	waitUsage(t, e.table, func(u routes.InstanceUsage) bool {
+		return u.WebSocketsOpen == 1 && u.ActiveStreams == 1 && u.WebSocketSeconds > 0
+	})
 
 	c.send(t, websocket.CloseMessage, []byte{0x03, 0xe8})
 	c.expectClose(t, 1000)
@@ -370,7 +379,7 @@ func TestH2WebSocketEcho(t *testing.T) {
 	}
 	testutil.Eventually(t, 5*time.Second, "usage counted", func() bool {
 		u := usageOf(t, e.table)
-		return u.WebSocketSeconds > 0 && u.BytesIn == uint64(in) && u.BytesOut == uint64(outB)
+		return u.WebSocketSeconds > 0 && u.WebSocketsOpen == 0 && u.BytesIn == uint64(in) && u.BytesOut == uint64(outB)
 	})
 	if n := histCount(t, reg, "applistener_request_duration_seconds", map[string]string{"protocol": "ws", "outcome": "ok"}); n != 1 {
 		t.Errorf("request_duration_seconds{protocol=ws} count = %d, want 1", n)
@@ -470,7 +479,12 @@ func TestH2WebSocketRevokedStalled(t *testing.T) {
 	// flow-control window stalls the app direction mid-frame.
 	big := wsFrame(true, websocket.BinaryMessage, patterned(8<<20), true, 0)
 	go func() { _, _ = c.w.Write(big) }()
-	testutil.Eventually(t, 5*time.Second, "the echo stalled on flow control", func() bool {
+	select {
+	case <-app.bigEcho:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the app did not start echoing the 8 MiB message")
+	}
+	testutil.Eventually(t, 10*time.Second, "the app direction copying the echo", func() bool {
 		return e.srv.idle.waiters() == 0 && promtest.ToFloat64(e.srv.m.websocketsActive) == 1
 	})
 	t0 := time.Now()
