@@ -25,6 +25,9 @@ const (
 	MaxStreamsLimit = 1_000_000
 	// MaxIdleTimeoutSeconds is the largest accepted limits.idle_timeout_seconds (one day).
 	MaxIdleTimeoutSeconds = 86400
+	// MaxStartGraceSeconds is the largest accepted
+	// services[].start_grace_seconds (five minutes).
+	MaxStartGraceSeconds = 300
 	// MaxGenerationLen is the longest accepted generation.
 	MaxGenerationLen = 64
 	// maxUnixPathLen is the size of sun_path on Linux: the longest Unix
@@ -136,6 +139,11 @@ type ServiceSpec struct {
 	Port int `json:"port"`
 	// Revision is the declaration revision (≥ 0).
 	Revision int64 `json:"revision"`
+	// StartGraceSeconds is how long a request waits for an app that
+	// refuses connections (not listening yet) before it is answered 502:
+	// 0 to MaxStartGraceSeconds; 0 answers at once. nil (absent): the
+	// supervisor's --app-start-grace.
+	StartGraceSeconds *int `json:"start_grace_seconds,omitempty"`
 }
 
 // RejectedInstance is an instance entry that failed validation. Its routes
@@ -473,6 +481,9 @@ func (s *InstanceSpec) validate() error {
 		}
 		if svc.Revision < 0 {
 			return fmt.Errorf("services[%d]: %s: revision %d is negative", i, what, svc.Revision)
+		}
+		if g := svc.StartGraceSeconds; g != nil && (*g < 0 || *g > MaxStartGraceSeconds) {
+			return fmt.Errorf("services[%d]: %s: start_grace_seconds %d out of range 0..%d", i, what, *g, MaxStartGraceSeconds)
 		}
 		label := len(s.Workspace) + 2 + len(s.Sandbox)
 		if svc.Name != "" {

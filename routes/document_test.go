@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -352,6 +353,13 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "revision negative", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":-1}]`}, wantReason: "revision -1 is negative"},
 		{name: "revision large", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":9223372036854775807}]`}},
 		{name: "revision string", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":"7"}]`}, wantReason: "cannot unmarshal string"},
+		{name: "start grace absent", fields: map[string]string{"services": `[{"name":"web","port":80}]`}, check: docWantStartGrace(nil)},
+		{name: "start grace 0", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":0}]`}, check: docWantStartGrace(new(0))},
+		{name: "start grace 300", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":300}]`}, check: docWantStartGrace(new(300))},
+		{name: "start grace 301", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":301}]`}, wantReason: `services[0]: service "web": start_grace_seconds 301 out of range 0..300`},
+		{name: "start grace negative", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":-1}]`}, wantReason: "start_grace_seconds -1 out of range"},
+		{name: "start grace float", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":1.5}]`}, wantReason: "cannot unmarshal number"},
+		{name: "start grace string", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":"5"}]`}, wantReason: "cannot unmarshal string"},
 		{name: "longest names", fields: map[string]string{
 			"workspace": `"` + strings.Repeat("w", 19) + `"`,
 			"sandbox":   `"` + strings.Repeat("s", 19) + `"`,
@@ -404,6 +412,23 @@ func docServices(n int) string {
 		s[i] = fmt.Sprintf(`{"name":"s%d","port":%d}`, i, 8000+i)
 	}
 	return "[" + strings.Join(s, ",") + "]"
+}
+
+func docWantStartGrace(want *int) func(t *testing.T, s InstanceSpec) {
+	return func(t *testing.T, s InstanceSpec) {
+		t.Helper()
+		got := s.Services[0].StartGraceSeconds
+		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+			t.Errorf("StartGraceSeconds = %v, want %v", fmtIntPtr(got), fmtIntPtr(want))
+		}
+	}
+}
+
+func fmtIntPtr(p *int) string {
+	if p == nil {
+		return "nil"
+	}
+	return strconv.Itoa(*p)
 }
 
 func docWantConnector(want ConnectorSpec) func(t *testing.T, s InstanceSpec) {

@@ -165,6 +165,7 @@ type Route struct {
 
 	table       *Table
 	declaration atomic.Int64
+	startGrace  atomic.Int64 // 0: the supervisor's default; else 1 + nanoseconds
 	dataMu      sync.Mutex
 	data        any
 }
@@ -172,6 +173,27 @@ type Route struct {
 // DeclarationRevision is the service's declaration revision from the last
 // delivered document; it may change without reinstalling the route.
 func (r *Route) DeclarationRevision() int64 { return r.declaration.Load() }
+
+// StartGrace is how long a request waits for the service's app to start
+// listening (start_grace_seconds from the last delivered document); ok is
+// false when the document leaves it to the supervisor's default. Like the
+// declaration revision it may change without reinstalling the route.
+func (r *Route) StartGrace() (d time.Duration, ok bool) {
+	n := r.startGrace.Load()
+	if n == 0 {
+		return 0, false
+	}
+	return time.Duration(n - 1), true
+}
+
+// setStartGrace records svc's start_grace_seconds.
+func (r *Route) setStartGrace(svc *ServiceSpec) {
+	if svc.StartGraceSeconds == nil {
+		r.startGrace.Store(0)
+		return
+	}
+	r.startGrace.Store(1 + int64(time.Duration(*svc.StartGraceSeconds)*time.Second))
+}
 
 // Usable reports whether the route may carry new traffic: its lease is live
 // and the table is fresh.
@@ -480,6 +502,7 @@ func (t *Table) newRoute(from *Route) *Route {
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
 	r.declaration.Store(from.declaration.Load())
+	r.startGrace.Store(from.startGrace.Load())
 	return r
 }
 
@@ -520,6 +543,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			prev := old.byHost[host]
 			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) {
 				prev.declaration.Store(svc.Revision)
+				prev.setStartGrace(svc)
 				next[host] = prev
 				res.Kept++
 				continue
@@ -531,6 +555,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
 			r.declaration.Store(svc.Revision)
+			r.setStartGrace(svc)
 			next[host] = r
 			switch {
 			case prev == nil:

@@ -499,6 +499,43 @@ func TestTableDeclarationRevisionOnly(t *testing.T) {
 	}
 }
 
+// start_grace_seconds is carried on the route, and a change of it alone
+// is a renewal (the route is kept, its streams untouched).
+func TestTableStartGrace(t *testing.T) {
+	tbl, _ := newTB(t)
+	specs := tbBase()
+	specs[0].Services[0].StartGraceSeconds = new(12)
+	specs[0].Services[1].StartGraceSeconds = new(0)
+	tbApply(t, tbl, "r1", specs)
+	want := func(host string, d time.Duration, ok bool) {
+		t.Helper()
+		if got, gotOK := tbl.Lookup(host).StartGrace(); got != d || gotOK != ok {
+			t.Errorf("%s: StartGrace() = %v, %v; want %v, %v", host, got, gotOK, d, ok)
+		}
+	}
+	want(tbWeb, 12*time.Second, true)
+	want(tbDemo, 0, true)
+	want(tbAPI, 0, false)
+	web := tbl.Lookup(tbWeb)
+	streams := tbAttachAll(t, map[string]*Route{tbWeb: web})
+
+	specs = tbBase()
+	specs[0].Services[1].StartGraceSeconds = new(3)
+	if res := tbApply(t, tbl, "r2", specs); res != (ApplyResult{Kept: 4}) {
+		t.Errorf("Apply = %+v; want every route kept", res)
+	}
+	if tbl.Lookup(tbWeb) != web {
+		t.Errorf("a changed start_grace_seconds reinstalled %s", tbWeb)
+	}
+	wantNotRevoked(t, streams[tbWeb])
+	want(tbWeb, 0, false)
+	want(tbDemo, 3*time.Second, true)
+
+	// A reinstallation (a stopped instance) keeps the value.
+	tbl.StopInstance(InstanceKey{"team", "demo"})
+	want(tbDemo, 3*time.Second, true)
+}
+
 // A change of target reinstalls exactly the affected routes.
 func TestTableChange(t *testing.T) {
 	tests := []struct {
