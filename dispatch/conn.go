@@ -229,18 +229,19 @@ func (c *clientConn) deny(d denial) bool {
 		c.rec.begin(protoH1)
 	}
 	c.rec.denied(d)
-	if c.req.body != bodyNone || c.req.close {
+	if c.req.body != bodyNone || c.req.close || c.s.draining.Load() {
 		// An unread body leaves the connection unusable; a client that
-		// asked to close gets it.
+		// asked to close gets it, and so does every client while the
+		// server drains.
 		d.close = true
 	}
 	c.s.m.denied(d.status)
 	c.logDenial(d.status, d.reason)
-	accept := c.req.accept
+	accept, navigate := c.req.accept, c.req.navigate
 	if c.detached != nil {
-		accept = c.detached.accept
+		accept, navigate = c.detached.accept, c.detached.navigate
 	}
-	c.out = appendErrorResponse(c.out[:0], d, accept)
+	c.out = appendErrorResponse(c.out[:0], d, accept, navigate)
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	_, _ = c.conn.Write(c.out)
 	if outside {
@@ -416,6 +417,9 @@ func (c *clientConn) proxy() bool {
 		c.bodyIn.Store(req.length)
 	}
 	if err := x.connect(context.Background(), c.out, inline); err != nil {
+		if errors.Is(err, errClientGone) {
+			return false // it hung up while the app was starting
+		}
 		return c.exchangeFailed(x, err)
 	}
 	defer c.setBackend(nil)
@@ -435,9 +439,10 @@ func (c *clientConn) proxy() bool {
 		// here on the body copy reuses the buffer that holds the request
 		// head: what is still needed of the head is copied out first.
 		c.detached = &detachedHead{
-			accept: append([]byte(nil), req.accept...),
-			method: string(req.method),
-			path:   pathOnly(req.path),
+			accept:   append([]byte(nil), req.accept...),
+			navigate: req.navigate,
+			method:   string(req.method),
+			path:     pathOnly(req.path),
 		}
 		// The head's bytes are about to be overwritten (handle clears
 		// detached once the request is logged).
@@ -542,6 +547,12 @@ func (c *clientConn) attach(bc *backendConn) bool { return c.setBackend(bc) }
 func (c *clientConn) detach(*backendConn) bool {
 	c.setBackend(nil)
 	return true
+}
+
+// gone reports whether the connection was revoked or the client hung up
+// (peerHungUp: bytes it sent meanwhile are neither read nor lost).
+func (c *clientConn) gone() bool {
+	return c.revokedErr() != nil || peerHungUp(c.raw)
 }
 
 // watchAfter is how long a response may take before the client connection

@@ -15,6 +15,7 @@ const (
 	reasonLimit       = "too many concurrent streams for this sandbox"
 	reasonMethod      = "method not allowed"
 	reasonDialRefused = "the application is not accepting connections"
+	reasonNotListen   = "nothing is listening on the application's port yet"
 	reasonDialTimeout = "timed out connecting to the application"
 	reasonRespTimeout = "timed out waiting for the application's response"
 	reasonBadResponse = "the application sent an invalid response"
@@ -28,17 +29,21 @@ const (
 type denial struct {
 	status     int
 	reason     string
-	retryAfter bool // Retry-After: 1
+	retryAfter int // seconds, sent as Retry-After; 0: none
 	// close ends the client connection after the answer (HTTP/2: GOAWAY,
 	// the connection's other streams may finish).
 	close bool
+	// port, when set, makes this the answer that nothing listens on that
+	// port of the sandbox yet (denyNotListening): its body is a
+	// self-refreshing page for navigations, JSON otherwise.
+	port int
 }
 
 // The listener's own answers.
 var (
 	denyMisdirected = denial{status: 421, reason: reasonMisdirected}
 	denyRevoked     = denial{status: 503, reason: reasonRevoked, close: true}
-	denyLimit       = denial{status: 503, reason: reasonLimit, retryAfter: true}
+	denyLimit       = denial{status: 503, reason: reasonLimit, retryAfter: 1}
 	denyMethod      = denial{status: 405, reason: reasonMethod}
 	denyDialRefused = denial{status: 502, reason: reasonDialRefused}
 	denyDialTimeout = denial{status: 504, reason: reasonDialTimeout}
@@ -46,6 +51,18 @@ var (
 	denyBadResponse = denial{status: 502, reason: reasonBadResponse}
 	denyReqTimeout  = denial{status: 408, reason: reasonReqTimeout}
 )
+
+// notListeningRefresh is how soon, in seconds, a client is told to try
+// again after the app was found not listening (Retry-After, and the HTML
+// page's refresh).
+const notListeningRefresh = 2
+
+// denyNotListening is the answer once the app has refused connections on
+// port for the whole start grace (appstart.go): 502, distinct in its body
+// from every other 502.
+func denyNotListening(port int) denial {
+	return denial{status: 502, reason: reasonNotListen, retryAfter: notListeningRefresh, port: port}
+}
 
 // denyParse is the answer to a request head the parser refused.
 func denyParse(pe *parseError) denial { return denial{status: pe.status, reason: pe.reason} }
@@ -56,9 +73,14 @@ func (d denial) closing() denial {
 	return d
 }
 
-// errorBody is the body of an error answer: a small HTML page for browsers
-// (Accept: text/html), one plain-text line otherwise.
-func errorBody(status int, reason string, accept []byte) (ctype string, body []byte) {
+// errorBody is the body of the answer d: a small HTML page for browsers
+// (Accept: text/html), one plain-text line otherwise; for the app not
+// listening, notListeningBody.
+func errorBody(d denial, accept []byte, navigate bool) (ctype string, body []byte) {
+	if d.port > 0 {
+		return notListeningBody(d.port, accept, navigate)
+	}
+	status, reason := d.status, d.reason
 	text := http.StatusText(status)
 	if bytes.Contains(accept, []byte("text/html")) {
 		body = append(body, "<!doctype html><html><head><title>"...)
@@ -83,12 +105,36 @@ func errorBody(status int, reason string, accept []byte) (ctype string, body []b
 	return "text/plain; charset=utf-8", body
 }
 
+// notListeningBody is the body of denyNotListening: for a navigation
+// (Sec-Fetch-Mode: navigate, or Accept naming text/html) an HTML page that
+// says so and reloads itself; for anything else (fetch, XHR, API clients)
+// {"error":"app_not_listening","port":N}.
+func notListeningBody(port int, accept []byte, navigate bool) (ctype string, body []byte) {
+	if navigate || bytes.Contains(accept, []byte("text/html")) {
+		body = append(body, "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\""...)
+		body = strconv.AppendInt(body, notListeningRefresh, 10)
+		body = append(body, "\"><title>502 Waiting for the app</title></head><body><h1>Nothing is listening on port "...)
+		body = strconv.AppendInt(body, int64(port), 10)
+		body = append(body, " yet</h1><p>The app in this sandbox has not started listening on port "...)
+		body = strconv.AppendInt(body, int64(port), 10)
+		body = append(body, ". This page reloads itself every "...)
+		body = strconv.AppendInt(body, notListeningRefresh, 10)
+		body = append(body, " seconds until it does.</p></body></html>\n"...)
+		return "text/html; charset=utf-8", body
+	}
+	body = append(body, `{"error":"app_not_listening","port":`...)
+	body = strconv.AppendInt(body, int64(port), 10)
+	body = append(body, "}\n"...)
+	return "application/json", body
+}
+
 // allowedMethods is the Allow field of a 405 answer.
 const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
-// appendErrorResponse writes a complete HTTP/1.1 error response for d.
-func appendErrorResponse(dst []byte, d denial, accept []byte) []byte {
-	ctype, body := errorBody(d.status, d.reason, accept)
+// appendErrorResponse writes a complete HTTP/1.1 error response for d;
+// accept and navigate (Sec-Fetch-Mode: navigate) choose the body's form.
+func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool) []byte {
+	ctype, body := errorBody(d, accept, navigate)
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(d.status), 10)
 	dst = append(dst, ' ')
@@ -98,8 +144,10 @@ func appendErrorResponse(dst []byte, d denial, accept []byte) []byte {
 	dst = append(dst, "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nContent-Length: "...)
 	dst = strconv.AppendInt(dst, int64(len(body)), 10)
 	dst = append(dst, "\r\n"...)
-	if d.retryAfter {
-		dst = append(dst, "Retry-After: 1\r\n"...)
+	if d.retryAfter > 0 {
+		dst = append(dst, "Retry-After: "...)
+		dst = strconv.AppendInt(dst, int64(d.retryAfter), 10)
+		dst = append(dst, "\r\n"...)
 	}
 	if d.status == 405 {
 		dst = append(dst, "Allow: "+allowedMethods+"\r\n"...)
@@ -114,16 +162,16 @@ func appendErrorResponse(dst []byte, d denial, accept []byte) []byte {
 // writeH2Error writes the HTTP/2 form of the same answer: the same fields
 // and body; d.close becomes "Connection: close", which x/net turns into a
 // GOAWAY.
-func writeH2Error(w http.ResponseWriter, d denial, accept string) {
-	ctype, body := errorBody(d.status, d.reason, []byte(accept))
+func writeH2Error(w http.ResponseWriter, d denial, accept string, navigate bool) {
+	ctype, body := errorBody(d, []byte(accept), navigate)
 	h := w.Header()
 	clear(h)
 	h["Content-Type"] = []string{ctype}
 	h["Cache-Control"] = []string{"no-store"}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
 	h["Content-Length"] = []string{strconv.Itoa(len(body))}
-	if d.retryAfter {
-		h["Retry-After"] = []string{"1"}
+	if d.retryAfter > 0 {
+		h["Retry-After"] = []string{strconv.Itoa(d.retryAfter)}
 	}
 	if d.status == 405 {
 		h["Allow"] = []string{allowedMethods}

@@ -57,6 +57,9 @@ type exchangeClient interface {
 	// detach undoes attach; it reports false when bc was closed meanwhile
 	// because the client side ended.
 	detach(bc *backendConn) bool
+	// gone reports whether nobody is waiting for the answer any more (the
+	// client went away, or its connection was revoked). It does not block.
+	gone() bool
 }
 
 // reset prepares x for the exchange of req on route for cl, reached with
@@ -102,7 +105,8 @@ func (e *badResponseError) Unwrap() error { return e.err }
 // connect writes head (the request head, with the whole body when
 // bodyInMemory) on an idle pooled app connection, or a new one, and keeps
 // it as x.bc. It sends the request a second time only as the retry rule
-// allows (retry.go). ctx bounds the dial.
+// allows (retry.go). A new connection that the app refuses is waited for
+// while the app may be starting (appstart.go). ctx bounds the dial.
 func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) error {
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
@@ -114,13 +118,9 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		}
 		fresh := bc == nil
 		if fresh {
-			dctx, cancel := context.WithTimeout(ctx, x.s.cfg.DialTimeout)
 			var err error
-			bc, err = x.pool.dial(dctx)
-			cancel()
-			x.s.m.dials.WithLabelValues(dialResult(err)).Inc()
-			if err != nil {
-				return &dialError{err}
+			if bc, err = x.dialApp(ctx); err != nil {
+				return err
 			}
 		}
 		if !x.cl.attach(bc) {
@@ -286,9 +286,17 @@ func (x *exchange) failure(err error) denial {
 	var de *dialError
 	var be *badResponseError
 	var ae *appError
+	var nl *notListeningError
 	switch {
 	case errors.Is(err, errClientRevoked):
 		return denyRevoked
+	case errors.As(err, &nl):
+		// Logged when the wait ended (appstart.go), or here when there
+		// was none.
+		if nl.waited == 0 {
+			x.logStartWait(startTimeout, 0, 1, nl)
+		}
+		return denyNotListening(nl.port)
 	case errors.As(err, &de):
 		x.s.log.Warn("connector dial failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", de.err)
 		if isTimeout(de.err) {

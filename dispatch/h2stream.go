@@ -413,7 +413,7 @@ func (st *h2Stream) deny(d denial) {
 	if st.s.draining.Load() {
 		d.close = true
 	}
-	writeH2Error(st.w, d, st.r.Header.Get("Accept"))
+	writeH2Error(st.w, d, st.r.Header.Get("Accept"), strings.EqualFold(st.r.Header.Get("Sec-Fetch-Mode"), "navigate"))
 }
 
 func (st *h2Stream) logDenial(status int, reason string) {

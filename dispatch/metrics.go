@@ -17,6 +17,8 @@ type metrics struct {
 	bytesToApp       prometheus.Counter
 	dials            *prometheus.CounterVec
 	staleConns       prometheus.Counter
+	startWaits       *prometheus.CounterVec
+	startWaiting     prometheus.Gauge
 	headersDropped   *prometheus.CounterVec
 	cookieDomains    prometheus.Counter
 
@@ -67,6 +69,14 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Name: "applistener_app_connections_stale_total",
 			Help: "Idle app connections found closed by the app when about to be reused (discarded before any request byte was written).",
 		}),
+		startWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_app_start_waits_total",
+			Help: "Requests that waited for an app refusing connections (not listening yet), by how the wait ended: ready, timeout (answered 502 not listening), client_gone, revoked, shutdown, error.",
+		}, []string{"outcome"}),
+		startWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "applistener_app_start_waiting",
+			Help: "Requests waiting now for their app to start listening.",
+		}),
 		headersDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_request_headers_dropped_total",
 			Help: "Request header fields not forwarded to apps, by reason (underscore: a name containing '_').",
@@ -77,6 +87,9 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 		}),
 	}
 	m.requestsByCode.vec, m.denialsByCode.vec = m.requests, m.denials
+	for _, o := range startOutcomes {
+		m.startWaits.WithLabelValues(o) // every series exported from the start
+	}
 	reqDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "applistener_request_duration_seconds",
 		Help:    "Requests from the complete request head to the end of the answer (WebSockets: to their end), by protocol (h1, h2, ws) and outcome (ok, denied, upstream_error, aborted).",
@@ -109,7 +122,7 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",
 		}, parked)
 		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials, idle,
-			m.staleConns, m.headersDropped, m.cookieDomains)
+			m.staleConns, m.startWaits, m.startWaiting, m.headersDropped, m.cookieDomains)
 	}
 	return m
 }

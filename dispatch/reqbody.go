@@ -32,9 +32,10 @@ func (c *clientConn) copyRequestBody(bc *backendConn) error {
 // detachedHead is a copy of the parts of a request head needed after its
 // buffer has been handed to the body copy.
 type detachedHead struct {
-	accept []byte
-	method string
-	path   string
+	accept   []byte
+	navigate bool
+	method   string
+	path     string
 }
 
 // deadlineReader sets a read deadline before each read of a request body;

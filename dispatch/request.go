@@ -33,6 +33,7 @@ type request struct {
 	zeroLength bool
 	expect     bool // Expect: 100-continue
 	accept     []byte
+	navigate   bool // Sec-Fetch-Mode: navigate (a browser loading a page)
 	// connTokens are header names listed in Connection, removed as hop-by-hop.
 	connTokens [][]byte
 }
@@ -123,6 +124,8 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 			}
 		case asciiEqualFold(f.name, "accept"):
 			r.accept = f.value
+		case asciiEqualFold(f.name, "sec-fetch-mode"):
+			r.navigate = asciiEqualFold(f.value, "navigate")
 		}
 	}
 	// close always wins; HTTP/1.0 keeps the connection only when asked to.

@@ -18,6 +18,8 @@
 //	h2websocket.go WebSockets over HTTP/2 (RFC 8441 extended CONNECT)
 //	exchange.go    one request forwarded to the app, shared by both
 //	retry.go       when a request may be sent to the app again
+//	appstart.go    waiting for an app that is not listening yet
+//	hangup_*.go    telling that an HTTP/1.1 client hung up, without reading
 //	backend.go     the per-route pool of app connections
 //	stale_*.go     probing idle app connections before reuse
 //	request.go     parsing an HTTP/1.1 request head
@@ -81,6 +83,12 @@ type Config struct {
 	BodyTimeout time.Duration
 	// DialTimeout bounds connecting to the app (504 beyond it).
 	DialTimeout time.Duration
+	// AppStartGrace is how long a request waits, redialling with backoff,
+	// for an app that refuses connections (not listening yet) before it is
+	// answered 502 "not listening" (appstart.go); a service's
+	// start_grace_seconds overrides it. 0: DefaultAppStartGrace; negative:
+	// no wait.
+	AppStartGrace time.Duration
 	// ResponseHeaderTimeout bounds waiting for the app's response head (504).
 	ResponseHeaderTimeout time.Duration
 	// BackendIdleTimeout retires idle app connections; keep it below the
@@ -121,6 +129,7 @@ const (
 	DefaultIdleTimeout           = 120 * time.Second
 	DefaultBodyTimeout           = 60 * time.Second
 	DefaultDialTimeout           = 5 * time.Second
+	DefaultAppStartGrace         = 5 * time.Second
 	DefaultResponseHeaderTimeout = 60 * time.Second
 	DefaultBackendIdleTimeout    = 4 * time.Second
 	DefaultMaxIdlePerRoute       = 64
@@ -158,6 +167,8 @@ type Server struct {
 	conns    map[*clientConn]struct{}
 	h2conns  map[*h2Conn]struct{} // HTTP/2 connections (h2.go), under mu
 	draining atomic.Bool
+	stopping chan struct{} // closed when Shutdown starts: ends waits for apps to listen
+	stopOnce sync.Once
 	idleCh   chan struct{} // signalled when a connection ends during drain
 
 	h2 h2State // the HTTP/2 server, created on first use (h2.go)
@@ -177,6 +188,9 @@ func New(cfg Config) *Server {
 	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
 	setDefault(&cfg.BodyTimeout, DefaultBodyTimeout)
 	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
+	if cfg.AppStartGrace == 0 {
+		cfg.AppStartGrace = DefaultAppStartGrace
+	}
 	setDefault(&cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
 	setDefault(&cfg.BackendIdleTimeout, DefaultBackendIdleTimeout)
 	setDefault(&cfg.WebSocketCloseGrace, DefaultWebSocketCloseGrace)
@@ -191,10 +205,11 @@ func New(cfg Config) *Server {
 	}
 	bufSize := max(cfg.MaxHeaderBytes+1024, 16<<10)
 	s := &Server{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		conns:  make(map[*clientConn]struct{}),
-		idleCh: make(chan struct{}, 1),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		conns:    make(map[*clientConn]struct{}),
+		idleCh:   make(chan struct{}, 1),
+		stopping: make(chan struct{}),
 	}
 	s.m = newMetrics(cfg.Registerer, func() float64 { return float64(s.idle.waiters()) })
 	s.alog = newAccessLog(&s.cfg, s.m.accessLogDropped)
@@ -317,12 +332,14 @@ func (s *Server) Connections() int {
 }
 
 // Shutdown drains: idle keep-alive connections are closed at once, requests
-// in flight may finish (their responses carry Connection: close) until ctx
+// waiting for an app to start listening are answered at once, requests in
+// flight may finish (their responses carry Connection: close) until ctx
 // ends, then everything left, WebSockets included (close code 1001), is
 // closed. HTTP/2 connections get GOAWAY: their streams in flight may finish
 // until ctx ends. It returns when every connection has ended.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.stopOnce.Do(func() { close(s.stopping) })
 	s.h2GoAway()
 	s.mu.Lock()
 	for c := range s.conns {

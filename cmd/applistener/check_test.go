@@ -190,6 +190,20 @@ func TestValidateCommand(t *testing.T) {
 	if code := run([]string{"validate", "--no-such-flag"}, &stdout, &stderr); code != 2 {
 		t.Errorf("unknown flag: exit %d, want 2", code)
 	}
+	for _, grace := range []string{"-1s", "5m1s"} {
+		stderr.Reset()
+		if code := run([]string{"validate", "--routes-file", routes, "--admin-address", "127.0.0.1:0", "--app-start-grace", grace}, &stdout, &stderr); code != 2 {
+			t.Errorf("--app-start-grace %s: exit %d, want 2", grace, code)
+		}
+		if !strings.Contains(stderr.String(), "--app-start-grace must be between 0 and 5m0s") {
+			t.Errorf("--app-start-grace %s: stderr %q", grace, stderr.String())
+		}
+	}
+	for _, grace := range []string{"0", "5m"} {
+		if code := run([]string{"validate", "--routes-file", routes, "--admin-address", "127.0.0.1:0", "--app-start-grace", grace}, &stdout, &stderr); code != 0 {
+			t.Errorf("--app-start-grace %s: exit %d, want 0", grace, code)
+		}
+	}
 }
 
 // TestSharedModeRequiresHealthAddress: a shared host without --address

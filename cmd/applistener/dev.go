@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/gateway"
+	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/internal/logsink"
@@ -171,6 +172,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		logFormat:         *logFormat,
 		logLevel:          "info",
 		maxHeaderBytes:    16 << 10,
+		appStartGrace:     dispatch.DefaultAppStartGrace,
 		drainTimeout:      5 * time.Second,
 		defaultMaxStreams: 1024,
 		maxConnections:    10000,

@@ -63,6 +63,7 @@ type serveOptions struct {
 	idleTimeout       time.Duration
 	bodyTimeout       time.Duration
 	dialTimeout       time.Duration
+	appStartGrace     time.Duration
 	responseTimeout   time.Duration
 	backendIdle       time.Duration
 	handshakeTimeout  time.Duration
@@ -111,6 +112,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.idleTimeout, "app-idle-timeout", dispatch.DefaultIdleTimeout, "keep-alive idle timeout of client connections")
 	fs.DurationVar(&o.bodyTimeout, "app-body-timeout", dispatch.DefaultBodyTimeout, "longest wait for progress reading a request body or writing to a client")
 	fs.DurationVar(&o.dialTimeout, "app-dial-timeout", dispatch.DefaultDialTimeout, "timeout connecting to an app (504 beyond)")
+	fs.DurationVar(&o.appStartGrace, "app-start-grace", dispatch.DefaultAppStartGrace, "how long a request waits, redialling, for an app that refuses connections (not listening yet) before it is answered 502; 0: at once (a service's start_grace_seconds overrides it)")
 	fs.DurationVar(&o.responseTimeout, "app-response-header-timeout", dispatch.DefaultResponseHeaderTimeout, "timeout for an app's response head (504 beyond)")
 	fs.DurationVar(&o.backendIdle, "app-backend-idle-timeout", dispatch.DefaultBackendIdleTimeout, "idle app connections are closed after this (keep below the app's keep-alive timeout)")
 	fs.DurationVar(&o.handshakeTimeout, "app-handshake-timeout", listener.DefaultHandshakeTimeout, "time allowed for the ClientHello and TLS handshake")
@@ -229,10 +231,22 @@ func (o *serveOptions) validate() error {
 			o.trusted = append(o.trusted, p.Masked())
 		}
 	}
+	if o.appStartGrace < 0 || o.appStartGrace > routes.MaxStartGraceSeconds*time.Second {
+		return usagef("--app-start-grace must be between 0 and %v", routes.MaxStartGraceSeconds*time.Second)
+	}
 	if o.maxHeaderBytes < 1024 || o.maxHeaderBytes > 1<<20 {
 		return usagef("--app-max-header-bytes must be between 1024 and 1048576")
 	}
 	return nil
+}
+
+// startGrace is the dispatch.Config.AppStartGrace of --app-start-grace:
+// there 0 takes the default, and a negative value is no wait.
+func startGrace(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func parseLevel(s string) (slog.Level, error) {
@@ -454,6 +468,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			IdleTimeout:            o.idleTimeout,
 			BodyTimeout:            o.bodyTimeout,
 			DialTimeout:            o.dialTimeout,
+			AppStartGrace:          startGrace(o.appStartGrace),
 			ResponseHeaderTimeout:  o.responseTimeout,
 			BackendIdleTimeout:     o.backendIdle,
 			DisableHTTP2WebSockets: !o.appH2WebSockets,

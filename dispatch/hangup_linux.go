@@ -1,0 +1,33 @@
+//go:build linux
+
+package dispatch
+
+import (
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// peerHungUp reports, without blocking or reading, whether the peer of raw
+// has closed its side of the connection (FIN or reset): a client that went
+// away while its request waits for the app. Bytes the client sent and
+// nobody has read yet do not hide a hang-up (POLLRDHUP), and are left in
+// place. A connection closed here counts as hung up.
+func peerHungUp(raw net.Conn) bool {
+	sc, ok := raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hung := false
+	err = rc.Control(func(fd uintptr) {
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, perr := unix.Poll(fds[:], 0)
+		hung = perr == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+	})
+	return hung || err != nil
+}
