@@ -332,6 +332,7 @@ type h2Result struct {
 	header http.Header
 	body   string
 	err    error
+	close  bool // HTTP/1.1: the answer said Connection: close
 }
 
 func h2Do(cc *http.ClientConn, req *http.Request) h2Result {
