@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/gateway"
-	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/control/supervisor"
+	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/internal/demoapp"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/routes"
