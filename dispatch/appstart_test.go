@@ -26,7 +26,7 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// lateHost is the route installed by installLate (service "late").
+// lateHost is the route of service "late" (installLate).
 const lateHost = "team--demo--late." + h2Domain
 
 // lateApp is a real HTTP/1.1 app that is still starting: its port is
@@ -121,17 +121,17 @@ func (a *lateApp) executions(path string) int {
 	return a.requests[path]
 }
 
-// installLate replaces the env's routes with one service, "late", on port
+// install replaces the env's routes with one service, name, on port
 // (fields: more of the service's JSON, such as start_grace_seconds), and
 // returns its route.
-func (e *h2Env) installLate(port int, fields string, maxStreams int) *routes.Route {
+func (e *h2Env) install(name string, port int, fields string, maxStreams int) *routes.Route {
 	e.t.Helper()
 	limits := ""
 	if maxStreams > 0 {
 		limits = fmt.Sprintf(`"limits":{"max_streams":%d},`, maxStreams)
 	}
-	doc, err := routes.ParseDocument(fmt.Appendf(nil, `{"revision":"late","instances":[{"workspace":"team","sandbox":"demo","generation":"1",
-		%s"services":[{"name":"late","port":%d,"revision":1%s}]}]}`, limits, port, fields))
+	doc, err := routes.ParseDocument(fmt.Appendf(nil, `{"revision":"one","instances":[{"workspace":"team","sandbox":"demo","generation":"1",
+		%s"services":[{"name":%q,"port":%d,"revision":1%s}]}]}`, limits, name, port, fields))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -139,11 +139,18 @@ func (e *h2Env) installLate(port int, fields string, maxStreams int) *routes.Rou
 		e.t.Fatalf("rejected: %+v", doc.Rejected)
 	}
 	e.table.Apply(doc)
-	r := e.table.Lookup(lateHost)
+	host := routes.Hostname("team", "demo", name, h2Domain)
+	r := e.table.Lookup(host)
 	if r == nil {
-		e.t.Fatal("late route not installed")
+		e.t.Fatalf("%s not installed", host)
 	}
 	return r
+}
+
+// installLate installs service "late" (lateHost) on port.
+func (e *h2Env) installLate(port int, fields string, maxStreams int) *routes.Route {
+	e.t.Helper()
+	return e.install("late", port, fields, maxStreams)
 }
 
 // pendingRequest is a request sent on its own client connection (HTTP/1.1)
