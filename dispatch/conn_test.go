@@ -100,7 +100,7 @@ func (a *toyApp) dropAll() {
 
 func (a *toyApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
 
-func testRoute(t *testing.T, port int) *routes.Route {
+func testRoute(t testing.TB, port int) *routes.Route {
 	t.Helper()
 	tbl := routes.NewTable(routes.Options{Domain: "apps.test", Freshness: time.Hour, Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(tbl.Close)
@@ -119,7 +119,7 @@ func testRoute(t *testing.T, port int) *routes.Route {
 
 // clientOf starts ServeConn on one end of a loopback TCP pair and returns
 // the client end.
-func clientOf(t *testing.T, s *Server, route *routes.Route) (net.Conn, *bufio.Reader) {
+func clientOf(t testing.TB, s *Server, route *routes.Route) (net.Conn, *bufio.Reader) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
