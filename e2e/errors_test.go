@@ -23,38 +23,40 @@ func TestErrors(t *testing.T) {
 	p := startProc(t, routesDoc(
 		service{Name: "web", Port: web.port, Revision: 1},
 		service{Name: "dead", Port: dead, Revision: 1},
-	))
+	), "--app-start-grace", "200ms")
 
+	// Nothing listens on the dead service's port: after the start grace,
+	// 502 saying so, as a page for browsers and as JSON for the rest.
 	t.Run("AppDown", func(t *testing.T) {
 		for _, tc := range []struct {
-			name, accept, ctype string
+			name, header, ctype string
 		}{
-			{"Text", "", "text/plain"},
-			{"Curl", "*/*", "text/plain"},
-			{"Browser", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", "text/html"},
+			{"NoAccept", "", "application/json"},
+			{"Curl", "Accept: */*\r\n", "application/json"},
+			{"Browser", "Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\n", "text/html"},
+			{"Navigation", "Sec-Fetch-Mode: navigate\r\nAccept: */*\r\n", "text/html"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				rc := p.raw(t, hostDead)
-				req := "GET /down HTTP/1.1\r\nHost: " + hostDead + "\r\n"
-				if tc.accept != "" {
-					req += "Accept: " + tc.accept + "\r\n"
-				}
-				resp, body := rc.roundTrip(t, req+"\r\n")
+				resp, body := rc.roundTrip(t, "GET /down HTTP/1.1\r\nHost: "+hostDead+"\r\n"+tc.header+"\r\n")
 				if resp.StatusCode != http.StatusBadGateway {
 					t.Fatalf("app down: %d %q; want 502", resp.StatusCode, body)
 				}
 				if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, tc.ctype) {
 					t.Errorf("Content-Type %q; want %s", ct, tc.ctype)
 				}
-				s := string(body)
-				if tc.ctype == "text/plain" {
-					if line := strings.TrimSuffix(s, "\n"); line == "" || strings.Contains(line, "\n") {
-						t.Errorf("body %q; want one line naming the reason", s)
-					}
-				} else if !strings.Contains(strings.ToLower(s), "<html") {
-					t.Errorf("body %q; want a small HTML page", s)
+				if ra := resp.Header.Get("Retry-After"); ra == "" {
+					t.Error("no Retry-After")
 				}
-				if strings.Contains(s, "127.0.0.1") || strings.Contains(s, strconv.Itoa(dead)) {
+				s := string(body)
+				if tc.ctype == "application/json" {
+					if want := `{"error":"app_not_listening","port":` + strconv.Itoa(dead) + "}\n"; s != want {
+						t.Errorf("body %q; want %q", s, want)
+					}
+				} else if !strings.Contains(strings.ToLower(s), "<html") || !strings.Contains(s, "port "+strconv.Itoa(dead)) {
+					t.Errorf("body %q; want a small HTML page naming the port", s)
+				}
+				if strings.Contains(s, "127.0.0.1") {
 					t.Errorf("error body %q leaks the app's address", s)
 				}
 			})

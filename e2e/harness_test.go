@@ -275,9 +275,10 @@ func bigBody(n int) []byte {
 // route documents
 
 type service struct {
-	Name     string `json:"name"`
-	Port     int    `json:"port"`
-	Revision int    `json:"revision"`
+	Name       string `json:"name"`
+	Port       int    `json:"port"`
+	Revision   int    `json:"revision"`
+	StartGrace *int   `json:"start_grace_seconds,omitempty"`
 }
 
 var revCounter atomic.Int64
