@@ -152,7 +152,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	deadPort := freePort(t) // nothing listens: dials fail, 502
 	routesFile := filepath.Join(dir, "routes.json")
 	writeFile(t, routesFile, fmt.Sprintf(`{"revision":"r1","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
-		`"services":[{"name":"web","port":%d,"revision":1},{"name":"down","port":%d,"revision":1}]}]}`, appPort, deadPort))
+		`"services":[{"name":"web","port":%d,"revision":1},{"name":"down","port":%d,"revision":1,"start_grace_seconds":1}]}]}`, appPort, deadPort))
 	appAddr := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	serveAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	serve := start(t, dir, "serve", bin, "serve",
