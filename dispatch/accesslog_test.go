@@ -279,10 +279,13 @@ func TestAccessLogWebSocket(t *testing.T) {
 	}
 	_ = resp.Body.Close()
 	defer func() { _ = c.Close() }()
+	// The server's record starts before its 101, so before Dial returned:
+	// 2 s from here bound its duration from below.
+	opened := time.Now()
 	// Messages every 100 ms for 2 s: client frames carry a 6-byte header
 	// (masked), the app's a 2-byte one.
 	var payload, frames int
-	for i := 0; time.Since(start) < 2*time.Second; i++ {
+	for i := 0; time.Since(opened) < 2*time.Second; i++ {
 		msg := fmt.Sprintf("message %d", i)
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
