@@ -10,6 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 # package:target pairs run by `make fuzz` (and briefly by `make test`).
 FUZZ_TARGETS = \
 	./internal/tlshello:FuzzReadClientHello \
+	./internal/proxyproto:FuzzParse \
 	./routes:FuzzNormalizeHost \
 	./routes:FuzzParseHostname \
 	./routes:FuzzParseDocument \
