@@ -244,7 +244,7 @@ func (s *Server) ServeConn(lc listener.Conn) {
 		route: lc.Route,
 		in:    inbuf{src: lc.Conn, pool: &s.bufPool},
 	}
-	c.peer, c.trusted = s.peerOf(lc.Raw)
+	c.peer, c.trusted = s.peerOf(lc)
 	c.ci = connInfo{route: lc.Route, sni: lc.SNI, peer: c.peer, tlsVer: tlsVersionOf(lc.Conn)}
 	release, ok := admit(s, &s.conns, c, lc.Raw, lc.Route)
 	if !ok {
@@ -308,11 +308,18 @@ func admit[C interface {
 	}, true
 }
 
-// peerOf returns the client address of raw and whether it is a trusted proxy.
-func (s *Server) peerOf(raw net.Conn) (netip.Addr, bool) {
-	ap, err := netip.ParseAddrPort(raw.RemoteAddr().String())
-	if err != nil {
-		return netip.Addr{}, false
+// peerOf returns the client address of lc and whether that client is a
+// trusted proxy (its forwarding headers are kept). The address is the one
+// a trusted proxy's PROXY header carried (lc.Client), else the TCP peer's:
+// behind a TCP proxy the HTTP headers are the client's own, so they are
+// trusted only if the client itself is.
+func (s *Server) peerOf(lc listener.Conn) (netip.Addr, bool) {
+	ap := lc.Client
+	if !ap.IsValid() {
+		var err error
+		if ap, err = netip.ParseAddrPort(lc.Raw.RemoteAddr().String()); err != nil {
+			return netip.Addr{}, false
+		}
 	}
 	peer := ap.Addr().Unmap()
 	for _, p := range s.cfg.TrustedProxies {

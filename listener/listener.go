@@ -1,5 +1,6 @@
 // Package listener accepts TCP connections for the application listener,
-// reads each ClientHello before any handshake, refuses names that are not
+// reads a PROXY protocol v2 header from the peers allowed to send one
+// (proxy.go), reads each ClientHello before any handshake, refuses names that are not
 // installed and fresh routes with the TLS alert unrecognized_name (no
 // certificate is ever sent for them), terminates TLS for the others, and
 // hands each connection, bound to the route its SNI named, to dispatch.
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -28,6 +30,9 @@ type Conn struct {
 	// Raw is the TCP connection under it. Closing Raw ends the connection
 	// at once (revocation) without waiting on a stalled TLS peer.
 	Raw net.Conn
+	// Client is the client's address: the source address that a permitted
+	// proxy's PROXY protocol header carried, else the TCP peer's address.
+	Client netip.AddrPort
 	// SNI is the normalized server name the route was looked up by.
 	SNI string
 	// Route is the route SNI names; its lease revokes the connection.
@@ -73,8 +78,16 @@ type Config struct {
 	// MaxConnections bounds concurrent client connections (0: no bound);
 	// beyond it new connections are closed at once.
 	MaxConnections int
-	Logger         *slog.Logger
-	Registerer     prometheus.Registerer
+	// TrustedProxies may start a connection with a PROXY protocol v2
+	// header, whose source address then becomes the client address. A
+	// PROXY header (v1 or v2) from any other peer closes the connection.
+	TrustedProxies []netip.Prefix
+	// RequireProxyHeader lists peers that must start every connection with
+	// a PROXY protocol v2 header (they may send one whether or not they are
+	// in TrustedProxies); a connection of theirs without one is closed.
+	RequireProxyHeader []netip.Prefix
+	Logger             *slog.Logger
+	Registerer         prometheus.Registerer
 }
 
 // DefaultHandshakeTimeout bounds the ClientHello read and TLS handshake.
@@ -178,9 +191,14 @@ func (l *Listener) serveConn(raw net.Conn) {
 	l.m.accepted.Inc()
 	start := time.Now()
 	_ = raw.SetDeadline(start.Add(l.cfg.HandshakeTimeout))
-	hello, err := tlshello.ReadClientHello(raw, tlshello.DefaultMaxClientHelloBytes)
+	client, helloSrc, ok := l.readPreamble(raw, addrPortOf(raw.RemoteAddr()))
+	if !ok {
+		_ = raw.Close()
+		return
+	}
+	hello, err := tlshello.ReadClientHello(helloSrc, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
-		l.refuseHello(raw, err)
+		l.refuseHello(raw, client, err)
 		_ = raw.Close()
 		return
 	}
@@ -196,7 +214,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 		}
 		l.m.rejections.WithLabelValues(reason).Inc()
 		l.log.Info("handshake refused", "class_uid", 4001, "rule", "app-listener-sni",
-			"reason", reason, "sni", truncate(hello.ServerName, 255), "src", raw.RemoteAddr().String())
+			"reason", reason, "sni", truncate(hello.ServerName, 255), "src", client.String())
 		_ = tlshello.WriteAlert(raw, tlshello.AlertUnrecognizedName)
 		_ = raw.Close()
 		return
@@ -205,7 +223,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 	tc := tls.Server(pc, l.cfg.TLS)
 	if err := tc.Handshake(); err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
-		l.log.Debug("handshake failed", "sni", host, "src", raw.RemoteAddr().String(), "err", err)
+		l.log.Debug("handshake failed", "sni", host, "src", client.String(), "err", err)
 		_ = raw.Close()
 		return
 	}
@@ -223,7 +241,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 		return
 	}
 	slotPassed = true
-	c := Conn{Conn: tc, Raw: raw, SNI: host, Route: route, Done: sync.OnceFunc(releaseSlot)}
+	c := Conn{Conn: tc, Raw: raw, Client: client, SNI: host, Route: route, Done: sync.OnceFunc(releaseSlot)}
 	if b, ok := pc.(WriteBatcher); ok {
 		c.Batcher = b
 	}
@@ -242,10 +260,10 @@ var helloRejections = [...]string{
 	tlshello.RefusalReadFailed: "hello_read",
 }
 
-func (l *Listener) refuseHello(raw net.Conn, err error) {
+func (l *Listener) refuseHello(raw net.Conn, src netip.AddrPort, err error) {
 	l.m.rejections.WithLabelValues(helloRejections[tlshello.Classify(err)]).Inc()
 	_ = tlshello.Refuse(raw, err)
-	l.log.Debug("client hello refused", "src", raw.RemoteAddr().String(), "err", err)
+	l.log.Debug("client hello refused", "src", src.String(), "err", err)
 }
 
 func truncate(s string, n int) string {
@@ -279,6 +297,8 @@ type metrics struct {
 	accepted   prometheus.Counter
 	handshakes prometheus.Counter
 	rejections *prometheus.CounterVec
+	// proxyHeaders counts the PROXY protocol headers accepted, by command.
+	proxyHeaders *prometheus.CounterVec
 	// handshakeSeconds: from accept to a completed handshake (ClientHello
 	// read, route lookup, TLS handshake); refused or failed handshakes are
 	// not observed.
@@ -300,6 +320,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_handshake_rejections_total", Help: "Connections refused before or during the TLS handshake, by reason.",
 		}, []string{"reason"}),
+		proxyHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_proxy_protocol_headers_total", Help: "PROXY protocol v2 headers accepted from trusted proxies, by command (proxy, local).",
+		}, []string{"command"}),
 		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "applistener_tls_handshake_seconds",
 			Help:    "Time from accepting a connection to its completed TLS handshake (ClientHello read and handshake).",
@@ -307,7 +330,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.handshakes, m.rejections, m.handshakeSeconds)
+		reg.MustRegister(m.accepted, m.handshakes, m.rejections, m.proxyHeaders, m.handshakeSeconds)
 	}
 	return m
 }

@@ -59,8 +59,9 @@ func newTestListener(t *testing.T) (*Listener, *recordingHandler, *tlsconf.Autho
 	return newTestListenerWith(t, nil)
 }
 
-// newTestListenerWith is newTestListener with its metrics in reg.
-func newTestListenerWith(t *testing.T, reg prometheus.Registerer) (*Listener, *recordingHandler, *tlsconf.Authority) {
+// newTestListenerWith is newTestListener with its metrics in reg and
+// its configuration changed by opts.
+func newTestListenerWith(t *testing.T, reg prometheus.Registerer, opts ...func(*Config)) (*Listener, *recordingHandler, *tlsconf.Authority) {
 	t.Helper()
 	testutil.VerifyNone(t)
 	ca, err := tlsconf.NewAuthority("listener test CA")
@@ -88,11 +89,15 @@ func newTestListenerWith(t *testing.T, reg prometheus.Registerer) (*Listener, *r
 		t.Fatal(err)
 	}
 	h := &recordingHandler{}
-	l := New(ln, Config{
+	cfg := Config{
 		TLS:    &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12},
 		Routes: table, Handler: h, HandshakeTimeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler),
 		Registerer: reg,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	l := New(ln, cfg)
 	served := make(chan error, 1)
 	go func() { served <- l.Serve() }()
 	t.Cleanup(func() {
@@ -146,6 +151,9 @@ func TestHandoff(t *testing.T) {
 		}
 		if c.Raw == nil || c.Raw == c.Conn {
 			t.Error("Raw is not the TCP connection under the TLS one")
+		}
+		if c.Client.String() != tc.LocalAddr().String() {
+			t.Errorf("Client %v; want the peer's own address %v", c.Client, tc.LocalAddr())
 		}
 		if c.Batcher == nil {
 			t.Error("no write batcher from the replaying transport")
