@@ -91,6 +91,11 @@ type Config struct {
 	WithdrawGrace time.Duration
 	// MaxConnections bounds concurrent client connections (0: no bound).
 	MaxConnections int
+	// ProxyProtocol sends each supervisor a PROXY protocol v2 header (the
+	// client's address, the edge address it connected to, the SNI as
+	// PP2_TYPE_AUTHORITY) before the ClientHello (proxy.go). Supervisors
+	// must list the edge in --trusted-proxies or --require-proxy-protocol.
+	ProxyProtocol bool
 	// Dial connects to supervisors; nil uses a net.Dialer.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Logger receives the edge's logs; nil means slog.Default().
@@ -538,7 +543,7 @@ func (e *Edge) serveConn(c net.Conn) {
 	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
 
 	_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
-	if _, err := backend.Write(hello.Raw); err != nil {
+	if _, err := backend.Write(e.preamble(c, host, hello.Raw)); err != nil {
 		sp.close()
 		return
 	}

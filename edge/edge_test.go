@@ -229,16 +229,22 @@ func newEdgeFixture(t *testing.T, src Source, pool *x509.CertPool, workspaces ..
 
 func newEdgeFixtureGrace(t *testing.T, grace time.Duration, src Source, pool *x509.CertPool, workspaces ...string) *edgeFixture {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	e, err := New(Config{
+	return newEdgeFixtureConfig(t, Config{
 		Source:           src,
 		Workspaces:       workspaces,
 		HelloTimeout:     2 * time.Second,
 		HalfCloseTimeout: 2 * time.Second,
 		WithdrawGrace:    grace,
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:       reg,
-	})
+	}, pool)
+}
+
+// newEdgeFixtureConfig serves an edge of cfg (its Registerer replaced).
+func newEdgeFixtureConfig(t *testing.T, cfg Config, pool *x509.CertPool) *edgeFixture {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

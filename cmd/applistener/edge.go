@@ -36,6 +36,7 @@ type edgeOptions struct {
 	drainTimeout   time.Duration
 	streamIdle     time.Duration
 	maxConnections int
+	proxyProtocol  string
 	logFormat      string
 	logLevel       string
 
@@ -57,6 +58,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
 	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
+	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 }
@@ -102,6 +104,11 @@ func (o *edgeOptions) validate() error {
 	default:
 		return usagef("--log-format must be text or json, not %q", o.logFormat)
 	}
+	switch o.proxyProtocol {
+	case "v2", "off":
+	default:
+		return usagef("--proxy-protocol must be v2 or off, not %q", o.proxyProtocol)
+	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
 	}
@@ -143,6 +150,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 		HalfCloseTimeout: o.halfClose,
 		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
+		ProxyProtocol:    o.proxyProtocol == "v2",
 		Logger:           logger,
 		Registerer:       reg,
 	})

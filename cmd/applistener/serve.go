@@ -58,6 +58,7 @@ type serveOptions struct {
 	allowUnderscore   bool
 	passCookieDomain  bool
 	trustedProxies    string
+	requireProxy      string
 	maxHeaderBytes    int
 	headerTimeout     time.Duration
 	idleTimeout       time.Duration
@@ -79,7 +80,8 @@ type serveOptions struct {
 	appACMERoots      string
 	adminPprof        bool
 
-	trusted []netip.Prefix
+	trusted       []netip.Prefix
+	requiredProxy []netip.Prefix
 }
 
 func (o *serveOptions) flags(fs *flag.FlagSet) {
@@ -106,7 +108,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.preserveHost, "app-preserve-host", false, "forward the public Host to the app instead of 127.0.0.1:PORT")
 	fs.BoolVar(&o.allowUnderscore, "app-allow-underscore-headers", false, "forward request header fields whose names contain '_' (aliases of framing, hop-by-hop, Host and forwarding fields are dropped regardless)")
 	fs.BoolVar(&o.passCookieDomain, "app-pass-cookie-domain", false, "pass an app's Set-Cookie Domain attribute through even when it names more than the request's host (only with the app domain on the Public Suffix List)")
-	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-*/Forwarded headers are kept")
+	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-*/Forwarded headers are kept and that may start a connection with a PROXY protocol v2 header (the client address)")
+	fs.StringVar(&o.requireProxy, "require-proxy-protocol", "", "comma-separated CIDRs (e.g. the edge's) that must start every connection with a PROXY protocol v2 header; a connection of theirs without one is closed")
 	fs.IntVar(&o.maxHeaderBytes, "app-max-header-bytes", dispatch.DefaultMaxHeaderBytes, "largest request head accepted (431 beyond)")
 	fs.DurationVar(&o.headerTimeout, "app-header-timeout", dispatch.DefaultHeaderTimeout, "time allowed to send a request head")
 	fs.DurationVar(&o.idleTimeout, "app-idle-timeout", dispatch.DefaultIdleTimeout, "keep-alive idle timeout of client connections")
@@ -222,14 +225,12 @@ func (o *serveOptions) validate() error {
 	default:
 		return usagef("--access-log must be off, text or json, not %q", o.accessLog)
 	}
-	if o.trustedProxies != "" {
-		for _, s := range strings.Split(o.trustedProxies, ",") {
-			p, err := netip.ParsePrefix(strings.TrimSpace(s))
-			if err != nil {
-				return usagef("--trusted-proxies: %v", err)
-			}
-			o.trusted = append(o.trusted, p.Masked())
-		}
+	var err error
+	if o.trusted, err = parsePrefixes(o.trustedProxies); err != nil {
+		return usagef("--trusted-proxies: %v", err)
+	}
+	if o.requiredProxy, err = parsePrefixes(o.requireProxy); err != nil {
+		return usagef("--require-proxy-protocol: %v", err)
 	}
 	if o.appStartGrace < 0 || o.appStartGrace > routes.MaxStartGraceSeconds*time.Second {
 		return usagef("--app-start-grace must be between 0 and %v", routes.MaxStartGraceSeconds*time.Second)
@@ -247,6 +248,22 @@ func startGrace(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// parsePrefixes parses a comma-separated CIDR list ("" is none).
+func parsePrefixes(list string) ([]netip.Prefix, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var ps []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		ps = append(ps, p.Masked())
+	}
+	return ps, nil
 }
 
 func parseLevel(s string) (slog.Level, error) {
@@ -480,13 +497,15 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		})
 		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
 		appLn = listener.New(ln, listener.Config{
-			TLS:              tlsCfg,
-			Routes:           table,
-			Handler:          disp,
-			HandshakeTimeout: o.handshakeTimeout,
-			MaxConnections:   o.maxConnections,
-			Logger:           logger,
-			Registerer:       reg,
+			TLS:                tlsCfg,
+			Routes:             table,
+			Handler:            disp,
+			HandshakeTimeout:   o.handshakeTimeout,
+			MaxConnections:     o.maxConnections,
+			TrustedProxies:     o.trusted,
+			RequireProxyHeader: o.requiredProxy,
+			Logger:             logger,
+			Registerer:         reg,
 		})
 	}
 
