@@ -201,21 +201,22 @@ type discSup struct {
 }
 
 // discStartSup starts `applistener serve` with the gateway session, its
-// own certificate (serial) and --advertise-address 127.0.0.1, and waits
-// until it is ready.
-func discStartSup(t testing.TB, g *discGateway, pki *discPKI, id string, serial int64) *discSup {
+// own certificate (serial), --advertise-address 127.0.0.1 and the edge's
+// address (127.0.0.1) in --trusted-proxies (its PROXY headers), plus
+// extra flags, and waits until it is ready.
+func discStartSup(t testing.TB, g *discGateway, pki *discPKI, id string, serial int64, extra ...string) *discSup {
 	t.Helper()
 	tlsDir := pki.tlsDir(t, serial)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeAtomic(t, tokenFile, []byte("disc-"+id+"\n"))
 	p := discStart(t, id, func(addr, admin string) []string {
-		return []string{"serve", "--mode", "shared",
+		return append([]string{"serve", "--mode", "shared",
 			"--gateway-endpoint", g.url(), "--supervisor-id", id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
-			"--advertise-address", "127.0.0.1",
+			"--advertise-address", "127.0.0.1", "--trusted-proxies", "127.0.0.1/32",
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
 			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", discFreshness.String(),
-			"--drain-timeout", "1s", "--log-format", "json"}
+			"--drain-timeout", "1s", "--log-format", "json"}, extra...)
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 	return &discSup{proc: p, id: id, serial: strconv.FormatInt(serial, 10)}
 }

@@ -971,7 +971,7 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 		return append([]string{"serve", "--mode", "shared",
 			"--gateway-endpoint", gws, "--supervisor-id", cfg.id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
-			"--advertise-address", adv,
+			"--advertise-address", adv, "--trusted-proxies", "127.0.0.1/32", // the edge's PROXY headers
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
 			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", fresh.String(),
 			"--drain-timeout", "1s", "--log-format", "json"}, cfg.extra...)

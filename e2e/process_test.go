@@ -134,6 +134,7 @@ func TestBadFlags(t *testing.T) {
 		{"NoConfigurationSource", []string{"serve", admin}},
 		{"BadDuration", []string{"serve", "--routes-file", routes, "--route-freshness", "soon", admin}},
 		{"StrayArgument", []string{"serve", "--routes-file", routes, admin, "extra"}},
+		{"RequireProxyProtocolNotCIDR", []string{"serve", "--routes-file", routes, "--require-proxy-protocol", "10.0.0.1", admin}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
