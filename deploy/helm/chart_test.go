@@ -246,8 +246,9 @@ func TestChartGatewayEtcdPlainAndCIDRPolicy(t *testing.T) {
 
 func TestChartSharedNonRootWithMetricsService(t *testing.T) {
 	values := map[string]any{
-		"mode":           "shared",
-		"appListener":    map[string]any{"enabled": true, "domain": "apps.example.com", "trustedProxies": []any{"10.0.0.0/8", "fd00::/8"}},
+		"mode": "shared",
+		"appListener": map[string]any{"enabled": true, "domain": "apps.example.com",
+			"trustedProxies": []any{"10.0.0.0/8", "fd00::/8"}, "requireProxyProtocol": []any{"10.42.0.0/16"}},
 		"metricsService": map[string]any{"enabled": true},
 	}
 	r := render(t, values)
@@ -257,6 +258,9 @@ func TestChartSharedNonRootWithMetricsService(t *testing.T) {
 	args := parseArgs(t, supervisorContainer(t, supervisorDeployment(t, r)).Args, "serve")
 	if args["trusted-proxies"] != "10.0.0.0/8,fd00::/8" {
 		t.Errorf("--trusted-proxies=%q", args["trusted-proxies"])
+	}
+	if args["require-proxy-protocol"] != "10.42.0.0/16" {
+		t.Errorf("--require-proxy-protocol=%q", args["require-proxy-protocol"])
 	}
 }
 
@@ -483,7 +487,7 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 		mustFieldRef(t, c, "POD_IP", "status.podIP")
 	} else {
 		for _, name := range sortedKeys(args) {
-			if strings.HasPrefix(name, "app-") || name == "advertise-address" || name == "trusted-proxies" {
+			if strings.HasPrefix(name, "app-") || name == "advertise-address" || name == "trusted-proxies" || name == "require-proxy-protocol" {
 				t.Errorf("--%s rendered although appListener.enabled is false", name)
 			}
 		}
