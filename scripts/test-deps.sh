@@ -4,6 +4,8 @@
 #   libnss3-tools   certutil, which puts the test CA into the browser's NSS database
 #   etcd-server     /usr/bin/etcd: the e2e control-plane tests start their own
 #                   three-member cluster on loopback (e2e/etcd_harness_test.go)
+#   haproxy         the PROXY protocol v2 codec is checked against HAProxy in
+#                   both directions (internal/proxyproto/haproxy_test.go)
 # Quick and silent when everything is there already. Without root, it only
 # says what is missing: those tests then skip (or fail when CI is set).
 #
@@ -51,6 +53,7 @@ need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -83,4 +86,7 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
 # governs starting): disable it, and stop it should it run after all.
 if [[ " ${need[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi
+if [[ " ${need[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	systemctl disable --now haproxy.service >/dev/null 2>&1 || true
 fi
