@@ -110,7 +110,7 @@ func TestProxyHeaderSetsClient(t *testing.T) {
 		{"trusted peer without a header", "127.0.0.1", nil, ""},
 	} {
 		raw := dialFrom(t, l, tc.from)
-		var conn net.Conn = raw
+		conn := raw
 		if tc.hdr != nil {
 			conn = &preambleConn{Conn: raw, pre: mustHeader(t, *tc.hdr)}
 		}

@@ -249,3 +249,32 @@ func TestPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAppend: the header the edge writes per connection.
+func BenchmarkAppend(b *testing.B) {
+	h := Header{Command: Proxy, Source: ap("203.0.113.7:40000"), Destination: ap("10.0.0.1:8443"), Authority: "team--demo--web.apps.example.com"}
+	buf := make([]byte, 0, 128)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := h.Append(buf[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRead: the header the listener reads per connection.
+func BenchmarkRead(b *testing.B) {
+	h := Header{Command: Proxy, Source: ap("203.0.113.7:40000"), Destination: ap("10.0.0.1:8443"), Authority: "team--demo--web.apps.example.com"}
+	raw, err := h.Append(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := bytes.NewReader(raw)
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset(raw)
+		if _, err := Read(r, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
