@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/internal/proxyproto"
 	"github.com/applistener/applistener/internal/testutil"
@@ -227,10 +229,57 @@ func (e *caEnv) ws(t *testing.T, hdr *proxyproto.Header, extra http.Header) forw
 	return fh
 }
 
+// wsH2 opens a WebSocket over HTTP/2 (extended CONNECT) and returns the
+// headers the app's upgrade request carried.
+//
+//nolint:staticcheck // SA1019: x/net's ClientConn, for extended CONNECT.
+func (e *caEnv) wsH2(t *testing.T, hdr *proxyproto.Header, extra http.Header) forwardingHeaders {
+	t.Helper()
+	raw, err := e.dial(context.Background(), hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, e.tlsConfig("h2"))
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := (&http2.Transport{}).NewClientConn(tc) //nolint:staticcheck // SA1019: see above.
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cc.Close() }()
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodConnect, "https://"+h2WebHost+"/ws", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range extra {
+		req.Header[k] = v
+	}
+	req.Header[":protocol"] = []string{"websocket"}
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	resp, err := cc.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		_ = pw.Close()
+		t.Fatalf("extended CONNECT: %v %v", resp, err)
+	}
+	c := &h2wsClient{resp: resp, w: pw, r: bufio.NewReader(resp.Body)}
+	defer c.close()
+	op, msg, err := c.recv()
+	if err != nil || op != websocket.TextMessage {
+		t.Fatalf("WebSocket over HTTP/2: op %d, %q, %v", op, msg, err)
+	}
+	var fh forwardingHeaders
+	if err := json.Unmarshal(msg, &fh); err != nil {
+		t.Fatalf("app message %q: %v", msg, err)
+	}
+	return fh
+}
+
 // TestProxyHeaderClientAddress: behind a trusted TCP proxy (127.0.0.1
 // sending a PROXY v2 header), the app sees the header's client address in
-// X-Forwarded-For and Forwarded, over HTTP/1.1, HTTP/2 and a WebSocket, and
-// so does the access log. The client's own X-Forwarded-For passes a TCP
+// X-Forwarded-For and Forwarded, over HTTP/1.1, HTTP/2 and WebSockets over
+// both, and so does the access log. The client's own X-Forwarded-For passes a TCP
 // proxy untouched, so it is dropped: the client is not a trusted proxy. A
 // LOCAL header keeps the proxy's own address, and a trusted peer without a
 // header is served as before (its forwarding headers kept).
@@ -252,9 +301,10 @@ func TestProxyHeaderClientAddress(t *testing.T) {
 		check(proto+" via the proxy", e.get(t, proto, viaProxy, spoof), proxiedClient, "for="+proxiedClient)
 	}
 	check("WebSocket via the proxy", e.ws(t, viaProxy, spoof), proxiedClient, "for="+proxiedClient)
+	check("WebSocket over HTTP/2 via the proxy", e.wsH2(t, viaProxy, spoof), proxiedClient, "for="+proxiedClient)
 
-	testutil.Eventually(t, 5*time.Second, "three access-log lines with the proxied client", func() bool {
-		return strings.Count(e.accessLog(), "client="+proxiedClient) == 3
+	testutil.Eventually(t, 5*time.Second, "four access-log lines with the proxied client", func() bool {
+		return strings.Count(e.accessLog(), "client="+proxiedClient) == 4
 	})
 	if strings.Contains(e.accessLog(), "client=127.0.0.1") {
 		t.Errorf("the access log names the proxy instead of the client:\n%s", e.accessLog())
@@ -280,6 +330,9 @@ func TestDirectClientsUnaffected(t *testing.T) {
 	}
 	if fh := e.ws(t, nil, nil); len(fh.XFF) != 1 || fh.XFF[0] != "127.0.0.1" {
 		t.Errorf("WebSocket: X-Forwarded-For %q, want 127.0.0.1", fh.XFF)
+	}
+	if fh := e.wsH2(t, nil, nil); len(fh.XFF) != 1 || fh.XFF[0] != "127.0.0.1" {
+		t.Errorf("WebSocket over HTTP/2: X-Forwarded-For %q, want 127.0.0.1", fh.XFF)
 	}
 	hdr := &proxyproto.Header{Command: proxyproto.Proxy, Source: netip.MustParseAddrPort(proxiedClient + ":1"), Destination: netip.MustParseAddrPort("10.0.0.1:443")}
 	c, err := e.dial(context.Background(), hdr)
