@@ -114,10 +114,15 @@ const maxChunkLine = 4096
 // copyChunked decodes a chunked body from in and writes it to w, re-encoded
 // as chunked when encode is true (chunk extensions and trailers are
 // dropped; trailer fields are not forwarded). It returns the decoded size.
+// With flush, what was written is flushed whenever the copy is about to
+// wait for the app (a live stream's events go out as they arrive).
 func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64, error) {
 	var total int64
 	var hdr [20]byte
 	for {
+		if err := flushBeforeLine(in, flush); err != nil {
+			return total, err
+		}
 		line, err := in.readLine(maxChunkLine)
 		if err != nil {
 			return total, err
@@ -159,7 +164,7 @@ func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64
 				return total, err
 			}
 		}
-		n, err := copyN(w, in, size, nil)
+		n, err := copyN(w, in, size, flush)
 		total += n
 		if err != nil {
 			return total, err
@@ -179,12 +184,16 @@ func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64
 				return total, err
 			}
 		}
-		if flush != nil && in.buffered() == 0 {
-			if err := flush(); err != nil {
-				return total, err
-			}
-		}
 	}
+}
+
+// flushBeforeLine flushes (when flush is set) unless a whole line is
+// already buffered in in: reading the next one would wait for the app.
+func flushBeforeLine(in *inbuf, flush func() error) error {
+	if flush == nil || bytes.IndexByte(in.bytes(), '\n') >= 0 {
+		return nil
+	}
+	return flush()
 }
 
 // parseChunkSize parses "HEX[;ext...]" strictly: 1 to 15 hex digits, no

@@ -364,27 +364,41 @@ const (
 	bigBodyBuf = 64 << 10
 )
 
-// heldWriter returns w, writing through it with the TLS records of each
-// large write collected into one system call when the transport allows.
-func (c *clientConn) heldWriter(w *bufio.Writer) io.Writer {
+// heldWriter returns the writer of a large response body: through the
+// client writer, with the TLS records of each large write collected into
+// one system call when the transport allows.
+func (c *clientConn) heldWriter() io.Writer {
 	if c.batch == nil {
-		return w
+		return clientBodyWriter{c}
 	}
-	return holdingWriter{w: w, h: c.batch}
+	return holdingWriter{c}
 }
 
-type holdingWriter struct {
-	w *bufio.Writer
-	h listener.WriteBatcher
+// clientBodyWriter writes a response body into the client writer. A write
+// that goes past the buffer reaches the connection at once, so it gets a
+// fresh write deadline first: the deadline of the last flush may have
+// passed while a live stream was quiet (BodyTimeout bounds each write's
+// progress, never the silence of the app).
+type clientBodyWriter struct{ c *clientConn }
+
+func (cw clientBodyWriter) Write(p []byte) (int, error) {
+	if len(p) > cw.c.bw.Available() {
+		_ = cw.c.conn.SetWriteDeadline(time.Now().Add(cw.c.s.cfg.BodyTimeout))
+	}
+	return cw.c.bw.Write(p)
 }
+
+type holdingWriter struct{ c *clientConn }
 
 func (hw holdingWriter) Write(p []byte) (int, error) {
 	if len(p) < 2*maxTLSRecord {
-		return hw.w.Write(p)
+		return clientBodyWriter(hw).Write(p)
 	}
-	hw.h.HoldWrites()
-	n, err := hw.w.Write(p)
-	if ferr := hw.h.FlushWrites(); err == nil {
+	c := hw.c
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	c.batch.HoldWrites()
+	n, err := c.bw.Write(p)
+	if ferr := c.batch.FlushWrites(); err == nil {
 		err = ferr
 	}
 	return n, err
@@ -508,9 +522,9 @@ func (c *clientConn) proxy() bool {
 	c.rec.status, c.rec.outcome = resp.status, outcomeOK
 	var big io.Writer // large bodies: TLS records batched per write
 	if resp.body == bodyLength && resp.length >= bigBody && !x.isHead {
-		big = c.heldWriter(w)
+		big = c.heldWriter()
 	}
-	err = x.copyBody(w, big, c.flush, out == bodyChunked)
+	err = x.copyBody(clientBodyWriter{c}, big, c.flush, out == bodyChunked)
 	if err == nil {
 		err = c.flush()
 	}

@@ -34,11 +34,15 @@ type exchange struct {
 	isHead bool
 	bc     *backendConn // the app connection, once connected
 	resp   response
+	// publicPort is the port the client named in Host (0: none or 443),
+	// for redirects rewritten to the public origin (redirect.go).
+	publicPort int
 
 	body      chan error // the request body copy's result; nil when none runs
 	stopCopy  func()     // makes a running body copy return at once
 	bodyEnded bool       // the body copy has returned (bodyErr is its result)
 	bodyErr   error
+	hw        headWait // when the response-head timeout starts (headwait.go)
 
 	// Timings and counts for the access log and the latency histograms
 	// (accesslog.go), the same for both protocols.
@@ -69,7 +73,8 @@ func (x *exchange) reset(s *Server, route *routes.Route, sni string, req *reques
 	resp := x.resp
 	resp.reset()
 	*x = exchange{s: s, route: route, pool: s.routePool(route), cl: cl, sni: sni, req: req,
-		isHead: string(req.method) == "HEAD", resp: resp, connectDur: -1, firstByteDur: -1}
+		isHead: string(req.method) == "HEAD", resp: resp, connectDur: -1, firstByteDur: -1,
+		publicPort: hostPort(req.host)}
 }
 
 // Failures of an exchange, mapped to answers by failure.
@@ -150,7 +155,11 @@ func (x *exchange) sendBody(copyBody func(bc *backendConn) error, stop func()) {
 	x.body = make(chan error, 1)
 	x.stopCopy = stop
 	bc := x.bc
-	go func() { x.body <- copyBody(bc) }()
+	go func() {
+		err := copyBody(bc)
+		x.bodyCopied(bc) // the response-head timeout starts now (headwait.go)
+		x.body <- err
+	}()
 }
 
 // stopBody makes a running body copy return and reports how it ended.
@@ -193,7 +202,7 @@ func (x *exchange) bodySent() bool {
 // or more, or 101), handing each other 1xx to interim.
 func (x *exchange) readHead(interim func(*response) error) error {
 	for {
-		_ = x.bc.conn.SetReadDeadline(time.Now().Add(x.s.cfg.ResponseHeaderTimeout))
+		x.armHeadTimeout()
 		head, err := readAppResponseHead(x.bc)
 		if err != nil {
 			return &appError{err: err, sent: true}
@@ -202,6 +211,7 @@ func (x *exchange) readHead(interim func(*response) error) error {
 			return &badResponseError{err}
 		}
 		x.s.scopeCookies(&x.resp, x.sni, x.pool)
+		x.s.rewriteRedirects(&x.resp, x.pool, x.sni, x.publicPort)
 		if x.resp.status == 101 || x.resp.status >= 200 {
 			x.firstByteDur = time.Since(x.sentAt)
 			return nil

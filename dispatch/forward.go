@@ -128,8 +128,9 @@ type forwardInfo struct {
 	client      netip.Addr
 	trusted     bool   // the peer is a trusted proxy: keep its forwarding headers
 	publicHost  string // the SNI, normalized
-	backendHost string // Host sent to the app unless preserveHost
-	preserve    bool
+	backendHost string // Host sent to the app unless preserve
+	// preserve sends the client's Host as it is (publicHost if it sent none).
+	preserve bool
 	// allowUnderscore forwards field names containing '_' other than the
 	// reserved aliases (Config.AllowUnderscoreHeaders).
 	allowUnderscore bool
@@ -172,9 +173,13 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	dst = append(dst, ' ')
 	dst = append(dst, r.path...)
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	if fi.preserve {
+	switch {
+	case fi.preserve && len(r.host) > 0:
+		// The public Host exactly as the client sent it, port included.
+		dst = append(dst, r.host...)
+	case fi.preserve:
 		dst = append(dst, fi.publicHost...)
-	} else {
+	default:
 		dst = append(dst, fi.backendHost...)
 	}
 	dst = append(dst, "\r\n"...)

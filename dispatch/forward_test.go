@@ -113,14 +113,21 @@ func TestUnitAppendRequestHeadHost(t *testing.T) {
 	if got := hr.Header.Get("X-Forwarded-Host"); got != testHost {
 		t.Errorf("X-Forwarded-Host = %q; want %q", got, testHost)
 	}
+	// With preserve, the client's Host goes to the app exactly as sent,
+	// port included.
 	fi := untrusted()
 	fi.preserve = true
-	_, fields, hr, _ = forward(t, h, fi)
-	if got := values(fields, "Host"); !slices.Equal(got, []string{testHost}) {
-		t.Errorf("preserve: Host = %q; want %q", got, testHost)
-	}
-	if hr.Host != testHost {
-		t.Errorf("preserve: net/http Host = %q", hr.Host)
+	for _, host := range []string{strings.ToUpper(testHost) + ":443", testHost + ":8443", testHost} {
+		_, fields, hr, _ = forward(t, head("GET /p HTTP/1.1", "Host: "+host), fi)
+		if got := values(fields, "Host"); !slices.Equal(got, []string{host}) {
+			t.Errorf("preserve: Host = %q; want %q", got, host)
+		}
+		if hr.Host != host {
+			t.Errorf("preserve: net/http Host = %q; want %q", hr.Host, host)
+		}
+		if got := hr.Header.Get("X-Forwarded-Host"); got != testHost {
+			t.Errorf("preserve: X-Forwarded-Host = %q; want %q", got, testHost)
+		}
 	}
 	// OPTIONS * stays in asterisk-form.
 	start, _, _, _ = forward(t, head("OPTIONS * HTTP/1.1", "Host: "+testHost), untrusted())

@@ -150,7 +150,10 @@ func checkForwardedHead(t *testing.T, r *request, fi *forwardInfo, out []byte) {
 		t.Fatalf("request line %q; want %q", start, want)
 	}
 	wantHost := fi.backendHost
-	if fi.preserve {
+	switch {
+	case fi.preserve && len(r.host) > 0:
+		wantHost = string(r.host) // as the client sent it
+	case fi.preserve:
 		wantHost = fi.publicHost
 	}
 	if got := values(fields, "Host"); !slices.Equal(got, []string{wantHost}) {

@@ -107,7 +107,7 @@ func (st *h2Stream) buildRequest() (*request, *parseError) {
 	}
 	// One backing array for every name and value: it never grows, so the
 	// slices stay valid.
-	arena := make([]byte, 0, size+len(r.Method)+len(target))
+	arena := make([]byte, 0, size+len(r.Method)+len(target)+len(r.Host))
 	cut := func(s string) []byte {
 		start := len(arena)
 		arena = append(arena, s...)
@@ -119,6 +119,8 @@ func (st *h2Stream) buildRequest() (*request, *parseError) {
 		fields: make([]headField, 0, n),
 	}
 	req.target = req.path
+	// :authority (or Host) as the client sent it, port included.
+	req.host = cut(r.Host)
 	for name, vs := range r.Header {
 		nb := cut(name)
 		if !isToken(nb) {

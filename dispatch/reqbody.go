@@ -12,7 +12,7 @@ import (
 // app connection, so that the wait for a response ends at once.
 func (c *clientConn) copyRequestBody(bc *backendConn) error {
 	defer func() { c.in.src = c.conn }()
-	w := appWriter{bc.conn}
+	w := appWriter{bc.conn, c.s.cfg.BodyTimeout}
 	var n int64
 	var err error
 	switch c.req.body {
@@ -57,8 +57,12 @@ func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
 }
 
 // appWriter marks write errors towards the app, to tell them apart from
-// failures on the client side of a body copy.
-type appWriter struct{ conn net.Conn }
+// failures on the client side of a body copy. Each write must make
+// progress within timeout (a long upload is not bounded as a whole).
+type appWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+}
 
 type appWriteError struct{ err error }
 
@@ -67,6 +71,7 @@ func (e *appWriteError) Error() string { return "write to app: " + e.err.Error()
 func (e *appWriteError) Unwrap() error { return e.err }
 
 func (w appWriter) Write(p []byte) (int, error) {
+	_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
 	n, err := w.conn.Write(p)
 	if err != nil {
 		err = &appWriteError{err}
