@@ -17,6 +17,7 @@
 //	h2watchdog.go  per-stream read and write timeouts
 //	h2websocket.go WebSockets over HTTP/2 (RFC 8441 extended CONNECT)
 //	exchange.go    one request forwarded to the app, shared by both
+//	headwait.go    the response-head timeout, started once the body is sent
 //	retry.go       when a request may be sent to the app again
 //	appstart.go    waiting for an app that is not listening yet
 //	hangup_*.go    telling that an HTTP/1.1 client hung up, without reading
@@ -30,6 +31,7 @@
 //	reqbody.go     streaming an HTTP/1.1 request body to the app
 //	body.go        body framing: lengths, chunks, until-close
 //	cookies.go     app cookies made host-only
+//	redirect.go    redirects to the app's loopback origin made public
 //	errors.go      the listener's own answers (denials)
 //	accesslog.go   the access log (one line per request) and latency histograms
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
