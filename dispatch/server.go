@@ -60,7 +60,10 @@ import (
 
 // Config configures a Server. Zero durations and sizes take the defaults.
 type Config struct {
-	// PreserveHost forwards the public Host instead of 127.0.0.1:PORT.
+	// PreserveHost forwards the public Host exactly as the client sent it
+	// (HTTP/2: :authority), port included, instead of 127.0.0.1:PORT.
+	// Without it, redirects to that loopback origin are rewritten to the
+	// public one (redirect.go).
 	PreserveHost bool
 	// AllowUnderscoreHeaders forwards request fields whose names contain
 	// '_' (dropped by default, as nginx and Caddy do). Aliases of Host, the
@@ -91,7 +94,8 @@ type Config struct {
 	// start_grace_seconds overrides it. 0: DefaultAppStartGrace; negative:
 	// no wait.
 	AppStartGrace time.Duration
-	// ResponseHeaderTimeout bounds waiting for the app's response head (504).
+	// ResponseHeaderTimeout bounds waiting for the app's response head
+	// (504), from the moment the request body has been sent (headwait.go).
 	ResponseHeaderTimeout time.Duration
 	// BackendIdleTimeout retires idle app connections; keep it below the
 	// app's own keep-alive timeout (Node.js: 5 s).
