@@ -227,6 +227,30 @@ func BenchmarkApply10k(b *testing.B) {
 		}
 		b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/op")
 	})
+	// renew-hashed: as renew, with UUID sandboxes and long service names,
+	// so that every one of the 10,000 hostnames is a hashed label.
+	b.Run("renew-hashed", func(b *testing.B) {
+		docH := benchDoc(b, 1000, 10, 10000)
+		for i := range docH.Instances {
+			in := &docH.Instances[i]
+			in.Sandbox = fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
+			for j := range in.Services {
+				in.Services[j].Name = "a-rather-long-service-name-" + strconv.Itoa(j)
+			}
+		}
+		tbl := benchTable(b)
+		tbl.Apply(docH)
+		if r := tbl.Snapshot().Routes(); len(r) != 10_000 || !IsHashedLabel(strings.TrimSuffix(r[0].Host, "."+tbDomain)) {
+			b.Fatalf("%d routes, first %q: want 10,000 hashed", len(r), r[0].Host)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if res := tbl.Apply(docH); res.Kept != 10_000 {
+				b.Fatalf("Apply = %+v, want 10,000 kept", res)
+			}
+		}
+		b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/op")
+	})
 }
 
 // BenchmarkExpire10k: the freshness timer expiring 10,000 routes (fake

@@ -485,13 +485,6 @@ func (s *InstanceSpec) validate() error {
 		if g := svc.StartGraceSeconds; g != nil && (*g < 0 || *g > MaxStartGraceSeconds) {
 			return fmt.Errorf("services[%d]: %s: start_grace_seconds %d out of range 0..%d", i, what, *g, MaxStartGraceSeconds)
 		}
-		label := len(s.Workspace) + 2 + len(s.Sandbox)
-		if svc.Name != "" {
-			label += 2 + len(svc.Name)
-		}
-		if label > maxLabelLen {
-			return fmt.Errorf("services[%d]: %s: hostname label longer than %d characters", i, what, maxLabelLen)
-		}
 	}
 	return nil
 }

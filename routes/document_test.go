@@ -262,7 +262,10 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "workspace missing", fields: map[string]string{"workspace": ""}, wantReason: "workspace: name is empty"},
 		{name: "workspace upper case", fields: map[string]string{"workspace": `"Team"`}, wantReason: `workspace: name "Team": character 'T' not allowed`},
 		{name: "workspace with --", fields: map[string]string{"workspace": `"a--b"`}, wantReason: `workspace: name "a--b": must not contain "--"`},
-		{name: "workspace too long", fields: map[string]string{"workspace": `"abcdefghijklmnopqrst"`}, wantReason: "longer than 19"},
+		{name: "workspace too long", fields: map[string]string{"workspace": `"` + strings.Repeat("w", 64) + `"`}, wantReason: "longer than 63"},
+		{name: "sandbox too long", fields: map[string]string{"sandbox": `"` + strings.Repeat("s", 64) + `"`}, wantReason: "sandbox: name"},
+		{name: "service too long", fields: map[string]string{"services": `[{"name":"` + strings.Repeat("v", 64) + `","port":80}]`}, wantReason: "longer than 63"},
+		{name: "uuid sandbox", fields: map[string]string{"sandbox": `"0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1"`}},
 		{name: "workspace number", fields: map[string]string{"workspace": `5`}, wantReason: "cannot unmarshal number"},
 		{name: "sandbox trailing hyphen", fields: map[string]string{"sandbox": `"demo-"`}, wantReason: "sandbox: name"},
 
@@ -360,10 +363,12 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "start grace negative", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":-1}]`}, wantReason: "start_grace_seconds -1 out of range"},
 		{name: "start grace float", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":1.5}]`}, wantReason: "cannot unmarshal number"},
 		{name: "start grace string", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":"5"}]`}, wantReason: "cannot unmarshal string"},
+		// Names whose readable label does not fit get a hashed one; the
+		// names themselves may have up to 63 characters each.
 		{name: "longest names", fields: map[string]string{
-			"workspace": `"` + strings.Repeat("w", 19) + `"`,
-			"sandbox":   `"` + strings.Repeat("s", 19) + `"`,
-			"services":  `[{"name":"` + strings.Repeat("v", 19) + `","port":80}]`,
+			"workspace": `"` + strings.Repeat("w", 63) + `"`,
+			"sandbox":   `"` + strings.Repeat("s", 63) + `"`,
+			"services":  `[{"name":"` + strings.Repeat("v", 63) + `","port":80},{"port":81}]`,
 		}},
 	}
 	for _, tt := range tests {
@@ -511,7 +516,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 			},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "Team X", Reason: "cannot unmarshal number into Go struct field InstanceSpec.sandbox"},
-				{Index: 1, Workspace: strings.Repeat("w", 64), Sandbox: "s", Reason: "longer than 19"},
+				{Index: 1, Workspace: strings.Repeat("w", 64), Sandbox: "s", Reason: "longer than 63"},
 			},
 		},
 		{

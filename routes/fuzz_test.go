@@ -72,6 +72,10 @@ func FuzzParseHostname(f *testing.F) {
 		{"", ""},
 		{"x", "x"},
 		{".x", "x"},
+		{"h-hvma5opumihpylo5tjmqpngfhtjz2hpvz23cxmap4z6s7jjnepgq.apps.example.com", "apps.example.com"},
+		{"h-hvma5opumihpylo5tjmqpngfhtjz2hpvz23cxmap4z6s7jjnepgb.apps.example.com", "apps.example.com"},
+		{"h-hvma5opumihpylo5tjmqpngfhtjz2hpvz23cxmap4z6s7jjnepgq--x.apps.example.com", "apps.example.com"},
+		{"team--0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1--jupyter-lab-notebook.apps.example.com", "apps.example.com"},
 	} {
 		f.Add(s[0], s[1])
 	}
@@ -82,6 +86,17 @@ func FuzzParseHostname(f *testing.F) {
 				t.Fatalf("ParseHostname(%q, %q) = %+v with error %v", host, domain, p, err)
 			}
 			return
+		}
+		label := host[:len(host)-len(domain)-1]
+		if p.Hashed {
+			// A hashed label names nothing and is never readable.
+			if p != (HostParts{Hashed: true}) || !IsHashedLabel(label) || strings.Contains(label, "--") {
+				t.Fatalf("ParseHostname(%q, %q) = %+v", host, domain, p)
+			}
+			return
+		}
+		if IsHashedLabel(label) {
+			t.Fatalf("ParseHostname(%q, %q) = %+v, but the label has the hashed form", host, domain, p)
 		}
 		if back := Hostname(p.Workspace, p.Sandbox, p.Service, domain); back != host {
 			t.Fatalf("ParseHostname(%q, %q) = %+v, but Hostname gives %q", host, domain, p, back)
@@ -95,6 +110,47 @@ func FuzzParseHostname(f *testing.F) {
 			if err := ValidName(p.Service); err != nil {
 				t.Fatalf("ParseHostname(%q, %q) = %+v: %v", host, domain, p, err)
 			}
+		}
+	})
+}
+
+// FuzzLabel: for valid names, the hostname is a valid DNS name whose label
+// is readable exactly when the readable form fits in 63 characters, parses
+// back to the names (readable) or as hashed, and is hashed from the names.
+func FuzzLabel(f *testing.F) {
+	for _, s := range [][3]string{
+		{"team", "demo", "web"},
+		{"team", "demo", ""},
+		{"team", "0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1", "jupyter-lab-notebook"},
+		{"team", "0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1", "jupyter-lab-noteboo"},
+		{strings.Repeat("w", 63), strings.Repeat("s", 63), strings.Repeat("v", 63)},
+		{"h-a", "b", ""},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	const domain = "apps.example.com"
+	f.Fuzz(func(t *testing.T, ws, sb, svc string) {
+		if ValidName(ws) != nil || ValidName(sb) != nil || (svc != "" && ValidName(svc) != nil) {
+			return
+		}
+		host := Hostname(ws, sb, svc, domain)
+		label := Label(ws, sb, svc)
+		if host != label+"."+domain {
+			t.Fatalf("Hostname = %q, Label = %q", host, label)
+		}
+		if err := ValidDomain(host); err != nil {
+			t.Fatalf("Hostname(%q, %q, %q) = %q: %v", ws, sb, svc, host, err)
+		}
+		p, err := ParseHostname(host, domain)
+		if err != nil {
+			t.Fatalf("ParseHostname(Hostname(%q, %q, %q) = %q): %v", ws, sb, svc, host, err)
+		}
+		readable := len(ws)+2+len(sb)+len(svc)+2*min(len(svc), 1) <= 63
+		switch {
+		case readable && p != (HostParts{ws, sb, svc, false}):
+			t.Fatalf("readable %q parsed as %+v", host, p)
+		case !readable && (!p.Hashed || label != HashedLabel(ws, sb, svc)):
+			t.Fatalf("hashed %q parsed as %+v", host, p)
 		}
 	})
 }

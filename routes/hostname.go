@@ -1,6 +1,7 @@
 package routes
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -8,13 +9,20 @@ import (
 	"strings"
 )
 
-// MaxNameLen is the maximum length of a workspace, sandbox or service name.
-// Three names and two "--" separators (19+2+19+2+19 = 61) stay within the
-// 63-character limit of a DNS label.
-const MaxNameLen = 19
+// MaxNameLen is the maximum length of a workspace, sandbox or service name:
+// one DNS label. Names whose readable label ("workspace--sandbox--service")
+// would not fit in one label get a hashed label instead (see Label).
+const MaxNameLen = 63
 
 // maxLabelLen is the maximum length of one DNS label.
 const maxLabelLen = 63
+
+// HashedLabelPrefix starts every hashed label (see Label).
+const HashedLabelPrefix = "h-"
+
+// hashedLabelLen is the length of a hashed label: the prefix and the 52
+// characters of a SHA-256 digest in unpadded base32.
+const hashedLabelLen = len(HashedLabelPrefix) + 52
 
 // maxDomainLen is the maximum length of a DNS name in text form without the
 // trailing dot.
@@ -272,30 +280,123 @@ func ValidDomain(domain string) error {
 	return nil
 }
 
-// Hostname returns the public hostname of a service:
-// "workspace--sandbox--service.domain", or "workspace--sandbox.domain" for
-// the unnamed service (service == ""). It does not validate its arguments.
+// Hostname returns the public hostname of a service: its label (see Label),
+// a dot and domain. It does not validate its arguments.
 func Hostname(workspace, sandbox, service, domain string) string {
-	if service == "" {
-		return workspace + "--" + sandbox + "." + domain
+	if readableLen(workspace, sandbox, service) <= maxLabelLen {
+		if service == "" {
+			return workspace + "--" + sandbox + "." + domain
+		}
+		return workspace + "--" + sandbox + "--" + service + "." + domain
 	}
-	return workspace + "--" + sandbox + "--" + service + "." + domain
+	var buf [hashedLabelLen]byte
+	return string(appendHashedLabel(buf[:0], workspace, sandbox, service)) + "." + domain
+}
+
+// Label returns the first label of a service's hostname. It is readable,
+// "workspace--sandbox--service" ("workspace--sandbox" for the unnamed
+// service, service == ""), when that fits in one DNS label (63
+// characters); otherwise it is the hashed label:
+//
+//	"h-" + base32(SHA-256(workspace + "/" + sandbox + "/" + service))
+//
+// with the standard base32 alphabet (RFC 4648) in lower case and without
+// padding: 54 characters. The unnamed service hashes "workspace/sandbox/".
+// A readable label always contains "--" and a hashed one never does, so the
+// two kinds can never collide. Label does not validate its arguments.
+func Label(workspace, sandbox, service string) string {
+	if readableLen(workspace, sandbox, service) <= maxLabelLen {
+		if service == "" {
+			return workspace + "--" + sandbox
+		}
+		return workspace + "--" + sandbox + "--" + service
+	}
+	return HashedLabel(workspace, sandbox, service)
+}
+
+// HashedLabel returns the hashed label of a service (see Label), whether or
+// not its readable label would fit.
+func HashedLabel(workspace, sandbox, service string) string {
+	var buf [hashedLabelLen]byte
+	return string(appendHashedLabel(buf[:0], workspace, sandbox, service))
+}
+
+// readableLen is the length of the readable label of a service.
+func readableLen(workspace, sandbox, service string) int {
+	n := len(workspace) + 2 + len(sandbox)
+	if service != "" {
+		n += 2 + len(service)
+	}
+	return n
+}
+
+// base32Lower is the RFC 4648 base32 alphabet in lower case.
+const base32Lower = "abcdefghijklmnopqrstuvwxyz234567"
+
+// appendHashedLabel appends the hashed label of a service to b.
+func appendHashedLabel(b []byte, workspace, sandbox, service string) []byte {
+	var stack [3*MaxNameLen + 2]byte // valid names fit: no allocation
+	in := append(stack[:0], workspace...)
+	in = append(in, '/')
+	in = append(in, sandbox...)
+	in = append(in, '/')
+	in = append(in, service...)
+	sum := sha256.Sum256(in)
+	b = append(b, HashedLabelPrefix...)
+	// Unpadded base32: 5 bits per character, most significant first; the
+	// last character holds the final bit followed by four zero bits.
+	var acc uint
+	bits := 0
+	for _, c := range sum {
+		acc = acc<<8 | uint(c)
+		bits += 8
+		for bits >= 5 {
+			bits -= 5
+			b = append(b, base32Lower[(acc>>uint(bits))&31])
+		}
+	}
+	if bits > 0 {
+		b = append(b, base32Lower[(acc<<uint(5-bits))&31])
+	}
+	return b
+}
+
+// IsHashedLabel reports whether label has the form of a hashed label: the
+// prefix "h-" and 52 characters of unpadded lower-case base32 that encode
+// 256 bits (so the last one is 'a' or 'q': its four low bits are zero).
+// No readable label is a hashed one: readable labels contain "--".
+func IsHashedLabel(label string) bool {
+	if len(label) != hashedLabelLen || label[:len(HashedLabelPrefix)] != HashedLabelPrefix {
+		return false
+	}
+	for i := len(HashedLabelPrefix); i < len(label); i++ {
+		if c := label[i]; strings.IndexByte(base32Lower, c) < 0 {
+			return false
+		}
+	}
+	last := label[len(label)-1]
+	return last == 'a' || last == 'q'
 }
 
 // HostParts are the names encoded in a hostname. Service is "" for the
-// unnamed (default) service.
+// unnamed (default) service. A hashed label names no parts: Hashed is true
+// and the names are empty (the hash cannot be reversed; compare with
+// Hostname of the names instead).
 type HostParts struct {
 	Workspace string
 	Sandbox   string
 	Service   string
+	Hashed    bool
 }
 
 // ParseHostname splits a normalized hostname (see NormalizeHost) into its
-// names. The host must be exactly one label followed by "." and domain; that
-// label must split on "--" into workspace and sandbox, or workspace, sandbox
-// and service, each a valid name (see ValidName). Errors wrap ErrOtherDomain,
-// ErrHostParts or ErrHostName. The result's strings are substrings of host; a
-// successful parse does not allocate.
+// names. The host must be exactly one label followed by "." and domain.
+// That label is either a hashed label (see IsHashedLabel; the result has
+// Hashed set and no names) or a readable one that splits on "--" into
+// workspace and sandbox, or workspace, sandbox and service, each a valid
+// name (see ValidName). Errors wrap ErrOtherDomain, ErrHostParts or
+// ErrHostName. The result's strings are substrings of host; a successful
+// parse does not allocate.
 func ParseHostname(host, domain string) (HostParts, error) {
 	if len(host) <= len(domain)+1 || host[len(host)-len(domain)-1] != '.' || host[len(host)-len(domain):] != domain {
 		return HostParts{}, fmt.Errorf("host %s: %w %s", quoteShort(host), ErrOtherDomain, quoteShort(domain))
@@ -306,6 +407,9 @@ func ParseHostname(host, domain string) (HostParts, error) {
 	}
 	if len(label) > maxLabelLen {
 		return HostParts{}, fmt.Errorf("host %s: %w (first label longer than %d characters)", quoteShort(host), ErrHostParts, maxLabelLen)
+	}
+	if IsHashedLabel(label) {
+		return HostParts{Hashed: true}, nil
 	}
 	var p HostParts
 	ws, rest, ok := strings.Cut(label, "--")

@@ -2,6 +2,8 @@ package routes
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -99,10 +101,11 @@ func TestValidName(t *testing.T) {
 		{"web-1", ""},
 		{"a-b-c", ""},
 		{"1234567890123456789", ""}, // 19
-		{"abcdefghijklmnopqrs", ""},
+		{"0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1", ""}, // a UUID
+		{strings.Repeat("a", 63), ""},
 
 		{"", "empty"},
-		{"12345678901234567890", "longer than 19"}, // 20
+		{strings.Repeat("a", 64), "longer than 63"},
 		{"Team", `name "Team": character 'T' not allowed (use [a-z0-9-])`},
 		{"teaM", "character 'M' not allowed"},
 		{"te_am", "character '_' not allowed"},
@@ -195,6 +198,147 @@ func TestHostname(t *testing.T) {
 	}
 }
 
+// The worked example of README.md ("Long names"): a platform computes the
+// same label with
+//
+//	printf '%s' 'team/0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1/jupyter-lab-notebook' |
+//	  openssl dgst -sha256 -binary | base32 | tr -d = | tr A-Z a-z
+const (
+	exampleSandbox = "0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1"
+	exampleService = "jupyter-lab-notebook"
+	exampleLabel   = "h-hvma5opumihpylo5tjmqpngfhtjz2hpvz23cxmap4z6s7jjnepgq"
+)
+
+func TestLabelWorkedExample(t *testing.T) {
+	// team--<uuid>--jupyter-lab-notebook is 64 characters: one too many.
+	if n := len("team--" + exampleSandbox + "--" + exampleService); n != 64 {
+		t.Fatalf("readable label is %d characters", n)
+	}
+	if got := Label("team", exampleSandbox, exampleService); got != exampleLabel {
+		t.Errorf("Label = %q, want %q", got, exampleLabel)
+	}
+	if got := Hostname("team", exampleSandbox, exampleService, "apps.example.com"); got != exampleLabel+".apps.example.com" {
+		t.Errorf("Hostname = %q", got)
+	}
+	// The same sandbox's other services fit and stay readable.
+	if got := Hostname("team", exampleSandbox, "web", "apps.example.com"); got != "team--"+exampleSandbox+"--web.apps.example.com" {
+		t.Errorf("Hostname(web) = %q", got)
+	}
+	if got := Hostname("team", exampleSandbox, "", "apps.example.com"); got != "team--"+exampleSandbox+".apps.example.com" {
+		t.Errorf("Hostname(unnamed) = %q", got)
+	}
+	// Hashed labels of the other services (checked with the command above).
+	for _, tt := range []struct{ svc, want string }{
+		{"web", "h-xsegc5p6j5npbhzgfwgsa4yorlkvfyyj5chxz3ic7wvyjssnscoq"},
+		{"", "h-cudem5gwsk2fmchlagh23pq4s2klfci4jhvhycz6lwhsyxvla7dq"},
+	} {
+		if got := HashedLabel("team", exampleSandbox, tt.svc); got != tt.want {
+			t.Errorf("HashedLabel(%q) = %q, want %q", tt.svc, got, tt.want)
+		}
+	}
+}
+
+func TestLabel(t *testing.T) {
+	n := func(c string, k int) string { return strings.Repeat(c, k) }
+	tests := []struct {
+		ws, sb, svc string
+		hashed      bool
+	}{
+		// Readable names are unchanged, up to a 63-character label.
+		{"team", "demo", "web", false},
+		{"team", "demo", "", false},
+		{n("w", 19), n("s", 19), n("v", 19), false},
+		{"team", exampleSandbox, "web", false},
+		{n("w", 30), n("s", 29), "", false},            // 61
+		{n("w", 30), n("s", 31), "", false},            // 63
+		{n("w", 20), n("s", 20), n("v", 19), false},    // 63
+		{"team", exampleSandbox, n("v", 19), false},    // 63
+		{n("w", 63), "s", "", true},                    // 66
+		{n("w", 30), n("s", 32), "", true},             // 64
+		{n("w", 20), n("s", 20), n("v", 20), true},     // 64
+		{"team", exampleSandbox, exampleService, true}, // 64
+		{n("w", 63), n("s", 63), n("v", 63), true},
+		{n("w", 63), n("s", 63), "", true},
+	}
+	for _, tt := range tests {
+		readable := tt.ws + "--" + tt.sb
+		if tt.svc != "" {
+			readable += "--" + tt.svc
+		}
+		got := Label(tt.ws, tt.sb, tt.svc)
+		if tt.hashed {
+			if got != HashedLabel(tt.ws, tt.sb, tt.svc) || !IsHashedLabel(got) || len(got) != 54 || strings.Contains(got, "--") {
+				t.Errorf("Label(%d, %d, %d characters) = %q, want a hashed label", len(tt.ws), len(tt.sb), len(tt.svc), got)
+			}
+			continue
+		}
+		if got != readable || IsHashedLabel(got) {
+			t.Errorf("Label(%d, %d, %d characters) = %q, want %q", len(tt.ws), len(tt.sb), len(tt.svc), got, readable)
+		}
+		if h := Hostname(tt.ws, tt.sb, tt.svc, "apps.example.com"); h != got+".apps.example.com" {
+			t.Errorf("Hostname = %q, want %q", h, got+".apps.example.com")
+		}
+	}
+	// Distinct inputs give distinct labels; the separator is unambiguous.
+	seen := map[string]string{}
+	for _, in := range [][3]string{{"a", "b", ""}, {"a", "b", "c"}, {"a", "bc", ""}, {"ab", "c", ""}, {"a-b", "c", ""}, {"a", "b-c", ""}} {
+		l := HashedLabel(in[0], in[1], in[2])
+		if prev, dup := seen[l]; dup {
+			t.Errorf("HashedLabel(%q) = HashedLabel(%s) = %q", in, prev, l)
+		}
+		seen[l] = fmt.Sprint(in)
+	}
+}
+
+// No readable label of valid names parses as a hashed one, and every
+// hashed label is a valid DNS label that parses as hashed.
+func TestLabelKindsDisjoint(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	name := func() string {
+		const alpha = "abcdefghijklmnopqrstuvwxyz0123456789-"
+		for {
+			b := make([]byte, 1+rng.IntN(MaxNameLen))
+			for i := range b {
+				b[i] = alpha[rng.IntN(len(alpha))]
+			}
+			if ValidName(string(b)) == nil {
+				return string(b)
+			}
+		}
+	}
+	const domain = "apps.example.com"
+	readable, hashed := 0, 0
+	for range 20000 {
+		ws, sb, svc := name(), name(), name()
+		if rng.IntN(3) == 0 {
+			svc = ""
+		}
+		host := Hostname(ws, sb, svc, domain)
+		label := strings.TrimSuffix(host, "."+domain)
+		if err := ValidDomain(host); err != nil {
+			t.Fatalf("Hostname(%q, %q, %q) = %q: %v", ws, sb, svc, host, err)
+		}
+		p, err := ParseHostname(host, domain)
+		if err != nil {
+			t.Fatalf("ParseHostname(Hostname(%q, %q, %q)): %v", ws, sb, svc, err)
+		}
+		if readableLen(ws, sb, svc) <= 63 {
+			readable++
+			if p.Hashed || IsHashedLabel(label) || p != (HostParts{ws, sb, svc, false}) {
+				t.Fatalf("readable %q parsed as %+v", host, p)
+			}
+			continue
+		}
+		hashed++
+		if !p.Hashed || p.Workspace != "" || label != HashedLabel(ws, sb, svc) {
+			t.Fatalf("hashed %q (%q, %q, %q) parsed as %+v", host, ws, sb, svc, p)
+		}
+	}
+	if readable < 1000 || hashed < 1000 {
+		t.Fatalf("%d readable and %d hashed cases, want both", readable, hashed)
+	}
+}
+
 func TestParseHostname(t *testing.T) {
 	const domain = "apps.example.com"
 	long := strings.Repeat("a", 19)
@@ -203,11 +347,25 @@ func TestParseHostname(t *testing.T) {
 		want    HostParts
 		wantErr error // nil = success
 	}{
-		{"team--demo--web.apps.example.com", HostParts{"team", "demo", "web"}, nil},
-		{"team--demo.apps.example.com", HostParts{"team", "demo", ""}, nil},
-		{"t--d--s.apps.example.com", HostParts{"t", "d", "s"}, nil},
-		{"team-1--demo-2--web-3.apps.example.com", HostParts{"team-1", "demo-2", "web-3"}, nil},
-		{long + "--" + long + "--" + long + ".apps.example.com", HostParts{long, long, long}, nil},
+		{"team--demo--web.apps.example.com", HostParts{"team", "demo", "web", false}, nil},
+		{"team--demo.apps.example.com", HostParts{"team", "demo", "", false}, nil},
+		{"t--d--s.apps.example.com", HostParts{"t", "d", "s", false}, nil},
+		{"team-1--demo-2--web-3.apps.example.com", HostParts{"team-1", "demo-2", "web-3", false}, nil},
+		{long + "--" + long + "--" + long + ".apps.example.com", HostParts{long, long, long, false}, nil},
+		// A readable label of exactly 63 characters, with a UUID sandbox.
+		{"team--" + exampleSandbox + "--jupyter-lab-noteboo.apps.example.com", HostParts{"team", exampleSandbox, "jupyter-lab-noteboo", false}, nil},
+		{long + "a--demo.apps.example.com", HostParts{long + "a", "demo", "", false}, nil},
+		// Hashed labels.
+		{exampleLabel + ".apps.example.com", HostParts{Hashed: true}, nil},
+		{"h-" + strings.Repeat("a", 52) + ".apps.example.com", HostParts{Hashed: true}, nil},
+		{"h-" + strings.Repeat("7", 51) + "q.apps.example.com", HostParts{Hashed: true}, nil},
+		{"h-" + strings.Repeat("a", 51) + "b.apps.example.com", HostParts{}, ErrHostParts}, // not a 256-bit digest
+		{"h-" + strings.Repeat("a", 51) + ".apps.example.com", HostParts{}, ErrHostParts},  // too short
+		{"h-" + strings.Repeat("a", 53) + ".apps.example.com", HostParts{}, ErrHostParts},  // too long
+		{"h-" + strings.Repeat("1", 51) + "a.apps.example.com", HostParts{}, ErrHostParts}, // not base32
+		{"x-" + strings.Repeat("a", 52) + ".apps.example.com", HostParts{}, ErrHostParts},  // other prefix
+		// A readable label may start like a hashed one: it contains "--".
+		{"h-" + strings.Repeat("a", 52) + "--b.apps.example.com", HostParts{"h-" + strings.Repeat("a", 52), "b", "", false}, nil},
 
 		// Other domains.
 		{"team--demo.apps.example.com.evil.com", HostParts{}, ErrOtherDomain},
@@ -243,14 +401,16 @@ func TestParseHostname(t *testing.T) {
 		{"Team--demo.apps.example.com", HostParts{}, ErrHostName},
 		{"te_am--demo.apps.example.com", HostParts{}, ErrHostName},
 		{"t\xc3\xabam--demo.apps.example.com", HostParts{}, ErrHostName},
-		{long + "a--demo.apps.example.com", HostParts{}, ErrHostName},
-		{"team--" + long + "a.apps.example.com", HostParts{}, ErrHostName},
+		{"team--" + exampleSandbox + "--jupyter-lab-notebook.apps.example.com", HostParts{}, ErrHostParts}, // 64
 	}
 	for _, tt := range tests {
 		got, err := ParseHostname(tt.host, domain)
 		if tt.wantErr == nil {
 			if err != nil || got != tt.want {
 				t.Errorf("ParseHostname(%q) = %+v, %v; want %+v", tt.host, got, err, tt.want)
+				continue
+			}
+			if got.Hashed {
 				continue
 			}
 			if back := Hostname(got.Workspace, got.Sandbox, got.Service, domain); back != tt.host {
@@ -281,7 +441,7 @@ func TestParseHostnameNormalized(t *testing.T) {
 			continue
 		}
 		got, err := ParseHostname(host, "apps.example.com")
-		if err != nil || got != (HostParts{"team", "demo", "web"}) {
+		if err != nil || got != (HostParts{"team", "demo", "web", false}) {
 			t.Errorf("ParseHostname(NormalizeHost(%q)) = %+v, %v", in, got, err)
 		}
 	}
