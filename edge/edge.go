@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -292,9 +291,11 @@ func (e *Edge) update(ws string, s *api.RouteSnapshot) {
 	kept := make([]api.ServiceRoute, 0, len(s.Routes))
 	for _, r := range s.Routes {
 		// The discovery client checks routes; the edge keeps its own
-		// guarantee that a feed cannot route another workspace's names.
-		if r.Workspace != ws || !strings.HasPrefix(r.Hostname, ws+"--") {
-			e.log.Warn("discovery route of another workspace ignored", "workspace", ws, "hostname", r.Hostname)
+		// guarantee that a feed cannot route another workspace's names:
+		// the hostname (readable or hashed) must be the one of the
+		// route's names, and the workspace ws.
+		if err := api.CheckRoute(&r, ws); err != nil {
+			e.log.Warn("discovery route ignored", "workspace", ws, "hostname", truncate(r.Hostname, 255), "err", err)
 			continue
 		}
 		kept = append(kept, r)

@@ -10,7 +10,8 @@ type AdvertisedEndpoint struct {
 }
 
 // AdvertisedRoute is one installed route as supervisors advertise it and
-// as GET /v1/installations shows it.
+// as GET /v1/installations shows it. Hostname is the route's hostname
+// (readable or hashed, see routes.Hostname), beside its readable parts.
 type AdvertisedRoute struct {
 	Hostname            string             `json:"hostname"`
 	Workspace           string             `json:"workspace"`

@@ -35,6 +35,10 @@ func (e RouteEndpoint) String() string {
 // installation of a supervisor, still unexpired and still granted to that
 // supervisor by the gateway's configuration. Name is the sandbox route's
 // service name ("" for the unnamed service), not a Kubernetes Service.
+// Hostname is what clients send as SNI and Host: readable
+// (workspace--sandbox--name.domain) when that fits in one DNS label,
+// otherwise a hashed label (see routes.Label); Workspace, Sandbox and Name
+// are always the readable parts.
 type ServiceRoute struct {
 	Hostname            string        `json:"hostname"`
 	Workspace           string        `json:"workspace"`
@@ -110,10 +114,12 @@ func EqualRoutes(a, b []ServiceRoute) bool {
 }
 
 // CheckRoute validates a route of workspace ws: the hostname is normalized,
-// its first label names exactly the route's workspace, sandbox and service,
-// the workspace is ws, and the endpoint is usable. The gateway applies it to
-// advertisements and the client to snapshots, so that a route can never
-// send a host of another workspace anywhere.
+// it is exactly the hostname of the route's workspace, sandbox and service
+// under its domain (readable, or the hashed label when the readable one does
+// not fit; see routes.Hostname), the workspace is ws, and the endpoint is
+// usable. The gateway applies it to advertisements and the client to
+// snapshots, so that a route can never send a host of another workspace
+// anywhere.
 func CheckRoute(r *ServiceRoute, ws string) error {
 	if r.Workspace != ws {
 		return fmt.Errorf("route %.80q: workspace %.40q, want %q", r.Hostname, r.Workspace, ws)
@@ -129,19 +135,37 @@ func CheckRoute(r *ServiceRoute, ws string) error {
 	if err := routes.ValidDomain(domain); err != nil {
 		return fmt.Errorf("hostname %.80q: %w", r.Hostname, err)
 	}
-	parts, err := routes.ParseHostname(r.Hostname, domain)
-	if err != nil {
+	if _, err := routes.ParseHostname(r.Hostname, domain); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}
-	if parts.Workspace != r.Workspace || parts.Sandbox != r.Sandbox || parts.Service != r.Name {
-		return fmt.Errorf("hostname %.80q does not name workspace %.40q, sandbox %.40q, service %.40q",
-			r.Hostname, r.Workspace, r.Sandbox, r.Name)
+	if err := checkNames(r); err != nil {
+		return fmt.Errorf("route %.80q: %w", r.Hostname, err)
+	}
+	if want := routes.Hostname(r.Workspace, r.Sandbox, r.Name, domain); r.Hostname != want {
+		return fmt.Errorf("hostname %.80q does not name workspace %.40q, sandbox %.40q, service %.40q (that is %.80q)",
+			r.Hostname, r.Workspace, r.Sandbox, r.Name, want)
 	}
 	if err := checkEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("route %.80q: %w", r.Hostname, err)
 	}
 	if r.ExpiresAt.IsZero() {
 		return fmt.Errorf("route %.80q: no expires_at", r.Hostname)
+	}
+	return nil
+}
+
+// checkNames checks the route's workspace, sandbox and service names.
+func checkNames(r *ServiceRoute) error {
+	if err := routes.ValidName(r.Workspace); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if err := routes.ValidName(r.Sandbox); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if r.Name != "" {
+		if err := routes.ValidName(r.Name); err != nil {
+			return fmt.Errorf("service: %w", err)
+		}
 	}
 	return nil
 }

@@ -258,9 +258,9 @@ type discoveryState struct {
 	published    map[string]*publishedSnapshot
 	watchers     map[string]map[*discWatcher]struct{} // by workspace
 	perToken     map[[sha256.Size]byte]int
-	nextExpiry   time.Time           // earliest future expires_at stored, zero when none
-	conflicts    map[string]struct{} // hostnames advertised by more than one granted supervisor
-	routes       int                 // published routes, all workspaces
+	nextExpiry   time.Time         // earliest future expires_at stored, zero when none
+	conflicts    map[string]string // hostnames advertised by more than one granted supervisor → their workspace
+	routes       int               // published routes, all workspaces
 }
 
 // publishedSnapshot is the published set of one workspace. Immutable once
@@ -333,7 +333,7 @@ func newDiscoveryState(now time.Time) discoveryState {
 		published: make(map[string]*publishedSnapshot),
 		watchers:  make(map[string]map[*discWatcher]struct{}),
 		perToken:  make(map[[sha256.Size]byte]int),
-		conflicts: make(map[string]struct{}),
+		conflicts: make(map[string]string),
 	}
 }
 
@@ -400,16 +400,16 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 		_, known := d.conflicts[host]
 		switch {
 		case c.count > 1 && !known:
-			d.conflicts[host] = struct{}{}
+			d.conflicts[host] = c.r.Workspace
 			g.log.Warn("discovery: hostname advertised by more than one granted supervisor; publishing the incumbent",
 				"hostname", host, "supervisors", c.count, "published_supervisor", c.r.Supervisor)
 		case c.count == 1 && known:
 			delete(d.conflicts, host)
 		}
 	}
-	for host := range d.conflicts {
+	for host, ws := range d.conflicts {
 		if only != nil {
-			if _, considered := only[hostWorkspace(host)]; !considered {
+			if _, considered := only[ws]; !considered {
 				continue
 			}
 		}
@@ -462,13 +462,6 @@ func (g *Gateway) advHoldsLocked(st *gatewayState, tokens map[[sha256.Size]byte]
 		return false
 	}
 	return st.grantsSupervisor(tokens[adv.digest], sup, g.pools[sup])
-}
-
-// hostWorkspace returns the workspace a hostname names (the part of its
-// first label before "--").
-func hostWorkspace(host string) string {
-	ws, _, _ := strings.Cut(host, "--")
-	return ws
 }
 
 // encodeSnapshot builds the published snapshot of ws.

@@ -28,6 +28,7 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/internal/controltest"
+	"github.com/applistener/applistener/routes"
 )
 
 // Tokens of the discovery fixture.
@@ -226,10 +227,7 @@ func (r discRoute) hostname() string {
 	if d == "" {
 		d = "apps.test"
 	}
-	if r.name == "" {
-		return r.ws + "--" + r.sb + "." + d
-	}
-	return r.ws + "--" + r.sb + "--" + r.name + "." + d
+	return routes.Hostname(r.ws, r.sb, r.name, d)
 }
 
 func (r discRoute) entry() map[string]any {
