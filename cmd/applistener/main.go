@@ -33,7 +33,7 @@ const topUsage = `usage: applistener <command> [flags]
 commands:
   serve      run the application listener of a supervisor
   gateway    run the reference gateway (configuration for supervisors, discovery)
-  routes     read a workspace's published routes from the gateway (get, watch)
+  routes     read a workspace's published routes (get, watch); print a service's hostname (hostname)
   edge       run an SNI pass-through front door that follows discovery
   instances  put, delete or list a supervisor's instances (the gateway's admin API)
   dev        run a self-contained demo (certificate, app and route) on loopback

@@ -17,12 +17,15 @@ import (
 )
 
 const routesUsage = `usage: applistener routes get|watch --gateway URL[,URL...] --token-file FILE --workspace WS [flags]
+       applistener routes hostname --domain DOMAIN --workspace WS --sandbox SB [--service SVC]
 
-  get    print the published routes of a workspace (the gateway's discovery snapshot)
-  watch  print the unexpired routes every time the set changes, including when a
-         route reaches its expires_at while the gateway is silent; ends on SIGINT/SIGTERM
+  get       print the published routes of a workspace (the gateway's discovery snapshot)
+  watch     print the unexpired routes every time the set changes, including when a
+            route reaches its expires_at while the gateway is silent; ends on SIGINT/SIGTERM
+  hostname  print the hostname of a service: WS--SB--SVC.DOMAIN when that label fits in
+            63 characters, otherwise its hashed label h-<base32 sha256 of WS/SB/SVC>.DOMAIN
 
-Run 'applistener routes get -h' for the flags.
+Run 'applistener routes get -h' (or 'routes hostname -h') for the flags.
 `
 
 // routesOptions are the flags of `applistener routes get|watch`.
@@ -79,11 +82,13 @@ func routesCommand(args []string, stdout, stderr io.Writer) error {
 	sub := args[0]
 	switch sub {
 	case "get", "watch":
+	case "hostname":
+		return hostnameCommand(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		_, _ = fmt.Fprint(stdout, routesUsage)
 		return nil
 	default:
-		return usagef("unknown subcommand %q: want get or watch", sub)
+		return usagef("unknown subcommand %q: want get, watch or hostname", sub)
 	}
 	var o routesOptions
 	if err := parseCommand("routes "+sub, args[1:], &o); err != nil {
@@ -148,11 +153,16 @@ func printRoutes(w io.Writer, output string, s *api.RouteSnapshot, watch bool) e
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if _, err := fmt.Fprintln(tw, "HOSTNAME\tSUPERVISOR\tENDPOINT\tVERSION\tEXPIRES"); err != nil {
+	if _, err := fmt.Fprintln(tw, "HOSTNAME\tSANDBOX\tSERVICE\tSUPERVISOR\tENDPOINT\tVERSION\tEXPIRES"); err != nil {
 		return err
 	}
 	for _, r := range s.Routes {
-		if _, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Hostname, r.Supervisor, r.Endpoint.String(),
+		// The names beside the hostname: a hashed one does not show them.
+		svc := r.Name
+		if svc == "" {
+			svc = "-"
+		}
+		if _, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Hostname, r.Sandbox, svc, r.Supervisor, r.Endpoint.String(),
 			strconv.FormatUint(r.InstallationVersion, 10), r.ExpiresAt.UTC().Format(time.RFC3339Nano)); err != nil {
 			return err
 		}
@@ -165,4 +175,45 @@ func printRoutes(w io.Writer, output string, s *api.RouteSnapshot, watch bool) e
 		return err
 	}
 	return nil
+}
+
+// hostnameOptions are the flags of `applistener routes hostname`.
+type hostnameOptions struct {
+	domain, workspace, sandbox, service string
+}
+
+func (o *hostnameOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.domain, "domain", "", "application domain, as --app-domain (required)")
+	fs.StringVar(&o.workspace, "workspace", "", "workspace name (required)")
+	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox name (required)")
+	fs.StringVar(&o.service, "service", "", "service name (empty: the unnamed service)")
+}
+
+func (o *hostnameOptions) validate() error {
+	if o.domain == "" {
+		return usagef("--domain is required")
+	}
+	if err := routes.ValidDomain(o.domain); err != nil {
+		return usagef("--domain: %v", err)
+	}
+	for _, f := range []struct{ name, v string }{{"--workspace", o.workspace}, {"--sandbox", o.sandbox}, {"--service", o.service}} {
+		if f.v == "" && f.name == "--service" {
+			continue
+		}
+		if err := routes.ValidName(f.v); err != nil {
+			return usagef("%s: %v", f.name, err)
+		}
+	}
+	return nil
+}
+
+// hostnameCommand prints the hostname of a service (routes.Hostname), the
+// name clients send as SNI and Host.
+func hostnameCommand(args []string, stdout io.Writer) error {
+	var o hostnameOptions
+	if err := parseCommand("routes hostname", args, &o); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(stdout, routes.Hostname(o.workspace, o.sandbox, o.service, o.domain))
+	return err
 }
