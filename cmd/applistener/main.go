@@ -5,7 +5,7 @@
 //
 //	applistener serve      the supervisor's listener
 //	applistener gateway    the reference gateway
-//	applistener routes     read the gateway's discovery (get, watch)
+//	applistener routes     read the gateway's discovery (get, watch); print a hostname (hostname)
 //	applistener edge       an SNI pass-through front door fed by discovery
 //	applistener instances  put, delete or list instances (the gateway's admin API)
 //	applistener dev        a self-contained demo on loopback
