@@ -42,7 +42,7 @@ func TestUsageHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]any{"workspace": "team", "sandbox": "demo", "bytes_in": 10.0, "bytes_out": 20.0, "requests": 1.0,
-		"websocket_seconds": 1.5, "last_activity": "2030-01-02T03:04:05Z", "installed": true}
+		"websocket_seconds": 1.5, "websockets_open": 0.0, "active_streams": 0.0, "last_activity": "2030-01-02T03:04:05Z", "installed": true}
 	if len(got.Instances) != 1 {
 		t.Fatalf("instances %v", got.Instances)
 	}
