@@ -302,10 +302,12 @@ func TestEtcdFootprint(t *testing.T) {
 			t.Fatalf("advertisement of host-%03d: %d", s, code)
 		}
 	}
-	routes := len(r.snapshot("team", discTokTeam))
-	if routes != sups*perSup {
-		t.Fatalf("%d routes published, want %d", routes, sups*perSup)
-	}
+	// The discovery view follows etcd through a watch: wait for it.
+	var routes int
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%d routes published", sups*perSup), func() bool {
+		routes = len(r.snapshot("team", discTokTeam))
+		return routes == sups*perSup
+	})
 	keys, size := etcdKeys(t, c.endpoints(), "/fp/")
 	t.Logf("etcd footprint of %d installed routes (%d supervisors × %d): %d keys, %d bytes (keys and values; %d per route)",
 		routes, sups, perSup, keys, size, size/routes)
