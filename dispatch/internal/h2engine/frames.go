@@ -1,0 +1,238 @@
+package h2engine
+
+import (
+	"golang.org/x/net/http2"
+)
+
+// processFrame acts on one frame read from the client. Errors are
+// connError or streamError values (handleError answers them).
+func (c *Conn) processFrame(f http2.Frame) error {
+	if !c.sawSettings {
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok || sf.IsAck() {
+			return connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
+		}
+		c.sawSettings = true
+	}
+	switch f := f.(type) {
+	case *http2.DataFrame:
+		return c.processData(f)
+	case *http2.HeadersFrame:
+		return c.processHeaders(f)
+	case *http2.ContinuationFrame:
+		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.SettingsFrame:
+		return c.processSettings(f)
+	case *http2.PingFrame:
+		return c.processPing(f)
+	case *http2.WindowUpdateFrame:
+		return c.processWindowUpdate(f)
+	case *http2.RSTStreamFrame:
+		return c.processRST(f)
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return streamError{f.StreamID, http2.ErrCodeProtocol, "stream depends on itself"}
+		}
+		return nil
+	case *http2.GoAwayFrame:
+		c.processGoAway()
+		return nil
+	case *http2.PushPromiseFrame:
+		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
+	default:
+		// Unknown and ignored frame types (PRIORITY_UPDATE).
+		return nil
+	}
+}
+
+func (c *Conn) processSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	var err error
+	c.mu.Lock()
+	f.ForeachSetting(func(s http2.Setting) error {
+		if verr := s.Valid(); verr != nil {
+			if ce, ok := verr.(http2.ConnectionError); ok {
+				err = connError{http2.ErrCode(ce), "invalid setting " + s.String()}
+			} else {
+				err = connError{http2.ErrCodeProtocol, "invalid setting " + s.String()}
+			}
+			return err
+		}
+		switch s.ID {
+		case http2.SettingHeaderTableSize:
+			c.encTableSize.Store(int64(s.Val))
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.peerInitWin
+			c.peerInitWin = int64(s.Val)
+			for _, st := range c.streams {
+				if st.sendWin+delta > maxWindow {
+					err = connError{http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window"}
+					return err
+				}
+				st.sendWin += delta
+				if delta > 0 {
+					st.wakeWriter()
+				}
+			}
+		case http2.SettingMaxFrameSize:
+			c.peerMaxFrame.Store(s.Val)
+		case http2.SettingEnableConnectProtocol:
+			if s.Val > 1 {
+				err = connError{http2.ErrCodeProtocol, "invalid SETTINGS_ENABLE_CONNECT_PROTOCOL"}
+				return err
+			}
+		}
+		return nil
+	})
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return c.queueCtrlFromReader(ctrlFrame{kind: ctrlSettingsAck})
+}
+
+func (c *Conn) processPing(f *http2.PingFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	return c.queueCtrlFromReader(ctrlFrame{kind: ctrlPingAck, data: f.Data})
+}
+
+func (c *Conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
+	inc := int64(f.Increment)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.StreamID == 0 {
+		if c.sendWin+inc > maxWindow {
+			return connError{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
+		}
+		c.sendWin += inc
+		for i, st := range c.waiters {
+			st.wakeWriter()
+			c.waiters[i] = nil
+		}
+		c.waiters = c.waiters[:0]
+		return nil
+	}
+	st := c.lookup(f.StreamID)
+	if st == nil {
+		if f.StreamID > c.maxSeen {
+			return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE on an idle stream"}
+		}
+		return nil // closed: ignored
+	}
+	if st.sendWin+inc > maxWindow {
+		return streamError{f.StreamID, http2.ErrCodeFlowControl, "stream window above 2^31-1"}
+	}
+	st.sendWin += inc
+	st.wakeWriter()
+	return nil
+}
+
+func (c *Conn) processRST(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	st := c.lookup(f.StreamID)
+	if st == nil {
+		idle := f.StreamID > c.maxSeen
+		c.mu.Unlock()
+		if idle {
+			return connError{http2.ErrCodeProtocol, "RST_STREAM on an idle stream"}
+		}
+		return nil
+	}
+	after := st.resetLocked(streamResetError{code: f.ErrCode})
+	c.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	if !c.chargeReset() {
+		return errRapidReset
+	}
+	return nil
+}
+
+// processGoAway: the client opens no more streams; the connection closes
+// once the running ones are done.
+func (c *Conn) processGoAway() {
+	c.mu.Lock()
+	c.draining = true
+	idle := c.live == 0
+	c.mu.Unlock()
+	if idle {
+		c.closeNow()
+	}
+}
+
+func (c *Conn) processData(f *http2.DataFrame) error {
+	id, n := f.StreamID, int64(f.Length)
+	data := f.Data()
+	c.mu.Lock()
+	if n > c.recvAvail {
+		c.mu.Unlock()
+		return connError{http2.ErrCodeFlowControl, "DATA beyond the connection window"}
+	}
+	c.recvAvail -= n
+	st := c.lookup(id)
+	if st == nil || st.remoteClosed {
+		// Not for a stream that takes data: the window it used is the
+		// connection's to give back.
+		c.creditConnLocked(n)
+		var err error
+		switch {
+		case st != nil:
+			err = streamError{id, http2.ErrCodeStreamClosed, "DATA after END_STREAM"}
+		case id > c.maxSeen:
+			err = connError{http2.ErrCodeProtocol, "DATA on an idle stream"}
+		default:
+			if _, byUs := c.recentlyClosed(id); !byUs {
+				err = streamError{id, http2.ErrCodeStreamClosed, "DATA on a closed stream"}
+			}
+		}
+		c.mu.Unlock()
+		c.kickCtrl()
+		return err
+	}
+	if n > st.recvAvail {
+		c.creditConnLocked(n)
+		c.mu.Unlock()
+		return streamError{id, http2.ErrCodeFlowControl, "DATA beyond the stream window"}
+	}
+	st.recvAvail -= n
+	if pad := n - int64(len(data)); pad > 0 {
+		// Padding is flow-controlled but never read: give it back now.
+		st.recvUnacked += pad
+		c.creditConnLocked(pad)
+	}
+	st.recvTotal += int64(len(data))
+	if st.ContentLength >= 0 && st.recvTotal > st.ContentLength {
+		c.mu.Unlock()
+		return streamError{id, http2.ErrCodeProtocol, "more DATA than content-length"}
+	}
+	if len(data) > 0 {
+		st.appendBody(data)
+	}
+	if f.StreamEnded() {
+		if st.ContentLength >= 0 && st.recvTotal != st.ContentLength {
+			c.mu.Unlock()
+			return streamError{id, http2.ErrCodeProtocol, "less DATA than content-length"}
+		}
+		st.endRemoteLocked()
+	}
+	st.wakeReader()
+	c.mu.Unlock()
+	c.kickCtrl()
+	return nil
+}
+
+// creditConnLocked gives n bytes of connection window back, by
+// WINDOW_UPDATE once half the window is owed (c.mu held).
+func (c *Conn) creditConnLocked(n int64) {
+	c.recvUnacked += n
+	if c.recvUnacked >= int64(c.cfg.ConnWindowSize)/2 {
+		c.queueCtrl(ctrlFrame{kind: ctrlWindowUpdate, val: uint32(c.recvUnacked)})
+		c.recvAvail += c.recvUnacked
+		c.recvUnacked = 0
+	}
+}

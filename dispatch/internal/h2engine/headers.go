@@ -1,0 +1,386 @@
+package h2engine
+
+import (
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// What a header block is for.
+type blockKind uint8
+
+const (
+	blockRequest  blockKind = iota + 1 // opens a new stream
+	blockTrailers                      // a request's trailers
+	blockIgnore                        // decoded only to keep HPACK in step
+)
+
+// Pseudo-header fields seen in a request, as bits.
+const (
+	pseudoMethod = 1 << iota
+	pseudoScheme
+	pseudoAuthority
+	pseudoPath
+	pseudoProtocol
+)
+
+// headerBlock is the header block being decoded (HEADERS and its
+// CONTINUATION frames). Only the reading goroutine touches it.
+type headerBlock struct {
+	kind      blockKind
+	id        uint32
+	st        *Stream // blockRequest: the stream being built
+	endStream bool
+	frames    int
+	size      int // compressed bytes
+	listSize  int // decoded size (RFC 9113 6.5.2)
+	tooLarge  bool
+	bad       string // why the request is malformed
+	regular   bool   // a regular field was decoded
+	pseudo    uint8
+	selfDep   bool
+	// err is the stream error to send once the block is decoded.
+	err      *streamError
+	trailers []HeaderField // blockTrailers: the fields, reused
+}
+
+// processHeaders starts a header block: a new request, trailers, or one
+// decoded only to keep the HPACK state in step.
+func (c *Conn) processHeaders(f *http2.HeadersFrame) error {
+	id := f.StreamID
+	if id%2 == 0 {
+		return connError{http2.ErrCodeProtocol, "HEADERS with an even stream id"}
+	}
+	hb := &c.hb
+	*hb = headerBlock{id: id, endStream: f.StreamEnded(), trailers: hb.trailers[:0]}
+	hb.selfDep = f.HasPriority() && f.Priority.StreamDep == id
+	c.mu.Lock()
+	st := c.lookup(id)
+	switch {
+	case st != nil:
+		switch {
+		case st.remoteClosed:
+			hb.kind = blockIgnore
+			hb.err = &streamError{id, http2.ErrCodeStreamClosed, "HEADERS after END_STREAM"}
+		case !hb.endStream:
+			hb.kind = blockIgnore
+			hb.err = &streamError{id, http2.ErrCodeProtocol, "trailers without END_STREAM"}
+		default:
+			hb.kind = blockTrailers
+		}
+	case id <= c.maxSeen:
+		found, byUs := c.recentlyClosed(id)
+		c.mu.Unlock()
+		switch {
+		case found && byUs:
+			hb.kind = blockIgnore
+		case found:
+			return connError{http2.ErrCodeStreamClosed, "HEADERS on a closed stream"}
+		default:
+			return connError{http2.ErrCodeProtocol, "stream id not above the previous ones"}
+		}
+		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	default:
+		c.maxSeen = id
+		if c.goAwaySent && id > c.goAwayID {
+			hb.kind = blockIgnore // after GOAWAY: not processed
+		} else {
+			hb.kind = blockRequest
+			hb.st = newStream(c, id)
+		}
+	}
+	c.mu.Unlock()
+	return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+}
+
+// feedBlock decodes one fragment of the current header block, bounding
+// the block in frames and bytes (CONTINUATION flood).
+func (c *Conn) feedBlock(frag []byte, end bool) error {
+	hb := &c.hb
+	hb.frames++
+	hb.size += len(frag)
+	if hb.frames > c.cfg.MaxHeaderBlockFrames || hb.size > 2*int(c.cfg.MaxHeaderListSize)+minFrameSize {
+		c.dropBlock()
+		return connError{http2.ErrCodeEnhanceYourCalm, "header block too large or in too many frames (CONTINUATION flood)"}
+	}
+	if _, err := c.dec.Write(frag); err != nil {
+		c.dropBlock()
+		if err == hpack.ErrStringLength {
+			return connError{http2.ErrCodeEnhanceYourCalm, "header field larger than the header list limit"}
+		}
+		return connError{http2.ErrCodeCompression, "HPACK: " + err.Error()}
+	}
+	if !end {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		c.dropBlock()
+		return connError{http2.ErrCodeCompression, "HPACK: " + err.Error()}
+	}
+	c.dec.SetEmitEnabled(true)
+	return c.endBlock()
+}
+
+// dropBlock discards the block's stream.
+func (c *Conn) dropBlock() {
+	if c.hb.st != nil {
+		c.hb.st.recycle()
+		c.hb.st = nil
+	}
+}
+
+// onField receives each decoded field of the current block.
+func (c *Conn) onField(f hpack.HeaderField) {
+	hb := &c.hb
+	hb.listSize += len(f.Name) + len(f.Value) + 32
+	if hb.listSize > int(c.cfg.MaxHeaderListSize) {
+		hb.tooLarge = true
+		c.dec.SetEmitEnabled(false)
+		return
+	}
+	if hb.bad != "" || hb.kind == blockIgnore {
+		return
+	}
+	if len(f.Name) > 0 && f.Name[0] == ':' {
+		if hb.kind == blockTrailers {
+			hb.bad = "pseudo-header field in trailers"
+			return
+		}
+		if hb.regular {
+			hb.bad = "pseudo-header field after a regular field"
+			return
+		}
+		hb.bad = c.pseudoField(hb, f)
+		return
+	}
+	hb.regular = true
+	if bad := checkField(f.Name, f.Value); bad != "" {
+		hb.bad = bad
+		return
+	}
+	if hb.kind == blockTrailers {
+		hb.trailers = append(hb.trailers, HeaderField{Name: f.Name, Value: f.Value})
+		return
+	}
+	st := hb.st
+	if f.Name == "content-length" {
+		n, ok := parseLength(f.Value)
+		if !ok || (st.ContentLength >= 0 && st.ContentLength != n) {
+			hb.bad = "invalid content-length"
+			return
+		}
+		st.ContentLength = n
+	}
+	st.Header = append(st.Header, HeaderField{Name: f.Name, Value: f.Value})
+}
+
+// pseudoField records a request pseudo-header field; it returns why the
+// request is malformed, if it is.
+func (c *Conn) pseudoField(hb *headerBlock, f hpack.HeaderField) string {
+	st := hb.st
+	var bit uint8
+	var dst *string
+	switch f.Name {
+	case ":method":
+		bit, dst = pseudoMethod, &st.Method
+	case ":scheme":
+		bit, dst = pseudoScheme, &st.Scheme
+	case ":authority":
+		bit, dst = pseudoAuthority, &st.Authority
+	case ":path":
+		bit, dst = pseudoPath, &st.Path
+	case ":protocol":
+		bit, dst = pseudoProtocol, &st.Protocol
+	default:
+		return "unknown pseudo-header field " + f.Name
+	}
+	if hb.pseudo&bit != 0 {
+		return "duplicated pseudo-header field " + f.Name
+	}
+	hb.pseudo |= bit
+	*dst = f.Value
+	return ""
+}
+
+// checkField validates a regular field (RFC 9113 8.2): lowercase token
+// name, no NUL, CR or LF in the value and no whitespace around it, and no
+// connection-specific field.
+func checkField(name, value string) string {
+	if name == "" {
+		return "empty header field name"
+	}
+	for i := 0; i < len(name); i++ {
+		if !nameByte[name[i]] {
+			return "invalid header field name"
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if b := value[i]; b == 0 || b == '\r' || b == '\n' {
+			return "invalid byte in header field value"
+		}
+	}
+	if n := len(value); n > 0 && (isSpace(value[0]) || isSpace(value[n-1])) {
+		return "whitespace around a header field value"
+	}
+	switch name {
+	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+		return "connection-specific header field " + name
+	case "te":
+		if value != "trailers" {
+			return "te other than trailers"
+		}
+	}
+	return ""
+}
+
+func isSpace(b byte) bool { return b == ' ' || b == '\t' }
+
+// nameByte: the bytes of a field name, tchar without uppercase.
+var nameByte = func() (t [256]bool) {
+	for b := 'a'; b <= 'z'; b++ {
+		t[b] = true
+	}
+	for b := '0'; b <= '9'; b++ {
+		t[b] = true
+	}
+	for _, b := range "!#$%&'*+-.^_`|~" {
+		t[b] = true
+	}
+	return t
+}()
+
+// parseLength parses a content-length value.
+func parseLength(s string) (int64, bool) {
+	if s == "" || len(s) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(s[i]-'0')
+	}
+	return n, true
+}
+
+// endBlock acts on a complete header block.
+func (c *Conn) endBlock() error {
+	hb := &c.hb
+	switch hb.kind {
+	case blockIgnore:
+		if hb.err != nil {
+			return *hb.err
+		}
+		return nil
+	case blockTrailers:
+		return c.endTrailers()
+	}
+	st := hb.st
+	if hb.bad == "" && !hb.tooLarge {
+		hb.bad = c.checkRequest(hb)
+	}
+	hb.st = nil
+	if hb.tooLarge {
+		st.recycle()
+		c.report(ErrorEvent{StreamID: hb.id, Status: 431, Reason: "request header list too large"})
+		c.mu.Lock()
+		c.remember(hb.id, true)
+		c.mu.Unlock()
+		return c.queueCtrlFromReader(ctrlFrame{kind: ctrl431, id: hb.id, end: hb.endStream})
+	}
+	if hb.bad != "" {
+		st.recycle()
+		if !c.chargeReset() {
+			return errRapidReset
+		}
+		return streamError{hb.id, http2.ErrCodeProtocol, "malformed request: " + hb.bad}
+	}
+	return c.startStream(st, hb.endStream)
+}
+
+// checkRequest checks the pseudo-header fields (RFC 9113 8.3.1, RFC 8441
+// 4); it returns why the request is malformed, if it is.
+func (c *Conn) checkRequest(hb *headerBlock) string {
+	st := hb.st
+	if hb.selfDep {
+		return "stream depends on itself"
+	}
+	if hb.pseudo&pseudoMethod == 0 || st.Method == "" {
+		return "missing :method"
+	}
+	if hb.endStream && st.ContentLength > 0 {
+		return "content-length without DATA"
+	}
+	switch {
+	case hb.pseudo&pseudoProtocol != 0:
+		if !c.cfg.EnableConnectProtocol {
+			return ":protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL"
+		}
+		if st.Method != "CONNECT" {
+			return ":protocol on a method other than CONNECT"
+		}
+		if hb.pseudo&(pseudoScheme|pseudoPath|pseudoAuthority) != pseudoScheme|pseudoPath|pseudoAuthority || st.Path == "" {
+			return "extended CONNECT without :scheme, :path and :authority"
+		}
+	case st.Method == "CONNECT":
+		if hb.pseudo&(pseudoScheme|pseudoPath) != 0 || hb.pseudo&pseudoAuthority == 0 {
+			return "CONNECT must carry :authority and neither :scheme nor :path"
+		}
+	default:
+		if hb.pseudo&pseudoScheme == 0 {
+			return "missing :scheme"
+		}
+		if hb.pseudo&pseudoPath == 0 || st.Path == "" {
+			return "missing or empty :path"
+		}
+	}
+	return ""
+}
+
+// endTrailers completes a request with its trailers.
+func (c *Conn) endTrailers() error {
+	hb := &c.hb
+	if hb.tooLarge {
+		return streamError{hb.id, http2.ErrCodeProtocol, "trailers too large"}
+	}
+	if hb.bad != "" {
+		return streamError{hb.id, http2.ErrCodeProtocol, "malformed trailers: " + hb.bad}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.lookup(hb.id)
+	if st == nil || st.remoteClosed {
+		return nil // reset meanwhile
+	}
+	if st.ContentLength >= 0 && st.recvTotal != st.ContentLength {
+		return streamError{hb.id, http2.ErrCodeProtocol, "less DATA than content-length"}
+	}
+	st.Trailer = append(st.Trailer[:0], hb.trailers...)
+	st.endRemoteLocked()
+	st.wakeReader()
+	return nil
+}
+
+// startStream opens st and runs its handler, or refuses it.
+func (c *Conn) startStream(st *Stream, endStream bool) error {
+	c.mu.Lock()
+	if c.closing || c.draining || c.live >= int(c.cfg.MaxConcurrentStreams) {
+		c.remember(st.id, true)
+		c.mu.Unlock()
+		id := st.id
+		st.recycle()
+		if !c.chargeReset() {
+			return errRapidReset
+		}
+		c.report(ErrorEvent{StreamID: id, Code: http2.ErrCodeRefusedStream, Reason: "too many concurrent streams"})
+		return c.queueCtrlFromReader(ctrlFrame{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+	}
+	st.sendWin = c.peerInitWin
+	st.remoteClosed = endStream
+	c.streams = append(c.streams, st)
+	c.live++
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go c.runStream(st)
+	return nil
+}

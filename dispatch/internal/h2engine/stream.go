@@ -1,0 +1,652 @@
+package h2engine
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// Stream is one request stream. The request fields are set before
+// ServeStream is called and stay valid until it returns. Read may be
+// called concurrently with the write methods (a WebSocket's two
+// directions); the write methods must not be called concurrently with
+// each other. Done, Err, AfterReset and Reset may be called from any
+// goroutine while ServeStream runs.
+type Stream struct {
+	c  *Conn
+	id uint32
+
+	// Method, Scheme, Authority, Path and Protocol are the request's
+	// pseudo-header fields (":protocol" of an RFC 8441 extended CONNECT);
+	// empty when absent.
+	Method, Scheme, Authority, Path, Protocol string
+	// Header holds the request's regular fields in order, names
+	// lowercase; a cookie split in crumbs comes as several fields.
+	Header []HeaderField
+	// ContentLength is the request's content-length, -1 when absent. The
+	// engine checks it against the DATA received.
+	ContentLength int64
+	// Trailer holds the request's trailers once Read has returned io.EOF.
+	Trailer []HeaderField
+
+	// Guarded by c.mu.
+	remoteClosed bool // END_STREAM received
+	localClosed  bool // END_STREAM sent
+	closed       bool // out of the connection's streams
+	resetErr     error
+	recvBuf      []byte
+	recvOff      int
+	recvAvail    int64 // stream receive window left
+	recvUnacked  int64
+	recvTotal    int64
+	sendWin      int64
+	done         chan struct{}
+	doneClosed   bool
+	afterReset   func()
+	readWaiting  bool
+	writeWaiting bool
+
+	readWake, writeWake chan struct{}
+
+	// The handler's goroutine only.
+	headersDone bool // final headers written
+	ended       bool // END_STREAM written
+	rst         atomic.Bool
+}
+
+// StreamResetError is the error of a stream that was reset; errors.Is
+// matches it with ErrStreamReset.
+type StreamResetError struct {
+	// Code is the RST_STREAM error code.
+	Code http2.ErrCode
+	// Remote: the client reset the stream.
+	Remote bool
+}
+
+type streamResetError struct {
+	code http2.ErrCode
+	byUs bool
+}
+
+func (e streamResetError) Error() string {
+	if e.byUs {
+		return fmt.Sprintf("h2engine: stream reset (%v)", e.code)
+	}
+	return fmt.Sprintf("h2engine: stream reset by the client (%v)", e.code)
+}
+
+func (e streamResetError) Is(target error) bool { return target == ErrStreamReset }
+
+var streamPool = sync.Pool{New: func() any {
+	return &Stream{readWake: make(chan struct{}, 1), writeWake: make(chan struct{}, 1)}
+}}
+
+// newStream returns a pooled stream for id.
+func newStream(c *Conn, id uint32) *Stream {
+	st := streamPool.Get().(*Stream)
+	st.c, st.id = c, id
+	st.ContentLength = -1
+	st.recvAvail = int64(c.cfg.InitialWindowSize)
+	return st
+}
+
+// Bounds on what a pooled stream keeps.
+const (
+	maxPooledFields = 128
+	maxPooledBuf    = 64 << 10
+)
+
+// recycle returns st to the pool; nothing may refer to it any more.
+func (st *Stream) recycle() {
+	clear(st.Header)
+	clear(st.Trailer)
+	header, trailer, buf := st.Header[:0], st.Trailer[:0], st.recvBuf[:0]
+	if cap(header) > maxPooledFields {
+		header = nil
+	}
+	if cap(trailer) > maxPooledFields {
+		trailer = nil
+	}
+	if cap(buf) > maxPooledBuf {
+		buf = nil
+	}
+	done := st.done
+	if st.doneClosed {
+		done = nil
+	}
+	select {
+	case <-st.readWake:
+	default:
+	}
+	select {
+	case <-st.writeWake:
+	default:
+	}
+	*st = Stream{Header: header, Trailer: trailer, recvBuf: buf, done: done,
+		readWake: st.readWake, writeWake: st.writeWake}
+	streamPool.Put(st)
+}
+
+// ID returns the stream id.
+func (st *Stream) ID() uint32 { return st.id }
+
+// Conn returns the stream's connection.
+func (st *Stream) Conn() *Conn { return st.c }
+
+func (st *Stream) wakeReader() {
+	if st.readWaiting {
+		st.readWaiting = false
+		select {
+		case st.readWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (st *Stream) wakeWriter() {
+	if st.writeWaiting {
+		st.writeWaiting = false
+		select {
+		case st.writeWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// appendBody buffers request body bytes (c.mu held); the stream window
+// bounds them.
+func (st *Stream) appendBody(p []byte) {
+	if st.recvOff > 0 && len(st.recvBuf)+len(p) > cap(st.recvBuf) {
+		n := copy(st.recvBuf, st.recvBuf[st.recvOff:])
+		st.recvBuf, st.recvOff = st.recvBuf[:n], 0
+	}
+	st.recvBuf = append(st.recvBuf, p...)
+}
+
+// endRemoteLocked records the client's END_STREAM (c.mu held).
+func (st *Stream) endRemoteLocked() {
+	st.remoteClosed = true
+	if st.localClosed {
+		st.closeLocked(false)
+	}
+}
+
+// endLocalLocked records the END_STREAM sent (c.mu held).
+func (st *Stream) endLocalLocked() {
+	st.localClosed = true
+	if st.remoteClosed {
+		st.closeLocked(false)
+	}
+}
+
+// closeLocked takes st out of the connection's streams and gives the
+// window of unread body back (c.mu held).
+func (st *Stream) closeLocked(byUs bool) {
+	if st.closed {
+		return
+	}
+	st.closed = true
+	c := st.c
+	c.removeLocked(st)
+	c.remember(st.id, byUs)
+	if n := len(st.recvBuf) - st.recvOff; n > 0 {
+		c.creditConnLocked(int64(n))
+	}
+	st.recvBuf, st.recvOff = st.recvBuf[:0], 0
+}
+
+// resetLocked resets st with err (c.mu held): its reads and writes fail
+// and Done is closed. It returns the AfterReset function to run, once
+// c.mu is released.
+func (st *Stream) resetLocked(err error) func() {
+	if st.resetErr != nil || st.closed {
+		return nil
+	}
+	st.resetErr = err
+	st.rst.Store(true)
+	byUs := true
+	if re, ok := err.(streamResetError); ok {
+		byUs = re.byUs
+	}
+	st.closeLocked(byUs)
+	if st.done != nil && !st.doneClosed {
+		close(st.done)
+	}
+	st.doneClosed = true
+	st.wakeReader()
+	st.wakeWriter()
+	f := st.afterReset
+	st.afterReset = nil
+	return f
+}
+
+// Done returns a channel closed when the stream is reset (by the client,
+// by Reset, or by the engine) or the connection ends before the stream
+// completed.
+func (st *Stream) Done() <-chan struct{} {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.done == nil {
+		st.done = make(chan struct{})
+		if st.doneClosed {
+			close(st.done)
+		}
+	}
+	return st.done
+}
+
+// Err returns why the stream was reset (a StreamResetError-like error
+// matching ErrStreamReset, or ErrConnClosed), nil while it is not.
+func (st *Stream) Err() error {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return st.resetErr
+}
+
+// ResetCode returns the code the stream was reset with and whether the
+// client reset it; ok is false while it is not reset.
+func (st *Stream) ResetCode() (code http2.ErrCode, remote, ok bool) {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if re, isRe := st.resetErr.(streamResetError); isRe {
+		return re.code, !re.byUs, true
+	}
+	return http2.ErrCodeCancel, false, st.resetErr != nil
+}
+
+// AfterReset arranges for f to run once, on another goroutine's behalf,
+// when the stream is reset or its connection ends (closing an upstream
+// connection, say); at once if it already was. One function at a time:
+// a second call replaces the first.
+func (st *Stream) AfterReset(f func()) {
+	c := st.c
+	c.mu.Lock()
+	if st.resetErr != nil {
+		c.mu.Unlock()
+		f()
+		return
+	}
+	st.afterReset = f
+	c.mu.Unlock()
+}
+
+// StopAfterReset cancels the AfterReset function; false when it has run
+// (or is running) or none was set.
+func (st *Stream) StopAfterReset() bool {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.afterReset == nil {
+		return false
+	}
+	st.afterReset = nil
+	return true
+}
+
+// Read reads the request body. It returns io.EOF at its end (Trailer is
+// then set), the reset error when the stream is reset, and ErrReadTimeout
+// when nothing arrives within Config.ReadTimeout. Reading gives flow-
+// control window back to the client.
+func (st *Stream) Read(p []byte) (int, error) {
+	c := st.c
+	var timer *time.Timer
+	c.mu.Lock()
+	for {
+		if len(st.recvBuf)-st.recvOff > 0 {
+			n := copy(p, st.recvBuf[st.recvOff:])
+			st.recvOff += n
+			if st.recvOff == len(st.recvBuf) {
+				st.recvBuf, st.recvOff = st.recvBuf[:0], 0
+			}
+			st.creditLocked(int64(n))
+			c.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			if c.ctrlN.Load() > 0 {
+				c.lockWrite()
+				_ = c.unlockWrite(true)
+			}
+			return n, nil
+		}
+		var err error
+		switch {
+		case st.resetErr != nil:
+			err = st.resetErr
+		case st.remoteClosed:
+			err = io.EOF
+		case c.closing:
+			err = ErrConnClosed
+		}
+		if err != nil || len(p) == 0 {
+			c.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return 0, err
+		}
+		st.readWaiting = true
+		c.mu.Unlock()
+		if c.cfg.ReadTimeout > 0 {
+			if timer == nil {
+				timer = time.NewTimer(c.cfg.ReadTimeout)
+			}
+			select {
+			case <-st.readWake:
+			case <-timer.C:
+				c.mu.Lock()
+				st.readWaiting = false
+				c.mu.Unlock()
+				return 0, ErrReadTimeout
+			}
+		} else {
+			<-st.readWake
+		}
+		c.mu.Lock()
+	}
+}
+
+// creditLocked gives n consumed bytes of window back to the client, by
+// WINDOW_UPDATE once half a window is owed (c.mu held).
+func (st *Stream) creditLocked(n int64) {
+	c := st.c
+	c.creditConnLocked(n)
+	if st.remoteClosed {
+		return
+	}
+	st.recvUnacked += n
+	if st.recvUnacked >= int64(c.cfg.InitialWindowSize)/2 {
+		c.queueCtrl(ctrlFrame{kind: ctrlWindowUpdate, id: st.id, val: uint32(st.recvUnacked)})
+		st.recvAvail += st.recvUnacked
+		st.recvUnacked = 0
+	}
+}
+
+// writableLocked reports why frames can no longer be written on st (wmu
+// held).
+func (st *Stream) writableLocked() error {
+	c := st.c
+	if c.werr != nil {
+		return ErrConnClosed
+	}
+	if st.rst.Load() {
+		c.mu.Lock()
+		err := st.resetErr
+		c.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// WriteHeaders writes the response headers: status and fields (names
+// lowercase; connection-specific fields are dropped). A 1xx status may
+// precede the final one. Without endStream the frames are buffered until
+// the next Flush, the end of the response, or a write by another stream.
+func (st *Stream) WriteHeaders(status int, fields []HeaderField, endStream bool) error {
+	if st.headersDone {
+		return ErrHeadersWritten
+	}
+	info := status < 200
+	if status < 100 || status > 999 || (info && endStream) {
+		return fmt.Errorf("h2engine: invalid response status %d", status)
+	}
+	c := st.c
+	c.lockWrite()
+	if err := st.writableLocked(); err != nil {
+		_ = c.unlockWrite(false)
+		return err
+	}
+	c.applyTableSize()
+	c.hbuf.Reset()
+	_ = c.enc.WriteField(HeaderField{Name: ":status", Value: statusText(status)})
+	c.encodeFields(fields)
+	c.writeHeaderBlock(st.id, c.hbuf.Bytes(), endStream)
+	if !info {
+		st.headersDone = true
+	}
+	if endStream {
+		st.endLocal()
+	}
+	return c.unlockWrite(endStream || info)
+}
+
+// endLocal records the END_STREAM just written (wmu held).
+func (st *Stream) endLocal() {
+	st.ended = true
+	c := st.c
+	c.mu.Lock()
+	st.endLocalLocked()
+	c.mu.Unlock()
+}
+
+// Write writes response body bytes as DATA frames, waiting for flow-
+// control window (at most Config.WriteTimeout, then the stream is reset
+// and ErrWriteTimeout returned). The frames are buffered until the next
+// Flush, the end of the response, or a write by another stream.
+func (st *Stream) Write(p []byte) (int, error) { return st.writeData(p, false) }
+
+// WriteLast writes the last bytes of the response body and ends the
+// response (END_STREAM).
+func (st *Stream) WriteLast(p []byte) error {
+	_, err := st.writeData(p, true)
+	return err
+}
+
+// End ends the response (an empty DATA frame with END_STREAM).
+func (st *Stream) End() error { return st.WriteLast(nil) }
+
+func (st *Stream) writeData(p []byte, end bool) (int, error) {
+	if !st.headersDone {
+		return 0, ErrNoHeaders
+	}
+	if st.ended {
+		return 0, ErrStreamClosed
+	}
+	c := st.c
+	total := 0
+	for len(p) > 0 || end {
+		n := 0
+		if len(p) > 0 {
+			var err error
+			if n, err = st.reserve(len(p)); err != nil {
+				return total, err
+			}
+		}
+		last := end && n == len(p)
+		c.lockWrite()
+		if err := st.writableLocked(); err != nil {
+			_ = c.unlockWrite(false)
+			c.giveBack(st, n)
+			return total, err
+		}
+		c.writeDataFrame(st.id, p[:n], last)
+		if last {
+			st.endLocal()
+		}
+		if err := c.unlockWrite(last); err != nil {
+			return total, err
+		}
+		total += n
+		p = p[n:]
+		if last {
+			break
+		}
+	}
+	return total, nil
+}
+
+// reserve takes up to want bytes (and at most a frame) of the stream's
+// and the connection's send windows, waiting for them.
+func (st *Stream) reserve(want int) (int, error) {
+	c := st.c
+	var timer *time.Timer
+	c.mu.Lock()
+	for {
+		if st.resetErr != nil || c.closing {
+			err := st.resetErr
+			if err == nil {
+				err = ErrConnClosed
+			}
+			c.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return 0, err
+		}
+		n := min(int64(want), int64(c.peerMaxFrame.Load()), st.sendWin, c.sendWin)
+		if n > 0 {
+			st.sendWin -= n
+			c.sendWin -= n
+			c.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return int(n), nil
+		}
+		st.writeWaiting = true
+		if c.sendWin <= 0 {
+			c.waiters = append(c.waiters, st)
+		}
+		c.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(c.cfg.WriteTimeout)
+		}
+		select {
+		case <-st.writeWake:
+			c.mu.Lock()
+		case <-timer.C:
+			c.mu.Lock()
+			st.writeWaiting = false
+			f := st.resetLocked(streamResetError{code: http2.ErrCodeCancel, byUs: true})
+			c.mu.Unlock()
+			if f != nil {
+				f()
+			}
+			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeCancel, Reason: "no flow-control window within the write timeout"})
+			c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(http2.ErrCodeCancel)})
+			c.lockWrite()
+			_ = c.unlockWrite(true)
+			return 0, ErrWriteTimeout
+		}
+	}
+}
+
+// giveBack returns n reserved bytes that were not sent.
+func (c *Conn) giveBack(st *Stream, n int) {
+	if n == 0 {
+		return
+	}
+	c.mu.Lock()
+	st.sendWin += int64(n)
+	c.sendWin += int64(n)
+	for i, w := range c.waiters {
+		w.wakeWriter()
+		c.waiters[i] = nil
+	}
+	c.waiters = c.waiters[:0]
+	c.mu.Unlock()
+}
+
+// WriteTrailers ends the response with trailers (fields without pseudo-
+// header fields); with none it just ends it.
+func (st *Stream) WriteTrailers(fields []HeaderField) error {
+	if !st.headersDone {
+		return ErrNoHeaders
+	}
+	if st.ended {
+		return ErrStreamClosed
+	}
+	if len(fields) == 0 {
+		return st.End()
+	}
+	c := st.c
+	c.lockWrite()
+	if err := st.writableLocked(); err != nil {
+		_ = c.unlockWrite(false)
+		return err
+	}
+	c.applyTableSize()
+	c.hbuf.Reset()
+	c.encodeFields(fields)
+	c.writeHeaderBlock(st.id, c.hbuf.Bytes(), true)
+	st.endLocal()
+	return c.unlockWrite(true)
+}
+
+// Flush sends what the connection has buffered, this stream's frames
+// included (once no other writer is about to add more).
+func (st *Stream) Flush() error {
+	c := st.c
+	c.lockWrite()
+	return c.unlockWrite(true)
+}
+
+// Reset resets the stream with code (RST_STREAM) unless it is already
+// closed; reads and writes fail from then on.
+func (st *Stream) Reset(code http2.ErrCode) {
+	c := st.c
+	c.mu.Lock()
+	if st.closed {
+		c.mu.Unlock()
+		return
+	}
+	f := st.resetLocked(streamResetError{code: code, byUs: true})
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
+	c.lockWrite()
+	_ = c.unlockWrite(true)
+}
+
+// runStream runs the handler of st, then finishes the stream.
+func (c *Conn) runStream(st *Stream) {
+	defer c.wg.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeInternal, Reason: fmt.Sprintf("handler panic: %v", r)})
+		}
+		c.finishStream(st)
+	}()
+	c.h.ServeStream(st)
+}
+
+// finishStream closes st once its handler has returned: a response not
+// ended is reset (INTERNAL_ERROR); a request still being sent after a
+// complete response is stopped (NO_ERROR, RFC 9113 8.1).
+func (c *Conn) finishStream(st *Stream) {
+	c.mu.Lock()
+	var code http2.ErrCode
+	send := false
+	if !st.closed {
+		code, send = http2.ErrCodeInternal, true
+		if st.localClosed {
+			code = http2.ErrCodeNo
+		}
+		st.resetLocked(streamResetError{code: code, byUs: true})
+	}
+	c.live--
+	idle := c.live == 0
+	if idle {
+		c.idleSince = c.now()
+	}
+	drained := idle && c.draining
+	c.mu.Unlock()
+	if send {
+		c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
+		c.lockWrite()
+		_ = c.unlockWrite(true)
+	}
+	st.recycle()
+	if drained {
+		c.closeNow()
+	}
+}
