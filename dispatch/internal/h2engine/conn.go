@@ -54,6 +54,7 @@ type Conn struct {
 	// applied to enc (-1: none).
 	encTableSize atomic.Int64
 	peerMaxFrame atomic.Uint32
+	flushes      atomic.Uint64 // writes of the buffer to nc
 
 	// Control frames queued by the reading goroutine (write.go).
 	ctrlMu    sync.Mutex

@@ -56,6 +56,9 @@ type Stream struct {
 	headersDone bool // final headers written
 	ended       bool // END_STREAM written
 	rst         atomic.Bool
+	// unflushed is 1 + the connection's flush count when the stream last
+	// left frames buffered (0: none); Read flushes them before waiting.
+	unflushed atomic.Uint64
 }
 
 // StreamResetError is the error of a stream that was reset; errors.Is
@@ -334,6 +337,11 @@ func (st *Stream) Read(p []byte) (int, error) {
 		}
 		st.readWaiting = true
 		c.mu.Unlock()
+		if g := st.unflushed.Load(); g != 0 && c.flushes.Load() == g-1 {
+			// The client may wait for our frames before it sends more.
+			c.lockWrite()
+			_ = c.unlockWrite(true)
+		}
 		if c.cfg.ReadTimeout > 0 {
 			if timer == nil {
 				timer = time.NewTimer(c.cfg.ReadTimeout)
@@ -414,7 +422,18 @@ func (st *Stream) WriteHeaders(status int, fields []HeaderField, endStream bool)
 	if endStream {
 		st.endLocal()
 	}
+	st.noteBuffered(endStream || info)
 	return c.unlockWrite(endStream || info)
+}
+
+// noteBuffered records whether the stream leaves frames buffered (wmu
+// held).
+func (st *Stream) noteBuffered(flushing bool) {
+	if flushing {
+		st.unflushed.Store(0)
+		return
+	}
+	st.unflushed.Store(st.c.flushes.Load() + 1)
 }
 
 // endLocal records the END_STREAM just written (wmu held).
@@ -470,6 +489,7 @@ func (st *Stream) writeData(p []byte, end bool) (int, error) {
 		if last {
 			st.endLocal()
 		}
+		st.noteBuffered(last)
 		if err := c.unlockWrite(last); err != nil {
 			return total, err
 		}
@@ -515,6 +535,10 @@ func (st *Stream) reserve(want int) (int, error) {
 			c.waiters = append(c.waiters, st)
 		}
 		c.mu.Unlock()
+		// What is buffered goes out before waiting: the client may wait
+		// for it before it gives window.
+		c.lockWrite()
+		_ = c.unlockWrite(true)
 		if timer == nil {
 			timer = time.NewTimer(c.cfg.WriteTimeout)
 		}

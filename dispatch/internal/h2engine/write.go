@@ -62,6 +62,7 @@ func (o *outBuf) flush() error {
 	}
 	_, err := o.c.writeConn(*o.buf)
 	*o.buf = (*o.buf)[:0]
+	o.c.flushes.Add(1)
 	return err
 }
 
