@@ -110,7 +110,9 @@ func NewConn(nc net.Conn, cfg Config, h Handler) *Conn {
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
 	c.fr.SetReuseFrames()
 	c.dec = hpack.NewDecoder(headerTableMax, c.onField)
-	c.dec.SetMaxStringLength(int(cfg.MaxHeaderListSize))
+	// A field over the header list limit is decoded (and answered 431);
+	// only one beyond what a header block may hold fails the connection.
+	c.dec.SetMaxStringLength(maxBlockBytes(&cfg))
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	c.out.c = c
 	c.encTableSize.Store(-1)

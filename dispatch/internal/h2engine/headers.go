@@ -98,7 +98,7 @@ func (c *Conn) feedBlock(frag []byte, end bool) error {
 	hb := &c.hb
 	hb.frames++
 	hb.size += len(frag)
-	if hb.frames > c.cfg.MaxHeaderBlockFrames || hb.size > 2*int(c.cfg.MaxHeaderListSize)+minFrameSize {
+	if hb.frames > c.cfg.MaxHeaderBlockFrames || hb.size > maxBlockBytes(&c.cfg) {
 		c.dropBlock()
 		return connError{http2.ErrCodeEnhanceYourCalm, "header block too large or in too many frames (CONTINUATION flood)"}
 	}
@@ -119,6 +119,11 @@ func (c *Conn) feedBlock(frag []byte, end bool) error {
 	c.dec.SetEmitEnabled(true)
 	return c.endBlock()
 }
+
+// maxBlockBytes bounds the compressed size of a header block: twice the
+// header list limit and a frame (a list within the limit compresses to
+// less than that).
+func maxBlockBytes(cfg *Config) int { return 2*int(cfg.MaxHeaderListSize) + minFrameSize }
 
 // dropBlock discards the block's stream.
 func (c *Conn) dropBlock() {

@@ -30,6 +30,7 @@ type testServer struct {
 	pool   *x509.CertPool
 	cfg    Config
 	h      Handler
+	sndBuf int
 	wg     sync.WaitGroup
 
 	mu     sync.Mutex
@@ -56,13 +57,20 @@ func testCert(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	return cert, ca.Pool()
 }
 
-func newTestServer(t testing.TB, useTLS bool, cfg Config, h Handler) *testServer {
+// withSndBuf shrinks the send buffer of accepted connections, so that a
+// client that reads nothing blocks the server's writes quickly.
+func withSndBuf(n int) func(*testServer) { return func(s *testServer) { s.sndBuf = n } }
+
+func newTestServer(t testing.TB, useTLS bool, cfg Config, h Handler, opts ...func(*testServer)) *testServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &testServer{t: t, ln: ln, addr: ln.Addr().String(), cfg: cfg, h: h}
+	for _, o := range opts {
+		o(s)
+	}
 	if useTLS {
 		cert, pool := testCert(t)
 		s.pool = pool
@@ -94,6 +102,9 @@ func (s *testServer) accept() {
 		go func() {
 			defer s.wg.Done()
 			nc := raw
+			if tc, ok := raw.(*net.TCPConn); ok && s.sndBuf > 0 {
+				_ = tc.SetWriteBuffer(s.sndBuf)
+			}
 			if s.tlsCfg != nil {
 				tc := tls.Server(raw, s.tlsCfg)
 				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
