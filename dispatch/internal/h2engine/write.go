@@ -152,12 +152,19 @@ const (
 )
 
 func (c *Conn) writeFrameHeader(length int, typ http2.FrameType, flags http2.Flags, id uint32) {
-	h := [frameHeaderLen]byte{
-		byte(length >> 16), byte(length >> 8), byte(length),
-		byte(typ), byte(flags),
-		byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id),
+	o := &c.out
+	if o.buf == nil || len(*o.buf)+frameHeaderLen > cap(*o.buf) {
+		if _, err := o.Write(nil); err != nil { // takes or flushes the buffer
+			return
+		}
+		if len(*o.buf)+frameHeaderLen > cap(*o.buf) && o.flush() != nil {
+			return
+		}
 	}
-	_, _ = c.out.Write(h[:])
+	*o.buf = append(*o.buf,
+		byte(length>>16), byte(length>>8), byte(length),
+		byte(typ), byte(flags),
+		byte(id>>24), byte(id>>16), byte(id>>8), byte(id))
 }
 
 // writeDataFrame writes one DATA frame (wmu held).
