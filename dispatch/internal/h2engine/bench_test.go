@@ -25,6 +25,10 @@ import (
 // request: allocs/op is per request (the client's share is small and the
 // same for both), req/s is the rate.
 //
+// cpu-ns/req is the process's CPU time per request (the client's share
+// included, the same for both), srv-writes/req the server's writes to its
+// TCP connections per request (how well responses are coalesced).
+//
 //	go test -run '^$' -bench Servers -benchmem -count 5 ./dispatch/internal/h2engine/
 func BenchmarkServers(b *testing.B) {
 	body := []byte(testBody)
@@ -47,7 +51,8 @@ func BenchmarkServers(b *testing.B) {
 	}{{"c4m100", 4, 100}, {"c50m1", 50, 1}} {
 		for _, server := range []string{"engine", "xnet"} {
 			b.Run(server+"/"+load.name, func(b *testing.B) {
-				addr, stop := benchServer(b, func(tc *tls.Conn) {
+				var writes atomic.Int64
+				addr, stop := benchServer(b, &writes, func(tc *tls.Conn) {
 					if server == "engine" {
 						_ = ServeConn(tc, Config{}, engine)
 						return
@@ -56,14 +61,15 @@ func BenchmarkServers(b *testing.B) {
 					srv.ServeConn(tc, &http2.ServeConnOpts{Handler: xnet}) //nolint:staticcheck // SA1019: the per-connection API dispatch uses today.
 				})
 				defer stop()
-				benchLoad(b, addr, load.conns, load.depth)
+				benchLoad(b, addr, load.conns, load.depth, &writes)
 			})
 		}
 	}
 }
 
 // benchServer serves TLS (ALPN h2) connections with serve.
-func benchServer(b *testing.B, serve func(*tls.Conn)) (string, func()) {
+// Each write to a raw connection is counted in writes.
+func benchServer(b *testing.B, writes *atomic.Int64, serve func(*tls.Conn)) (string, func()) {
 	cert, _ := testCert(b)
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -87,7 +93,7 @@ func benchServer(b *testing.B, serve func(*tls.Conn)) (string, func()) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				tc := tls.Server(raw, cfg)
+				tc := tls.Server(countingConn{raw, writes}, cfg)
 				if tc.Handshake() != nil {
 					_ = raw.Close()
 					return
@@ -110,7 +116,7 @@ func benchServer(b *testing.B, serve func(*tls.Conn)) (string, func()) {
 
 // benchLoad runs b.N GET requests over conns connections with depth
 // streams in flight on each, and reports req/s.
-func benchLoad(b *testing.B, addr string, conns, depth int) {
+func benchLoad(b *testing.B, addr string, conns, depth int, writes *atomic.Int64) {
 	clients := make([]*loadConn, conns)
 	for i := range clients {
 		lc, err := dialLoad(addr)
@@ -124,7 +130,8 @@ func benchLoad(b *testing.B, addr string, conns, depth int) {
 	left.Store(int64(b.N))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	writes.Store(0)
+	start, cpu := time.Now(), processCPU()
 	var wg sync.WaitGroup
 	for _, lc := range clients {
 		wg.Add(1)
@@ -136,9 +143,22 @@ func benchLoad(b *testing.B, addr string, conns, depth int) {
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/req")
+	b.ReportMetric(float64(writes.Load())/float64(b.N), "srv-writes/req")
+}
+
+// countingConn counts the writes to a server's raw connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 // loadConn is one client connection of the load.
