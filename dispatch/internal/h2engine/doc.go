@@ -1,0 +1,154 @@
+// Package h2engine is a lean HTTP/2 server engine (RFC 9113) for the
+// application listener, built from x/net's lower-level pieces: its Framer
+// reads (and validates) frames, its hpack Decoder and Encoder handle
+// header blocks. It replaces, for dispatch, x/net's http2.Server, whose
+// per-stream serve-goroutine handoffs, per-write goroutines and
+// http.Request/ResponseWriter/header maps cost about 40 allocations and
+// most of the CPU of a small request. Here a request costs 2 allocations
+// (the Framer's HeadersFrame and the handler goroutine).
+//
+// # Structure
+//
+// One connection is a Conn. Serve runs its single reading goroutine: it
+// reads the client preface and then frames (Framer.ReadFrame over a
+// bufio.Reader over headClock, which wraps the net.Conn), and acts on each
+// one (frames.go): SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, PRIORITY
+// (validated, otherwise ignored), GOAWAY, DATA, and header blocks
+// (headers.go), which it decodes incrementally, fragment by fragment,
+// straight into a pooled Stream: no intermediate field list, no map, and
+// fields that come from the HPACK tables cost no allocation. A complete,
+// valid request starts Handler.ServeStream on a goroutine of its own
+// (handlers do blocking upstream I/O); the Stream carries Method, Scheme,
+// Authority, Path, Protocol (RFC 8441), Header (a reused slice) and
+// ContentLength, and Trailer once the body has been read.
+//
+// Stream state (RFC 9113 5.1) lives in the Stream under the connection's
+// mutex: idle (an id above the highest seen), open, half-closed (remote:
+// END_STREAM received; local: END_STREAM sent) and closed (both, or a
+// reset). Open and half-closed streams are a small slice, searched
+// linearly; a ring of recently closed ids tells frames on a stream closed
+// by the client (STREAM_CLOSED) from frames in flight on a stream the
+// engine reset (ignored), and from ids never opened (PROTOCOL_ERROR). A
+// stream counts against MaxConcurrentStreams until it is closed and its
+// handler has returned, so reset streams cannot pile up handlers.
+//
+// # The write path
+//
+// There is no writer goroutine. A handler writing HEADERS or DATA takes
+// the connection's write lock, encodes its frames into the connection's
+// write buffer (HPACK-encoding under the same lock, which keeps the
+// encoder's table in step with the order of the frames) and leaves. An
+// atomic count of pending writers (holding or waiting for the lock) makes
+// the last one to leave flush, so concurrent streams share one write to
+// the socket; a response's HEADERS and DATA go out in one write. Writes
+// that do not end the stream (WriteHeaders without endStream, Write) are
+// buffered until Flush, the end of the response, or another writer's
+// flush; a handler about to wait (for window, for request body) flushes
+// first. The write buffer comes from a pool while frames are pending and
+// goes back once flushed, so an idle connection holds none.
+//
+// The reading goroutine never writes to the socket: a client that sends
+// but does not read must not stop it from reading. Its answers (SETTINGS
+// and PING acknowledgements, RST_STREAM, WINDOW_UPDATE for data it
+// discards, a 431) go to a bounded control queue that the next writer
+// drains, or that a flusher goroutine, started only when needed, writes.
+//
+// The connection's write deadline bounds a client that reads nothing. It
+// is moved forward only when less than half of WriteTimeout is left, so a
+// busy connection does not pay a timer update per write.
+//
+// # Flow control
+//
+// Receiving: SETTINGS_INITIAL_WINDOW_SIZE (InitialWindowSize) per stream
+// and a connection window (ConnWindowSize, opened by a WINDOW_UPDATE after
+// the SETTINGS). DATA is buffered in the Stream (at most its window) and
+// window is given back as the handler reads: a WINDOW_UPDATE once half a
+// window is owed, for the stream and for the connection. Padding, data on
+// closed streams and the unread body of a stream that ends are given back
+// to the connection at once. DATA beyond a window is a FLOW_CONTROL_ERROR
+// (stream or connection).
+//
+// Sending: Write takes, under the connection mutex, at most one frame's
+// worth of the stream's and the connection's send windows (which
+// SETTINGS_INITIAL_WINDOW_SIZE changes may make negative) and waits for
+// WINDOW_UPDATE otherwise, at most WriteTimeout: a zero-window stall resets
+// the stream (CANCEL) and Write returns ErrWriteTimeout. Window that was
+// reserved but not sent is given back.
+//
+// # Defences
+//
+//   - Malformed requests (RFC 9113 8.2, 8.3): uppercase or invalid names,
+//     NUL/CR/LF or surrounding whitespace in values, connection-specific
+//     fields, te other than trailers, unknown, duplicated, misplaced or
+//     missing pseudo-header fields, :protocol without
+//     EnableConnectProtocol, content-length against the DATA received:
+//     RST_STREAM PROTOCOL_ERROR. h2spec passes 145 of 145.
+//   - Header lists over MaxHeaderListSize are decoded (HPACK must stay in
+//     step) and answered 431 on their stream.
+//   - CONTINUATION flood: a header block is decoded as it arrives and
+//     bounded in frames (MaxHeaderBlockFrames) and compressed bytes (twice
+//     MaxHeaderListSize and a frame): GOAWAY ENHANCE_YOUR_CALM.
+//   - Slow heads: HeaderTimeout bounds a header block from its first byte
+//     (headClock follows frame headers in the bytes read and sets the read
+//     deadline only when a read ends inside a block).
+//   - Rapid reset (CVE-2023-44487): streams reset by the client, refused or
+//     rejected as malformed take a token from a bucket (MaxResetBurst,
+//     refilled at MaxResetRate per second); empty: GOAWAY
+//     ENHANCE_YOUR_CALM. Reset streams also keep their slot until their
+//     handler returns.
+//   - SETTINGS and PING floods: more than MaxControlFrames answers queued
+//     for a client that does not read them: GOAWAY ENHANCE_YOUR_CALM.
+//   - Zero-window stall and a client that reads nothing: WriteTimeout.
+//   - Idle connections: IdleTimeout (GOAWAY NO_ERROR); dead peers:
+//     PingInterval and PingTimeout.
+//   - More than MaxConcurrentStreams: REFUSED_STREAM.
+//
+// Every error the engine answers itself is reported to Config.OnError
+// (stream or connection, code, one-line reason) for logs and metrics.
+//
+// # Integration into dispatch
+//
+// dispatch's ServeH2 would call NewConn(h2NetConn, cfg, h2Conn) and Serve
+// instead of http2.Server.ServeConn; Conn.Shutdown replaces the
+// http.Server Shutdown hook (h2GoAway: draining), Conn.Close is
+// revocation (h2Conn.Revoke already closes the raw connection, which ends
+// Serve and resets every stream). h2heads.go's head clock is headClock
+// here; h2watchdog.go's write watchdog becomes WriteTimeout and its read
+// watchdog ReadTimeout (both per blocking call, as today). The handler,
+// h2Conn.ServeStream, keeps h2stream.go's checks, reading the Stream
+// instead of an http.Request:
+//
+//   - 421 per stream: routes.HostMatches(st.Authority (or the host field
+//     when :authority is absent), sni), answered with WriteHeaders on that
+//     stream only.
+//   - Route usable, revoked, CONNECT/TRACE 405, the instance's
+//     Acquire/Release limit, method and target checks: unchanged, on
+//     st.Method and st.Path.
+//   - buildRequest copies st.Header into the HTTP/1.1 request fields
+//     directly (no http.Header map; cookie crumbs joined with "; "), and
+//     st.ContentLength chooses Content-Length or chunked framing.
+//   - The body copy reads st (Read, io.EOF at END_STREAM); the
+//     context.AfterFunc that closes the app connection when the client
+//     resets becomes st.AfterReset/StopAfterReset, and gone() is
+//     st.Err() != nil.
+//   - The response: WriteHeaders(status, fields, endStream) with the
+//     app's fields (lowercased, hop-by-hop dropped as copyResponseFields
+//     does), 103 relayed as a 1xx WriteHeaders, Write for the body and
+//     Flush where copyBody flushes today, WriteLast/End at its end; a
+//     failure after the headers returns without ending the response, which
+//     resets the stream (INTERNAL_ERROR), as the ErrAbortHandler panic
+//     does today. Draining adds no "Connection: close" (x/net's signal for
+//     GOAWAY): dispatch calls Conn.Shutdown.
+//   - Extended CONNECT WebSockets (h2websocket.go): st.Protocol ==
+//     "websocket" with EnableConnectProtocol set from
+//     !DisableHTTP2WebSockets (no SETTINGS rewriting needed); answer
+//     WriteHeaders(200, nil, false) and Flush, then the client-to-app
+//     direction Reads st while the app-to-client direction Writes and
+//     Flushes (Read and Write may run concurrently).
+//   - h2c/gRPC forwarding with trailers: request trailers arrive in
+//     st.Trailer after io.EOF; response trailers go out with
+//     WriteTrailers.
+//   - Access log and metrics: the same accessRecord per stream, and
+//     OnError feeding the denial counters and the "request denied" log
+//     records (408 for "request header timeout", 431 from the engine).
+package h2engine
