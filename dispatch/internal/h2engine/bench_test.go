@@ -57,8 +57,10 @@ func BenchmarkServers(b *testing.B) {
 						_ = ServeConn(tc, Config{}, engine)
 						return
 					}
-					srv := &http2.Server{MaxConcurrentStreams: DefaultMaxConcurrentStreams}
-					srv.ServeConn(tc, &http2.ServeConnOpts{Handler: xnet}) //nolint:staticcheck // SA1019: the per-connection API dispatch uses today.
+					// As dispatch configures it today (dispatch/h2.go).
+					base := &http.Server{HTTP2: &http.HTTP2Config{MaxConcurrentStreams: DefaultMaxConcurrentStreams}}
+					srv := &http2.Server{}                                                   //nolint:staticcheck // SA1019: the per-connection API dispatch uses today.
+					srv.ServeConn(tc, &http2.ServeConnOpts{BaseConfig: base, Handler: xnet}) //nolint:staticcheck // SA1019: as above.
 				})
 				defer stop()
 				benchLoad(b, addr, load.conns, load.depth, &writes)

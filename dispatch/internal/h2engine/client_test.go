@@ -27,7 +27,7 @@ func get(t *testing.T, c *http.Client, method, url string, body io.Reader) (*htt
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatalf("%s %s: body: %v", method, url, err)
@@ -113,6 +113,7 @@ func TestTransportConcurrency(t *testing.T) {
 	s := newTestServer(t, true, Config{}, HandlerFunc(testHandler))
 	c, done := newClient(s)
 	defer done()
+	get(t, c, "GET", "https://"+s.addr+"/", nil) // the connection, before the burst
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
 	for i := range 100 {

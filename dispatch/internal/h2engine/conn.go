@@ -365,7 +365,7 @@ func (c *Conn) Shutdown() {
 	if c.werr == nil {
 		_ = c.fr.WriteGoAway(id, http2.ErrCodeNo, nil)
 	}
-	c.unlockWrite(true)
+	_ = c.unlockWrite(true)
 	if idle {
 		c.closeNow()
 	}

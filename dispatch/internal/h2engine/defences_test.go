@@ -285,7 +285,9 @@ func TestHeaderTimeout(t *testing.T) {
 	// then stays open past it.
 	ok := dialRaw(t, s)
 	ok.request(1, "/", true)
-	ok.waitFor(5*time.Second, "the response", func(f http2.Frame) bool { return f.Header().StreamID == 1 && f.Header().Flags.Has(http2.FlagDataEndStream) })
+	ok.waitFor(5*time.Second, "the response", func(f http2.Frame) bool {
+		return f.Header().StreamID == 1 && f.Header().Flags.Has(http2.FlagDataEndStream)
+	})
 	_ = ok.nc.SetReadDeadline(time.Now().Add(600 * time.Millisecond))
 	if _, err := ok.fr.ReadFrame(); err == nil || !isTimeout(err) {
 		t.Fatalf("after a complete request: %v, want the connection left open", err)

@@ -51,7 +51,7 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 	}
 	var err error
 	c.mu.Lock()
-	f.ForeachSetting(func(s http2.Setting) error {
+	_ = f.ForeachSetting(func(s http2.Setting) error { // its error is err
 		if verr := s.Valid(); verr != nil {
 			if ce, ok := verr.(http2.ConnectionError); ok {
 				err = connError{http2.ErrCode(ce), "invalid setting " + s.String()}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -219,7 +219,13 @@ func testHandler(st *Stream) {
 	_ = st.WriteLast([]byte(testBody))
 }
 
-// h2Client returns an http2.Transport for s.
-func (s *testServer) transport() *http2.Transport {
-	return &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool, ServerName: "localhost", NextProtos: []string{"h2"}}}
+// transport returns Go's HTTP/2 client (net/http's, which is x/net's
+// http2 bundled) for s, HTTP/2 only.
+func (s *testServer) transport() *http.Transport {
+	var p http.Protocols
+	p.SetHTTP2(true)
+	return &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: s.pool, ServerName: "localhost", MinVersion: tls.VersionTLS12},
+		Protocols:       &p,
+	}
 }
