@@ -17,7 +17,8 @@ FUZZ_TARGETS = \
 	./dispatch:FuzzParseRequestHead \
 	./dispatch:FuzzCopyChunked \
 	./dispatch:FuzzParseResponseHead \
-	./dispatch:FuzzFramingAliases
+	./dispatch:FuzzFramingAliases \
+	./dispatch/internal/h2engine:FuzzServeConn
 
 .PHONY: all build run test deps vet cross unit fuzz-brief fuzz bench bench-compare lint clean
 

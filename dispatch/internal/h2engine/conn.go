@@ -172,7 +172,17 @@ func (c *Conn) serve() error {
 		return c.connError(http2.ErrCodeProtocol, "invalid connection preface")
 	}
 	for {
-		f, err := c.fr.ReadFrame()
+		var f http2.Frame
+		fh, err := c.fr.ReadFrameHeader()
+		if err == nil {
+			f, err = c.fr.ReadFrameForHeader(fh)
+			var hse http2.StreamError
+			if err != nil && (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && errors.As(err, &hse) {
+				// A header block that cannot be decoded leaves HPACK out
+				// of step: the connection cannot go on.
+				err = connError{http2.ErrCodeProtocol, "malformed " + fh.Type.String() + " frame"}
+			}
+		}
 		if err == nil {
 			err = c.processFrame(f)
 		}

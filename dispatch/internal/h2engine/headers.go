@@ -96,6 +96,9 @@ func (c *Conn) processHeaders(f *http2.HeadersFrame) error {
 // the block in frames and bytes (CONTINUATION flood).
 func (c *Conn) feedBlock(frag []byte, end bool) error {
 	hb := &c.hb
+	if hb.kind == 0 || (hb.kind == blockRequest && hb.st == nil) {
+		return connError{http2.ErrCodeProtocol, "CONTINUATION without a header block"}
+	}
 	hb.frames++
 	hb.size += len(frag)
 	if hb.frames > c.cfg.MaxHeaderBlockFrames || hb.size > maxBlockBytes(&c.cfg) {
@@ -117,7 +120,9 @@ func (c *Conn) feedBlock(frag []byte, end bool) error {
 		return connError{http2.ErrCodeCompression, "HPACK: " + err.Error()}
 	}
 	c.dec.SetEmitEnabled(true)
-	return c.endBlock()
+	err := c.endBlock()
+	hb.kind = 0
+	return err
 }
 
 // maxBlockBytes bounds the compressed size of a header block: twice the
