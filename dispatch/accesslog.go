@@ -3,6 +3,7 @@ package dispatch
 import (
 	"crypto/tls"
 	"io"
+	"net"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -20,6 +22,9 @@ const (
 	AccessLogOff  = "off"
 	AccessLogText = "text"
 	AccessLogJSON = "json"
+	// AccessLogOCSF writes each line as an OCSF HTTP Activity record
+	// (class 4002, ocsf.go).
+	AccessLogOCSF = "ocsf"
 )
 
 // Access log rate bound defaults (Config.AccessLogRate, AccessLogBurst).
@@ -108,7 +113,8 @@ func (r *accessRecord) timings(x *exchange) {
 type accessLog struct {
 	w       io.Writer
 	json    bool
-	rate    float64 // lines per second per instance; <= 0: no bound
+	ocsf    *ocsf.Emitter // non-nil: lines are OCSF records (its metadata)
+	rate    float64       // lines per second per instance; <= 0: no bound
 	burst   float64
 	dropped prometheus.Counter
 
@@ -137,6 +143,11 @@ func newAccessLog(cfg *Config, dropped prometheus.Counter) *accessLog {
 	case AccessLogText:
 	case AccessLogJSON:
 		l.json = true
+	case AccessLogOCSF:
+		l.ocsf = cfg.OCSF
+		if l.ocsf == nil {
+			l.ocsf = ocsf.NewEmitter(nil, ocsf.LevelOff, ocsf.DefaultProduct)
+		}
 	default:
 		return nil
 	}
@@ -205,6 +216,10 @@ type connInfo struct {
 	sni    string
 	peer   netip.Addr
 	tlsVer uint16
+	// For the OCSF records' endpoints: the client's address (a permitted
+	// PROXY header's source) and the connection (nil in some tests).
+	client netip.AddrPort
+	raw    net.Conn
 }
 
 // tlsVersionOf returns the negotiated TLS version of conn (0 when it is
@@ -245,17 +260,28 @@ func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
 	if r.firstByte >= 0 {
 		s.m.upstreamFirstByte.Observe(r.firstByte.Seconds())
 	}
+	// The OCSF record of the request (--ocsf-json at its level), unless
+	// the access log writes it (--access-log=ocsf): one record each.
+	emit := s.cfg.OCSF.Enabled(ocsfOutcomes[r.outcome].Level())
 	if l := s.alog; l != nil {
 		if !l.allow(ci.route.Instance, end.UnixNano()) {
 			l.dropped.Inc()
-			return
+		} else {
+			bp := l.bufs.Get().(*[]byte)
+			if l.ocsf != nil {
+				*bp = l.ocsf.Append((*bp)[:0], ocsfHTTP(r, ci, end))
+				emit = false
+			} else {
+				*bp = l.appendLine((*bp)[:0], r, ci, end, d)
+			}
+			_, _ = l.w.Write(*bp)
+			if cap(*bp) <= 64<<10 {
+				l.bufs.Put(bp)
+			}
 		}
-		bp := l.bufs.Get().(*[]byte)
-		*bp = l.appendLine((*bp)[:0], r, ci, end, d)
-		_, _ = l.w.Write(*bp)
-		if cap(*bp) <= 64<<10 {
-			l.bufs.Put(bp)
-		}
+	}
+	if emit {
+		s.cfg.OCSF.Emit(ocsfHTTP(r, ci, end))
 	}
 }
 

@@ -309,15 +309,18 @@ func (x *exchange) failure(err error) denial {
 		return denyNotListening(nl.port)
 	case errors.As(err, &de):
 		x.s.log.Warn("connector dial failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", de.err)
+		x.ocsfAppFailed(de.err)
 		if isTimeout(de.err) {
 			return denyDialTimeout
 		}
 		return denyDialRefused
 	case errors.As(err, &be):
 		x.s.log.Warn("invalid response from app", "class_uid", 4001, "host", x.route.Host, "err", be.err)
+		x.ocsfAppFailed(be.err)
 		return denyBadResponse
 	}
 	x.s.log.Warn("app connection failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", err)
+	x.ocsfAppFailed(err)
 	if errors.As(err, &ae) && ae.sent && isTimeout(err) {
 		return denyRespTimeout
 	}

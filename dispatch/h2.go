@@ -170,7 +170,7 @@ func (s *Server) ServeH2(lc listener.Conn) {
 	}
 	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
 	hc.peer, hc.trusted = s.peerOf(lc)
-	hc.ci = connInfo{route: route, sni: sni, peer: hc.peer, tlsVer: tc.ConnectionState().Version}
+	hc.ci = connInfo{route: route, sni: sni, peer: hc.peer, tlsVer: tc.ConnectionState().Version, raw: raw, client: lc.Client}
 	release, ok := admit(s, &s.h2conns, hc, raw, route)
 	if !ok {
 		return

@@ -59,6 +59,7 @@ func (hc *h2Conn) Revoke(cause error) {
 func (hc *h2Conn) headTimedOut() {
 	s := hc.s
 	s.m.denied(408)
+	s.ocsfConnDenied(&hc.ci, denyReqTimeout, protoH2)
 	if s.log.Enabled(context.Background(), slog.LevelInfo) {
 		s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
 			slog.Int("class_uid", 4002),

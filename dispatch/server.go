@@ -34,6 +34,7 @@
 //	redirect.go    redirects to the app's loopback origin made public
 //	errors.go      the listener's own answers (denials)
 //	accesslog.go   the access log (one line per request) and latency histograms
+//	ocsf.go        the OCSF records: HTTP Activity per request, failed app connections
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
 //	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
@@ -54,6 +55,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
@@ -112,7 +114,8 @@ type Config struct {
 	WebSocketCloseGrace time.Duration
 	// NewConnector builds the connector of a route.
 	NewConnector func(routes.ConnectorSpec) (connector.Connector, error)
-	// AccessLog is the access log's format, AccessLogText or AccessLogJSON:
+	// AccessLog is the access log's format, AccessLogText, AccessLogJSON or
+	// AccessLogOCSF:
 	// one line per request and one per WebSocket when it ends, written to
 	// AccessLogWriter (accesslog.go). "", AccessLogOff or a nil writer: none.
 	AccessLog       string
@@ -123,8 +126,11 @@ type Config struct {
 	// twice the rate); negative: no bound.
 	AccessLogRate  float64
 	AccessLogBurst int
-	Logger         *slog.Logger
-	Registerer     prometheus.Registerer
+	// OCSF receives the OCSF records of the data plane (ocsf.go) at its
+	// own level; nil: none. Its product names the access log's OCSF lines.
+	OCSF       *ocsf.Emitter
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Defaults.
@@ -251,7 +257,7 @@ func (s *Server) ServeConn(lc listener.Conn) {
 		in:    inbuf{src: lc.Conn, pool: &s.bufPool},
 	}
 	c.peer, c.trusted = s.peerOf(lc)
-	c.ci = connInfo{route: lc.Route, sni: lc.SNI, peer: c.peer, tlsVer: tlsVersionOf(lc.Conn)}
+	c.ci = connInfo{route: lc.Route, sni: lc.SNI, peer: c.peer, tlsVer: tlsVersionOf(lc.Conn), raw: lc.Raw, client: lc.Client}
 	release, ok := admit(s, &s.conns, c, lc.Raw, lc.Route)
 	if !ok {
 		done()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
@@ -86,8 +87,11 @@ type Config struct {
 	// a PROXY protocol v2 header (they may send one whether or not they are
 	// in TrustedProxies); a connection of theirs without one is closed.
 	RequireProxyHeader []netip.Prefix
-	Logger             *slog.Logger
-	Registerer         prometheus.Registerer
+	// OCSF receives a Network Activity record for every refused
+	// connection and, at debug, every accepted one (ocsf.go); nil: none.
+	OCSF       *ocsf.Emitter
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // DefaultHandshakeTimeout bounds the ClientHello read and TLS handshake.
@@ -215,6 +219,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 		l.m.rejections.WithLabelValues(reason).Inc()
 		l.log.Info("handshake refused", "class_uid", 4001, "rule", "app-listener-sni",
 			"reason", reason, "sni", truncate(hello.ServerName, 255), "src", client.String())
+		l.ocsfConn(raw, client, ocsf.NetRefuse, hello.ServerName, reason, 0, nil)
 		_ = tlshello.WriteAlert(raw, tlshello.AlertUnrecognizedName)
 		_ = raw.Close()
 		return
@@ -224,12 +229,14 @@ func (l *Listener) serveConn(raw net.Conn) {
 	if err := tc.Handshake(); err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
 		l.log.Debug("handshake failed", "sni", host, "src", client.String(), "err", err)
+		l.ocsfConn(raw, client, ocsf.NetRefuse, host, "handshake: "+err.Error(), 0, route)
 		_ = raw.Close()
 		return
 	}
 	_ = raw.SetDeadline(time.Time{})
 	l.m.handshakes.Inc()
 	l.m.handshakeSeconds.Observe(time.Since(start).Seconds())
+	l.ocsfConn(raw, client, ocsf.NetOpen, host, "", tc.ConnectionState().Version, route)
 	l.mu.Lock()
 	delete(l.handshaking, raw)
 	handedOff = true
@@ -264,6 +271,7 @@ func (l *Listener) refuseHello(raw net.Conn, src netip.AddrPort, err error) {
 	l.m.rejections.WithLabelValues(helloRejections[tlshello.Classify(err)]).Inc()
 	_ = tlshello.Refuse(raw, err)
 	l.log.Debug("client hello refused", "src", src.String(), "err", err)
+	l.ocsfConn(raw, src, ocsf.NetRefuse, "", helloRejections[tlshello.Classify(err)], 0, nil)
 }
 
 func truncate(s string, n int) string {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/internal/ocsf"
 )
 
 // Clock is the table's source of time; tests inject a fake one.
@@ -266,6 +268,8 @@ type Event struct {
 	Version uint64
 	Streams int    // streams revoked
 	Reason  string // for rejections
+	// The route's owner.
+	Workspace, Sandbox, Service string
 }
 
 // Options configure a Table.
@@ -278,7 +282,10 @@ type Options struct {
 	MaxInstanceLabels int
 	Clock             Clock        // SystemClock when nil
 	Logger            *slog.Logger // slog.Default() when nil
-	Registerer        prometheus.Registerer
+	// OCSF receives an Entity Management record per route change and per
+	// renewal (ocsf.go); nil: none.
+	OCSF       *ocsf.Emitter
+	Registerer prometheus.Registerer
 	// UsageRetention is how long Usage still reports a withdrawn instance
 	// (DefaultUsageRetention when 0).
 	UsageRetention time.Duration
@@ -417,8 +424,10 @@ func (t *Table) Apply(doc *Document) ApplyResult {
 		return ApplyResult{}
 	}
 	res, revs, events := t.applyLocked(doc)
+	n := t.snap.Load().Len()
 	t.mu.Unlock()
 	t.finish(revs, events)
+	t.ocsfTable("renewed", n, 0)
 	return res
 }
 
@@ -433,7 +442,9 @@ func (t *Table) Renew() {
 	}
 	if t.Fresh() {
 		t.renewLocked()
+		n := t.snap.Load().Len()
 		t.mu.Unlock()
+		t.ocsfTable("renewed", n, 0)
 		return
 	}
 	_, revs, events := t.applyLocked(t.lastDoc)
@@ -462,7 +473,7 @@ func (t *Table) StopInstance(key InstanceKey) int {
 		nr := t.newRoute(r)
 		next[host] = nr
 		revs = append(revs, revocation{r, ErrStopped, len(events)})
-		events = append(events, Event{Kind: "stopped", Host: host, Port: r.Port, Version: r.InstallationVersion})
+		events = append(events, routeEvent("stopped", r))
 	}
 	t.snap.Store(&Snapshot{byHost: next, Revision: old.Revision})
 	t.notifyLocked()
@@ -491,6 +502,7 @@ func (t *Table) Close() {
 	n := t.finish(revs, nil)
 	if len(revs) > 0 {
 		t.log.Info("route table closed", "class_uid", 5019, "routes", len(revs), "streams_closed", n)
+		t.ocsfTable("closed", len(revs), n)
 	}
 }
 
@@ -560,18 +572,18 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			switch {
 			case prev == nil:
 				res.Installed++
-				events = append(events, Event{Kind: "installed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
+				events = append(events, routeEvent("installed", r))
 			case !fresh || !prev.Lease.Live():
 				// The old route had already gone stale (its expiry timer
 				// had not run yet): it expired; this is a new installation.
 				revs = append(revs, revocation{prev, ErrExpired, len(events)})
-				events = append(events, Event{Kind: "expired", Host: host, Port: prev.Port, Version: prev.InstallationVersion})
+				events = append(events, routeEvent("expired", prev))
 				res.Installed++
-				events = append(events, Event{Kind: "installed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
+				events = append(events, routeEvent("installed", r))
 			default:
 				res.Changed++
 				revs = append(revs, revocation{prev, ErrChanged, len(events)})
-				events = append(events, Event{Kind: "changed", Host: host, Port: svc.Port, Version: r.InstallationVersion})
+				events = append(events, routeEvent("changed", r))
 			}
 		}
 	}
@@ -593,7 +605,9 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			res.Withdrawn++
 		}
 		revs = append(revs, revocation{r, cause, len(events)})
-		events = append(events, Event{Kind: kind, Host: host, Port: r.Port, Version: r.InstallationVersion, Reason: reason})
+		ev := routeEvent(kind, r)
+		ev.Reason = reason
+		events = append(events, ev)
 	}
 	retiredSome := false
 	for key := range t.instances {
@@ -644,9 +658,9 @@ func (t *Table) expire() {
 	t.mu.Unlock()
 	var revs []revocation
 	var events []Event
-	for host, r := range old.byHost {
+	for _, r := range old.byHost {
 		revs = append(revs, revocation{r, ErrExpired, len(events)})
-		events = append(events, Event{Kind: "expired", Host: host, Port: r.Port, Version: r.InstallationVersion})
+		events = append(events, routeEvent("expired", r))
 	}
 	t.finish(revs, events)
 }
@@ -668,6 +682,7 @@ func (t *Table) finish(revs []revocation, events []Event) int {
 		t.metrics.revocationSeconds.Observe(time.Since(start).Seconds())
 	}
 	t.logEvents(events)
+	t.ocsfEvents(events)
 	return total
 }
 

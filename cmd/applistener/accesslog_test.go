@@ -8,7 +8,8 @@ import (
 )
 
 // TestServeAccessLogFlags: the access log is on (text, 100 lines/s per
-// instance) unless turned off; an unknown format is a usage error.
+// instance) unless turned off, and may be OCSF records; an unknown format
+// or OCSF level is a usage error.
 func TestServeAccessLogFlags(t *testing.T) {
 	base := []string{"--routes-file", "routes.json"}
 	for _, c := range []struct {
@@ -20,7 +21,9 @@ func TestServeAccessLogFlags(t *testing.T) {
 		{nil, dispatch.AccessLogText, dispatch.DefaultAccessLogRate, false},
 		{[]string{"--access-log=json", "--access-log-rate=5"}, dispatch.AccessLogJSON, 5, false},
 		{[]string{"--access-log=off"}, dispatch.AccessLogOff, dispatch.DefaultAccessLogRate, false},
-		{[]string{"--access-log=ocsf"}, "", 0, true},
+		{[]string{"--access-log=ocsf"}, dispatch.AccessLogOCSF, dispatch.DefaultAccessLogRate, false},
+		{[]string{"--access-log=xml"}, "", 0, true},
+		{[]string{"--ocsf-json", "--ocsf-level=loud"}, "", 0, true},
 	} {
 		var o serveOptions
 		err := parseCommand("serve", append(append([]string{}, base...), c.args...), &o)

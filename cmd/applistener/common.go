@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/internal/logsink"
+	"github.com/applistener/applistener/internal/ocsf"
 )
 
 // commandSetup starts a command's bounded log writer and a context that
@@ -29,6 +31,24 @@ func commandSetup(stderr io.Writer, format, level string) (ctx context.Context, 
 		stop()
 		sink.Close(2 * time.Second)
 	}
+}
+
+// ocsfFlags adds --ocsf-json and --ocsf-level to fs.
+func ocsfFlags(fs *flag.FlagSet, on *bool, level *string) {
+	fs.BoolVar(on, "ocsf-json", false, "also write OCSF 1.x JSON records (HTTP Activity, Network Activity, Entity Management), one per line, to the log writer")
+	fs.StringVar(level, "ocsf-level", "info", "level of the OCSF records written, independent of --log-level: debug (adds allowed requests, accepted connections, renewals), info, warn or error")
+}
+
+// newOCSF is a command's OCSF emitter: writing to sink at level when on,
+// otherwise writing nothing (it still names the product in the access
+// log's OCSF lines).
+func newOCSF(on bool, level string, sink *logsink.Writer) *ocsf.Emitter {
+	product := ocsf.Product{Version: readBuildInfo().Version}
+	lvl, _ := ocsf.ParseLevel(level)
+	if !on || sink == nil {
+		return ocsf.NewEmitter(nil, ocsf.LevelOff, product)
+	}
+	return ocsf.NewEmitter(sink, lvl, product)
 }
 
 // adminServer is a command's admin endpoints; without an address it is off

@@ -26,6 +26,7 @@ import (
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/internal/logsink"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -54,6 +55,8 @@ type serveOptions struct {
 	logLevel          string
 	accessLog         string
 	accessLogRate     float64
+	ocsfJSON          bool
+	ocsfLevel         string
 	preserveHost      bool
 	allowUnderscore   bool
 	passCookieDomain  bool
@@ -129,7 +132,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.BoolVar(&o.appH2WebSockets, "app-http2-websockets", true, "accept WebSockets over HTTP/2 (RFC 8441 extended CONNECT, advertised in SETTINGS); off: clients open WebSockets over HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
-	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text or json")
+	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text, json or ocsf (OCSF HTTP Activity records)")
+	ocsfFlags(fs, &o.ocsfJSON, &o.ocsfLevel)
 	fs.Float64Var(&o.accessLogRate, "access-log-rate", dispatch.DefaultAccessLogRate, "access-log lines per second per instance (bursts of twice as many; beyond: dropped and counted); negative: no bound")
 }
 
@@ -221,9 +225,15 @@ func (o *serveOptions) validate() error {
 	switch o.accessLog {
 	case "":
 		o.accessLog = dispatch.AccessLogText // on unless turned off
-	case dispatch.AccessLogOff, dispatch.AccessLogText, dispatch.AccessLogJSON:
+	case dispatch.AccessLogOff, dispatch.AccessLogText, dispatch.AccessLogJSON, dispatch.AccessLogOCSF:
 	default:
-		return usagef("--access-log must be off, text or json, not %q", o.accessLog)
+		return usagef("--access-log must be off, text, json or ocsf, not %q", o.accessLog)
+	}
+	if o.ocsfLevel == "" {
+		o.ocsfLevel = "info" // a struct built without flags (applistener dev)
+	}
+	if _, err := ocsf.ParseLevel(o.ocsfLevel); err != nil {
+		return usagef("%v", err)
 	}
 	var err error
 	if o.trusted, err = parsePrefixes(o.trustedProxies); err != nil {
@@ -421,10 +431,12 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		}, func() float64 { return float64(sink.Dropped()) }))
 	}
 
+	em := newOCSF(o.ocsfJSON, o.ocsfLevel, sink)
 	table := routes.NewTable(routes.Options{
 		Domain:            o.appDomain,
 		Freshness:         o.freshness,
 		DefaultMaxStreams: o.defaultMaxStreams,
+		OCSF:              em,
 		Logger:            logger,
 		Registerer:        reg,
 	})
@@ -494,6 +506,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			AccessLog:              o.accessLog,
 			AccessLogWriter:        accessLogWriter(sink),
 			AccessLogRate:          o.accessLogRate,
+			OCSF:                   em,
 		})
 		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
 		appLn = listener.New(ln, listener.Config{
@@ -504,6 +517,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			MaxConnections:     o.maxConnections,
 			TrustedProxies:     o.trusted,
 			RequireProxyHeader: o.requiredProxy,
+			OCSF:               em,
 			Logger:             logger,
 			Registerer:         reg,
 		})
@@ -525,6 +539,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			StreamIdleTimeout: o.gatewayStreamIdle,
 			Logger:            logger,
 			Metrics:           metrics,
+			OCSF:              em,
 		}
 		if err := gw.Init(); err != nil {
 			if appLn != nil {
@@ -541,6 +556,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Refresh: o.freshness / 3,
 			Logger:  logger,
 			Metrics: metrics,
+			OCSF:    em,
 		}
 	}
 	ready = func() (bool, string) {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -66,6 +67,8 @@ type GatewayClient struct {
 	MaxBackoff time.Duration
 	Logger     *slog.Logger
 	Metrics    *Metrics
+	// OCSF receives a record per rejected instance entry; nil: none.
+	OCSF *ocsf.Emitter
 	// OnConnected is told when the session becomes accepted (true) and when
 	// it is lost (false). It may be nil.
 	OnConnected func(bool)
@@ -479,6 +482,7 @@ func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64,
 		}
 		c.Logger.Warn("instance rejected", "class_uid", 5019, "index", rj.Index,
 			"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
+		ocsfRejected(c.OCSF, doc, rj)
 	}
 	if res.Installed+res.Changed+res.Withdrawn+res.Rejected+len(doc.Rejected) > 0 {
 		// rejected: instance entries refused by validation (their routes,

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/internal/pollfile"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -50,6 +51,8 @@ type FileSource struct {
 	Logger *slog.Logger
 	// Metrics, from NewMetrics; nil for none.
 	Metrics *Metrics
+	// OCSF receives a record per rejected instance entry; nil: none.
+	OCSF *ocsf.Emitter
 }
 
 // Metrics counts deliveries.
@@ -169,6 +172,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 					}
 					log.Warn("instance rejected", "class_uid", 5019, "index", rj.Index,
 						"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
+					ocsfRejected(s.OCSF, doc, rj)
 				}
 			}
 			if changed {

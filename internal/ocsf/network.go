@@ -28,18 +28,31 @@ type Connection struct {
 	Route  RouteRef
 }
 
+// ConnectionLevel is the emitter level of a Network Activity record:
+// debug for an accepted connection, info for a refusal, warn for a failed
+// app connection.
+func ConnectionLevel(activity int) slog.Level {
+	switch activity {
+	case NetRefuse:
+		return slog.LevelInfo
+	case NetFail:
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
 // NetworkActivity is the Network Activity (4001) record of c: an accepted
 // connection is informational (debug), a refusal low (info), a failed app
 // connection medium (warn).
 func NetworkActivity(c *Connection) *Event {
-	severity, status, level, msg := SeverityInformational, StatusSuccess, slog.LevelDebug, "connection accepted"
+	severity, status, msg := SeverityInformational, StatusSuccess, "connection accepted"
 	switch c.Activity {
 	case NetRefuse:
-		severity, status, level, msg = SeverityLow, StatusFailure, slog.LevelInfo, "connection refused"
+		severity, status, msg = SeverityLow, StatusFailure, "connection refused"
 	case NetFail:
-		severity, status, level, msg = SeverityMedium, StatusFailure, slog.LevelWarn, "app connection failed"
+		severity, status, msg = SeverityMedium, StatusFailure, "app connection failed"
 	}
-	e := newEvent(ClassNetworkActivity, c.Activity, severity, status, c.Time, level)
+	e := newEvent(ClassNetworkActivity, c.Activity, severity, status, c.Time, ConnectionLevel(c.Activity))
 	e.Message = msg
 	e.StatusDetail = c.Reason
 	e.SrcEndpoint = endpointOf(c.Src, "")
