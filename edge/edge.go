@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
@@ -99,6 +100,9 @@ type Config struct {
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Logger receives the edge's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// OCSF receives a Network Activity record per refused connection and,
+	// at debug, per spliced one (ocsf.go); nil: none.
+	OCSF *ocsf.Emitter
 	// Registerer receives the edge's metrics; nil registers none.
 	Registerer prometheus.Registerer
 }
@@ -499,6 +503,7 @@ func (e *Edge) serveConn(c net.Conn) {
 		}
 		e.m.conns.WithLabelValues(result).Inc()
 		e.log.Info("edge refused connection", "reason", result, "sni", truncate(hello.ServerName, 255), "src", src)
+		e.ocsfConn(c, ocsf.NetRefuse, hello.ServerName, result, "")
 		_ = tlshello.WriteAlert(c, tlshello.AlertUnrecognizedName)
 		return
 	}
@@ -515,6 +520,7 @@ func (e *Edge) serveConn(c net.Conn) {
 			e.m.conns.WithLabelValues(resultDialFailed).Inc()
 			e.log.Warn("edge could not reach the owning supervisor", "hostname", host, "endpoint", r.endpoint,
 				"supervisor", r.supervisor, "src", src, "err", err)
+			e.ocsfConn(c, ocsf.NetFail, host, "supervisor unreachable: "+err.Error(), r.endpoint)
 			_ = tlshello.WriteAlert(c, tlshello.AlertInternalError)
 			return
 		}
@@ -542,6 +548,7 @@ func (e *Edge) serveConn(c net.Conn) {
 	e.m.active.Inc()
 	defer e.m.active.Dec()
 	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
+	e.ocsfConn(c, ocsf.NetOpen, host, "", "")
 
 	_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
 	if _, err := backend.Write(e.preamble(c, host, hello.Raw)); err != nil {
@@ -652,6 +659,7 @@ func (e *Edge) refuseHello(c net.Conn, err error) {
 		lvl = slog.LevelInfo
 	}
 	e.log.Log(context.Background(), lvl, "edge refused client hello", "src", c.RemoteAddr().String(), "err", err)
+	e.ocsfConn(c, ocsf.NetRefuse, "", helloResults[tlshello.Classify(err)], "")
 }
 
 func truncate(s string, n int) string {

@@ -17,6 +17,7 @@ import (
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/edge"
 	"github.com/applistener/applistener/internal/logsink"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -39,6 +40,8 @@ type edgeOptions struct {
 	proxyProtocol  string
 	logFormat      string
 	logLevel       string
+	ocsfJSON       bool
+	ocsfLevel      string
 
 	wsList []string
 }
@@ -61,6 +64,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	ocsfFlags(fs, &o.ocsfJSON, &o.ocsfLevel)
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -112,6 +116,12 @@ func (o *edgeOptions) validate() error {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
 	}
+	if o.ocsfLevel == "" {
+		o.ocsfLevel = "info" // options built without flags
+	}
+	if _, err := ocsf.ParseLevel(o.ocsfLevel); err != nil {
+		return usagef("%v", err)
+	}
 	return nil
 }
 
@@ -151,6 +161,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
 		ProxyProtocol:    o.proxyProtocol == "v2",
+		OCSF:             newOCSF(o.ocsfJSON, o.ocsfLevel, sink),
 		Logger:           logger,
 		Registerer:       reg,
 	})
