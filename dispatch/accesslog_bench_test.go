@@ -15,8 +15,8 @@ import (
 
 // BenchmarkEndRequest is the per-request cost of the access log and the
 // latency histograms alone, as endRequest pays it at the end of every
-// request: off (nothing), histograms only, and histograms with a JSON or
-// text line through the bounded log writer (no rate bound: every line is
+// request: off (nothing), histograms only, and histograms with a JSON,
+// text or OCSF line through the bounded log writer (no rate bound: every line is
 // formatted and queued; text-file: written to a file, the system calls of
 // the log writer's goroutine included in cpu-ns/op).
 //
@@ -36,6 +36,7 @@ func BenchmarkEndRequest(b *testing.B) {
 		{"json-format-only", AccessLogJSON, true, false, false, -1},
 		{"json", AccessLogJSON, true, true, false, -1}, {"text", AccessLogText, true, true, false, -1},
 		{"text-file", AccessLogText, true, true, true, -1},
+		{"ocsf", AccessLogOCSF, true, true, false, -1},
 		// serve's defaults (text, DefaultAccessLogRate per instance) under
 		// a flood of one instance, as in make bench-compare: the bound
 		// writes DefaultAccessLogRate lines a second and counts the rest.
