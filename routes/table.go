@@ -501,7 +501,7 @@ func (t *Table) Close() {
 	}
 	n := t.finish(revs, nil)
 	if len(revs) > 0 {
-		t.log.Info("route table closed", "class_uid", 5019, "routes", len(revs), "streams_closed", n)
+		t.log.Info("route table closed", "class_uid", 3004, "routes", len(revs), "streams_closed", n)
 		t.ocsfTable("closed", len(revs), n)
 	}
 }
@@ -706,7 +706,7 @@ func (t *Table) logEvents(events []Event) {
 		streams += e.Streams
 	}
 	t.log.LogAttrs(context.Background(), slog.LevelInfo, "routes changed",
-		slog.Int("class_uid", 5019), slog.Int("events", len(events)),
+		slog.Int("class_uid", 3004), slog.Int("events", len(events)),
 		slog.Int("installed", counts["installed"]), slog.Int("changed", counts["changed"]),
 		slog.Int("withdrawn", counts["withdrawn"]), slog.Int("rejected", counts["rejected"]),
 		slog.Int("expired", counts["expired"]), slog.Int("stopped", counts["stopped"]),
@@ -728,7 +728,7 @@ func (t *Table) logEvent(e Event, debug bool) {
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.Int("class_uid", 5019),
+		slog.Int("class_uid", 3004),
 		slog.String("activity", activityName(e.Kind)),
 		slog.String("host", e.Host),
 		slog.Int("port", e.Port),

@@ -1331,7 +1331,7 @@ func (h *capHandler) take() []capRecord {
 	return out
 }
 
-// Route changes are logged as configuration state changes (class 5019),
+// Route changes are logged as Entity Management changes (class 3004),
 // with the number of streams each revocation closed.
 func TestTableEvents(t *testing.T) {
 	tests := []struct {
@@ -1396,8 +1396,8 @@ func TestTableEvents(t *testing.T) {
 			if found.level != tt.level {
 				t.Errorf("level %v, want %v", found.level, tt.level)
 			}
-			if v := found.attrs["class_uid"]; v.Int64() != 5019 {
-				t.Errorf("class_uid = %v, want 5019", v)
+			if v := found.attrs["class_uid"]; v.Int64() != 3004 {
+				t.Errorf("class_uid = %v, want 3004", v)
 			}
 			if _, ok := found.attrs["installation_version"]; !ok {
 				t.Error("no installation_version")

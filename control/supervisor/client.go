@@ -480,7 +480,7 @@ func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64,
 		if c.Metrics != nil {
 			c.Metrics.rejected.Inc()
 		}
-		c.Logger.Warn("instance rejected", "class_uid", 5019, "index", rj.Index,
+		c.Logger.Warn("instance rejected", "class_uid", 3004, "index", rj.Index,
 			"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
 		ocsfRejected(c.OCSF, doc, rj)
 	}

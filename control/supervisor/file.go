@@ -170,7 +170,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 					if s.Metrics != nil {
 						s.Metrics.rejected.Inc()
 					}
-					log.Warn("instance rejected", "class_uid", 5019, "index", rj.Index,
+					log.Warn("instance rejected", "class_uid", 3004, "index", rj.Index,
 						"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
 					ocsfRejected(s.OCSF, doc, rj)
 				}
