@@ -183,3 +183,24 @@ func TestOCSFAccessLog(t *testing.T) {
 		})
 	}
 }
+
+// TestOCSFH2HeadTimeout: an HTTP/2 connection closed because a head did
+// not arrive in time (no request of its own) gives one HTTP Activity
+// record with 408 that validates.
+func TestOCSFH2HeadTimeout(t *testing.T) {
+	h2Verify(t)
+	out := &lineLog{}
+	e := newH2Env(t, 0, Config{HeaderTimeout: h2TestHeadTimeout, OCSF: ocsf.NewEmitter(out, slog.LevelInfo, ocsf.Product{})})
+	tc, _ := h2RawConn(t, e, h2WebHost)
+	if _, err := tc.Write([]byte{0, 0, 10, 1}); err != nil { // an incomplete frame header
+		t.Fatal(err)
+	}
+	h2ClosedWithin(t, tc, 20*h2TestHeadTimeout)
+	testutil.Eventually(t, 5*time.Second, "the 408 record", func() bool { return len(out.ocsfLines()) >= 1 })
+	recs := out.ocsfLines()
+	checkOCSF(t, recs)
+	if len(recs) != 1 || jsonString(ocsftest.Attr(recs[0], "http_response.code")) != "408" ||
+		jsonString(ocsftest.Attr(recs[0], "unmapped.protocol")) != "h2" || jsonString(ocsftest.Attr(recs[0], "status_detail")) != reasonReqTimeout {
+		t.Errorf("records: %s", recs)
+	}
+}
