@@ -306,6 +306,7 @@ func (x *exchange) failure(err error) denial {
 		if nl.waited == 0 {
 			x.logStartWait(startTimeout, 0, 1, nl)
 		}
+		x.ocsfAppFailed(nl)
 		return denyNotListening(nl.port)
 	case errors.As(err, &de):
 		x.s.log.Warn("connector dial failed", "class_uid", 4001, "host", x.route.Host, "port", x.route.Port, "err", de.err)

@@ -29,7 +29,7 @@ func ocsfHTTP(r *accessRecord, ci *connInfo, end time.Time) *ocsf.Event {
 		Reason: r.reason, TLSVersion: ci.tlsVer, BytesIn: r.bytesIn, BytesOut: r.bytesOut,
 		Connect: r.connect, FirstByte: r.firstByte, Protocol: protoNames[r.proto], Version: "1.1",
 	}
-	if r.proto == protoH2 {
+	if r.proto == protoH2 || r.overH2 {
 		h.Version = "2"
 	}
 	switch {

@@ -93,7 +93,7 @@ func TestOCSFRequestRecords(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			out := &lineLog{}
 			em := ocsf.NewEmitter(out, slog.LevelInfo, ocsf.Product{Version: "test"})
-			e := newH2Env(t, 0, Config{OCSF: em})
+			e := newH2Env(t, 0, Config{OCSF: em, AppStartGrace: -1})
 			ocsfRequests(t, e, proto)
 			testutil.Eventually(t, 5*time.Second, "the 502's records", func() bool {
 				return len(ocsfWith(out.ocsfLines(), "http_response.code", "502")) == 1 &&
@@ -136,7 +136,7 @@ func TestOCSFRequestRecords(t *testing.T) {
 
 			// At debug, the allowed request has its record too.
 			out2 := &lineLog{}
-			e2 := newH2Env(t, 0, Config{OCSF: ocsf.NewEmitter(out2, slog.LevelDebug, ocsf.Product{})})
+			e2 := newH2Env(t, 0, Config{OCSF: ocsf.NewEmitter(out2, slog.LevelDebug, ocsf.Product{}), AppStartGrace: -1})
 			ocsfRequests(t, e2, proto)
 			testutil.Eventually(t, 5*time.Second, "the allowed request's record", func() bool {
 				return len(ocsfWith(out2.ocsfLines(), "http_response.code", "200")) == 1
@@ -162,7 +162,7 @@ func TestOCSFAccessLog(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			out := &lineLog{}
 			em := ocsf.NewEmitter(out, slog.LevelInfo, ocsf.Product{Version: "test"})
-			e := newH2Env(t, 0, Config{AccessLog: AccessLogOCSF, AccessLogWriter: out, OCSF: em})
+			e := newH2Env(t, 0, Config{AccessLog: AccessLogOCSF, AccessLogWriter: out, OCSF: em, AppStartGrace: -1})
 			ocsfRequests(t, e, proto)
 			testutil.Eventually(t, 5*time.Second, "three HTTP Activity records", func() bool {
 				return len(ocsfWith(out.ocsfLines(), "class_uid", "4002")) >= 3
