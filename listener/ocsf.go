@@ -30,3 +30,14 @@ func (l *Listener) ocsfConn(raw net.Conn, src netip.AddrPort, activity int, sni,
 	}
 	em.Emit(ocsf.NetworkActivity(c))
 }
+
+// ocsfProxyRefused records a connection refused at the PROXY protocol
+// step (a Network Activity "Refuse" from the peer).
+func (l *Listener) ocsfProxyRefused(peer netip.AddrPort, reason string, err error) {
+	if !l.cfg.OCSF.Enabled(ocsf.ConnectionLevel(ocsf.NetRefuse)) {
+		return
+	}
+	l.cfg.OCSF.Emit(ocsf.NetworkActivity(&ocsf.Connection{
+		Time: time.Now(), Activity: ocsf.NetRefuse, Src: peer, Dst: addrPortOf(l.Addr()), Reason: reason + ": " + err.Error(),
+	}))
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/ocsf/ocsftest"
+	"github.com/applistener/applistener/internal/proxyproto"
 	"github.com/applistener/applistener/internal/testutil"
 )
 
@@ -105,5 +107,39 @@ func TestOCSFConnectionRecords(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOCSFProxyClient: behind a permitted PROXY protocol peer, a record
+// names the client the header carried; a header from a peer that may not
+// send one is a refusal of its own.
+func TestOCSFProxyClient(t *testing.T) {
+	out := &syncBuf{}
+	l, _, ca := newTestListenerWith(t, nil, func(c *Config) {
+		c.TrustedProxies = prefixes("127.0.0.1/32")
+		c.OCSF = ocsf.NewEmitter(out, slog.LevelInfo, ocsf.Product{})
+	})
+	hdr := mustHeader(t, proxyproto.Header{Command: proxyproto.Proxy, Source: netip.MustParseAddrPort("203.0.113.7:40000"),
+		Destination: netip.MustParseAddrPort("10.0.0.1:8443")})
+	tlsc := tls.Client(&preambleConn{Conn: dialFrom(t, l, "127.0.0.1"), pre: hdr},
+		&tls.Config{ServerName: "team--nope." + testDomain, RootCAs: ca.Pool()})
+	_ = tlsc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tlsc.Handshake(); err == nil {
+		t.Fatal("unknown name accepted")
+	}
+	untrusted := &preambleConn{Conn: dialFrom(t, l, "127.0.0.3"), pre: hdr}
+	_, _ = untrusted.Write([]byte{0x16, 3, 1, 0, 0})
+	testutil.Eventually(t, 5*time.Second, "two records", func() bool { return len(out.records()) >= 2 })
+	recs := out.records()
+	got := map[string]string{}
+	for _, r := range recs {
+		if err := ocsftest.Validate(r); err != nil {
+			t.Errorf("%v\n%s", err, r)
+		}
+		got[attr(r, "src_endpoint.ip")+":"+attr(r, "src_endpoint.port")] = attr(r, "status_detail")
+	}
+	from := fmt.Sprintf("127.0.0.3:%d", untrusted.LocalAddr().(*net.TCPAddr).Port)
+	if len(recs) != 2 || got["203.0.113.7:40000"] != "unknown_sni" || !strings.HasPrefix(got[from], "proxy_untrusted") {
+		t.Errorf("records by client: %q", got)
 	}
 }

@@ -93,6 +93,7 @@ func (l *Listener) refuseProxy(peer netip.AddrPort, reason string, err error) {
 	l.m.rejections.WithLabelValues(reason).Inc()
 	l.log.Warn("connection refused: PROXY protocol", "class_uid", 4001, "rule", "app-listener-proxy-protocol",
 		"reason", reason, "src", peer.String(), "err", err)
+	l.ocsfProxyRefused(peer, reason, err)
 }
 
 // prefixReader reads prefix, then r.
