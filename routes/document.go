@@ -54,6 +54,17 @@ const (
 	ConnectorUnix = "unix"
 )
 
+// Service protocols: how the listener speaks to a service's app.
+const (
+	// ProtocolHTTP1 is HTTP/1.1, the default. ParseDocument normalizes it
+	// to "" (an omitted "protocol").
+	ProtocolHTTP1 = "http1"
+	// ProtocolH2C is HTTP/2 with prior knowledge over plain TCP (gRPC
+	// servers, h2c apps): requests are forwarded as HTTP/2 streams with
+	// their trailers.
+	ProtocolH2C = "h2c"
+)
+
 // PortPlaceholder is the text in a unix connector's path that is replaced by
 // the service port.
 const PortPlaceholder = "{port}"
@@ -144,6 +155,10 @@ type ServiceSpec struct {
 	// 0 to MaxStartGraceSeconds; 0 answers at once. nil (absent): the
 	// supervisor's --app-start-grace.
 	StartGraceSeconds *int `json:"start_grace_seconds,omitempty"`
+	// Protocol is how the app is spoken to: "" (or ProtocolHTTP1, which
+	// ParseDocument normalizes to "") for HTTP/1.1, ProtocolH2C for HTTP/2
+	// with prior knowledge.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // RejectedInstance is an instance entry that failed validation. Its routes
@@ -484,6 +499,13 @@ func (s *InstanceSpec) validate() error {
 		}
 		if g := svc.StartGraceSeconds; g != nil && (*g < 0 || *g > MaxStartGraceSeconds) {
 			return fmt.Errorf("services[%d]: %s: start_grace_seconds %d out of range 0..%d", i, what, *g, MaxStartGraceSeconds)
+		}
+		switch svc.Protocol {
+		case "", ProtocolH2C:
+		case ProtocolHTTP1:
+			svc.Protocol = ""
+		default:
+			return fmt.Errorf("services[%d]: %s: protocol %s not supported (use http1 or h2c)", i, what, quoteShort(svc.Protocol))
 		}
 	}
 	return nil

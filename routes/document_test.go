@@ -354,6 +354,13 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "port huge", fields: map[string]string{"services": `[{"name":"web","port":99999999999999999999}]`}, wantReason: "cannot unmarshal number"},
 		{name: "port null", fields: map[string]string{"services": `[{"name":"web","port":null}]`}, wantReason: "port 0 out of range"},
 		{name: "revision negative", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":-1}]`}, wantReason: "revision -1 is negative"},
+		{name: "protocol h2c", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"h2c"}]`}, check: docWantProtocol(ProtocolH2C)},
+		{name: "protocol http1 is the default", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"http1"}]`}, check: docWantProtocol("")},
+		{name: "protocol missing", fields: map[string]string{"services": `[{"name":"web","port":80}]`}, check: docWantProtocol("")},
+		{name: "protocol empty", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":""}]`}, check: docWantProtocol("")},
+		{name: "protocol h2", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"h2"}]`}, wantReason: `service "web": protocol "h2" not supported (use http1 or h2c)`},
+		{name: "protocol upper case", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"H2C"}]`}, wantReason: `protocol "H2C" not supported`},
+		{name: "protocol number", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":2}]`}, wantReason: "cannot unmarshal number"},
 		{name: "revision large", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":9223372036854775807}]`}},
 		{name: "revision string", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":"7"}]`}, wantReason: "cannot unmarshal string"},
 		{name: "start grace absent", fields: map[string]string{"services": `[{"name":"web","port":80}]`}, check: docWantStartGrace(nil)},
@@ -441,6 +448,15 @@ func docWantConnector(want ConnectorSpec) func(t *testing.T, s InstanceSpec) {
 		t.Helper()
 		if s.Connector != want {
 			t.Errorf("Connector = %+v, want %+v", s.Connector, want)
+		}
+	}
+}
+
+func docWantProtocol(want string) func(t *testing.T, s InstanceSpec) {
+	return func(t *testing.T, s InstanceSpec) {
+		t.Helper()
+		if got := s.Services[0].Protocol; got != want {
+			t.Errorf("Protocol = %q, want %q", got, want)
 		}
 	}
 }

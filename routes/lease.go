@@ -10,7 +10,7 @@ import (
 var (
 	// ErrWithdrawn: the route is no longer in the delivered configuration.
 	ErrWithdrawn = errors.New("route withdrawn")
-	// ErrChanged: the route's target (generation, connector or port) changed.
+	// ErrChanged: the route's target (generation, connector, port or protocol) changed.
 	ErrChanged = errors.New("route changed")
 	// ErrRejected: the route's instance entry failed validation.
 	ErrRejected = errors.New("route rejected")

@@ -161,6 +161,7 @@ type Route struct {
 	Port                int
 	Generation          string
 	Connector           ConnectorSpec
+	Protocol            string // "" (HTTP/1.1) or ProtocolH2C
 	InstallationVersion uint64
 	Instance            *Instance
 	Lease               *Lease
@@ -218,7 +219,8 @@ func (r *Route) Data(create func() any) any {
 }
 
 func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
-	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector
+	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector &&
+		r.Protocol == svc.Protocol
 }
 
 // Snapshot is an immutable view of the installed routes.
@@ -510,7 +512,7 @@ func (t *Table) newRoute(from *Route) *Route {
 	t.version++
 	r := &Route{
 		Host: from.Host, Workspace: from.Workspace, Sandbox: from.Sandbox, Service: from.Service,
-		Port: from.Port, Generation: from.Generation, Connector: from.Connector,
+		Port: from.Port, Generation: from.Generation, Connector: from.Connector, Protocol: from.Protocol,
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
 	r.declaration.Store(from.declaration.Load())
@@ -563,7 +565,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			t.version++
 			r := &Route{
 				Host: host, Workspace: spec.Workspace, Sandbox: spec.Sandbox, Service: svc.Name,
-				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector,
+				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector, Protocol: svc.Protocol,
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
 			r.declaration.Store(svc.Revision)

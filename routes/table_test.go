@@ -555,9 +555,11 @@ func TestTableChange(t *testing.T) {
 		}, []string{tbWeb, tbDemo}},
 		{"unix connector path", func(s []InstanceSpec) { s[2].Connector.Path = "/run/sbx/shop2/{port}.sock" }, []string{tbShop}},
 		{"connector type unix to tcp", func(s []InstanceSpec) { s[2].Connector = ConnectorSpec{} }, []string{tbShop}},
+		{"protocol to h2c", func(s []InstanceSpec) { s[0].Services[0].Protocol = ProtocolH2C }, []string{tbWeb}},
 		// Normalization: these spell the same target and change nothing.
 		{"tcp host localhost is 127.0.0.1", func(s []InstanceSpec) { s[0].Connector.Host = "localhost" }, nil},
 		{"missing connector is tcp 127.0.0.1", func(s []InstanceSpec) { s[0].Connector = ConnectorSpec{} }, nil},
+		{"protocol http1 is the default", func(s []InstanceSpec) { s[0].Services[0].Protocol = ProtocolHTTP1 }, nil},
 		{"limits and revisions only", func(s []InstanceSpec) { s[0].Limits.MaxStreams = 1; s[0].Services[0].Revision = 100 }, nil},
 		{"services reordered", func(s []InstanceSpec) { slices.Reverse(s[0].Services) }, nil},
 		{"instances reordered", func(s []InstanceSpec) { slices.Reverse(s) }, nil},
@@ -624,6 +626,13 @@ func TestTableChange(t *testing.T) {
 					}
 					if r.Port != svc.Port || r.Generation != spec.Generation || r.Connector != want {
 						t.Errorf("%s: target {%d %q %+v}, want {%d %q %+v}", host, r.Port, r.Generation, r.Connector, svc.Port, spec.Generation, want)
+					}
+					wantProto := svc.Protocol
+					if wantProto == ProtocolHTTP1 {
+						wantProto = ""
+					}
+					if r.Protocol != wantProto {
+						t.Errorf("%s: Protocol %q, want %q", host, r.Protocol, wantProto)
 					}
 				}
 			}
