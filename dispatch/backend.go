@@ -46,6 +46,8 @@ type backendPool struct {
 	// onStale, when set, counts an idle connection found closed by the
 	// app (or carrying unsolicited bytes) when it was about to be reused.
 	onStale func()
+	// h2c is the route's HTTP/2 pool when its service declares h2c (h2c_pool.go).
+	h2c h2cSlot
 
 	mu     sync.Mutex
 	idle   []*backendConn

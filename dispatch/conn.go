@@ -318,6 +318,9 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	if string(c.req.method) == "CONNECT" || string(c.req.method) == "TRACE" {
 		return c.deny(denyMethod)
 	}
+	if c.route.Protocol == routes.ProtocolH2C {
+		return c.deny(denyH2COnly) // h2c.go
+	}
 	inst := c.route.Instance
 	if !inst.Acquire() {
 		return c.deny(denyLimit)

@@ -56,6 +56,9 @@ func (st *h2Stream) serve() bool {
 		st.deny(denyMethod)
 		return false
 	}
+	if hc.route.Protocol == routes.ProtocolH2C {
+		return st.serveH2C() // h2c.go
+	}
 	req, pe := st.buildRequest()
 	if pe != nil {
 		st.deny(denyParse(pe))

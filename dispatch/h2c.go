@@ -1,0 +1,459 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Services that declare "protocol": "h2c" (gRPC servers and other apps
+// that speak HTTP/2 with prior knowledge) get each HTTP/2 stream of a
+// client forwarded as an HTTP/2 stream of their own, through the route's
+// h2cPool: the request and its body stream to the app as they arrive, the
+// response and its body stream back, request and response trailers are
+// carried through, a client's reset cancels the app's stream, and revoking
+// the route closes both the client connections and the app connections.
+// The checks, the stream limit, the forwarding fields, the metrics and the
+// access log are those of every other request.
+//
+// HTTP/1.1 clients get 505 (denyH2COnly): see handleRequest.
+
+// reasonH2COnly is the answer to an HTTP/1.1 request for an h2c service.
+const reasonH2COnly = "this service speaks HTTP/2 only (gRPC): connect with HTTP/2"
+
+// denyH2COnly refuses an HTTP/1.1 request for an h2c service. Every gRPC
+// client speaks HTTP/2, and any TLS client that offers h2 in ALPN gets it,
+// so only clients with HTTP/2 turned off reach this. Translating would
+// hand them a response whose outcome travels in trailers that HTTP/1.1
+// clients drop (a failed gRPC call would look like a 200), and WebSocket
+// upgrades could not reach an app that only speaks HTTP/2; a clear refusal
+// that names the fix is better.
+var denyH2COnly = denial{status: 505, reason: reasonH2COnly, close: true}
+
+// errH2CHeadTimeout: the app sent no response head within
+// Config.ResponseHeaderTimeout of the end of the request body.
+var errH2CHeadTimeout = errors.New("timed out waiting for the application's response head")
+
+// serveH2C forwards the stream to the route's h2c app; it reports whether
+// the stream must be reset.
+func (st *h2Stream) serveH2C() bool {
+	n := 0
+	for _, vs := range st.r.Header {
+		n += len(vs)
+	}
+	if n > st.s.cfg.MaxHeaderFields {
+		st.deny(denyParse(errHeadTooLarge))
+		return false
+	}
+	inst := st.hc.route.Instance
+	if !inst.Acquire() {
+		st.deny(denyLimit)
+		return false
+	}
+	defer inst.Release()
+	inst.CountRequest()
+	st.s.m.streamsActive.Inc()
+	defer st.s.m.streamsActive.Dec()
+	return st.proxyH2C()
+}
+
+// proxyH2C sends the request to the app as an HTTP/2 stream and relays its
+// response, flushing each piece of the body as it arrives (gRPC messages
+// are not held back), then its trailers.
+func (st *h2Stream) proxyH2C() bool {
+	s, r, hc := st.s, st.r, st.hc
+	bp := s.routePool(hc.route)
+	pool := s.h2cPoolOf(hc.route, bp)
+	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted)
+	header := h2cRequestHeader(r.Header, &fi)
+	s.countDropped(&fi, hc.route)
+	authority := bp.hostHeader
+	if fi.preserve {
+		authority = fi.publicHost
+	}
+
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	var clock h2cHeadClock
+	defer clock.stop()
+	startClock := func() {
+		clock.start(s.cfg.ResponseHeaderTimeout, func() { cancel(errH2CHeadTimeout) })
+	}
+	start := time.Now()
+	var sentAt atomic.Int64 // unix nanoseconds: the request head was written
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { sentAt.Store(time.Now().UnixNano()) },
+	})
+	out := &http.Request{
+		Method:     r.Method,
+		URL:        h2cURL(bp.hostHeader, r),
+		Proto:      "HTTP/2.0",
+		ProtoMajor: 2,
+		Header:     header,
+		Host:       authority,
+	}
+	out = out.WithContext(ctx)
+	var body *h2cBody
+	if r.Body == nil || r.Body == http.NoBody {
+		out.Body = http.NoBody
+		startClock()
+	} else {
+		body = &h2cBody{st: st, src: r.Body, onEnd: startClock}
+		out.Body = body
+		out.ContentLength = r.ContentLength
+		if out.ContentLength == 0 {
+			out.ContentLength = -1 // a body was announced without a length
+		}
+		if len(r.Trailer) > 0 {
+			// Declared request trailers: the values are copied when the
+			// body ends, before the transport reads them.
+			out.Trailer = make(http.Header, len(r.Trailer))
+			for k := range r.Trailer {
+				if h2cTrailerAllowed(k) {
+					out.Trailer[k] = nil
+				}
+			}
+			body.trailer = out.Trailer
+		}
+	}
+
+	resp, err := pool.t.RoundTrip(out)
+	clock.stop()
+	if sent := sentAt.Load(); sent != 0 {
+		st.rec.connect = time.Unix(0, sent).Sub(start)
+		if err == nil {
+			st.rec.firstByte = time.Since(time.Unix(0, sent))
+		}
+	}
+	if err != nil {
+		return st.h2cFailed(err, context.Cause(ctx))
+	}
+	defer func() { _ = resp.Body.Close() }()
+
+	h := st.w.Header()
+	if !s.h2cResponseHeader(h, resp.Header, hc.sni, bp) {
+		// Never let x/net sniff a Content-Type the app did not send.
+		h["Content-Type"] = nil
+	}
+	if s.draining.Load() {
+		// x/net turns this into a GOAWAY for the connection.
+		h.Set("Connection", "close")
+	}
+	st.w.WriteHeader(resp.StatusCode)
+	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
+	s.m.requests.WithLabelValues(statusClass(resp.StatusCode)).Inc()
+	if resp.ContentLength != 0 {
+		// A body follows, possibly much later (a stream): the client
+		// gets the head now. A response without one (a gRPC
+		// trailers-only answer) goes out as one HEADERS frame with
+		// END_STREAM when the handler returns.
+		if err := st.flush(); err != nil {
+			st.rec.outcome = outcomeAborted
+			return true
+		}
+	}
+	n, rerr, werr := st.copyH2CBody(resp.Body)
+	st.rec.bytesOut = n
+	s.m.bytesToClient.Add(float64(n))
+	switch {
+	case werr != nil:
+		// The client went away or stopped reading.
+		st.rec.outcome = outcomeAborted
+		return true
+	case rerr != nil:
+		st.rec.outcome = outcomeAborted
+		if st.gone() && hc.route.Lease.Live() {
+			return true // nobody is listening
+		}
+		s.log.Warn("app stream failed", "class_uid", 4001, "host", hc.route.Host, "port", hc.route.Port, "err", rerr)
+		if isGRPC(h) && !hasTrailer(resp.Trailer, "Grpc-Status") {
+			// End the call as a gRPC server whose connection was lost
+			// would: UNAVAILABLE, in trailers.
+			h[http.TrailerPrefix+"Grpc-Status"] = []string{"14"}
+			h[http.TrailerPrefix+"Grpc-Message"] = []string{"the application's stream ended unexpectedly"}
+			return false
+		}
+		return true
+	}
+	for k, vv := range resp.Trailer {
+		if h2cTrailerAllowed(k) {
+			h[http.TrailerPrefix+k] = vv
+		}
+	}
+	return false
+}
+
+// copyH2CBody relays the app's response body, flushing after every read;
+// rerr is a failure reading from the app, werr one writing to the client.
+func (st *h2Stream) copyH2CBody(src io.Reader) (n int64, rerr, werr error) {
+	bufp := st.s.bufPool.Get().(*[]byte)
+	defer st.s.bufPool.Put(bufp)
+	buf := *bufp
+	w := h2BodyWriter{st}
+	for {
+		m, err := src.Read(buf)
+		if m > 0 {
+			if _, werr = w.Write(buf[:m]); werr == nil {
+				werr = st.flush()
+			}
+			if werr != nil {
+				return n, nil, werr
+			}
+			n += int64(m)
+		}
+		if err == io.EOF {
+			return n, nil, nil
+		}
+		if err != nil {
+			return n, err, nil
+		}
+	}
+}
+
+// h2cFailed answers a request whose response head never came (cause is
+// the cancellation cause of the request's context); it reports whether the
+// stream must be reset instead.
+func (st *h2Stream) h2cFailed(err, cause error) bool {
+	s, route := st.s, st.hc.route
+	var de *dialError
+	switch {
+	case errors.Is(cause, errH2CHeadTimeout):
+		s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", cause)
+		st.deny(denyRespTimeout)
+		return false
+	case st.r.Context().Err() != nil:
+		return true // the client reset the stream or went away
+	case !route.Lease.Live() || errors.Is(err, errH2CPoolClosed):
+		st.deny(denyRevoked)
+		return false
+	case errors.As(err, &de):
+		s.log.Warn("connector dial failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", de.err)
+		if isTimeout(de.err) {
+			st.deny(denyDialTimeout)
+		} else {
+			st.deny(denyDialRefused)
+		}
+		return false
+	}
+	var ce *h2ClientBodyError
+	if errors.As(err, &ce) {
+		// The client's body failed: the app's answer no longer matters.
+		return true
+	}
+	s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", err)
+	st.deny(denyBadResponse)
+	return false
+}
+
+// h2cBody is the request body handed to the transport: the client's body,
+// counted, with its declared trailers copied when it ends.
+type h2cBody struct {
+	st      *h2Stream
+	src     io.ReadCloser
+	trailer http.Header // the outgoing request's declared trailers, or nil
+	onEnd   func()      // the body has been read whole
+	n       int64
+	ended   bool
+}
+
+func (b *h2cBody) Read(p []byte) (int, error) {
+	n, err := b.src.Read(p)
+	if n > 0 {
+		b.n += int64(n)
+		b.st.bodyIn.Store(b.n)
+		b.st.s.m.bytesToApp.Add(float64(n))
+	}
+	switch {
+	case err == io.EOF && !b.ended:
+		b.ended = true
+		for k := range b.trailer {
+			b.trailer[k] = b.st.r.Trailer[k]
+		}
+		b.onEnd()
+	case err != nil && err != io.EOF:
+		err = &h2ClientBodyError{err: err}
+	}
+	return n, err
+}
+
+func (b *h2cBody) Close() error { return b.src.Close() }
+
+// h2cHeadClock bounds the wait for the app's response head: it starts when
+// the request body has been sent whole (a client-streaming gRPC call may
+// send for as long as it likes first) and stops when the head arrives.
+type h2cHeadClock struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+}
+
+func (c *h2cHeadClock) start(d time.Duration, fire func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.stopped && c.t == nil {
+		c.t = time.AfterFunc(d, fire)
+	}
+}
+
+func (c *h2cHeadClock) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	if c.t != nil {
+		c.t.Stop()
+	}
+}
+
+// h2cURL is the URL of the request to the app: the client's path and
+// query exactly as sent.
+func h2cURL(hostPort string, r *http.Request) *url.URL {
+	u := &url.URL{Scheme: "http", Host: hostPort}
+	target := r.RequestURI
+	path, query, hasQuery := strings.Cut(target, "?")
+	if target == "" || strings.HasPrefix(path, "//") {
+		// Opaque cannot carry a path starting with "//".
+		u.Path, u.RawPath, u.RawQuery = r.URL.Path, r.URL.RawPath, r.URL.RawQuery
+		return u
+	}
+	u.Opaque, u.RawQuery, u.ForceQuery = path, query, hasQuery && query == ""
+	return u
+}
+
+// h2cRequestHeader returns the fields sent to an h2c app: the client's,
+// sanitised as appendRequestHead sanitises an HTTP/1.1 head (hop-by-hop
+// fields, '_' names and untrusted forwarding claims dropped), except that
+// "TE: trailers" passes (gRPC servers may require it), plus the
+// listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host and
+// Forwarded.
+func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
+	dst := make(http.Header, len(src)+4)
+	var priorXFF, priorFwd []string
+	var haveProto, haveXFHost bool
+	for name, vs := range src {
+		nb := []byte(name)
+		if asciiEqualFold(nb, "host") {
+			continue
+		}
+		if hopByHop(nb) {
+			if asciiEqualFold(nb, "te") && teTrailers(vs) {
+				dst["Te"] = []string{"trailers"}
+			}
+			continue
+		}
+		if underscoreDropped(nb, fi.allowUnderscore) {
+			fi.dropped += len(vs)
+			continue
+		}
+		if forwardingHeader(nb) {
+			if !fi.trusted {
+				continue
+			}
+			switch {
+			case equalFoldDash(nb, "x-forwarded-for"):
+				priorXFF = append(priorXFF, vs...)
+				continue
+			case equalFoldDash(nb, "forwarded"):
+				priorFwd = append(priorFwd, vs...)
+				continue
+			case equalFoldDash(nb, "x-forwarded-proto"):
+				haveProto = true
+			case equalFoldDash(nb, "x-forwarded-host"):
+				haveXFHost = true
+			}
+		}
+		dst[name] = vs
+	}
+	if _, ok := dst["User-Agent"]; !ok {
+		// The transport would add its own.
+		dst["User-Agent"] = nil
+	}
+	client := fi.client.String()
+	dst["X-Forwarded-For"] = []string{joinPrior(priorXFF, client)}
+	if !haveProto {
+		dst["X-Forwarded-Proto"] = []string{"https"}
+	}
+	if !haveXFHost {
+		dst["X-Forwarded-Host"] = []string{fi.publicHost}
+	}
+	forwardedFor := client
+	if fi.client.Is6() {
+		forwardedFor = `"[` + client + `]"`
+	}
+	dst["Forwarded"] = []string{joinPrior(priorFwd, "for="+forwardedFor+";host="+fi.publicHost+";proto=https")}
+	return dst
+}
+
+// joinPrior appends v to the comma-separated list of prior values.
+func joinPrior(prior []string, v string) string {
+	if len(prior) == 0 {
+		return v
+	}
+	return strings.Join(prior, ", ") + ", " + v
+}
+
+// teTrailers reports whether TE names exactly "trailers", the only value
+// HTTP/2 allows.
+func teTrailers(vs []string) bool {
+	return len(vs) == 1 && strings.EqualFold(strings.TrimSpace(vs[0]), "trailers")
+}
+
+// h2cResponseHeader copies the app's response fields into h without the
+// hop-by-hop ones (Content-Length stays: HTTP/2 frames the body the same
+// way on both sides), with cookies made host-only. It reports whether a
+// Content-Type was copied.
+func (s *Server) h2cResponseHeader(h, src http.Header, host string, bp *backendPool) bool {
+	hasType := false
+	for k, vv := range src {
+		kb := []byte(k)
+		if hopByHop(kb) && !asciiEqualFold(kb, "content-length") {
+			continue
+		}
+		if k == "Set-Cookie" && !s.cfg.PassCookieDomain {
+			vv = s.scopeCookieValues(vv, host, bp)
+		}
+		if k == "Content-Type" {
+			hasType = true
+		}
+		h[k] = vv
+	}
+	return hasType
+}
+
+// scopeCookieValues applies scopeCookies to Set-Cookie values.
+func (s *Server) scopeCookieValues(vv []string, host string, bp *backendPool) []string {
+	resp := response{fields: make([]headField, len(vv))}
+	for i, v := range vv {
+		resp.fields[i] = headField{name: []byte("Set-Cookie"), value: []byte(v)}
+	}
+	s.scopeCookies(&resp, host, bp)
+	out := make([]string, len(vv))
+	for i := range resp.fields {
+		out[i] = string(resp.fields[i].value)
+	}
+	return out
+}
+
+// h2cTrailerAllowed reports whether a trailer field may be relayed: not a
+// hop-by-hop or framing field.
+func h2cTrailerAllowed(k string) bool {
+	kb := []byte(k)
+	return !hopByHop(kb) && !asciiEqualFold(kb, "host")
+}
+
+// isGRPC reports whether a response head is a gRPC one.
+func isGRPC(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+}
+
+func hasTrailer(t http.Header, k string) bool {
+	_, ok := t[k]
+	return ok
+}
