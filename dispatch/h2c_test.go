@@ -270,6 +270,15 @@ type insecureInfo struct{}
 
 func (insecureInfo) AuthType() string { return "insecure" }
 
+func h2cWaitArrived(t *testing.T, s *rpcServer) {
+	t.Helper()
+	select {
+	case <-s.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call did not reach the app")
+	}
+}
+
 func callCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -475,7 +484,7 @@ func TestH2CWithdrawnRoute(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	<-e.rpc.arrived
+	h2cWaitArrived(t, e.rpc)
 	route := e.table.Lookup(h2cRPCHost)
 	pool := e.srv.h2cPoolOf(route, e.srv.routePool(route))
 	if pool.open() != 1 {
@@ -597,7 +606,7 @@ func TestH2CFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-e.rpc.arrived // the stream holds the instance's one slot
+	h2cWaitArrived(t, e.rpc) // the stream holds the instance's one slot
 	_, err = c.UnaryCall(callCtx(t), &testpb.SimpleRequest{})
 	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "503") {
 		t.Fatalf("over max_streams: %v, want Unavailable from a 503", err)
