@@ -79,8 +79,25 @@ func (st *h2Stream) proxyH2C() bool {
 		authority = fi.publicHost
 	}
 
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
+	// The app's stream is cancelled when the client's ends early (a
+	// reset, the connection closed), not when the handler returns after
+	// a complete exchange: x/net cancels r.Context() then, and the
+	// transport, if it had not yet seen that its stream was complete,
+	// would reset it and send a PING that gRPC servers count against the
+	// client (too many, and they close the connection).
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	var complete atomic.Bool
+	stopLink := context.AfterFunc(r.Context(), func() {
+		if !complete.Load() {
+			cancel(context.Canceled)
+		}
+	})
+	defer func() {
+		stopLink()
+		if !complete.Load() {
+			cancel(context.Canceled)
+		}
+	}()
 	var clock h2cHeadClock
 	defer clock.stop()
 	startClock := func() {
@@ -124,7 +141,7 @@ func (st *h2Stream) proxyH2C() bool {
 		}
 	}
 
-	resp, err := pool.t.RoundTrip(out)
+	resp, err := pool.roundTrip(out)
 	clock.stop()
 	if sent := sentAt.Load(); sent != 0 {
 		st.rec.connect = time.Unix(0, sent).Sub(start)
@@ -160,6 +177,7 @@ func (st *h2Stream) proxyH2C() bool {
 		}
 	}
 	n, rerr, werr := st.copyH2CBody(resp.Body)
+	complete.Store(rerr == nil && werr == nil)
 	st.rec.bytesOut = n
 	s.m.bytesToClient.Add(float64(n))
 	switch {

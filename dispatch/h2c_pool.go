@@ -11,21 +11,41 @@ import (
 )
 
 // h2cPool holds the HTTP/2 (prior knowledge, plain text) connections to
-// the app of one route whose service declares "protocol": "h2c". It is
-// net/http's Transport restricted to unencrypted HTTP/2, dialling through
-// the route's connector (the same dial path as the HTTP/1.1 pool, network
-// namespaces included): requests share one multiplexed connection, and a
-// further one is opened only when the app's SETTINGS_MAX_CONCURRENT_STREAMS
-// is reached. It is attached to the route's lease: revoking the route
-// closes every connection, which ends every stream on them.
+// the app of one route whose service declares "protocol": "h2c". Each is a
+// net/http ClientConn dialled through the route's connector (the same dial
+// path as the HTTP/1.1 pool, network namespaces included). Requests share
+// the first connection with a free stream; a further one is dialled (one
+// dial at a time) only when every connection is at the app's
+// SETTINGS_MAX_CONCURRENT_STREAMS, up to maxH2CConns, beyond which a
+// request waits for a stream of the least loaded one. A connection idle
+// for Config.BackendIdleTimeout closes itself. The pool is attached to the
+// route's lease: revoking the route closes every connection, which ends
+// every stream on them.
 type h2cPool struct {
-	s  *Server
-	bp *backendPool // the route's connector, port and Host
-	t  *http.Transport
+	s    *Server
+	bp   *backendPool    // the route's connector, port and Host
+	t    *http.Transport // the connections' factory and settings
+	addr string
 
-	mu     sync.Mutex
-	conns  map[*h2cConn]struct{}
-	closed bool
+	mu      sync.Mutex
+	clients []*h2cClient
+	dialing *h2cDial // the dial under way, or nil
+	conns   map[*h2cConn]struct{}
+	closed  bool
+}
+
+// maxH2CConns bounds the app connections of one h2c route.
+const maxH2CConns = 4
+
+// h2cClient is one HTTP/2 connection of the pool.
+type h2cClient struct {
+	cc *http.ClientConn
+}
+
+// h2cDial is a dial that requests wait for.
+type h2cDial struct {
+	done chan struct{}
+	err  error
 }
 
 // h2cSlot is the h2c pool of a route, created on first use (a field of the
@@ -46,7 +66,7 @@ func (s *Server) h2cPoolOf(route *routes.Route, bp *backendPool) *h2cPool {
 }
 
 func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
-	p := &h2cPool{s: s, bp: bp, conns: make(map[*h2cConn]struct{})}
+	p := &h2cPool{s: s, bp: bp, conns: make(map[*h2cConn]struct{}), addr: bp.hostHeader}
 	protos := new(http.Protocols)
 	protos.SetUnencryptedHTTP2(true)
 	p.t = &http.Transport{
@@ -54,7 +74,7 @@ func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 		DialContext: p.dial,
 		// Bodies and their encodings pass through untouched.
 		DisableCompression: true,
-		// Idle connections are retired as HTTP/1.1 ones are.
+		// A connection without streams for this long closes itself.
 		IdleConnTimeout:        s.cfg.BackendIdleTimeout,
 		MaxResponseHeaderBytes: h2cMaxResponseHeaderBytes,
 		HTTP2: &http.HTTP2Config{
@@ -69,6 +89,113 @@ func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 		p.closed = true
 	}
 	return p
+}
+
+// roundTrip sends req on a connection of the pool.
+func (p *h2cPool) roundTrip(req *http.Request) (*http.Response, error) {
+	cc, err := p.get(req.Context())
+	if err != nil {
+		return nil, err
+	}
+	return cc.RoundTrip(req)
+}
+
+// get returns a connection with a stream reserved for the caller (or,
+// when maxH2CConns are all busy, the least loaded one: its RoundTrip
+// waits for a stream). ClientConn methods that change its state run its
+// state hook, which takes p.mu: they are never called under p.mu.
+func (p *h2cPool) get(ctx context.Context) (*http.ClientConn, error) {
+	for {
+		var clients [maxH2CConns]*h2cClient
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, &dialError{errH2CPoolClosed}
+		}
+		n := copy(clients[:], p.clients)
+		d := p.dialing
+		p.mu.Unlock()
+		var least *http.ClientConn
+		usable := 0
+		for _, c := range clients[:n] {
+			if c.cc.Reserve() == nil {
+				return c.cc, nil
+			}
+			if c.cc.Err() != nil {
+				continue
+			}
+			usable++
+			if least == nil || c.cc.InFlight() < least.InFlight() {
+				least = c.cc
+			}
+		}
+		if usable >= maxH2CConns {
+			return least, nil
+		}
+		if d == nil {
+			p.mu.Lock()
+			d = p.dialing
+			mine := d == nil
+			if mine {
+				d = &h2cDial{done: make(chan struct{})}
+				p.dialing = d
+			}
+			p.mu.Unlock()
+			if mine {
+				p.runDial(d)
+			}
+		}
+		select {
+		case <-d.done:
+			if d.err != nil {
+				return nil, d.err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// runDial opens a connection and adds it to the pool.
+func (p *h2cPool) runDial(d *h2cDial) {
+	// The dial is bounded by DialTimeout (p.dial), not by the request
+	// that started it: others may be waiting for it.
+	cc, err := p.t.NewClientConn(context.Background(), "http", p.addr)
+	if err == nil {
+		c := &h2cClient{cc: cc}
+		cc.SetStateHook(func(cc *http.ClientConn) {
+			if cc.Err() != nil {
+				p.remove(c)
+			}
+		})
+		p.mu.Lock()
+		if p.closed {
+			err = &dialError{errH2CPoolClosed}
+		} else {
+			p.clients = append(p.clients, c)
+		}
+		p.mu.Unlock()
+		if err != nil {
+			_ = cc.Close()
+		}
+	}
+	p.mu.Lock()
+	p.dialing = nil
+	p.mu.Unlock()
+	d.err = err
+	close(d.done)
+}
+
+// remove forgets a closed connection.
+func (p *h2cPool) remove(c *h2cClient) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, x := range p.clients {
+		if x == c {
+			p.clients = append(p.clients[:i], p.clients[i+1:]...)
+			return
+		}
+	}
 }
 
 // h2cMaxResponseHeaderBytes bounds an app's response head (and trailers).
@@ -114,11 +241,15 @@ func (p *h2cPool) Revoke(error) {
 	for c := range p.conns {
 		conns = append(conns, c)
 	}
+	clients := p.clients
+	p.clients = nil
 	p.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	p.t.CloseIdleConnections()
+	for _, c := range clients {
+		_ = c.cc.Close()
+	}
 }
 
 // open returns the number of open app connections.
