@@ -25,6 +25,9 @@ type AdvertisedRoute struct {
 	// document the route was installed from; the gateway publishes the
 	// route only while it equals the generation its own document grants.
 	Generation string `json:"generation,omitempty"`
+	// Protocol is how the supervisor speaks to the route's app: "h2c"
+	// (HTTP/2, gRPC) or omitted for HTTP/1.1 (see routes.ServiceSpec).
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // InstallationSet is the body of PUT /v1/supervisors/{id}/installations

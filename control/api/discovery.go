@@ -49,6 +49,10 @@ type ServiceRoute struct {
 	DeclarationRevision int64         `json:"declaration_revision"`
 	ExpiresAt           time.Time     `json:"expires_at"`
 	Endpoint            RouteEndpoint `json:"endpoint"`
+	// Protocol is "h2c" when the app speaks HTTP/2 with prior knowledge
+	// (gRPC): its clients, and a proxy in front, must reach the listener
+	// over HTTP/2 (TLS with ALPN h2). Omitted for HTTP/1.1 apps.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // RouteSnapshot is the complete set of published routes of one workspace:
@@ -109,7 +113,8 @@ func EqualRoutes(a, b []ServiceRoute) bool {
 	return slices.EqualFunc(a, b, func(x, y ServiceRoute) bool {
 		return x.Hostname == y.Hostname && x.Workspace == y.Workspace && x.Sandbox == y.Sandbox &&
 			x.Name == y.Name && x.Supervisor == y.Supervisor && x.InstallationVersion == y.InstallationVersion &&
-			x.DeclarationRevision == y.DeclarationRevision && x.ExpiresAt.Equal(y.ExpiresAt) && x.Endpoint == y.Endpoint
+			x.DeclarationRevision == y.DeclarationRevision && x.ExpiresAt.Equal(y.ExpiresAt) && x.Endpoint == y.Endpoint &&
+			x.Protocol == y.Protocol
 	})
 }
 
@@ -150,6 +155,9 @@ func CheckRoute(r *ServiceRoute, ws string) error {
 	}
 	if r.ExpiresAt.IsZero() {
 		return fmt.Errorf("route %.80q: no expires_at", r.Hostname)
+	}
+	if r.Protocol != "" && r.Protocol != routes.ProtocolH2C {
+		return fmt.Errorf("route %.80q: protocol %.20q, want %q or none", r.Hostname, r.Protocol, routes.ProtocolH2C)
 	}
 	return nil
 }

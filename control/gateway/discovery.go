@@ -174,6 +174,7 @@ type advertisedEntry struct {
 	ExpiresAt           *time.Time         `json:"expires_at"`
 	Endpoint            *api.RouteEndpoint `json:"endpoint"`
 	Generation          string             `json:"generation"`
+	Protocol            string             `json:"protocol"`
 }
 
 // parseAdvertisedRoutes validates the entries of supervisor sup's
@@ -212,6 +213,7 @@ func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time)
 			InstallationVersion: *e.InstallationVersion,
 			ExpiresAt:           e.ExpiresAt.UTC(),
 			Endpoint:            *e.Endpoint,
+			Protocol:            e.Protocol,
 		}
 		if e.Name != nil {
 			r.Name = *e.Name

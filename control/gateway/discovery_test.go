@@ -220,6 +220,7 @@ type discRoute struct {
 	host         string // endpoint host; 10.0.0.1 when empty
 	port         int    // endpoint port; 8443 when 0
 	domain       string // apps.test when empty
+	protocol     string // "protocol" of the entry, omitted when empty
 }
 
 func (r discRoute) hostname() string {
@@ -243,6 +244,9 @@ func (r discRoute) entry() map[string]any {
 		"installation_version": r.version, "declaration_revision": 7,
 		"expires_at": r.expires.UTC().Format(time.RFC3339Nano),
 		"endpoint":   map[string]any{"host": host, "port": port},
+	}
+	if r.protocol != "" {
+		e["protocol"] = r.protocol
 	}
 	return e
 }
@@ -452,7 +456,7 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	f := newDiscFixture(t, discOptions{})
 	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
 	f.put("sup-1", discTokSup1,
-		discRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27", port: 8443},
+		discRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27", port: 8443, protocol: "h2c"},
 		discRoute{ws: "team", sb: "demo", name: "", version: 4, expires: exp, host: "10.42.1.27", port: 8443},
 		discRoute{ws: "lab", sb: "x", name: "api", version: 5, expires: exp, host: "10.42.1.27", port: 8443},
 		// Not granted to sup-1 (sup-2's sandbox; a service sup-1 does not declare).
@@ -462,7 +466,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	s := f.snapshot("team", discTokTeam)
 	want := []api.ServiceRoute{
 		{Hostname: "team--demo--web.apps.test", Workspace: "team", Sandbox: "demo", Name: "web", Supervisor: "sup-1",
-			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443}},
+			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443},
+			Protocol: "h2c"},
 		{Hostname: "team--demo.apps.test", Workspace: "team", Sandbox: "demo", Name: "", Supervisor: "sup-1",
 			InstallationVersion: 4, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443}},
 	}
@@ -472,7 +477,7 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	}
 	// The raw JSON has exactly the documented shape.
 	_, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil)
-	if !strings.Contains(body, `"endpoint":{"host":"10.42.1.27","port":8443}`) ||
+	if !strings.Contains(body, `"endpoint":{"host":"10.42.1.27","port":8443},"protocol":"h2c"}`) ||
 		!strings.Contains(body, `"expires_at":"`+exp.Format(time.RFC3339Nano)+`"`) ||
 		!strings.HasPrefix(body, `{"workspace":"team","revision":"`) || !strings.HasSuffix(body, "]}\n") {
 		t.Errorf("snapshot body %s", body)
@@ -498,6 +503,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 			"installation_version": 1, "expires_at": exp, "endpoint": map[string]any{"host": "10.0.0.9", "port": 1}},
 		{"hostname": "team--demo--web.apps.test", "workspace": "team", "sandbox": "demo", "name": "web",
 			"installation_version": "x", "expires_at": exp, "endpoint": map[string]any{"host": "10.0.0.9", "port": 1}},
+		// A protocol the listener does not speak to apps.
+		discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, protocol: "h3"}.entry(),
 		discRoute{ws: "team", sb: "demo", name: "", version: 9, expires: exp}.entry(),
 	}
 	b, _ := json.Marshal(map[string]any{"installations": bad})
@@ -509,8 +516,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	if got := controltest.Hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) || s.Routes[0].InstallationVersion != 9 {
 		t.Errorf("after invalid entries: %+v", s.Routes)
 	}
-	if n := f.metric("applistener_gateway_installations_rejected_total"); n != 6 {
-		t.Errorf("rejected metric %v, want 6", n)
+	if n := f.metric("applistener_gateway_installations_rejected_total"); n != 7 {
+		t.Errorf("rejected metric %v, want 7", n)
 	}
 	if !strings.Contains(f.logs.String(), "advertised installations not published") {
 		t.Errorf("no log of the rejected entries")

@@ -34,6 +34,7 @@ func Installations(t *routes.Table, endpoint api.AdvertisedEndpoint) api.Install
 			ExpiresAt:           r.FreshUntil().UTC().Truncate(time.Millisecond),
 			Endpoint:            endpoint,
 			Generation:          r.Generation,
+			Protocol:            r.Protocol,
 		})
 	}
 	return set
