@@ -497,7 +497,10 @@ func TestH2CWithdrawnRoute(t *testing.T) {
 		t.Fatalf("Recv after the withdrawal: %v (%v), want Unavailable", err, code)
 	}
 	select {
-	case <-e.rpc.ended:
+	case err := <-e.rpc.ended:
+		if status.Code(err) != codes.Canceled {
+			t.Errorf("the app's stream ended with %v, want Canceled", err)
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the app's stream did not end")
 	}

@@ -16,6 +16,8 @@
 //	h2heads.go     HTTP/2 request heads bounded in time
 //	h2watchdog.go  per-stream read and write timeouts
 //	h2websocket.go WebSockets over HTTP/2 (RFC 8441 extended CONNECT)
+//	h2c.go         streams to services that declare h2c (gRPC): HTTP/2 to the app
+//	h2c_pool.go    the per-route pool of HTTP/2 app connections (h2c)
 //	exchange.go    one request forwarded to the app, shared by both
 //	headwait.go    the response-head timeout, started once the body is sent
 //	retry.go       when a request may be sent to the app again

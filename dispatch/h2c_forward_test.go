@@ -1,0 +1,82 @@
+package dispatch
+
+import (
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestUnitH2CRequestHeaderMatchesHTTP1: the fields an h2c app receives are
+// those an HTTP/1.1 app receives for the same request (hop-by-hop fields,
+// '_' names and untrusted forwarding claims dropped; the listener's
+// X-Forwarded-* and Forwarded added, trusted prior values kept first),
+// except TE: trailers, which passes, and the framing that each protocol
+// writes itself.
+func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
+	lines := []string{
+		"X-Custom: a", "X-Custom: b", "Accept: text/html", "Cookie: a=1",
+		"TE: trailers", "Keep-Alive: 5", "Proxy-Authorization: secret", "Trailer: X-T", "Upgrade: h2c",
+		"X_Custom: underscore", "Transfer_Encoding: chunked",
+		"X-Forwarded-For: 198.51.100.1", "X-Forwarded-For: 198.51.100.2", "Forwarded: for=198.51.100.1",
+		"X-Forwarded-Proto: http", "X-Real-IP: 198.51.100.9", "X-Applistener-User: mallory",
+		"X-Forwarded-Client-Cert: cert", "User-Agent: test/1",
+	}
+	for _, tc := range []struct {
+		name        string
+		trusted     bool
+		underscores bool
+		client      string
+	}{
+		{"untrusted", false, false, "203.0.113.7"},
+		{"trusted", true, false, "203.0.113.7"},
+		{"underscores allowed", false, true, "203.0.113.7"},
+		{"IPv6 client", true, false, "2001:db8::7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			newFI := func() *forwardInfo {
+				return &forwardInfo{client: netip.MustParseAddr(tc.client), trusted: tc.trusted, publicHost: testHost,
+					backendHost: "127.0.0.1:8080", allowUnderscore: tc.underscores}
+			}
+			fi1 := newFI()
+			_, fields, _, _ := forward(t, get(lines...), fi1)
+			h1 := http.Header{}
+			for _, f := range fields {
+				k := textproto.CanonicalMIMEHeaderKey(f[0])
+				if k == "Host" {
+					continue
+				}
+				h1[k] = append(h1[k], f[1])
+			}
+
+			src := http.Header{}
+			for _, l := range lines {
+				name, value, _ := strings.Cut(l, ": ")
+				k := textproto.CanonicalMIMEHeaderKey(name) // as x/net keys them
+				src[k] = append(src[k], value)
+			}
+			fi2 := newFI()
+			h2 := h2cRequestHeader(src, fi2)
+			if fi1.dropped != fi2.dropped {
+				t.Errorf("dropped %d fields, HTTP/1.1 %d", fi2.dropped, fi1.dropped)
+			}
+			if got := h2["Te"]; !slices.Equal(got, []string{"trailers"}) {
+				t.Errorf("TE %q, want trailers", got)
+			}
+			delete(h2, "Te")
+			for k, v := range h1 {
+				// HTTP/2 has one list per name; HTTP/1.1 may repeat lines.
+				if got := h2.Values(k); strings.Join(got, ", ") != strings.Join(v, ", ") {
+					t.Errorf("%s: h2c %q, HTTP/1.1 %q", k, got, v)
+				}
+			}
+			for k := range h2 {
+				if _, ok := h1[textproto.CanonicalMIMEHeaderKey(k)]; !ok {
+					t.Errorf("%s: %q sent to the h2c app only", k, h2[k])
+				}
+			}
+		})
+	}
+}
