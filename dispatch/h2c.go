@@ -41,9 +41,23 @@ var denyH2COnly = denial{status: 505, reason: reasonH2COnly, close: true}
 // Config.ResponseHeaderTimeout of the end of the request body.
 var errH2CHeadTimeout = errors.New("timed out waiting for the application's response head")
 
+// reasonH2CWebSocket answers a WebSocket (an extended CONNECT) for an h2c
+// service: its app would need RFC 8441 itself, which the listener does not
+// forward.
+const reasonH2CWebSocket = "WebSockets are not supported on an h2c service"
+
 // serveH2C forwards the stream to the route's h2c app; it reports whether
-// the stream must be reset.
+// the stream must be reset. The caller has checked the route and the
+// :authority.
 func (st *h2Stream) serveH2C() bool {
+	if isExtendedConnect(st.r) {
+		st.deny(denial{status: 501, reason: reasonH2CWebSocket})
+		return false
+	}
+	if st.r.Method == "CONNECT" || st.r.Method == "TRACE" {
+		st.deny(denyMethod)
+		return false
+	}
 	n := 0
 	for _, vs := range st.r.Header {
 		n += len(vs)
@@ -155,7 +169,7 @@ func (st *h2Stream) proxyH2C() bool {
 	defer func() { _ = resp.Body.Close() }()
 
 	h := st.w.Header()
-	if !s.h2cResponseHeader(h, resp.Header, hc.sni, bp) {
+	if !s.h2cResponseHeader(h, resp.Header, hc.sni, hostPort([]byte(r.Host)), bp) {
 		// Never let x/net sniff a Content-Type the app did not send.
 		h["Content-Type"] = nil
 	}
@@ -165,7 +179,7 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	st.w.WriteHeader(resp.StatusCode)
 	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
-	s.m.requests.WithLabelValues(statusClass(resp.StatusCode)).Inc()
+	s.m.request(resp.StatusCode)
 	if resp.ContentLength != 0 {
 		// A body follows, possibly much later (a stream): the client
 		// gets the head now. A response without one (a gRPC
@@ -424,38 +438,37 @@ func teTrailers(vs []string) bool {
 
 // h2cResponseHeader copies the app's response fields into h without the
 // hop-by-hop ones (Content-Length stays: HTTP/2 frames the body the same
-// way on both sides), with cookies made host-only. It reports whether a
-// Content-Type was copied.
-func (s *Server) h2cResponseHeader(h, src http.Header, host string, bp *backendPool) bool {
+// way on both sides), with cookies made host-only and redirects to the
+// app's loopback origin made public, as for HTTP/1.1 apps. It reports
+// whether a Content-Type was copied.
+func (s *Server) h2cResponseHeader(h, src http.Header, host string, publicPort int, bp *backendPool) bool {
 	hasType := false
+	var adjust response // the fields that cookies.go and redirect.go may rewrite
 	for k, vv := range src {
 		kb := []byte(k)
 		if hopByHop(kb) && !asciiEqualFold(kb, "content-length") {
 			continue
 		}
-		if k == "Set-Cookie" && !s.cfg.PassCookieDomain {
-			vv = s.scopeCookieValues(vv, host, bp)
-		}
-		if k == "Content-Type" {
+		switch k {
+		case "Content-Type":
 			hasType = true
+		case "Set-Cookie", "Location", "Content-Location", "Refresh":
+			for _, v := range vv {
+				adjust.fields = append(adjust.fields, headField{name: kb, value: []byte(v)})
+			}
+			continue
 		}
 		h[k] = vv
 	}
+	if len(adjust.fields) > 0 {
+		s.scopeCookies(&adjust, host, bp)
+		s.rewriteRedirects(&adjust, bp, host, publicPort)
+		for _, f := range adjust.fields {
+			k := string(f.name)
+			h[k] = append(h[k], string(f.value))
+		}
+	}
 	return hasType
-}
-
-// scopeCookieValues applies scopeCookies to Set-Cookie values.
-func (s *Server) scopeCookieValues(vv []string, host string, bp *backendPool) []string {
-	resp := response{fields: make([]headField, len(vv))}
-	for i, v := range vv {
-		resp.fields[i] = headField{name: []byte("Set-Cookie"), value: []byte(v)}
-	}
-	s.scopeCookies(&resp, host, bp)
-	out := make([]string, len(vv))
-	for i := range resp.fields {
-		out[i] = string(resp.fields[i].value)
-	}
-	return out
 }
 
 // h2cTrailerAllowed reports whether a trailer field may be relayed: not a

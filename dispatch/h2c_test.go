@@ -210,8 +210,16 @@ func (e *h2cEnv) applyH2C(maxStreams int, withRPC bool) {
 // protoApp answers with the protocol it was spoken to in, the request's
 // trailers and TE, and sets a response trailer.
 func protoApp(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/hang" {
+	switch r.URL.Path {
+	case "/hang":
 		<-r.Context().Done()
+		return
+	case "/login":
+		w.Header().Set("Set-Cookie", "sid=1; Domain=apps.test; Path=/")
+		w.Header().Add("Set-Cookie", "own=2; Path=/")
+		w.Header().Set("Location", "http://"+r.Host+"/home?x=1")
+		w.Header().Set("Content-Location", "http://other.example/home")
+		w.WriteHeader(http.StatusFound)
 		return
 	}
 	w.Header().Set("Trailer", "X-App-Trailer")
@@ -679,4 +687,57 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestH2CWebSocketRefused: a WebSocket over HTTP/2 (extended CONNECT) for
+// an h2c service is refused with 501 and its reason; the connection keeps
+// serving gRPC-free requests to other streams.
+func TestH2CWebSocketRefused(t *testing.T) {
+	e := newH2CEnv(t, 0, Config{})
+	cc := e.dialH2(h2cPlainHost)
+	pr, pw := io.Pipe()
+	defer func() { _ = pw.Close() }()
+	req, err := http.NewRequest(http.MethodConnect, "https://"+h2cPlainHost+"/ws", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header[":protocol"] = []string{"websocket"}
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 501 || !strings.Contains(string(body), reasonH2CWebSocket) {
+		t.Fatalf("extended CONNECT to an h2c service: %d %q, want 501", resp.StatusCode, body)
+	}
+	resp, err = cc.RoundTrip(h2Req(t, "GET", h2cPlainHost, "/after", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "HTTP/2.0 ") {
+		t.Fatalf("request after the refusal: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestH2CResponseFields: an h2c app's cookies are made host-only and its
+// redirects to its own loopback origin point at the public origin, as for
+// HTTP/1.1 apps; other origins are untouched.
+func TestH2CResponseFields(t *testing.T) {
+	e := newH2CEnv(t, 0, Config{})
+	cc := e.dial(h2cPlainHost)
+	res := h2MustDo(t, cc, h2Req(t, "GET", h2cPlainHost, "/login", nil), http.StatusFound)
+	if got, want := res.header.Get("Location"), "https://"+h2cPlainHost+"/home?x=1"; got != want {
+		t.Errorf("Location %q, want %q", got, want)
+	}
+	if got := res.header.Get("Content-Location"); got != "http://other.example/home" {
+		t.Errorf("Content-Location %q, want it untouched", got)
+	}
+	cookies := res.header.Values("Set-Cookie")
+	if len(cookies) != 2 || strings.Contains(strings.ToLower(strings.Join(cookies, "|")), "domain") {
+		t.Errorf("Set-Cookie %q, want both without Domain", cookies)
+	}
 }

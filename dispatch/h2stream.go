@@ -49,15 +49,15 @@ func (st *h2Stream) serve() bool {
 		st.deny(denyMisdirected)
 		return false
 	}
+	if hc.route.Protocol == routes.ProtocolH2C {
+		return st.serveH2C() // h2c.go
+	}
 	if isExtendedConnect(r) {
 		return st.serveWebSocket() // RFC 8441 (h2websocket.go)
 	}
 	if r.Method == "CONNECT" || r.Method == "TRACE" {
 		st.deny(denyMethod)
 		return false
-	}
-	if hc.route.Protocol == routes.ProtocolH2C {
-		return st.serveH2C() // h2c.go
 	}
 	req, pe := st.buildRequest()
 	if pe != nil {
