@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,22 +23,20 @@ import (
 	"github.com/applistener/applistener/tlsconf"
 )
 
-// BenchmarkH2CUnary measures gRPC unary calls per second (small messages,
-// 8 calls in flight per GOMAXPROCS on one client connection) straight to
-// the gRPC server in h2c ("direct") and through the listener ("listener":
-// TLS from the client, the route's h2c pool to the app), in the same run:
-// the ratio of their calls/s is the listener's cost. app-dials is the
-// number of app connections the listener opened (the warm-up call
-// included): one, when the route's pool multiplexes every call.
+// BenchmarkH2CUnary measures gRPC unary calls per second (64-byte
+// messages, 8 calls in flight per GOMAXPROCS) straight to the gRPC server
+// in h2c and through the listener (TLS from the client, the route's h2c
+// pool to the app), in the same run: each worker alternates one call on
+// each path, so that both see the same machine (a loaded machine drifts
+// by tens of percent between runs). direct-calls/s and listener-calls/s
+// are each path's rate at that concurrency (calls over the time workers
+// spent in them), ratio is listener/direct; cpu-ns/call is the process's
+// CPU (client, listener and server) per pair of calls; app-dials counts
+// the app connections the listener opened (the warm-up call included):
+// one, when the route's pool multiplexes every call.
 //
 //	go test -run XXX -bench H2CUnary -count 3 ./dispatch/
 func BenchmarkH2CUnary(b *testing.B) {
-	for _, via := range []string{"direct", "listener"} {
-		b.Run(via, func(b *testing.B) { benchH2CUnary(b, via == "listener") })
-	}
-}
-
-func benchH2CUnary(b *testing.B, viaListener bool) {
 	discard := slog.New(slog.DiscardHandler)
 	gs := grpc.NewServer()
 	testpb.RegisterTestServiceServer(gs, &rpcServer{})
@@ -50,93 +50,108 @@ func benchH2CUnary(b *testing.B, viaListener bool) {
 		gs.Stop()
 		wg.Wait()
 	}()
+	host := "team--s0--rpc." + sharedBenchDomain
 
-	addr, host := appLn.Addr().String(), "team--s0--rpc."+sharedBenchDomain
-	var creds credentials.TransportCredentials = insecureCreds{}
-	var srv *Server
-	if viaListener {
-		ca, err := tlsconf.NewAuthority("h2c bench CA")
-		if err != nil {
-			b.Fatal(err)
-		}
-		certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			b.Fatal(err)
-		}
-		doc, err := routes.ParseDocument(fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
-			"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appLn.Addr().(*net.TCPAddr).Port))
-		if err != nil {
-			b.Fatal(err)
-		}
-		table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
-		defer table.Close()
-		table.Apply(doc)
-		srv = New(Config{Logger: discard})
-		tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		lis := listener.New(tcpLn, listener.Config{
-			TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
-			Routes:  table,
-			Handler: srv,
-			Logger:  discard,
-		})
-		served := make(chan error, 1)
-		go func() { served <- lis.Serve() }()
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := lis.Shutdown(ctx); err != nil {
-				b.Errorf("shutdown: %v", err)
-			}
-			if err := <-served; err != nil {
-				b.Errorf("serve: %v", err)
-			}
-		}()
-		addr = tcpLn.Addr().String()
-		creds = credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12})
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(host))
+	ca, err := tlsconf.NewAuthority("h2c bench CA")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { _ = cc.Close() }()
-	client := testpb.NewTestServiceClient(cc)
-	req := &testpb.SimpleRequest{ResponseSize: 64, Payload: &testpb.Payload{Body: make([]byte, 64)}}
-	call := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err := client.UnaryCall(ctx, req)
-		return err
-	}
-	if err := call(); err != nil {
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
+	if err != nil {
 		b.Fatal(err)
 	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		b.Fatal(err)
+	}
+	doc, err := routes.ParseDocument(fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
+		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appLn.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		b.Fatal(err)
+	}
+	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
+	defer table.Close()
+	table.Apply(doc)
+	srv := New(Config{Logger: discard})
+	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	lis := listener.New(tcpLn, listener.Config{
+		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
+		Routes:  table,
+		Handler: srv,
+		Logger:  discard,
+	})
+	served := make(chan error, 1)
+	go func() { served <- lis.Serve() }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := lis.Shutdown(ctx); err != nil {
+			b.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			b.Errorf("serve: %v", err)
+		}
+	}()
+
+	newClient := func(addr string, creds credentials.TransportCredentials) testpb.TestServiceClient {
+		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(host))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cc.Close() })
+		return testpb.NewTestServiceClient(cc)
+	}
+	direct := newClient(appLn.Addr().String(), insecureCreds{})
+	via := newClient(tcpLn.Addr().String(),
+		credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}))
+	req := &testpb.SimpleRequest{ResponseSize: 64, Payload: &testpb.Payload{Body: make([]byte, 64)}}
+	call := func(c testpb.TestServiceClient) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := c.UnaryCall(ctx, req)
+		return time.Since(start), err
+	}
+	for _, c := range []testpb.TestServiceClient{direct, via} {
+		if _, err := call(c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var directNs, viaNs atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(sharedBenchParallelism)
-	start := time.Now()
+	workers := sharedBenchParallelism * runtime.GOMAXPROCS(0)
 	cpu0 := processCPU()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if err := call(); err != nil {
+			d, err := call(direct)
+			if err != nil {
 				b.Error(err)
 				return
 			}
+			v, err := call(via)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			directNs.Add(int64(d))
+			viaNs.Add(int64(v))
 		}
 	})
 	b.StopTimer()
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/call")
-	if srv != nil {
-		b.ReportMetric(counterValue(srv.m.dials.WithLabelValues("ok")), "app-dials")
-		b.Logf("N=%d dials=%v", b.N, counterValue(srv.m.dials.WithLabelValues("ok")))
-	}
+	// Each path's rate: its calls over the wall time the workers spent
+	// in it (their summed time divided by how many there were).
+	directRate := float64(b.N) / (float64(directNs.Load()) / 1e9 / float64(workers))
+	viaRate := float64(b.N) / (float64(viaNs.Load()) / 1e9 / float64(workers))
+	b.ReportMetric(directRate, "direct-calls/s")
+	b.ReportMetric(viaRate, "listener-calls/s")
+	b.ReportMetric(viaRate/directRate, "ratio")
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/call-pair")
+	b.ReportMetric(counterValue(srv.m.dials.WithLabelValues("ok")), "app-dials")
 }
 
 // counterValue reads a counter.
