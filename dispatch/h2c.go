@@ -155,7 +155,7 @@ func (st *h2Stream) proxyH2C() bool {
 		}
 	}
 
-	resp, err := pool.roundTrip(out)
+	resp, err := st.h2cRoundTrip(ctx, pool, out)
 	clock.stop()
 	if sent := sentAt.Load(); sent != 0 {
 		st.rec.connect = time.Unix(0, sent).Sub(start)
@@ -222,6 +222,70 @@ func (st *h2Stream) proxyH2C() bool {
 	return false
 }
 
+// h2cRoundTrip sends out through pool. A dial the app refuses (nothing
+// listens on the port yet) is retried with backoff for up to the route's
+// start grace, as for HTTP/1.1 apps (appstart.go); nothing of the request
+// has been read then, so sending it again is safe.
+func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *http.Request) (*http.Response, error) {
+	resp, err := pool.roundTrip(out)
+	var de *dialError
+	if err == nil || !errors.As(err, &de) || !refusedByApp(de.err) {
+		return resp, err
+	}
+	s, route := st.s, st.hc.route
+	x := &exchange{s: s, route: route} // for the start grace and its log
+	start := time.Now()
+	grace := x.startGrace()
+	if grace <= 0 {
+		return nil, &notListeningError{port: route.Port, err: de.err}
+	}
+	s.m.startWaiting.Inc()
+	defer s.m.startWaiting.Dec()
+	deadline := start.Add(grace)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	backoff, attempts, last := startBackoffMin, 1, de.err
+	end := func(outcome string, err error) error {
+		s.m.startWaits.WithLabelValues(outcome).Inc()
+		x.logStartWait(outcome, time.Since(start), attempts, err)
+		return err
+	}
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, end(startTimeout, &notListeningError{port: route.Port, waited: time.Since(start), err: last})
+		}
+		timer.Reset(min(jitter(backoff), left))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-route.Lease.Done():
+		case <-s.stopping:
+		}
+		switch {
+		case !route.Lease.Live():
+			return nil, end(startRevoked, errClientRevoked)
+		case s.draining.Load():
+			return nil, end(startShutdown, &notListeningError{port: route.Port, waited: time.Since(start), err: last})
+		case ctx.Err() != nil:
+			return nil, end(startClientGone, errClientGone)
+		}
+		resp, err = pool.roundTrip(out)
+		attempts++
+		switch {
+		case err == nil:
+			_ = end(startReady, nil)
+			return resp, nil
+		case !errors.As(err, &de):
+			return nil, err // the app accepted; the exchange failed
+		case !refusedByApp(de.err):
+			return nil, end(startError, err)
+		}
+		last = de.err
+		backoff = min(2*backoff, startBackoffMax)
+	}
+}
+
 // copyH2CBody relays the app's response body, flushing after every read;
 // rerr is a failure reading from the app, werr one writing to the client.
 func (st *h2Stream) copyH2CBody(src io.Reader) (n int64, rerr, werr error) {
@@ -254,19 +318,30 @@ func (st *h2Stream) copyH2CBody(src io.Reader) (n int64, rerr, werr error) {
 // stream must be reset instead.
 func (st *h2Stream) h2cFailed(err, cause error) bool {
 	s, route := st.s, st.hc.route
+	x := &exchange{s: s, route: route} // for the OCSF record
 	var de *dialError
+	var nl *notListeningError
 	switch {
 	case errors.Is(cause, errH2CHeadTimeout):
 		s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", cause)
+		x.ocsfAppFailed(cause)
 		st.deny(denyRespTimeout)
 		return false
-	case st.r.Context().Err() != nil:
+	case st.r.Context().Err() != nil || errors.Is(err, errClientGone):
 		return true // the client reset the stream or went away
-	case !route.Lease.Live() || errors.Is(err, errH2CPoolClosed):
+	case !route.Lease.Live() || errors.Is(err, errH2CPoolClosed) || errors.Is(err, errClientRevoked):
 		st.deny(denyRevoked)
+		return false
+	case errors.As(err, &nl):
+		if nl.waited == 0 {
+			x.logStartWait(startTimeout, 0, 1, nl)
+		}
+		x.ocsfAppFailed(nl)
+		st.deny(denyNotListening(nl.port))
 		return false
 	case errors.As(err, &de):
 		s.log.Warn("connector dial failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", de.err)
+		x.ocsfAppFailed(de.err)
 		if isTimeout(de.err) {
 			st.deny(denyDialTimeout)
 		} else {
@@ -280,6 +355,7 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 		return true
 	}
 	s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", err)
+	x.ocsfAppFailed(err)
 	st.deny(denyBadResponse)
 	return false
 }

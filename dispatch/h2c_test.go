@@ -604,7 +604,7 @@ func TestH2CHTTP1Client(t *testing.T) {
 // and the instance's stream limit applies to h2c streams (503,
 // UNAVAILABLE) while the stream that holds the slot keeps working.
 func TestH2CFailures(t *testing.T) {
-	e := newH2CEnv(t, 1, Config{})
+	e := newH2CEnv(t, 1, Config{AppStartGrace: -1})
 	e.rpc.arrived = make(chan struct{}, 1)
 	_, err := e.client(h2cDownHost).UnaryCall(callCtx(t), &testpb.SimpleRequest{})
 	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "502") {
@@ -739,5 +739,47 @@ func TestH2CResponseFields(t *testing.T) {
 	cookies := res.header.Values("Set-Cookie")
 	if len(cookies) != 2 || strings.Contains(strings.ToLower(strings.Join(cookies, "|")), "domain") {
 		t.Errorf("Set-Cookie %q, want both without Domain", cookies)
+	}
+}
+
+// TestH2CAppStarting: a call to an h2c app that is not listening yet waits
+// for it (the start grace) and succeeds once it listens; after the grace,
+// the 502 "not listening" answer (UNAVAILABLE to gRPC).
+func TestH2CAppStarting(t *testing.T) {
+	e := newH2CEnv(t, 0, Config{AppStartGrace: 300 * time.Millisecond})
+	_, err := e.client(h2cDownHost).UnaryCall(callCtx(t), &testpb.SimpleRequest{})
+	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "502") {
+		t.Fatalf("app never listening: %v, want Unavailable from a 502", err)
+	}
+
+	e2 := newH2CEnv(t, 0, Config{AppStartGrace: 20 * time.Second})
+	port := e2.ports["rpcdown"]
+	done := make(chan error, 1)
+	go func() {
+		_, err := e2.client(h2cDownHost).UnaryCall(callCtx(t), &testpb.SimpleRequest{ResponseSize: 3})
+		done <- err
+	}()
+	testutil.Eventually(t, 10*time.Second, "the call to wait for the app", func() bool {
+		return gaugeValue(e2.srv.m.startWaiting) == 1
+	})
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Skipf("port %d taken meanwhile: %v", port, err)
+	}
+	gs := grpc.NewServer()
+	testpb.RegisterTestServiceServer(gs, &rpcServer{})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = gs.Serve(ln) })
+	defer func() {
+		gs.Stop()
+		wg.Wait()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("call to the app that started: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call did not complete once the app listened")
 	}
 }
