@@ -293,7 +293,16 @@ func TestEtcdFootprint(t *testing.T) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			codes[s] = r.advertise(fmt.Sprintf("host-%03d", s), repTokPoolA, sessionID(s+1), rs...)
+			// A 503 (etcd or the replica's watch slow on a loaded
+			// machine) is retried, as a supervisor retries it.
+			deadline := time.Now().Add(60 * time.Second)
+			for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+				codes[s] = r.advertise(fmt.Sprintf("host-%03d", s), repTokPoolA, sessionID(s+1), rs...)
+				if codes[s] != http.StatusServiceUnavailable || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(backoff) // the supervisor's retry backoff, not a wait for a condition
+			}
 		})
 	}
 	wg.Wait()
