@@ -5,6 +5,8 @@ import (
 	"html"
 	"net/http"
 	"strconv"
+
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 )
 
 // Reasons given to clients. They never name another route or sandbox: an
@@ -159,26 +161,27 @@ func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool) []b
 	return append(dst, body...)
 }
 
-// writeH2Error writes the HTTP/2 form of the same answer: the same fields
-// and body; d.close becomes "Connection: close", which x/net turns into a
-// GOAWAY.
-func writeH2Error(w http.ResponseWriter, d denial, accept string, navigate bool) {
+// writeH2Error writes the HTTP/2 form of the same answer on es: the same
+// fields and body (none for a HEAD request), the response ended.
+func writeH2Error(es *h2engine.Stream, d denial, accept string, navigate, head bool) error {
 	ctype, body := errorBody(d, []byte(accept), navigate)
-	h := w.Header()
-	clear(h)
-	h["Content-Type"] = []string{ctype}
-	h["Cache-Control"] = []string{"no-store"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
-	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	var fields [6]h2engine.HeaderField
+	f := append(fields[:0],
+		h2engine.HeaderField{Name: "content-type", Value: ctype},
+		h2engine.HeaderField{Name: "cache-control", Value: "no-store"},
+		h2engine.HeaderField{Name: "x-content-type-options", Value: "nosniff"},
+		h2engine.HeaderField{Name: "content-length", Value: strconv.Itoa(len(body))})
 	if d.retryAfter > 0 {
-		h["Retry-After"] = []string{strconv.Itoa(d.retryAfter)}
+		f = append(f, h2engine.HeaderField{Name: "retry-after", Value: strconv.Itoa(d.retryAfter)})
 	}
 	if d.status == 405 {
-		h["Allow"] = []string{allowedMethods}
+		f = append(f, h2engine.HeaderField{Name: "allow", Value: allowedMethods})
 	}
-	if d.close {
-		h["Connection"] = []string{"close"}
+	if head || len(body) == 0 {
+		return es.WriteHeaders(d.status, f, true)
 	}
-	w.WriteHeader(d.status)
-	_, _ = w.Write(body)
+	if err := es.WriteHeaders(d.status, f, false); err != nil {
+		return err
+	}
+	return es.WriteLast(body)
 }

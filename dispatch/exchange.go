@@ -66,6 +66,12 @@ type exchangeClient interface {
 	gone() bool
 }
 
+// dialContexter is a client side whose dials have a context of their own,
+// made only when a dial happens (HTTP/2: cancelled by the stream's reset).
+type dialContexter interface {
+	dialContext() (ctx context.Context, done func())
+}
+
 // reset prepares x for the exchange of req on route for cl, reached with
 // sni. The response's slices are kept for reuse (an HTTP/1.1 connection
 // reuses one exchange for all its requests).
@@ -111,7 +117,8 @@ func (e *badResponseError) Unwrap() error { return e.err }
 // bodyInMemory) on an idle pooled app connection, or a new one, and keeps
 // it as x.bc. It sends the request a second time only as the retry rule
 // allows (retry.go). A new connection that the app refuses is waited for
-// while the app may be starting (appstart.go). ctx bounds the dial.
+// while the app may be starting (appstart.go). ctx bounds the dial (or the
+// client's dialContext, when it has one).
 func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) error {
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
@@ -123,8 +130,14 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		}
 		fresh := bc == nil
 		if fresh {
+			dctx, done := ctx, func() {}
+			if dc, ok := x.cl.(dialContexter); ok {
+				dctx, done = dc.dialContext()
+			}
 			var err error
-			if bc, err = x.dialApp(ctx); err != nil {
+			bc, err = x.dialApp(dctx)
+			done()
+			if err != nil {
 				return err
 			}
 		}

@@ -5,13 +5,10 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"net"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http2"
-
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/listener"
 )
 
@@ -27,137 +24,59 @@ const (
 	H2PingTimeout = 15 * time.Second
 )
 
-// h2State is the Server's HTTP/2 machinery, created on first use.
-//
-// It is x/net's HTTP/2 server driven one connection at a time through
-// Server.ServeConn. x/net marks that API deprecated in favour of net/http's
-// own HTTP/2 (http.Server.Protocols and Serve), but net/http cannot serve a
-// single connection accepted, handshaken and routed by someone else:
-// ServeH2 hands over a connection whose Close closes the raw TCP connection
-// (h2NetConn, which net/http would not take for TLS and so not for h2),
-// and returns when that connection ends. Hence the SA1019 exceptions below.
-type h2State struct {
-	once sync.Once
-	srv  *http2.Server //nolint:staticcheck // SA1019: ServeConn has no net/http equivalent, see h2State.
-	// base carries the settings x/net takes from an http.Server
-	// (MaxHeaderBytes → MAX_HEADER_LIST_SIZE, IdleTimeout, ErrorLog, the
-	// HTTP2 settings) and, through http2.ConfigureServer, the graceful
-	// shutdown hook: its Shutdown makes every connection served with it
-	// send GOAWAY.
-	base *http.Server
-	used atomic.Bool // srv and base exist
+// h2HeaderListSlack is added to Config.MaxHeaderBytes for
+// SETTINGS_MAX_HEADER_LIST_SIZE, which counts 32 bytes per field (room for
+// ten fields' overhead, as net/http allows).
+const h2HeaderListSlack = 10 * 32
 
-	// byIdle holds a server (and its base) per instance idle timeout
-	// (limits.idle_timeout_seconds): x/net takes the idle timeout from the
-	// server, not per connection. At most maxH2IdleVariants; further
-	// values get the default.
-	mu     sync.Mutex
-	byIdle map[time.Duration]h2Variant
-}
-
-// h2Variant is an HTTP/2 server and its base for one idle timeout.
-type h2Variant struct {
-	srv  *http2.Server //nolint:staticcheck // SA1019: see h2State.
-	base *http.Server
-}
-
-// maxH2IdleVariants bounds the distinct per-instance idle timeouts that get
-// an HTTP/2 server of their own.
-const maxH2IdleVariants = 32
-
-// h2Server returns the http2.Server and its base configuration.
-func (s *Server) h2Server() (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
-	s.h2.once.Do(func() {
-		s.h2.srv, s.h2.base = s.newH2Server(s.cfg.IdleTimeout)
-		s.h2.used.Store(true)
-	})
-	return s.h2.srv, s.h2.base
-}
-
-// h2ServerFor returns the HTTP/2 server for a connection whose instance
-// has idle timeout idle (0: the server's).
-func (s *Server) h2ServerFor(idle time.Duration) (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
-	srv, base := s.h2Server()
-	if idle <= 0 || idle == s.cfg.IdleTimeout {
-		return srv, base
+// h2Config returns the engine settings of a connection whose instance has
+// idle timeout idle (0: the server's).
+func (s *Server) h2Config(hc *h2Conn, idle time.Duration) h2engine.Config {
+	if idle <= 0 {
+		idle = s.cfg.IdleTimeout
 	}
-	s.h2.mu.Lock()
-	defer s.h2.mu.Unlock()
-	if v, ok := s.h2.byIdle[idle]; ok {
-		return v.srv, v.base
+	return h2engine.Config{
+		MaxConcurrentStreams:  H2MaxConcurrentStreams,
+		MaxHeaderListSize:     uint32(max(s.cfg.MaxHeaderBytes, 0)) + h2HeaderListSlack,
+		EnableConnectProtocol: !s.cfg.DisableHTTP2WebSockets,
+		IdleTimeout:           idle,
+		PingInterval:          H2ReadIdleTimeout,
+		PingTimeout:           H2PingTimeout,
+		// A peer that reads nothing (or gives no window) for this long
+		// loses the connection (the stream); a request body that stops
+		// arriving for this long fails the request (408).
+		WriteTimeout:  s.cfg.BodyTimeout,
+		ReadTimeout:   s.cfg.BodyTimeout,
+		HeaderTimeout: s.cfg.HeaderTimeout,
+		OnError:       hc.engineError,
 	}
-	if len(s.h2.byIdle) >= maxH2IdleVariants {
-		return srv, base
-	}
-	if s.h2.byIdle == nil {
-		s.h2.byIdle = make(map[time.Duration]h2Variant)
-	}
-	v := h2Variant{}
-	v.srv, v.base = s.newH2Server(idle)
-	s.h2.byIdle[idle] = v
-	return v.srv, v.base
-}
-
-// newH2Server builds an HTTP/2 server whose connections close after idle
-// without streams.
-func (s *Server) newH2Server(idle time.Duration) (*http2.Server, *http.Server) { //nolint:staticcheck // SA1019: see h2State.
-	base := &http.Server{
-		MaxHeaderBytes: s.cfg.MaxHeaderBytes,
-		IdleTimeout:    idle,
-		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		// x/net reads these from the base server and lets them take
-		// precedence over its own (deprecated) fields.
-		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams: H2MaxConcurrentStreams,
-			SendPingTimeout:      H2ReadIdleTimeout,
-			PingTimeout:          H2PingTimeout,
-			// A peer that reads nothing for this long loses the connection.
-			WriteByteTimeout: s.cfg.BodyTimeout,
-		},
-	}
-	// Its idle timeout is base's (ConfigureServer copies it).
-	srv := &http2.Server{} //nolint:staticcheck // SA1019: see h2State.
-	// ConfigureServer fails only for a TLSConfig with an unusable
-	// cipher suite list; base has none.
-	if err := http2.ConfigureServer(base, srv); err != nil { //nolint:staticcheck // SA1019: the GOAWAY-on-Shutdown hook for ServeConn, see h2State.
-		s.log.Error("http2 configuration failed", "err", err)
-	}
-	return srv, base
 }
 
 // h2GoAway asks every HTTP/2 connection to finish gracefully: GOAWAY, then
 // in-flight streams may complete. It is idempotent per connection and is
-// called repeatedly while draining (a connection registers with x/net only
-// once it starts being served).
+// called repeatedly while draining.
 func (s *Server) h2GoAway() {
-	if !s.h2.used.Load() {
-		return // no HTTP/2 connection was ever served
+	s.mu.Lock()
+	hcs := make([]*h2Conn, 0, len(s.h2conns))
+	for hc := range s.h2conns {
+		hcs = append(hcs, hc)
 	}
-	_, base := s.h2Server()
-	// With no listener and no HTTP/1 connection of its own, Shutdown runs
-	// the registered hooks and returns at once.
-	_ = base.Shutdown(context.Background())
-	s.h2.mu.Lock()
-	variants := make([]*http.Server, 0, len(s.h2.byIdle))
-	for _, v := range s.h2.byIdle {
-		variants = append(variants, v.base)
-	}
-	s.h2.mu.Unlock()
-	for _, b := range variants {
-		_ = b.Shutdown(context.Background())
+	s.mu.Unlock()
+	for _, hc := range hcs {
+		hc.shutdown()
 	}
 }
 
 // ServeH2 serves HTTP/2 on lc.Conn, a TLS connection that negotiated ALPN
-// "h2" and whose SNI named lc.Route. Revocation closes lc.Raw, the TCP
-// connection under it (never the TLS connection, whose Close can block on
-// a stalled peer), which ends every stream of the connection. Each request
-// is checked (route still usable, :authority names the SNI, method,
-// instance limit) and forwarded to the app over HTTP/1.1; a request for
-// another host (a browser coalescing connections under the wildcard
-// certificate) gets 421 on its stream only. ServeH2 returns, after calling
-// lc.Done, when the connection is closed and every stream handler has
-// returned.
+// "h2" and whose SNI named lc.Route, with the HTTP/2 engine
+// (internal/h2engine). Revocation closes lc.Raw, the TCP connection under
+// it (never the TLS connection, whose Close can block on a stalled peer),
+// which ends every stream of the connection. Each request is checked
+// (route still usable, :authority names the SNI, method, instance limit)
+// and forwarded to the app over HTTP/1.1; a request for another host (a
+// browser coalescing connections under the wildcard certificate) gets 421
+// on its stream only. ServeH2 returns, after calling lc.Done, when the
+// connection is closed and every stream handler has returned.
 func (s *Server) ServeH2(lc listener.Conn) {
 	if lc.Done != nil {
 		defer lc.Done()
@@ -171,56 +90,102 @@ func (s *Server) ServeH2(lc listener.Conn) {
 	hc := &h2Conn{s: s, raw: raw, sni: sni, route: route}
 	hc.peer, hc.trusted = s.peerOf(lc)
 	hc.ci = connInfo{route: route, sni: sni, peer: hc.peer, tlsVer: tc.ConnectionState().Version, raw: raw, client: lc.Client}
+	// Deadlines left by the handshake would end the connection; the
+	// engine keeps its own (head, idle, ping, write).
+	_ = conn.SetDeadline(time.Time{})
+	nc := &h2NetConn{Conn: tc, raw: raw}
+	hc.nc = nc
+	// The instance's idle timeout, as it is when the connection starts.
+	ec := h2engine.NewConn(nc, s.h2Config(hc, route.Instance.IdleTimeout()), hc)
+	hc.ec = ec
 	release, ok := admit(s, &s.h2conns, hc, raw, route)
 	if !ok {
 		return
 	}
 	defer release()
-
-	// The instance's idle timeout, as it is when the connection starts.
-	srv, base := s.h2ServerFor(route.Instance.IdleTimeout())
-	// Deadlines left by the handshake would end the connection; x/net
-	// keeps its own timers (idle, ping, write-byte).
-	_ = conn.SetDeadline(time.Time{})
-	nc := &h2NetConn{Conn: tc, raw: raw, onHeadTimeout: hc.headTimedOut, hideXConnect: s.cfg.DisableHTTP2WebSockets}
-	hc.nc = nc
-	nc.heads.start(tc, s.cfg.HeaderTimeout)
-	//nolint:staticcheck // SA1019: no net/http equivalent, see h2State.
-	srv.ServeConn(nc, &http2.ServeConnOpts{
-		BaseConfig: base,
-		Handler:    hc,
-	})
+	if s.draining.Load() {
+		ec.Shutdown() // GOAWAY right after the server preface
+	}
+	_ = ec.Serve()
 	_ = raw.Close()
-	hc.endAndWait()
 }
 
-// h2NetConn is the connection handed to x/net: closing it closes the raw
-// TCP connection. HTTP/2 ends connections with GOAWAY, so no close_notify
-// is needed, and a stalled peer cannot block the close.
+// h2NetConn is the connection handed to the engine: closing it closes the
+// raw TCP connection. HTTP/2 ends connections with GOAWAY, so no
+// close_notify is needed, and a stalled peer cannot block the close.
 type h2NetConn struct {
 	*tls.Conn
-	raw   net.Conn
-	heads h2HeadClock
-	// onHeadTimeout runs once when a request head took too long.
-	onHeadTimeout func()
-	// hideXConnect: advertise SETTINGS_ENABLE_CONNECT_PROTOCOL = 0
-	// (Config.DisableHTTP2WebSockets; h2websocket.go rewrites it).
-	hideXConnect bool
-	settings     settingsRewriter
+	raw net.Conn
 	// nextWrite is closed by the next write (afterNextWrite).
 	nextWrite atomic.Pointer[chan struct{}]
 }
 
 func (c *h2NetConn) Close() error { return c.raw.Close() }
 
-// Read reads for x/net, bounding request heads in time (h2HeadClock).
-func (c *h2NetConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.heads.observe(p[:n])
-	}
-	if err != nil && c.heads.timedOut(err) && c.onHeadTimeout != nil {
-		c.onHeadTimeout()
+// Write writes the engine's frames and wakes afterNextWrite's waiters.
+func (c *h2NetConn) Write(p []byte) (int, error) {
+	waiting := c.nextWrite.Swap(nil)
+	n, err := c.Conn.Write(p)
+	if waiting != nil {
+		close(*waiting)
 	}
 	return n, err
+}
+
+// afterNextWrite returns a channel closed when a write to the connection
+// that starts after this call has returned.
+func (c *h2NetConn) afterNextWrite() <-chan struct{} {
+	for {
+		if ch := c.nextWrite.Load(); ch != nil {
+			return *ch
+		}
+		ch := make(chan struct{})
+		if c.nextWrite.CompareAndSwap(nil, &ch) {
+			return ch
+		}
+	}
+}
+
+// engineError records what the engine answered itself: a request head
+// that took too long (408), a header list too large (431), and protocol
+// errors and defences (debug log).
+func (hc *h2Conn) engineError(ev h2engine.ErrorEvent) {
+	s := hc.s
+	switch {
+	case ev.StreamID == 0 && ev.Reason == reasonEngineHeadTimeout:
+		hc.logEngineDenial(denyReqTimeout)
+	case ev.Status == 431:
+		hc.logEngineDenial(denial{status: 431, reason: ev.Reason})
+	default:
+		if s.log.Enabled(context.Background(), slog.LevelDebug) {
+			s.log.LogAttrs(context.Background(), slog.LevelDebug, "http2 error",
+				slog.Uint64("stream", uint64(ev.StreamID)),
+				slog.String("code", ev.Code.String()),
+				slog.String("reason", ev.Reason),
+				slog.String("sni", hc.sni),
+				slog.String("src", hc.peer.String()))
+		}
+	}
+}
+
+// reasonEngineHeadTimeout is the engine's reason for a connection closed
+// because a request head did not arrive within the head timeout.
+const reasonEngineHeadTimeout = "request header timeout"
+
+// logEngineDenial counts and logs a request the engine refused.
+func (hc *h2Conn) logEngineDenial(d denial) {
+	s := hc.s
+	status, reason := d.status, d.reason
+	s.m.denied(status)
+	s.ocsfConnDenied(&hc.ci, d, protoH2)
+	if s.log.Enabled(context.Background(), slog.LevelInfo) {
+		s.log.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
+			slog.Int("class_uid", 4002),
+			slog.String("rule", "app-listener"),
+			slog.Int("status", status),
+			slog.String("reason", reason),
+			slog.String("sni", hc.sni),
+			slog.String("src", hc.peer.String()),
+			slog.String("protocol", "HTTP/2.0"))
+	}
 }

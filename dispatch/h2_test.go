@@ -843,8 +843,9 @@ func TestH2HeaderLimits(t *testing.T) {
 }
 
 // TestH2ContinuationFlood: a header block that goes on past the header list
-// limit in CONTINUATION frames ends the connection (x/net's CVE-2023-45288
-// defence) and reaches no app.
+// limit in CONTINUATION frames ends the connection (the CVE-2023-45288
+// defence: GOAWAY ENHANCE_YOUR_CALM from the engine, where x/net sent
+// PROTOCOL_ERROR) and reaches no app.
 func TestH2ContinuationFlood(t *testing.T) {
 	h2Verify(t)
 	e := newH2Env(t, 0, Config{})
@@ -896,8 +897,8 @@ func TestH2ContinuationFlood(t *testing.T) {
 			goAway = g
 		}
 	}
-	if goAway == nil || goAway.ErrCode != http2.ErrCodeProtocol {
-		t.Fatalf("GOAWAY %+v, want PROTOCOL_ERROR", goAway)
+	if goAway == nil || goAway.ErrCode != http2.ErrCodeEnhanceYourCalm {
+		t.Fatalf("GOAWAY %+v, want ENHANCE_YOUR_CALM", goAway)
 	}
 	// Then the server closes.
 	for {
@@ -1002,5 +1003,56 @@ func TestH2StalePooledRetry(t *testing.T) {
 	res := h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/?after=close", nil), 200)
 	if res.body != "web after=close" {
 		t.Fatalf("body %q", res.body)
+	}
+}
+
+// TestH2ExpectContinue: a request with Expect: 100-continue gets the app's
+// 100 Continue on its stream before it sends its body (the app sends it
+// when it starts reading), then the final answer.
+func TestH2ExpectContinue(t *testing.T) {
+	h2Verify(t)
+	e := newH2Env(t, 0, Config{})
+	tc, fr := h2RawConn(t, e, h2WebHost)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":authority", h2WebHost},
+		{":path", "/upload"}, {"content-length", "5"}, {"expect", "100-continue"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	var statuses []string
+	var body []byte
+	sentBody := false
+	for done := false; !done; {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading (statuses %v): %v", statuses, err)
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			statuses = append(statuses, f.PseudoValue("status"))
+			if f.PseudoValue("status") == "100" && !sentBody {
+				sentBody = true
+				if err := fr.WriteData(1, true, []byte("hello")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done = f.StreamEnded()
+		case *http2.DataFrame:
+			body = append(body, f.Data()...)
+			done = f.StreamEnded()
+		case *http2.RSTStreamFrame:
+			t.Fatalf("stream reset (%v); statuses %v", f.ErrCode, statuses)
+		}
+	}
+	if len(statuses) != 2 || statuses[0] != "100" || statuses[1] != "200" {
+		t.Fatalf("statuses %v; want [100 200]", statuses)
+	}
+	if want := h2Sha([]byte("hello")) + " 5 5 "; string(body) != want {
+		t.Fatalf("body %q; want %q", body, want)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 )
 
 // Services that declare "protocol": "h2c" (gRPC servers and other apps
@@ -50,19 +52,15 @@ const reasonH2CWebSocket = "WebSockets are not supported on an h2c service"
 // the stream must be reset. The caller has checked the route and the
 // :authority.
 func (st *h2Stream) serveH2C() bool {
-	if isExtendedConnect(st.r) {
+	if st.es.Protocol != "" {
 		st.deny(denial{status: 501, reason: reasonH2CWebSocket})
 		return false
 	}
-	if st.r.Method == "CONNECT" || st.r.Method == "TRACE" {
+	if st.es.Method == "CONNECT" || st.es.Method == "TRACE" {
 		st.deny(denyMethod)
 		return false
 	}
-	n := 0
-	for _, vs := range st.r.Header {
-		n += len(vs)
-	}
-	if n > st.s.cfg.MaxHeaderFields {
+	if len(st.es.Header) > st.s.cfg.MaxHeaderFields {
 		st.deny(denyParse(errHeadTooLarge))
 		return false
 	}
@@ -82,11 +80,12 @@ func (st *h2Stream) serveH2C() bool {
 // response, flushing each piece of the body as it arrives (gRPC messages
 // are not held back), then its trailers.
 func (st *h2Stream) proxyH2C() bool {
-	s, r, hc := st.s, st.r, st.hc
+	s, es, hc := st.s, st.es, st.hc
 	bp := s.routePool(hc.route)
 	pool := s.h2cPoolOf(hc.route, bp)
 	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted)
-	header := h2cRequestHeader(r.Header, &fi)
+	clientHeader := h2cClientHeader(es.Header)
+	header := h2cRequestHeader(clientHeader, &fi)
 	s.countDropped(&fi, hc.route)
 	authority := bp.hostHeader
 	if fi.preserve {
@@ -95,19 +94,19 @@ func (st *h2Stream) proxyH2C() bool {
 
 	// The app's stream is cancelled when the client's ends early (a
 	// reset, the connection closed), not when the handler returns after
-	// a complete exchange: x/net cancels r.Context() then, and the
-	// transport, if it had not yet seen that its stream was complete,
-	// would reset it and send a PING that gRPC servers count against the
-	// client (too many, and they close the connection).
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	// a complete exchange: the transport, if it had not yet seen that its
+	// stream was complete, would reset it and send a PING that gRPC
+	// servers count against the client (too many, and they close the
+	// connection).
+	ctx, cancel := context.WithCancelCause(context.Background())
 	var complete atomic.Bool
-	stopLink := context.AfterFunc(r.Context(), func() {
+	es.AfterReset(func() {
 		if !complete.Load() {
 			cancel(context.Canceled)
 		}
 	})
 	defer func() {
-		stopLink()
+		es.StopAfterReset()
 		if !complete.Load() {
 			cancel(context.Canceled)
 		}
@@ -123,8 +122,8 @@ func (st *h2Stream) proxyH2C() bool {
 		WroteHeaders: func() { sentAt.Store(time.Now().UnixNano()) },
 	})
 	out := &http.Request{
-		Method:     r.Method,
-		URL:        h2cURL(bp.hostHeader, r),
+		Method:     es.Method,
+		URL:        h2cURL(bp.hostHeader, es.Path),
 		Proto:      "HTTP/2.0",
 		ProtoMajor: 2,
 		Header:     header,
@@ -132,23 +131,22 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	out = out.WithContext(ctx)
 	var body *h2cBody
-	if r.Body == nil || r.Body == http.NoBody {
+	if es.ContentLength == 0 {
 		out.Body = http.NoBody
 		startClock()
 	} else {
-		body = &h2cBody{st: st, src: r.Body, onEnd: startClock}
+		body = &h2cBody{st: st, onEnd: startClock}
 		out.Body = body
-		out.ContentLength = r.ContentLength
-		if out.ContentLength == 0 {
-			out.ContentLength = -1 // a body was announced without a length
-		}
-		if len(r.Trailer) > 0 {
+		out.ContentLength = es.ContentLength
+		if declared := clientHeader.Values("Trailer"); len(declared) > 0 {
 			// Declared request trailers: the values are copied when the
 			// body ends, before the transport reads them.
-			out.Trailer = make(http.Header, len(r.Trailer))
-			for k := range r.Trailer {
-				if h2cTrailerAllowed(k) {
-					out.Trailer[k] = nil
+			out.Trailer = make(http.Header)
+			for _, list := range declared {
+				for k := range strings.SplitSeq(list, ",") {
+					if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" && h2cTrailerAllowed(k) {
+						out.Trailer[k] = nil
+					}
 				}
 			}
 			body.trailer = out.Trailer
@@ -168,29 +166,26 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	defer func() { _ = resp.Body.Close() }()
 
-	h := st.w.Header()
-	if !s.h2cResponseHeader(h, resp.Header, hc.sni, hostPort([]byte(r.Host)), bp) {
-		// Never let x/net sniff a Content-Type the app did not send.
-		h["Content-Type"] = nil
-	}
-	if s.draining.Load() {
-		// x/net turns this into a GOAWAY for the connection.
-		h.Set("Connection", "close")
-	}
-	st.w.WriteHeader(resp.StatusCode)
+	h := make(http.Header, len(resp.Header))
+	s.h2cResponseHeader(h, resp.Header, hc.sni, hostPort([]byte(st.host)), bp)
+	rw := h2cResponse{st: st, status: resp.StatusCode, fields: h2Fields(h)}
 	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
 	s.m.request(resp.StatusCode)
 	if resp.ContentLength != 0 {
 		// A body follows, possibly much later (a stream): the client
 		// gets the head now. A response without one (a gRPC
 		// trailers-only answer) goes out as one HEADERS frame with
-		// END_STREAM when the handler returns.
-		if err := st.flush(); err != nil {
+		// END_STREAM.
+		err := rw.head()
+		if err == nil {
+			err = st.flush()
+		}
+		if err != nil {
 			st.rec.outcome = outcomeAborted
 			return true
 		}
 	}
-	n, rerr, werr := st.copyH2CBody(resp.Body)
+	n, rerr, werr := rw.copyBody(resp.Body)
 	complete.Store(rerr == nil && werr == nil)
 	st.rec.bytesOut = n
 	s.m.bytesToClient.Add(float64(n))
@@ -208,18 +203,93 @@ func (st *h2Stream) proxyH2C() bool {
 		if isGRPC(h) && !hasTrailer(resp.Trailer, "Grpc-Status") {
 			// End the call as a gRPC server whose connection was lost
 			// would: UNAVAILABLE, in trailers.
-			h[http.TrailerPrefix+"Grpc-Status"] = []string{"14"}
-			h[http.TrailerPrefix+"Grpc-Message"] = []string{"the application's stream ended unexpectedly"}
-			return false
+			return rw.end([]h2engine.HeaderField{
+				{Name: "grpc-status", Value: "14"},
+				{Name: "grpc-message", Value: "the application's stream ended unexpectedly"},
+			}) != nil
 		}
 		return true
 	}
+	var trailers []h2engine.HeaderField
 	for k, vv := range resp.Trailer {
 		if h2cTrailerAllowed(k) {
-			h[http.TrailerPrefix+k] = vv
+			for _, v := range vv {
+				trailers = append(trailers, h2engine.HeaderField{Name: strings.ToLower(k), Value: v})
+			}
 		}
 	}
+	if err := rw.end(trailers); err != nil {
+		st.rec.outcome = outcomeAborted
+		return true
+	}
 	return false
+}
+
+// h2cResponse writes an h2c app's response on the client's stream: the
+// head as soon as a body is coming (or when the response ends), the body
+// flushed piece by piece, then the trailers; a response with neither
+// body nor trailers is one HEADERS frame with END_STREAM.
+type h2cResponse struct {
+	st     *h2Stream
+	status int
+	fields []h2engine.HeaderField
+	headed bool
+}
+
+func (w *h2cResponse) head() error {
+	if w.headed {
+		return nil
+	}
+	w.headed = true
+	return w.st.es.WriteHeaders(w.status, w.fields, false)
+}
+
+// end ends the response with trailers (none: END_STREAM).
+func (w *h2cResponse) end(trailers []h2engine.HeaderField) error {
+	st := w.st
+	if !w.headed && len(trailers) == 0 {
+		w.headed = true
+		err := st.es.WriteHeaders(w.status, w.fields, true)
+		st.ended = err == nil
+		return err
+	}
+	if err := w.head(); err != nil {
+		return err
+	}
+	err := st.es.WriteTrailers(trailers)
+	st.ended = err == nil
+	return err
+}
+
+// h2Fields returns h as HTTP/2 fields (names lowercase).
+func h2Fields(h http.Header) []h2engine.HeaderField {
+	n := 0
+	for _, vv := range h {
+		n += len(vv)
+	}
+	out := make([]h2engine.HeaderField, 0, n)
+	for k, vv := range h {
+		name := strings.ToLower(k)
+		for _, v := range vv {
+			out = append(out, h2engine.HeaderField{Name: name, Value: v})
+		}
+	}
+	return out
+}
+
+// h2cClientHeader returns the client's request fields as an http.Header
+// (canonical names; cookie crumbs joined with "; ", RFC 9113 8.2.3).
+func h2cClientHeader(fields []h2engine.HeaderField) http.Header {
+	h := make(http.Header, len(fields))
+	for _, f := range fields {
+		k := http.CanonicalHeaderKey(f.Name)
+		if k == "Cookie" && len(h[k]) > 0 {
+			h[k][0] += "; " + f.Value
+			continue
+		}
+		h[k] = append(h[k], f.Value)
+	}
+	return h
 }
 
 // h2cRoundTrip sends out through pool. A dial the app refuses (nothing
@@ -286,18 +356,20 @@ func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *http.R
 	}
 }
 
-// copyH2CBody relays the app's response body, flushing after every read;
+// copyBody relays the app's response body, flushing after every read;
 // rerr is a failure reading from the app, werr one writing to the client.
-func (st *h2Stream) copyH2CBody(src io.Reader) (n int64, rerr, werr error) {
+func (w *h2cResponse) copyBody(src io.Reader) (n int64, rerr, werr error) {
+	st := w.st
 	bufp := st.s.bufPool.Get().(*[]byte)
 	defer st.s.bufPool.Put(bufp)
 	buf := *bufp
-	w := h2BodyWriter{st}
 	for {
 		m, err := src.Read(buf)
 		if m > 0 {
-			if _, werr = w.Write(buf[:m]); werr == nil {
-				werr = st.flush()
+			if werr = w.head(); werr == nil {
+				if _, werr = st.es.Write(buf[:m]); werr == nil {
+					werr = st.flush()
+				}
 			}
 			if werr != nil {
 				return n, nil, werr
@@ -327,7 +399,7 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 		x.ocsfAppFailed(cause)
 		st.deny(denyRespTimeout)
 		return false
-	case st.r.Context().Err() != nil || errors.Is(err, errClientGone):
+	case st.es.Err() != nil || errors.Is(err, errClientGone):
 		return true // the client reset the stream or went away
 	case !route.Lease.Live() || errors.Is(err, errH2CPoolClosed) || errors.Is(err, errClientRevoked):
 		st.deny(denyRevoked)
@@ -364,7 +436,6 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 // counted, with its declared trailers copied when it ends.
 type h2cBody struct {
 	st      *h2Stream
-	src     io.ReadCloser
 	trailer http.Header // the outgoing request's declared trailers, or nil
 	onEnd   func()      // the body has been read whole
 	n       int64
@@ -372,7 +443,7 @@ type h2cBody struct {
 }
 
 func (b *h2cBody) Read(p []byte) (int, error) {
-	n, err := b.src.Read(p)
+	n, err := b.st.es.Read(p)
 	if n > 0 {
 		b.n += int64(n)
 		b.st.bodyIn.Store(b.n)
@@ -382,7 +453,13 @@ func (b *h2cBody) Read(p []byte) (int, error) {
 	case err == io.EOF && !b.ended:
 		b.ended = true
 		for k := range b.trailer {
-			b.trailer[k] = b.st.r.Trailer[k]
+			b.trailer[k] = nil
+		}
+		for _, f := range b.st.es.Trailer {
+			k := http.CanonicalHeaderKey(f.Name)
+			if _, ok := b.trailer[k]; ok {
+				b.trailer[k] = append(b.trailer[k], f.Value)
+			}
 		}
 		b.onEnd()
 	case err != nil && err != io.EOF:
@@ -391,7 +468,10 @@ func (b *h2cBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *h2cBody) Close() error { return b.src.Close() }
+func (b *h2cBody) Close() error {
+	b.st.es.CloseRead()
+	return nil
+}
 
 // h2cHeadClock bounds the wait for the app's response head: it starts when
 // the request body has been sent whole (a client-streaming gRPC call may
@@ -421,13 +501,14 @@ func (c *h2cHeadClock) stop() {
 
 // h2cURL is the URL of the request to the app: the client's path and
 // query exactly as sent.
-func h2cURL(hostPort string, r *http.Request) *url.URL {
+func h2cURL(hostPort, target string) *url.URL {
 	u := &url.URL{Scheme: "http", Host: hostPort}
-	target := r.RequestURI
 	path, query, hasQuery := strings.Cut(target, "?")
 	if target == "" || strings.HasPrefix(path, "//") {
 		// Opaque cannot carry a path starting with "//".
-		u.Path, u.RawPath, u.RawQuery = r.URL.Path, r.URL.RawPath, r.URL.RawQuery
+		if pu, err := url.ParseRequestURI(target); err == nil {
+			u.Path, u.RawPath, u.RawQuery = pu.Path, pu.RawPath, pu.RawQuery
+		}
 		return u
 	}
 	u.Opaque, u.RawQuery, u.ForceQuery = path, query, hasQuery && query == ""

@@ -5,61 +5,144 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/textproto"
 	"strconv"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/routes"
 )
 
-// h2Stream is one request on an HTTP/2 connection.
+// h2Stream is one request on an HTTP/2 connection: the adapter between an
+// engine stream (h2engine.Stream: the request's fields, its body, the
+// response's frames) and the exchange with the app. It is pooled, with
+// the buffers it reuses: the request's parsed form and head, and the
+// response's fields.
 type h2Stream struct {
 	hc *h2Conn
 	s  *Server
-	w  http.ResponseWriter
-	r  *http.Request
-	rc *http.ResponseController
-	// dog bounds each blocking read of the request body and each write to
-	// the client by Config.BodyTimeout (x/net's own stream deadlines are
-	// absolute: they would also fire between writes of an idle stream).
-	dog h2Watchdogs
-	// cancelStop stops the context.AfterFunc that closes the app
-	// connection when the stream ends early (client reset, connection
-	// closed).
-	cancelStop func() bool
-	x          exchange
+	es *h2engine.Stream
+	// host is :authority, or the host field when it is absent.
+	host string
+	x    exchange
 	// rec is the stream's access-log record (accesslog.go).
 	rec    accessRecord
 	bodyIn atomic.Int64 // request body bytes sent to the app
+	// ended: the response was ended (END_STREAM written).
+	ended bool
+	// expect: the request carries Expect: 100-continue.
+	expect bool
+	// noReuse: onReset may still be running (the stream was reset while
+	// an app connection was attached); st must not go back to the pool.
+	noReuse bool
+
+	req   request
+	head  []byte                 // the request head sent to the app
+	arena []byte                 // the request's names and values
+	out   []h2engine.HeaderField // response fields
+	outB  []byte                 // their names and values, before the one string
+
+	// attached is the app connection the stream's reset closes; onReset
+	// and flushFn are made once per pooled h2Stream.
+	attached atomic.Pointer[backendConn]
+	onReset  func()
+	flushFn  func() error
+}
+
+var h2StreamPool = sync.Pool{New: func() any {
+	st := &h2Stream{}
+	st.onReset = st.closeAttached
+	st.flushFn = st.flush
+	return st
+}}
+
+// Bounds on what a pooled h2Stream keeps.
+const (
+	h2MaxPooledBuf    = 16 << 10
+	h2MaxPooledFields = 64
+)
+
+// start prepares st for es on hc.
+func (st *h2Stream) start(hc *h2Conn, es *h2engine.Stream) {
+	st.hc, st.s, st.es = hc, hc.s, es
+	st.host = es.Authority
+	if st.host == "" {
+		st.host = fieldValue(es.Header, "host")
+	}
+	st.bodyIn.Store(0)
+	st.ended, st.expect = false, false
+}
+
+// release returns st to the pool once its handler is done.
+func (st *h2Stream) release() {
+	if st.noReuse {
+		return
+	}
+	st.hc, st.s, st.es, st.host = nil, nil, nil, ""
+	resp := st.x.resp
+	st.x = exchange{resp: resp}
+	st.rec = accessRecord{}
+	st.attached.Store(nil)
+	st.req.reset()
+	st.req.fields = st.req.fields[:0]
+	clear(st.out)
+	st.out = st.out[:0]
+	if cap(st.head) > h2MaxPooledBuf {
+		st.head = nil
+	}
+	if cap(st.arena) > h2MaxPooledBuf {
+		st.arena = nil
+	}
+	if cap(st.outB) > h2MaxPooledBuf {
+		st.outB = nil
+	}
+	if cap(st.out) > h2MaxPooledFields {
+		st.out = nil
+	}
+	if cap(st.req.fields) > h2MaxPooledFields {
+		st.req.fields = nil
+	}
+	h2StreamPool.Put(st)
+}
+
+// fieldValue returns the value of the first field name (lowercase) in
+// fields, or "".
+func fieldValue(fields []h2engine.HeaderField, name string) string {
+	for i := range fields {
+		if fields[i].Name == name {
+			return fields[i].Value
+		}
+	}
+	return ""
 }
 
 // serve checks and forwards the request; it reports whether the stream
 // must be reset.
 func (st *h2Stream) serve() bool {
-	hc, r := st.hc, st.r
+	hc, es := st.hc, st.es
 	if hc.revokedErr() != nil || !hc.route.Usable() {
 		// The connection is being closed: no new streams on it.
 		st.deny(denyRevoked)
 		return false
 	}
-	if !routes.HostMatches(r.Host, hc.sni) {
+	if !routes.HostMatches(st.host, hc.sni) {
 		st.deny(denyMisdirected)
 		return false
 	}
 	if hc.route.Protocol == routes.ProtocolH2C {
 		return st.serveH2C() // h2c.go
 	}
-	if isExtendedConnect(r) {
+	if es.Protocol != "" {
 		return st.serveWebSocket() // RFC 8441 (h2websocket.go)
 	}
-	if r.Method == "CONNECT" || r.Method == "TRACE" {
+	if es.Method == "CONNECT" || es.Method == "TRACE" {
 		st.deny(denyMethod)
 		return false
 	}
-	req, pe := st.buildRequest()
+	req, pe := st.buildRequest(es.Method, "")
 	if pe != nil {
 		st.deny(denyParse(pe))
 		return false
@@ -77,32 +160,50 @@ func (st *h2Stream) serve() bool {
 }
 
 // buildRequest converts the HTTP/2 request into the parsed form that
-// appendRequestHead sanitises, checking what HTTP/1.1 cannot carry.
-func (st *h2Stream) buildRequest() (*request, *parseError) {
-	r := st.r
-	target := r.RequestURI
-	if target == "" {
-		target = r.URL.RequestURI()
-	}
-	if !isToken([]byte(r.Method)) {
+// appendRequestHead sanitises, checking what HTTP/1.1 cannot carry. Names
+// are given their canonical form (Content-Type) as HTTP/1.1 apps commonly
+// see them; cookie crumbs are joined with "; " (RFC 9113 8.2.3). wsKey,
+// when set, makes it the WebSocket upgrade of an extended CONNECT: the
+// client's Sec-WebSocket-Key and -Accept are replaced by wsKey, and
+// Sec-WebSocket-Version is 13 when absent.
+func (st *h2Stream) buildRequest(method, wsKey string) (*request, *parseError) {
+	es := st.es
+	target := es.Path
+	if !isTokenString(method) {
 		return nil, &parseError{400, "malformed request method"}
 	}
 	// Bytes that HTTP/2 allows in :path (a space, say) would break the
 	// HTTP/1.1 request line.
-	if !validTarget([]byte(target)) || (target[0] != '/' && (target != "*" || r.Method != "OPTIONS")) {
+	if target == "" || !validTargetString(target) || (target[0] != '/' && (target != "*" || method != "OPTIONS")) {
 		return nil, &parseError{400, "malformed request target"}
 	}
-	n, size := 0, 0
-	for name, vs := range r.Header {
-		if name == "Cookie" && len(vs) > 1 {
-			// RFC 9113 §8.2.3: cookie crumbs are joined with "; " (x/net
-			// already does it; kept so that the app never sees several).
-			vs = []string{strings.Join(vs, "; ")}
-			r.Header["Cookie"] = vs
+	n, size, cookies := 0, 0, 0
+	hasVersion := false
+	for i := range es.Header {
+		f := &es.Header[i]
+		if wsKey != "" && (f.Name == "sec-websocket-key" || f.Name == "sec-websocket-accept") {
+			continue
 		}
-		n += len(vs)
-		for _, v := range vs {
-			size += len(name) + len(v)
+		if f.Name == "cookie" {
+			if cookies > 0 {
+				size += len(f.Value) + 2
+				cookies++
+				continue
+			}
+			cookies++
+		}
+		if f.Name == "sec-websocket-version" {
+			hasVersion = true
+		}
+		n++
+		size += len(f.Name) + len(f.Value)
+	}
+	if wsKey != "" {
+		n++
+		size += len("Sec-Websocket-Key") + len(wsKey)
+		if !hasVersion {
+			n++
+			size += len("Sec-Websocket-Version") + 2
 		}
 	}
 	if n > st.s.cfg.MaxHeaderFields {
@@ -110,43 +211,111 @@ func (st *h2Stream) buildRequest() (*request, *parseError) {
 	}
 	// One backing array for every name and value: it never grows, so the
 	// slices stay valid.
-	arena := make([]byte, 0, size+len(r.Method)+len(target)+len(r.Host))
+	need := size + len(method) + len(target) + len(st.host)
+	if cap(st.arena) < need {
+		st.arena = make([]byte, 0, need)
+	}
+	arena := st.arena[:0]
 	cut := func(s string) []byte {
 		start := len(arena)
 		arena = append(arena, s...)
 		return arena[start:len(arena):len(arena)]
 	}
-	req := &request{
-		method: cut(r.Method),
-		path:   cut(target),
-		fields: make([]headField, 0, n),
-	}
+	req := &st.req
+	req.reset()
+	req.method = cut(method)
+	req.path = cut(target)
 	req.target = req.path
 	// :authority (or Host) as the client sent it, port included.
-	req.host = cut(r.Host)
-	for name, vs := range r.Header {
-		nb := cut(name)
+	req.host = cut(st.host)
+	joined := false
+	for i := range es.Header {
+		f := &es.Header[i]
+		if wsKey != "" && (f.Name == "sec-websocket-key" || f.Name == "sec-websocket-accept") {
+			continue
+		}
+		if f.Name == "cookie" && joined {
+			continue // joined to the first crumb
+		}
+		start := len(arena)
+		arena = appendCanonical(arena, f.Name)
+		nb := arena[start:len(arena):len(arena)]
 		if !isToken(nb) {
 			return nil, &parseError{400, "invalid header name"}
 		}
-		for _, v := range vs {
-			vb := cut(v)
-			if !validFieldValue(vb) {
-				return nil, &parseError{400, "invalid byte in header value"}
-			}
-			req.fields = append(req.fields, headField{nb, vb})
-			if asciiEqualFold(nb, "accept") {
-				req.accept = vb
+		vstart := len(arena)
+		arena = append(arena, f.Value...)
+		if f.Name == "cookie" && cookies > 1 {
+			joined = true
+			for j := i + 1; j < len(es.Header); j++ {
+				if es.Header[j].Name == "cookie" {
+					arena = append(arena, "; "...)
+					arena = append(arena, es.Header[j].Value...)
+				}
 			}
 		}
+		vb := arena[vstart:len(arena):len(arena)]
+		if !validFieldValue(vb) {
+			return nil, &parseError{400, "invalid byte in header value"}
+		}
+		req.fields = append(req.fields, headField{nb, vb})
+		switch f.Name {
+		case "accept":
+			req.accept = vb
+		case "expect":
+			st.expect = asciiEqualFold(vb, "100-continue")
+		}
 	}
+	if wsKey != "" {
+		req.fields = append(req.fields, headField{cut("Sec-Websocket-Key"), cut(wsKey)})
+		if !hasVersion {
+			req.fields = append(req.fields, headField{cut("Sec-Websocket-Version"), cut("13")})
+		}
+	}
+	st.arena = arena
 	switch {
-	case r.ContentLength > 0:
-		req.body, req.length = bodyLength, r.ContentLength
-	case r.ContentLength < 0:
+	case es.ContentLength > 0:
+		req.body, req.length = bodyLength, es.ContentLength
+	case es.ContentLength < 0:
 		req.body = bodyChunked
 	}
 	return req, nil
+}
+
+// appendCanonical appends name (lowercase, as HTTP/2 carries it) in its
+// canonical form: the first letter and each one after a hyphen in upper
+// case.
+func appendCanonical(dst []byte, name string) []byte {
+	up := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if up && 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		up = c == '-'
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// isTokenString is isToken for a string.
+func isTokenString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !tokenTable[s[i]] {
+			return false
+		}
+	}
+	return len(s) > 0
+}
+
+// validTargetString is validTarget for a string.
+func validTargetString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= 0x20 || c >= 0x7f {
+			return false
+		}
+	}
+	return len(s) > 0
 }
 
 // attach makes bc the stream's app connection: revocation and the end of
@@ -155,18 +324,28 @@ func (st *h2Stream) attach(bc *backendConn) bool {
 	if !st.hc.addBackend(bc) {
 		return false
 	}
-	st.cancelStop = context.AfterFunc(st.r.Context(), func() { _ = bc.conn.Close() })
+	st.attached.Store(bc)
+	st.es.AfterReset(st.onReset)
 	return true
+}
+
+// closeAttached closes the attached app connection (the stream was reset
+// or its connection ended).
+func (st *h2Stream) closeAttached() {
+	if bc := st.attached.Load(); bc != nil {
+		_ = bc.conn.Close()
+	}
 }
 
 // detach undoes attach; it reports whether bc is still usable (not closed
 // because the stream ended).
 func (st *h2Stream) detach(bc *backendConn) bool {
 	st.hc.removeBackend(bc)
-	ok := true
-	if st.cancelStop != nil {
-		ok = st.cancelStop()
-		st.cancelStop = nil
+	ok := st.es.StopAfterReset()
+	if !ok {
+		st.noReuse = true
+	} else {
+		st.attached.Store(nil)
 	}
 	return ok
 }
@@ -174,55 +353,60 @@ func (st *h2Stream) detach(bc *backendConn) bool {
 // gone reports whether the stream or the connection has ended, in which
 // case nobody is listening for an answer.
 func (st *h2Stream) gone() bool {
-	return st.r.Context().Err() != nil || st.hc.revokedErr() != nil
+	return st.es.Err() != nil || st.hc.revokedErr() != nil
+}
+
+// dialContext returns the context of an app dial for this request:
+// cancelled when the stream is reset or its connection ends. It is made
+// only when the exchange dials (most requests take a pooled connection);
+// done must be called once the dial is over.
+func (st *h2Stream) dialContext() (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	es := st.es
+	es.AfterReset(cancel)
+	return ctx, func() {
+		es.StopAfterReset()
+		cancel()
+	}
 }
 
 // proxy forwards the request to the app and relays the response (an
 // exchange, exchange.go); it reports whether the stream must be reset.
 func (st *h2Stream) proxy(req *request) bool {
-	s, r := st.s, st.r
+	s, es := st.s, st.es
 	x := &st.x
 	x.reset(s, st.hc.route, st.hc.sni, req, st)
 	defer st.rec.timings(x)
 	hasBody := req.body != bodyNone
 	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted)
-	head := appendRequestHead(make([]byte, 0, 1024), req, &fi)
+	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, st.hc.route)
-	if err := x.connect(r.Context(), head, !hasBody); err != nil {
+	if err := x.connect(context.Background(), st.head, !hasBody); err != nil {
 		return st.exchangeFailed(x, err)
 	}
 
-	// Stream the request body alongside reading the response.
-	var bodyAborted atomic.Bool
-	var clientErr *h2ClientBodyError // set before the body copy returns
+	// Stream the request body alongside reading the response (its state
+	// is allocated only when there is a body).
+	var bs *h2BodyCopy
 	if hasBody {
+		bs = &h2BodyCopy{}
 		x.sendBody(func(bc *backendConn) error {
 			err := st.copyRequestBody(bc, req)
 			var cbe *h2ClientBodyError
-			if errors.As(err, &cbe) && !bodyAborted.Load() {
+			if errors.As(err, &cbe) && !bs.aborted.Load() {
 				// The client's body failed: the app, waiting for the
 				// rest, must not keep us waiting for its answer.
-				clientErr = cbe
+				bs.clientErr = cbe
 				_ = bc.conn.Close()
 			}
 			return err
 		}, func() {
-			bodyAborted.Store(true)
-			_ = r.Body.Close()
+			bs.aborted.Store(true)
+			es.CloseRead()
 		})
 	}
 
-	err := x.readHead(func(resp *response) error {
-		// 100 Continue is x/net's business (it answers Expect itself);
-		// 103 Early Hints is relayed; other 1xx are dropped.
-		if resp.status == 103 {
-			h := st.w.Header()
-			st.copyResponseFields(h, resp, false)
-			st.w.WriteHeader(103)
-			clear(h)
-		}
-		return nil
-	})
+	err := x.readHead(st.interim)
 	if err == nil && x.resp.status == 101 {
 		// No upgrades over HTTP/2 (and none was asked for: the request
 		// carried no Upgrade).
@@ -233,8 +417,8 @@ func (st *h2Stream) proxy(req *request) bool {
 		if st.gone() {
 			return true
 		}
-		if clientErr != nil {
-			if clientErr.timeout {
+		if bs != nil && bs.clientErr != nil {
+			if bs.clientErr.timeout {
 				st.deny(denyReqTimeout)
 				return false
 			}
@@ -244,29 +428,28 @@ func (st *h2Stream) proxy(req *request) bool {
 	}
 
 	resp := &x.resp
-	h := st.w.Header()
-	if !st.copyResponseFields(h, resp, x.isHead || resp.status == 304) {
-		// Never let x/net sniff a Content-Type the app did not send.
-		h["Content-Type"] = nil
-	}
+	length := int64(-1)
 	if resp.body == bodyLength {
-		h.Set("Content-Length", strconv.FormatInt(resp.length, 10))
+		length = resp.length
 	}
-	if s.draining.Load() {
-		// x/net turns this into a GOAWAY for the connection.
-		h.Set("Connection", "close")
-	}
-	st.w.WriteHeader(resp.status)
+	fields := st.responseFields(resp, x.isHead || resp.status == 304, length)
+	noBody := resp.body == bodyNone || (resp.body == bodyLength && resp.length == 0)
+	err = es.WriteHeaders(resp.status, fields, noBody)
+	st.ended = noBody && err == nil
 	st.rec.status, st.rec.outcome = resp.status, outcomeOK
-	if resp.body != bodyNone && x.bc.in.buffered() == 0 && (resp.body != bodyLength || resp.length != 0) {
+	if err == nil && !noBody && x.bc.in.buffered() == 0 {
 		// Nothing of the body is here yet (a stream of events, say): let
 		// the client have the head now.
 		err = st.flush()
 	}
 	if err == nil {
-		err = x.copyBody(h2BodyWriter{st}, nil, st.flush, false)
+		err = x.copyBody(es, nil, st.flushFn, false)
 	} else {
 		s.m.request(resp.status)
+	}
+	if err == nil && !st.ended {
+		err = es.End()
+		st.ended = err == nil
 	}
 	if err != nil {
 		st.rec.outcome = outcomeAborted
@@ -275,6 +458,16 @@ func (st *h2Stream) proxy(req *request) bool {
 	}
 	x.finish(st.hc.revokedErr() == nil)
 	return false
+}
+
+// interim relays the app's 1xx answers that the client may use: 103 Early
+// Hints, and 100 Continue when the request asked for it; others are
+// dropped.
+func (st *h2Stream) interim(resp *response) error {
+	if resp.status == 103 || (resp.status == 100 && st.expect) {
+		_ = st.es.WriteHeaders(resp.status, st.responseFields(resp, false, -1), false)
+	}
+	return nil
 }
 
 // exchangeFailed answers a failed exchange (exchange.failure) on this
@@ -288,51 +481,86 @@ func (st *h2Stream) exchangeFailed(x *exchange, err error) bool {
 	return false
 }
 
-// copyResponseFields copies the app's response fields into h, without
-// hop-by-hop fields and those named by Connection. keepLength keeps the
-// app's Content-Length (HEAD and 304 answers: it describes the
-// representation). It reports whether a Content-Type was copied.
-func (st *h2Stream) copyResponseFields(h http.Header, resp *response, keepLength bool) bool {
-	hasType := false
+// responseFields returns the app's response fields for the client:
+// lowercase, without hop-by-hop fields and those named by Connection, with
+// content-length when length ≥ 0. keepLength keeps the app's
+// Content-Length (HEAD and 304 answers: it describes the representation).
+// The names and values share one string (the engine's HPACK table may
+// keep them).
+func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64) []h2engine.HeaderField {
+	b := st.outB[:0]
+	hasLength := false
+	type span struct{ name, value [2]int }
+	var spans [32]span
+	sp := spans[:0]
 	for i := range resp.fields {
 		f := &resp.fields[i]
+		isLength := asciiEqualFold(f.name, "content-length")
 		if hopByHop(f.name) || connectionNamed(f.name, resp.connTokens) {
-			if !keepLength || !asciiEqualFold(f.name, "content-length") {
+			if !keepLength || !isLength {
 				continue
 			}
 		}
-		key := textproto.CanonicalMIMEHeaderKey(string(f.name))
-		if key == "Content-Type" {
-			hasType = true
+		if isLength {
+			if hasLength {
+				continue
+			}
+			hasLength = true
 		}
-		h[key] = append(h[key], string(f.value))
+		var s span
+		s.name[0] = len(b)
+		for _, c := range f.name {
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			b = append(b, c)
+		}
+		s.name[1] = len(b)
+		s.value[0] = len(b)
+		b = append(b, f.value...)
+		s.value[1] = len(b)
+		sp = append(sp, s)
 	}
-	return hasType
+	if length >= 0 && !hasLength {
+		var s span
+		s.name[0] = len(b)
+		b = append(b, "content-length"...)
+		s.name[1] = len(b)
+		s.value[0] = len(b)
+		b = strconv.AppendInt(b, length, 10)
+		s.value[1] = len(b)
+		sp = append(sp, s)
+	}
+	st.outB = b
+	all := string(b)
+	out := st.out[:0]
+	for _, s := range sp {
+		out = append(out, h2engine.HeaderField{Name: all[s.name[0]:s.name[1]], Value: all[s.value[0]:s.value[1]]})
+	}
+	st.out = out
+	return out
 }
 
-// flush sends what the ResponseWriter holds, bounded by BodyTimeout.
-func (st *h2Stream) flush() error {
-	st.dog.armWrite(st.rc)
-	err := st.rc.Flush()
-	st.dog.disarmWrite()
-	return err
-}
+// flush sends what the stream has buffered.
+func (st *h2Stream) flush() error { return st.es.Flush() }
 
-// h2BodyWriter writes the response body, each write bounded by BodyTimeout.
-type h2BodyWriter struct{ st *h2Stream }
-
-func (w h2BodyWriter) Write(p []byte) (int, error) {
-	w.st.dog.armWrite(w.st.rc)
-	n, err := w.st.w.Write(p)
-	w.st.dog.disarmWrite()
-	return n, err
+// end ends a response that serve answered but did not end (a denial's
+// body was written in full, say); a failure leaves it to the engine's
+// reset.
+func (st *h2Stream) end() {
+	if !st.ended {
+		if st.es.End() == nil {
+			st.ended = true
+		}
+	}
 }
 
 // copyRequestBody streams the request body to the app: Content-Length
 // framing when the length is known, chunked otherwise. Each read of the
-// client's body and each write to the app is bounded by BodyTimeout.
+// client's body (the engine's read timeout) and each write to the app is
+// bounded by BodyTimeout.
 func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
-	s := st.s
+	s, es := st.s, st.es
 	bufp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bufp)
 	buf := *bufp
@@ -360,9 +588,7 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 			}
 			p = buf[:min(int64(len(buf)), remaining)]
 		}
-		st.dog.armRead(st.r.Body)
-		m, rerr := st.r.Body.Read(p)
-		st.dog.disarmRead()
+		m, rerr := es.Read(p)
 		if m > 0 {
 			var out []byte
 			if chunked {
@@ -392,13 +618,21 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 			return nil
 		}
 		if rerr != nil {
-			return &h2ClientBodyError{err: rerr, timeout: st.dog.readTimedOut()}
+			return &h2ClientBodyError{err: rerr, timeout: errors.Is(rerr, h2engine.ErrReadTimeout)}
 		}
 	}
 }
 
+// h2BodyCopy is the state of a request body copy: aborted, the exchange
+// stopped it; clientErr, set before the copy returns, the client's body
+// failed.
+type h2BodyCopy struct {
+	aborted   atomic.Bool
+	clientErr *h2ClientBodyError
+}
+
 // h2ClientBodyError is a failure to read the client's request body;
-// timeout: the read watchdog fired.
+// timeout: nothing arrived within the body timeout.
 type h2ClientBodyError struct {
 	err     error
 	timeout bool
@@ -408,9 +642,9 @@ func (e *h2ClientBodyError) Error() string { return "request body: " + e.err.Err
 
 func (e *h2ClientBodyError) Unwrap() error { return e.err }
 
-// deny answers a request the listener refuses, on this stream only unless
-// d.close (then x/net sends GOAWAY and the connection ends once its
-// streams are done).
+// deny answers a request the listener refuses, on this stream only; with
+// d.close (or while draining) the connection is then shut down gracefully
+// (GOAWAY, its other streams may finish).
 func (st *h2Stream) deny(d denial) {
 	st.rec.denied(d)
 	st.s.m.denied(d.status)
@@ -418,7 +652,13 @@ func (st *h2Stream) deny(d denial) {
 	if st.s.draining.Load() {
 		d.close = true
 	}
-	writeH2Error(st.w, d, st.r.Header.Get("Accept"), strings.EqualFold(st.r.Header.Get("Sec-Fetch-Mode"), "navigate"))
+	es := st.es
+	accept := fieldValue(es.Header, "accept")
+	navigate := asciiEqualFold([]byte(fieldValue(es.Header, "sec-fetch-mode")), "navigate")
+	st.ended = writeH2Error(es, d, accept, navigate, es.Method == "HEAD") == nil
+	if d.close {
+		st.hc.shutdown()
+	}
 }
 
 func (st *h2Stream) logDenial(status int, reason string) {
@@ -434,7 +674,10 @@ func (st *h2Stream) logDenial(status int, reason string) {
 		slog.String("sni", st.hc.sni),
 		slog.String("src", st.hc.peer.String()),
 		slog.String("protocol", "HTTP/2.0"),
-		slog.String("method", st.r.Method),
-		slog.String("path", pathOnly([]byte(st.r.RequestURI))),
+		slog.String("method", st.es.Method),
+		slog.String("path", pathOnly([]byte(st.es.Path))),
 	)
 }
+
+// resetCancel resets the stream (CANCEL): a write in progress fails.
+func (st *h2Stream) resetCancel() { st.es.Reset(http2.ErrCodeCancel) }

@@ -8,14 +8,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strconv"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	// Turns on x/net/http2's extended CONNECT before its init reads
-	// GODEBUG (see the package doc for why the order holds).
-	_ "github.com/applistener/applistener/internal/h2xconnect"
 )
 
 // WebSockets over HTTP/2 (RFC 8441). The client opens a stream with an
@@ -31,12 +28,11 @@ import (
 // of its own to park on); the app's direction parks in the idle poller
 // like an HTTP/1.1 WebSocket's.
 //
-// x/net/http2 advertises SETTINGS_ENABLE_CONNECT_PROTOCOL for the whole
-// process once extended CONNECT is on (internal/h2xconnect). With
-// Config.DisableHTTP2WebSockets the listener rewrites that setting to 0 in
-// each connection's first SETTINGS frame (h2NetConn.Write) and refuses
-// extended CONNECT streams with 405, so clients keep using HTTP/1.1 for
-// WebSockets.
+// The engine advertises SETTINGS_ENABLE_CONNECT_PROTOCOL unless
+// Config.DisableHTTP2WebSockets is set; then it does not, and treats a
+// request carrying :protocol as malformed (RST_STREAM PROTOCOL_ERROR, RFC
+// 8441 §4), so clients keep using HTTP/1.1 for WebSockets. An extended
+// CONNECT for another protocol gets 405.
 
 // wsAcceptGUID is RFC 6455's key suffix for Sec-WebSocket-Accept.
 const wsAcceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -47,12 +43,6 @@ func wsAccept(key string) string {
 	return base64.StdEncoding.EncodeToString(h[:])
 }
 
-// isExtendedConnect reports whether r opens an extended CONNECT stream
-// (x/net passes :protocol as a header field).
-func isExtendedConnect(r *http.Request) bool {
-	return r.Method == http.MethodConnect && len(r.Header[":protocol"]) > 0
-}
-
 // reasonNoH2WebSocket is the 405 reason for an extended CONNECT that the
 // listener does not accept.
 const reasonNoH2WebSocket = "extended CONNECT is only accepted for WebSockets, and only when HTTP/2 WebSockets are on"
@@ -61,8 +51,8 @@ const reasonNoH2WebSocket = "extended CONNECT is only accepted for WebSockets, a
 // whether the stream must be reset. The caller has checked the route and
 // the :authority.
 func (st *h2Stream) serveWebSocket() bool {
-	s, r := st.s, st.r
-	if s.cfg.DisableHTTP2WebSockets || !strings.EqualFold(r.Header.Get(":protocol"), "websocket") {
+	s := st.s
+	if s.cfg.DisableHTTP2WebSockets || !strings.EqualFold(st.es.Protocol, "websocket") || st.es.Method != http.MethodConnect {
 		st.deny(denial{status: 405, reason: reasonNoH2WebSocket})
 		return false
 	}
@@ -88,21 +78,10 @@ func (st *h2Stream) serveWebSocket() bool {
 // here (RFC 8441 §5: the HTTP/2 request carries none) and the client's
 // Sec-WebSocket-Version (13 when absent), -Protocol and -Extensions.
 func (st *h2Stream) buildWebSocketRequest() (*request, string, *parseError) {
-	r := st.r
 	var nonce [16]byte
 	_, _ = rand.Read(nonce[:])
 	key := base64.StdEncoding.EncodeToString(nonce[:])
-	h := r.Header
-	delete(h, ":protocol")
-	delete(h, "Sec-Websocket-Accept")
-	h["Sec-Websocket-Key"] = []string{key}
-	if len(h["Sec-Websocket-Version"]) == 0 {
-		h["Sec-Websocket-Version"] = []string{"13"}
-	}
-	method := r.Method
-	r.Method = http.MethodGet
-	req, pe := st.buildRequest()
-	r.Method = method
+	req, pe := st.buildRequest(http.MethodGet, key)
 	if pe != nil {
 		return nil, "", pe
 	}
@@ -117,13 +96,13 @@ func (st *h2Stream) buildWebSocketRequest() (*request, string, *parseError) {
 // either side ends or the route is revoked; it reports whether the stream
 // must be reset.
 func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
-	s, r, hc := st.s, st.r, st.hc
+	s, hc := st.s, st.hc
 	x := &st.x
 	x.reset(s, hc.route, hc.sni, req, st)
 	fi := s.forwardInfo(x.pool, hc.sni, hc.peer, hc.trusted)
-	head := appendRequestHead(make([]byte, 0, 1024), req, &fi)
+	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, hc.route)
-	if err := x.connect(r.Context(), head, true); err != nil {
+	if err := x.connect(context.Background(), st.head, true); err != nil {
 		st.rec.timings(x)
 		return st.exchangeFailed(x, err)
 	}
@@ -162,14 +141,21 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 		bc.close()
 		return true
 	}
-	h := st.w.Header()
-	st.copyResponseFields(h, resp, false)
-	delete(h, "Sec-Websocket-Accept")
-	st.w.WriteHeader(http.StatusOK)
+	fields := st.responseFields(resp, false, -1)
+	kept := fields[:0]
+	for _, f := range fields {
+		if f.Name != "sec-websocket-accept" {
+			kept = append(kept, f)
+		}
+	}
+	err = st.es.WriteHeaders(http.StatusOK, kept, false)
 	// From here the instance's usage counts the WebSocket as open.
 	st.rec.upgraded(http.StatusOK, hc.route.Instance)
 	st.rec.overH2 = true
-	if err := st.flush(); err != nil {
+	if err == nil {
+		err = st.flush()
+	}
+	if err != nil {
 		st.rec.outcome = outcomeAborted
 		bc.close()
 		return true
@@ -192,16 +178,22 @@ func headerValue(resp *response, name string) string {
 // reports whether the stream must be reset.
 func (st *h2Stream) relayRefusal(x *exchange) bool {
 	resp := &x.resp
-	h := st.w.Header()
-	if !st.copyResponseFields(h, resp, false) {
-		h["Content-Type"] = nil
-	}
+	length := int64(-1)
 	if resp.body == bodyLength {
-		h["Content-Length"] = []string{strconv.FormatInt(resp.length, 10)}
+		length = resp.length
 	}
-	st.w.WriteHeader(resp.status)
+	noBody := resp.body == bodyNone || (resp.body == bodyLength && resp.length == 0)
+	err := st.es.WriteHeaders(resp.status, st.responseFields(resp, false, length), noBody)
+	st.ended = noBody && err == nil
 	st.rec.status, st.rec.outcome = resp.status, outcomeOK
-	if err := x.copyBody(h2BodyWriter{st}, nil, st.flush, false); err != nil {
+	if err == nil {
+		err = x.copyBody(st.es, nil, st.flushFn, false)
+	}
+	if err == nil && !st.ended {
+		err = st.es.End()
+		st.ended = err == nil
+	}
+	if err != nil {
 		st.rec.outcome = outcomeAborted
 		x.abort()
 		return true
@@ -217,7 +209,7 @@ type h2WebSocket struct {
 	done chan struct{} // closed when both directions have ended
 	// flushed is closed once a write to the connection that started
 	// after the WebSocket ended has completed: that write carried
-	// whatever the WebSocket had left in x/net's buffer (its close
+	// whatever the WebSocket had left in the engine's buffer (its close
 	// frame). Set before done is closed.
 	flushed <-chan struct{}
 }
@@ -226,7 +218,7 @@ type h2WebSocket struct {
 // reports whether the stream must be reset.
 func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	s, hc := st.s, st.hc
-	cw := &h2WSConn{st: st}
+	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.
@@ -246,8 +238,11 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 		close(ws.done)
 	}
 	s.m.websocketsActive.Inc()
-	// The stream's end (client reset, connection lost) ends the splice.
-	stop := context.AfterFunc(st.r.Context(), sp.closeBoth)
+	// The stream's end (client reset, connection lost) ends the splice
+	// (on a goroutine of its own: the engine's reader must not block).
+	st.es.AfterReset(func() { go sp.closeBoth() })
+	// An idle WebSocket is no stalled request body.
+	st.es.SetReadTimeout(0)
 	if cause := hc.addWebSocket(ws); cause != nil {
 		sp.revoke(cause)
 	}
@@ -257,7 +252,8 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	go down.run()
 	up.run()
 	<-ws.done
-	stop()
+	st.es.StopAfterReset()
+	cw.detach()
 	hc.removeWebSocket(ws)
 	s.m.websocketsActive.Dec()
 	s.m.bytesToApp.Add(float64(up.total))
@@ -270,19 +266,44 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 
 // h2WSConn is the client's side of an HTTP/2 WebSocket as the splice sees
 // it: reads come from the stream's DATA frames, each write is sent as DATA
-// at once (bounded by Config.BodyTimeout, or by the write deadline when
-// one is set), and Close ends both (a write in progress resets the
-// stream). Only the splice uses it, while the stream's handler runs.
+// at once (bounded by the engine's write timeout, and by the write
+// deadline when one is set), and Close ends both (reads return, a write
+// in progress resets the stream). Only the splice uses it, while the
+// stream's handler runs; detach cuts it from the stream before the
+// handler returns.
 type h2WSConn struct {
 	st       *h2Stream
 	deadline atomic.Int64 // unix nanos bounding writes; 0: none
 	writing  atomic.Bool
 	closed   atomic.Bool
+	wmu      sync.Mutex // one write at a time; held by detach
+	// mu guards live (st, nil once detached) for Close and abortWrite.
+	mu   sync.Mutex
+	live *h2Stream
 }
 
-func (c *h2WSConn) Read(p []byte) (int, error) { return c.st.r.Body.Read(p) }
+// detach cuts c from the stream before its handler returns: it waits for
+// a write in progress, and later calls fail.
+func (c *h2WSConn) detach() {
+	c.closed.Store(true)
+	c.wmu.Lock()
+	c.mu.Lock()
+	c.live = nil
+	c.mu.Unlock()
+	c.wmu.Unlock()
+}
+
+func (c *h2WSConn) Read(p []byte) (int, error) {
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	// Only the handler's goroutine reads: the stream outlives the read.
+	return c.st.es.Read(p)
+}
 
 func (c *h2WSConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	// writing is set before closed is checked, and Close sets closed
 	// before it checks writing: a write racing Close either sees closed
 	// or is aborted by it.
@@ -291,18 +312,29 @@ func (c *h2WSConn) Write(p []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	st := c.st
-	d := st.s.cfg.BodyTimeout
+	es := c.st.es
 	if dl := c.deadline.Load(); dl != 0 {
-		d = min(d, time.Until(time.Unix(0, dl)))
+		d := time.Until(time.Unix(0, dl))
+		if d <= 0 {
+			return 0, os.ErrDeadlineExceeded
+		}
+		t := time.AfterFunc(d, c.abortWrite)
+		defer t.Stop()
 	}
-	st.dog.armWriteFor(st.rc, max(d, time.Nanosecond))
-	n, err := st.w.Write(p)
+	n, err := es.Write(p)
 	if err == nil {
-		err = st.rc.Flush()
+		err = es.Flush()
 	}
-	st.dog.disarmWrite()
 	return n, err
+}
+
+// abortWrite resets the stream when a write is in progress.
+func (c *h2WSConn) abortWrite() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live != nil && c.writing.Load() {
+		c.live.resetCancel()
+	}
 }
 
 // Close ends the client's side: a read in progress returns, a write in
@@ -311,9 +343,14 @@ func (c *h2WSConn) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
-	_ = c.st.r.Body.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live == nil {
+		return nil
+	}
+	c.live.es.CloseRead()
 	if c.writing.Load() {
-		_ = c.st.rc.SetWriteDeadline(time.Now().Add(-time.Second))
+		c.live.resetCancel()
 	}
 	return nil
 }
@@ -321,8 +358,8 @@ func (c *h2WSConn) Close() error {
 func (c *h2WSConn) LocalAddr() net.Addr  { return c.st.hc.raw.LocalAddr() }
 func (c *h2WSConn) RemoteAddr() net.Addr { return c.st.hc.raw.RemoteAddr() }
 
-// SetDeadline and SetReadDeadline are not supported: x/net's read deadline
-// would end the stream's body for good.
+// SetDeadline and SetReadDeadline are not supported: the stream's reads
+// end with the WebSocket (Close).
 func (c *h2WSConn) SetDeadline(time.Time) error     { return nil }
 func (c *h2WSConn) SetReadDeadline(time.Time) error { return nil }
 
@@ -333,18 +370,6 @@ func (c *h2WSConn) SetWriteDeadline(t time.Time) error {
 	}
 	c.deadline.Store(v)
 	return nil
-}
-
-// armWriteFor arms the write watchdog for d instead of the body timeout.
-func (d *h2Watchdogs) armWriteFor(rc *http.ResponseController, timeout time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.rc = rc
-	if d.write == nil {
-		d.write = time.AfterFunc(timeout, d.fireWrite)
-		return
-	}
-	d.write.Reset(timeout)
 }
 
 // addWebSocket registers ws for revocation; it returns the revocation
@@ -407,83 +432,4 @@ func (hc *h2Conn) closeRevoked(cause error) {
 			}
 		}
 	}()
-}
-
-// afterNextWrite returns a channel closed when a write to the connection
-// that starts after this call has returned.
-func (c *h2NetConn) afterNextWrite() <-chan struct{} {
-	for {
-		if ch := c.nextWrite.Load(); ch != nil {
-			return *ch
-		}
-		ch := make(chan struct{})
-		if c.nextWrite.CompareAndSwap(nil, &ch) {
-			return ch
-		}
-	}
-}
-
-// Write writes x/net's frames. With hideXConnect the first frame (the
-// server's SETTINGS) has SETTINGS_ENABLE_CONNECT_PROTOCOL rewritten to 0.
-func (c *h2NetConn) Write(p []byte) (int, error) {
-	waiting := c.nextWrite.Swap(nil)
-	if c.hideXConnect && !c.settings.done {
-		p = c.settings.rewrite(p)
-	}
-	n, err := c.Conn.Write(p)
-	if waiting != nil {
-		close(*waiting)
-	}
-	return n, err
-}
-
-// settingsRewriter follows the first frame a server writes, its SETTINGS
-// frame, and sets the value of every SETTINGS_ENABLE_CONNECT_PROTOCOL
-// entry to 0 (RFC 8441 §3: 0 says extended CONNECT is not supported). It
-// copies what it changes and may see the frame across several writes.
-type settingsRewriter struct {
-	off  int // bytes of the frame seen
-	size int // the frame's payload length, once its header is seen
-	hdr  [9]byte
-	id   uint16 // the current setting's identifier
-	done bool
-}
-
-func (w *settingsRewriter) rewrite(p []byte) []byte {
-	var out []byte
-	for i := 0; i < len(p) && !w.done; i++ {
-		b := p[i]
-		if w.off < len(w.hdr) {
-			w.hdr[w.off] = b
-			w.off++
-			if w.off == len(w.hdr) {
-				w.size = int(w.hdr[0])<<16 | int(w.hdr[1])<<8 | int(w.hdr[2])
-				// Only a SETTINGS frame (type 4) is rewritten.
-				w.done = w.hdr[3] != 0x4 || w.size == 0
-			}
-			continue
-		}
-		pos := (w.off - len(w.hdr)) % 6
-		switch pos {
-		case 0:
-			w.id = uint16(b) << 8
-		case 1:
-			w.id |= uint16(b)
-		default:
-			if w.id == 0x8 && b != 0 {
-				if out == nil {
-					out = append([]byte(nil), p...)
-				}
-				out[i] = 0
-			}
-		}
-		w.off++
-		if w.off == len(w.hdr)+w.size {
-			w.done = true
-		}
-	}
-	if out != nil {
-		return out
-	}
-	return p
 }

@@ -10,11 +10,9 @@
 //
 //	server.go      Server: configuration, lifecycle, admission, drain
 //	conn.go        an HTTP/1.1 client connection: request loop, answers
-//	h2.go          HTTP/2: x/net servers, ServeH2, the connection wrapper
+//	h2.go          HTTP/2: ServeH2 on the engine (internal/h2engine), its settings, drain
 //	h2conn.go      an HTTP/2 connection bound to a route (revocation)
 //	h2stream.go    an HTTP/2 stream: checks, conversion, forwarding
-//	h2heads.go     HTTP/2 request heads bounded in time
-//	h2watchdog.go  per-stream read and write timeouts
 //	h2websocket.go WebSockets over HTTP/2 (RFC 8441 extended CONNECT)
 //	h2c.go         streams to services that declare h2c (gRPC): HTTP/2 to the app
 //	h2c_pool.go    the per-route pool of HTTP/2 app connections (h2c)
@@ -184,8 +182,6 @@ type Server struct {
 	stopping chan struct{} // closed when Shutdown starts: ends waits for apps to listen
 	stopOnce sync.Once
 	idleCh   chan struct{} // signalled when a connection ends during drain
-
-	h2 h2State // the HTTP/2 server, created on first use (h2.go)
 
 	idle idlePoller // idle WebSocket directions (idlepoll.go)
 }

@@ -48,10 +48,9 @@ func binarySettings(t *testing.T, p *proc) map[http2.SettingID]uint32 {
 }
 
 // TestH2ExtendedConnectInBinary: the built binary's HTTP/2 listener
-// advertises SETTINGS_ENABLE_CONNECT_PROTOCOL = 1, which x/net/http2 only
-// does when GODEBUG held http2xconnect=1 at its init (internal/h2xconnect
-// arranges it; the child's environment has no GODEBUG of its own), and
-// 0 with --app-http2-websockets=false.
+// advertises SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (the engine does when
+// HTTP/2 WebSockets are on; the child's environment has no GODEBUG of its
+// own), and not at all (0) with --app-http2-websockets=false.
 func TestH2ExtendedConnectInBinary(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -183,6 +183,8 @@ var (
 	ErrWriteTimeout = errors.New("h2engine: no flow-control window within the write timeout")
 	// ErrReadTimeout: no request body arrived within Config.ReadTimeout.
 	ErrReadTimeout = errors.New("h2engine: no request body within the read timeout")
+	// ErrReadClosed: CloseRead was called.
+	ErrReadClosed = errors.New("h2engine: request body reads closed")
 	// ErrStreamClosed: the response was already ended.
 	ErrStreamClosed = errors.New("h2engine: response already ended")
 	// ErrHeadersWritten: WriteHeaders after the final headers.

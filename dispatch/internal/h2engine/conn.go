@@ -66,24 +66,28 @@ type Conn struct {
 
 	// mu guards the connection and stream state below and the fields of
 	// its streams documented as such.
-	mu          sync.Mutex
-	streams     []*Stream // open and half-closed streams
-	live        int       // streams whose handler has not returned, or not closed
-	maxSeen     uint32    // highest client stream id seen
-	goAwayID    uint32    // last stream id of the GOAWAY sent
-	goAwaySent  bool
-	draining    bool // Shutdown or the client's GOAWAY: no new streams
-	closing     bool // the connection is being closed
-	closed      bool // Serve is cleaning up: no new goroutines
-	sendWin     int64
-	peerInitWin int64
-	recvAvail   int64 // connection receive window left
-	recvUnacked int64 // consumed, not yet given back by WINDOW_UPDATE
-	waiters     []*Stream
-	recent      [32]recentStream
-	recentI     int
-	idleSince   int64 // clock time when live last became 0
-	pingSentAt  int64 // clock time of the outstanding PING (0: none)
+	mu         sync.Mutex
+	streams    []*Stream // open and half-closed streams
+	live       int       // streams whose handler has not returned, or not closed
+	maxSeen    uint32    // highest client stream id seen
+	goAwayID   uint32    // last stream id of the GOAWAY sent
+	goAwaySent bool
+	// started: the server preface is written; a Shutdown before it is
+	// held in shutdownPending and done right after it.
+	started         bool
+	shutdownPending bool
+	draining        bool // Shutdown or the client's GOAWAY: no new streams
+	closing         bool // the connection is being closed
+	closed          bool // Serve is cleaning up: no new goroutines
+	sendWin         int64
+	peerInitWin     int64
+	recvAvail       int64 // connection receive window left
+	recvUnacked     int64 // consumed, not yet given back by WINDOW_UPDATE
+	waiters         []*Stream
+	recent          [32]recentStream
+	recentI         int
+	idleSince       int64 // clock time when live last became 0
+	pingSentAt      int64 // clock time of the outstanding PING (0: none)
 
 	epoch    time.Time
 	lastRead atomic.Int64 // clock time of the last read from nc
@@ -157,12 +161,23 @@ func (c *Conn) Serve() error {
 		c.timer.Stop()
 	}
 	c.wg.Wait()
+	// Under the write lock: a Shutdown that began before the connection
+	// ended may still be writing its GOAWAY.
+	c.wmu.Lock()
 	c.out.release()
+	c.wmu.Unlock()
 	return err
 }
 
 func (c *Conn) serve() error {
 	c.writePreface()
+	c.mu.Lock()
+	c.started = true
+	pending := c.shutdownPending
+	c.mu.Unlock()
+	if pending {
+		c.Shutdown()
+	}
 	c.startTimer()
 	var pre [len(clientPreface)]byte
 	if _, err := io.ReadFull(c.br, pre[:]); err != nil {
@@ -362,9 +377,16 @@ var errRapidReset = connError{http2.ErrCodeEnhanceYourCalm, "too many streams re
 // Shutdown starts a graceful close: GOAWAY with the last stream id
 // processed, no new streams, and the connection closes once its streams
 // are done. It does not wait; Serve returns when the connection ends.
+// Called before Serve has written the server preface, it takes effect
+// right after it.
 func (c *Conn) Shutdown() {
 	c.mu.Lock()
 	if c.closing || c.goAwaySent {
+		c.mu.Unlock()
+		return
+	}
+	if !c.started {
+		c.shutdownPending = true
 		c.mu.Unlock()
 		return
 	}

@@ -387,6 +387,9 @@ func (c *Conn) startStream(st *Stream, endStream bool) error {
 	}
 	st.sendWin = c.peerInitWin
 	st.remoteClosed = endStream
+	if endStream && st.ContentLength < 0 {
+		st.ContentLength = 0 // no body: HEADERS ended the stream
+	}
 	c.streams = append(c.streams, st)
 	c.live++
 	c.wg.Add(1)

@@ -27,7 +27,8 @@ type Stream struct {
 	// Header holds the request's regular fields in order, names
 	// lowercase; a cookie split in crumbs comes as several fields.
 	Header []HeaderField
-	// ContentLength is the request's content-length, -1 when absent. The
+	// ContentLength is the request's content-length, -1 when absent and
+	// a body may follow (0 when the HEADERS frame ended the stream). The
 	// engine checks it against the DATA received.
 	ContentLength int64
 	// Trailer holds the request's trailers once Read has returned io.EOF.
@@ -49,8 +50,12 @@ type Stream struct {
 	afterReset   func()
 	readWaiting  bool
 	writeWaiting bool
+	readClosed   bool // CloseRead: reads fail with ErrReadClosed
 
 	readWake, writeWake chan struct{}
+
+	// readTimeout bounds one blocking Read (SetReadTimeout).
+	readTimeout time.Duration
 
 	// The handler's goroutine only.
 	headersDone bool // final headers written
@@ -94,7 +99,24 @@ func newStream(c *Conn, id uint32) *Stream {
 	st.c, st.id = c, id
 	st.ContentLength = -1
 	st.recvAvail = int64(c.cfg.InitialWindowSize)
+	st.readTimeout = c.cfg.ReadTimeout
 	return st
+}
+
+// SetReadTimeout replaces Config.ReadTimeout for this stream's reads (0:
+// unbounded; a WebSocket, say). It must be called before the reads it
+// bounds start, by the goroutine that starts them.
+func (st *Stream) SetReadTimeout(d time.Duration) { st.readTimeout = d }
+
+// CloseRead makes a Read in progress, and every later one, return
+// ErrReadClosed without resetting the stream: the response may still be
+// written and ended.
+func (st *Stream) CloseRead() {
+	c := st.c
+	c.mu.Lock()
+	st.readClosed = true
+	st.wakeReader()
+	c.mu.Unlock()
 }
 
 // Bounds on what a pooled stream keeps.
@@ -323,6 +345,8 @@ func (st *Stream) Read(p []byte) (int, error) {
 		switch {
 		case st.resetErr != nil:
 			err = st.resetErr
+		case st.readClosed:
+			err = ErrReadClosed
 		case st.remoteClosed:
 			err = io.EOF
 		case c.closing:
@@ -342,9 +366,9 @@ func (st *Stream) Read(p []byte) (int, error) {
 			c.lockWrite()
 			_ = c.unlockWrite(true)
 		}
-		if c.cfg.ReadTimeout > 0 {
+		if st.readTimeout > 0 {
 			if timer == nil {
-				timer = time.NewTimer(c.cfg.ReadTimeout)
+				timer = time.NewTimer(st.readTimeout)
 			}
 			select {
 			case <-st.readWake:
