@@ -140,7 +140,12 @@ func TestShutdownBeforeServe(t *testing.T) {
 	c.Shutdown()
 	served := make(chan error, 1)
 	go func() { served <- c.Serve() }()
-	defer func() { _ = cli.Close(); <-served }()
+	defer func() {
+		_ = cli.Close()
+		if err := <-served; err != nil {
+			t.Logf("Serve: %v", err)
+		}
+	}()
 	_ = cli.SetDeadline(time.Now().Add(5 * time.Second))
 	go func() {
 		_, _ = io.WriteString(cli, http2.ClientPreface)
