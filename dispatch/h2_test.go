@@ -685,11 +685,11 @@ func TestH2InstanceLimit(t *testing.T) {
 	if r := <-inflight; r.err != nil || r.status != 200 || r.body != "done" {
 		t.Fatalf("blocked request: %+v", r)
 	}
-	// The slot is free again.
+	// The slot is free again (released when each stream's handler
+	// returns, which may be just after its last frame reached the client).
 	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
-	if got := e.table.Lookup(h2WebHost).Instance.Active(); got != 0 {
-		t.Fatalf("%d slots held", got)
-	}
+	inst := e.table.Lookup(h2WebHost).Instance
+	testutil.Eventually(t, 5*time.Second, "every stream slot released", func() bool { return inst.Active() == 0 })
 }
 
 // TestH2Drain: Shutdown sends GOAWAY, lets the stream in flight finish and

@@ -780,8 +780,14 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 	started := time.Now()
 	log := g.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("discovery watch opened")
+	// deadline is the send deadline of the write in progress: a write
+	// that fails after it passed failed because the reader did not read,
+	// whatever error the protocol reports (on HTTP/2 the deadline's timer
+	// resets the stream, and the write may see the reset, not a timeout).
+	var deadline time.Time
 	write := func(line []byte) error {
-		if err := rc.SetWriteDeadline(time.Now().Add(g.dcfg.sendTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		deadline = time.Now().Add(g.dcfg.sendTimeout)
+		if err := rc.SetWriteDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return fmt.Errorf("set write deadline: %w", err)
 		}
 		if _, err := w.Write(line); err != nil {
@@ -806,7 +812,7 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 		log.Info("discovery watch ended", attrs...)
 	}
 	writeFailed := func(err error) {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		if errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline) {
 			end(discEndSendTimeout, err)
 			return
 		}

@@ -279,7 +279,9 @@ func TestEtcdFootprint(t *testing.T) {
 		}
 	}
 	writeFileAtomic(t, configPath, discConfig(sections))
-	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath, prefix: "/fp/"})
+	// Sessions live long enough for the count below on a slow machine
+	// (they are not renewed here).
+	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath, prefix: "/fp/", sessionTTL: 5 * time.Minute})
 	// 10 advertising at a time: etcd batches their writes.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 10)
