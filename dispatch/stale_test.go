@@ -87,6 +87,18 @@ func newIdleClosingApp(t *testing.T) *idleClosingApp {
 
 func (a *idleClosingApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
 
+// poolState describes pool's idle connections for a failure message.
+func poolState(pool *backendPool) string {
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d idle", len(pool.idle))
+	for _, bc := range pool.idle {
+		fmt.Fprintf(&b, "; idle %v, usable %v", time.Since(bc.idleSince).Round(time.Microsecond), bc.probe.usable())
+	}
+	return b.String()
+}
+
 // poolAllStale reports whether pool holds idle connections and the
 // listener's probe finds every one of them closed by the app.
 func poolAllStale(pool *backendPool) bool {
@@ -146,9 +158,13 @@ func TestStalePooledConnectionsThousandRequests(t *testing.T) {
 			for i := range staleRequests {
 				<-tick.C
 				if i > 0 {
-					testutil.Eventually(t, staleCondition, "the app to close the idle pooled connection", func() bool {
-						return app.closed.Load() == int64(i) && poolAllStale(pool)
-					})
+					for deadline := time.Now().Add(staleCondition); app.closed.Load() < int64(i) || !poolAllStale(pool); {
+						if time.Now().After(deadline) {
+							t.Fatalf("timed out after %v waiting for the app to close the idle pooled connection before request %d: the app opened %d and closed %d connections; pool: %s",
+								staleCondition, i+1, app.opened.Load(), app.closed.Load(), poolState(pool))
+						}
+						time.Sleep(100 * time.Microsecond) // polling the condition above
+					}
 				}
 				path := fmt.Sprintf("/r%d", i)
 				if code, body, err := do(path); err != nil || code != 200 || body != "ok "+path {
