@@ -2,8 +2,9 @@
 # bench/run.sh — applistener side by side with nginx, HAProxy and Caddy doing
 # the same job on this machine: TLS termination on a loopback port, routing by
 # SNI/Host (team--demo--web.apps.test) to one backend app over HTTP/1.1
-# keep-alive, WebSocket upgrades. The app served directly (TLS and plain) is
-# the bound no proxy can beat. `make bench-compare` runs it; bench/README.md
+# keep-alive, WebSocket upgrades; HTTP/2 from clients (h2load) for the
+# proxies that terminate it. The app served directly (TLS and plain) is the
+# bound no proxy can beat. `make bench-compare` runs it; bench/README.md
 # explains every choice. Results: bench/results/latest.{md,json}.
 #
 # Environment:
@@ -56,6 +57,10 @@ SMALL_CONNS=50     # wrk connections, small requests
 DL_CONNS=16        # wrk connections, 64 KiB / 1 MiB downloads
 HS_WORKERS=32      # parallel connection openers
 WS_CONNS=100       # WebSocket echo connections
+MANY_CONNS=400     # wrk connections, small requests from many clients
+H2_MUX_CONNS=4     # h2load: connections x streams, multiplexed
+H2_MUX_STREAMS=100
+H2_ONE_CONNS=50    # h2load: connections with one stream each
 RELOAD_ROUTES=10000
 PROFILE_SECONDS=5
 HOST=team--demo--web.apps.test
@@ -63,6 +68,7 @@ CADDY_VERSION=v2.11.9
 
 # Ports (loopback only).
 P_APP=$((PORT_BASE + 0))       # backend app, plain HTTP
+P_APPSTATS=$((PORT_BASE + 1))  # backend app's counters (GET /stats)
 P_AL=$((PORT_BASE + 43))       # applistener
 P_ADMIN=$((PORT_BASE + 90))    # applistener admin (pprof)
 P_NGINX=$((PORT_BASE + 44))
@@ -70,6 +76,8 @@ P_HAPROXY=$((PORT_BASE + 45))
 P_CADDY=$((PORT_BASE + 46))
 P_DTLS=$((PORT_BASE + 47))     # app directly, TLS
 P_DPLAIN=$((PORT_BASE + 48))   # app directly, plain HTTP
+P_NGINX_H2=$((PORT_BASE + 49)) # nginx, listen ... http2 (applistener offers h2 on its one port)
+P_HAPROXY_H2=$((PORT_BASE + 50)) # HAProxy, bind ... alpn h2,http/1.1
 
 # CPU pinning: the proxy under test owns core 0; the load generator and the
 # backend app share core 1. With one core, everything shares it.
@@ -121,6 +129,7 @@ install_tools() {
 	command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need+=(nginx)
 	command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || need+=(haproxy)
 	command -v wrk >/dev/null || need+=(wrk)
+	command -v h2load >/dev/null || need+=(nghttp2-client)
 	command -v openssl >/dev/null || need+=(openssl)
 	command -v jq >/dev/null || need+=(jq)
 	command -v curl >/dev/null || need+=(curl)
@@ -249,7 +258,7 @@ wait_ready() { # scheme port
 # ---------------------------------------------------------------- backend
 start_backend() {
 	"$TMP/benchapp" -h >/dev/null 2>&1 || true
-	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APP" >"$TMP/benchapp.log" 2>&1 &
+	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APP" -stats-addr "127.0.0.1:$P_APPSTATS" >"$TMP/benchapp.log" 2>&1 &
 	BACKEND_PID=$!
 	STARTED+=("$BACKEND_PID")
 	local i
@@ -258,6 +267,22 @@ start_backend() {
 		sleep 0.1
 	done
 	die "backend app did not start: $(cat "$TMP/benchapp.log")"
+}
+
+# app_stats: "ACCEPTS REQUESTS", the backend app's counters so far: the
+# connections every proxy opened to it and the requests it answered.
+app_stats() {
+	curl -fs --max-time 2 "http://127.0.0.1:$P_APPSTATS/stats" | jq -r '"\(.accepts) \(.requests)"' 2>/dev/null || echo "0 0"
+}
+# app_delta BEFORE AFTER: sets APP_DIALS (connections opened) and APP_REQS
+# (requests answered) between two app_stats readings, and APP_DIALS_K, the
+# app connections opened per 1,000 requests.
+app_delta() {
+	local a0 r0 a1 r1
+	read -r a0 r0 <<<"$1"
+	read -r a1 r1 <<<"$2"
+	APP_DIALS=$((a1 - a0)) APP_REQS=$((r1 - r0))
+	if ((APP_REQS > 0)); then APP_DIALS_K=$(calc "$APP_DIALS * 1000 / $APP_REQS"); else APP_DIALS_K=""; fi
 }
 
 # ---------------------------------------------------------------- proxies
@@ -283,7 +308,7 @@ start_applistener() {
 		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" \
 		--default-max-streams 0 --drain-timeout 2s >>"$TMP/applistener.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_AL SCHEME=https
+	PORT=$P_AL SCHEME=https H2PORT=$P_AL
 }
 
 start_nginx() {
@@ -314,7 +339,7 @@ http {
     ssl_conf_command Ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256;
     upstream app {
         server 127.0.0.1:$P_APP;
-        keepalive 256;
+        keepalive 512;
         keepalive_requests 1000000;
         keepalive_timeout 60s;
     }
@@ -326,7 +351,14 @@ http {
         ssl_reject_handshake on;
     }
     server {
+        listen 127.0.0.1:$P_NGINX_H2 ssl http2 default_server;
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        ssl_reject_handshake on;
+    }
+    server {
         listen 127.0.0.1:$P_NGINX ssl;
+        listen 127.0.0.1:$P_NGINX_H2 ssl http2;
         server_name $HOST;
         ssl_certificate $TMP/certs/chain.crt;
         ssl_certificate_key $TMP/certs/tls.key;
@@ -346,7 +378,7 @@ http {
 EOF
 	run_pinned "$PROXY_CPU" "$NGINX" -p "$d" -c "$d/nginx.conf" -e "$d/logs/error.log" >>"$d/logs/stderr.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_NGINX SCHEME=https
+	PORT=$P_NGINX SCHEME=https H2PORT=$P_NGINX_H2
 }
 
 start_haproxy() {
@@ -369,6 +401,7 @@ defaults
     http-reuse always
 frontend fe
     bind 127.0.0.1:$P_HAPROXY ssl crt $TMP/certs/haproxy.pem alpn http/1.1
+    bind 127.0.0.1:$P_HAPROXY_H2 ssl crt $TMP/certs/haproxy.pem alpn h2,http/1.1
     option forwardfor
     http-request set-header X-Forwarded-Proto https
     acl sni_ok ssl_fc_sni -m str $HOST
@@ -381,7 +414,7 @@ backend none
 EOF
 	run_pinned "$PROXY_CPU" "$HAPROXY" -db -f "$d/haproxy.cfg" >>"$d/haproxy.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_HAPROXY SCHEME=https
+	PORT=$P_HAPROXY SCHEME=https H2PORT=$P_HAPROXY_H2
 }
 
 start_caddy() {
@@ -429,6 +462,7 @@ start_direct-plain() {
 
 start_target() {
 	TARGET=$1
+	H2PORT=""
 	"start_$TARGET"
 	STARTED+=("$TARGET_PID")
 	wait_ready "$SCHEME" "$PORT" || die "$TARGET did not come up (see logs in $TMP; BENCH_KEEP=1 keeps them)"
@@ -469,13 +503,16 @@ to_ms() { # wrk latency: 1.23ms / 850.00us / 1.01s
 		else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.4f", v*1000 }
 		else print "" }'
 }
-run_wrk() { # conns duration path -> sets WRK_OUT, WRK_CPU_S, WRK_WALL
-	local c0 c1 t0 t1
+run_wrk() { # conns duration path -> sets WRK_OUT, WRK_CPU_S, WRK_WALL, APP_DIALS_K
+	local c0 c1 t0 t1 s0 s1
+	s0=$(app_stats)
 	c0=$(cpu_ticks)
 	t0=$(now)
 	WRK_OUT=$(load wrk -t1 -c"$1" -d"${2}s" --latency -s "$BENCH/sni.lua" "$SCHEME://$HOST:$PORT$3" 2>&1) || true
 	t1=$(now)
 	c1=$(cpu_ticks)
+	s1=$(app_stats)
+	app_delta "$s0" "$s1"
 	WRK_CPU_S=$(calc "($c1 - $c0) / $CLK_TCK")
 	WRK_WALL=$(calc "$t1 - $t0")
 	echo "$WRK_OUT" >>"$TMP/wrk.log"
@@ -496,7 +533,56 @@ wl_small() { # round duration
 	record "$TARGET" small_p99_ms "$1" "$(to_ms "$(awk '$1=="99%"{print $2}' <<<"$WRK_OUT")")"
 	record "$TARGET" small_cpu_us "$1" "$(calc "$WRK_CPU_S * 1e6 / $WRK_N")"
 	record "$TARGET" small_cpu_pct "$1" "$(calc "$WRK_CPU_S / $WRK_WALL * 100")"
+	record "$TARGET" small_dials "$1" "$APP_DIALS_K"
 }
+
+# Many clients: 400 keep-alive connections. A 1 s warm-up at the same
+# concurrency first, so that the figures are the steady state (the proxy's
+# app connections already opened), as for every other workload.
+wl_many() { # round duration
+	run_wrk "$MANY_CONNS" 1 / >/dev/null
+	run_wrk "$MANY_CONNS" "$2" /
+	record "$TARGET" many_rps "$1" "$WRK_RPS"
+	record "$TARGET" many_p50_ms "$1" "$(to_ms "$(awk '$1=="50%"{print $2}' <<<"$WRK_OUT")")"
+	record "$TARGET" many_p99_ms "$1" "$(to_ms "$(awk '$1=="99%"{print $2}' <<<"$WRK_OUT")")"
+	record "$TARGET" many_cpu_us "$1" "$(calc "$WRK_CPU_S * 1e6 / $WRK_N")"
+	record "$TARGET" many_dials "$1" "$APP_DIALS_K"
+}
+
+# HTTP/2 clients (h2load, TLS, ALPN h2), small responses; each proxy
+# forwards HTTP/1.1 keep-alive to the app. h2load connects to 127.0.0.1
+# (--connect-to) and sends the URL's host as SNI and :authority. CPU per
+# request and app dials per 1,000 requests are taken over the whole h2load
+# run (its 1 s warm-up included) against the requests the app answered in
+# it; a 1 s run at the same concurrency goes first, as for wl_many.
+run_h2load() { # conns streams duration -> sets H2_OUT, H2_RPS, H2_CPU_US, APP_DIALS_K
+	local c0 c1 s0 s1 url="https://$HOST:$H2PORT/"
+	(load h2load -t1 -c"$1" -m"$2" -D 1 --connect-to "127.0.0.1:$H2PORT" "$url" >/dev/null 2>&1) || true
+	s0=$(app_stats)
+	c0=$(cpu_ticks)
+	H2_OUT=$(load h2load -t1 -c"$1" -m"$2" -D "$3" --warm-up-time 1 --connect-to "127.0.0.1:$H2PORT" "$url" 2>&1) || true
+	c1=$(cpu_ticks)
+	s1=$(app_stats)
+	app_delta "$s0" "$s1"
+	echo "$H2_OUT" >>"$TMP/h2load.log"
+	H2_RPS=$(awk '/^finished in/{for (i = 1; i <= NF; i++) if ($i == "req/s,") print $(i-1)}' <<<"$H2_OUT")
+	H2_CPU_US=""
+	if ((APP_REQS > 0)); then H2_CPU_US=$(calc "($c1 - $c0) / $CLK_TCK * 1e6 / $APP_REQS"); fi
+	local proto bad
+	proto=$(awk -F': ' '/^Application protocol:/{print $2}' <<<"$H2_OUT")
+	bad=$(awk '/^requests:/{if ($10 + $12 + $14 > 0) print} /^status codes:/{if ($5 + $7 + $9 > 0) print}' <<<"$H2_OUT")
+	[[ $proto == h2 ]] || { note "$TARGET h2load -c$1 -m$2: negotiated '${proto:-nothing}', not h2: $(tail -n 2 <<<"$H2_OUT" | tr '\n' ' ')"; H2_RPS=""; }
+	[[ -z $bad ]] || note "$TARGET h2load -c$1 -m$2: $bad"
+}
+wl_h2() { # round duration conns streams metric-prefix
+	run_h2load "$3" "$4" "$2"
+	[[ -n $H2_RPS ]] || return 0
+	record "$TARGET" "${5}_rps" "$1" "$H2_RPS"
+	record "$TARGET" "${5}_cpu_us" "$1" "$H2_CPU_US"
+	record "$TARGET" "${5}_dials" "$1" "$APP_DIALS_K"
+}
+wl_h2_mux() { wl_h2 "$1" "$2" "$H2_MUX_CONNS" "$H2_MUX_STREAMS" h2_mux; }
+wl_h2_one() { wl_h2 "$1" "$2" "$H2_ONE_CONNS" 1 h2_one; }
 
 wl_dl() { # round duration path metric-prefix bytes
 	run_wrk "$DL_CONNS" "$2" "$3"
@@ -665,7 +751,8 @@ workloads_for() {
 	case $1 in
 	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
-	*) echo "ws_idle small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	caddy) echo "ws_idle small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	*) echo "ws_idle small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	esac
 }
 
@@ -673,6 +760,9 @@ run_workload() { # name round
 	case $1 in
 	ws_idle) wl_ws_idle "$2" ;;
 	small) wl_small "$2" "$DUR" ;;
+	many) wl_many "$2" "$DUR" ;;
+	h2_mux) wl_h2_mux "$2" "$DUR" ;;
+	h2_one) wl_h2_one "$2" "$DUR" ;;
 	rate) wl_rate "$2" "$RATE_DUR" ;;
 	dl64k) wl_dl64k "$2" "$SHORT_DUR" ;;
 	dl1m) wl_dl1m "$2" "$SHORT_DUR" ;;
@@ -766,7 +856,7 @@ build
 certs
 mkdir -p "$RESULTS/profiles"
 
-for p in $P_APP $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS $P_DPLAIN; do
+for p in $P_APP $P_APPSTATS $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS $P_DPLAIN $P_NGINX_H2 $P_HAPROXY_H2; do
 	port_free "$p" || die "port $p is in use (set BENCH_PORT_BASE)"
 done
 
@@ -803,7 +893,7 @@ done
 META=$TMP/meta.tsv
 {
 	printf 'machine\t%s\n' "nproc $NPROC; $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); kernel $(uname -r); $(go version | awk '{print $3}'); $(date -u +%FT%TZ)"
-	printf 'tools\t%s\n' "$("$NGINX" -v 2>&1 | sed 's/.*: //'); HAProxy $("$HAPROXY" -v | awk 'NR==1{print $3}'); Caddy $CADDY_VERSION; $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}'); $(openssl version | awk '{print $1, $2}')"
+	printf 'tools\t%s\n' "$("$NGINX" -v 2>&1 | sed 's/.*: //'); HAProxy $("$HAPROXY" -v | awk 'NR==1{print $3}'); Caddy $CADDY_VERSION; $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}'); $(h2load --version 2>&1 | awk 'NR==1{print $1, $2}'); $(openssl version | awk '{print $1, $2}')"
 	printf 'run\t%s\n' "$ROUNDS round(s), interleaved (every target once per round); runs of ${DUR}s (small requests), ${SHORT_DUR}s (downloads, handshakes, WebSocket echo), ${RATE_DUR}s (fixed rate), after warm-ups; quick=$QUICK; took $(( $(date +%s) - START ))s"
 	printf 'pinning\t%s\n' "proxy under test on core $PROXY_CPU (one worker/thread, GOMAXPROCS=1); load generator (wrk -t1, Go tools with GOMAXPROCS=1) and backend app (GOMAXPROCS=1) on core $LOAD_CPU; $SCHED_DESC"
 	printf 'TLS negotiated by an OpenSSL client\t%s\n' "$(awk -F'\t' '{sep = (NR > 1) ? "; " : ""; printf "%s%s: %s", sep, $1, $2}' "$TMP/negotiated.tsv" 2>/dev/null)"

@@ -9,6 +9,11 @@
 // shares a core with the load generator, costs little and the proxy under
 // test is what saturates. -nethttp serves everything with net/http instead.
 // WebSocket upgrades always go to gorilla/websocket.
+//
+// -stats-addr serves GET /stats (plain HTTP, JSON): the connections
+// accepted and the requests answered so far, from which run.sh derives how
+// often a proxy opened a new connection to the app ("app dials per 1,000
+// requests").
 package main
 
 import (
@@ -26,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,10 +71,20 @@ func wsEcho(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// Counters behind -stats-addr: connections accepted (plain and TLS) and
+// requests answered (WebSocket upgrades included).
+var accepts, requests atomic.Uint64
+
+func statsHandler(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, "{\"accepts\":%d,\"requests\":%d}\n", accepts.Load(), requests.Load())
+}
+
 func netHTTPHandler() http.Handler {
 	serve := func(b []byte) http.HandlerFunc {
 		n := strconv.Itoa(len(b))
 		return func(w http.ResponseWriter, _ *http.Request) {
+			requests.Add(1)
 			h := w.Header()
 			h["Content-Type"] = []string{"application/octet-stream"}
 			h["Content-Length"] = []string{n}
@@ -160,6 +176,7 @@ func leanConn(c net.Conn) {
 			r := &http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 				Header: hdr, Host: hdr.Get("Host"), RequestURI: target, RemoteAddr: c.RemoteAddr().String()}
 			_ = c.SetReadDeadline(time.Time{})
+			requests.Add(1)
 			wsEcho(&hijackWriter{c: c, br: br, h: http.Header{}}, r)
 			return
 		}
@@ -179,6 +196,7 @@ func leanConn(c net.Conn) {
 		default:
 			resp = respNotFound
 		}
+		requests.Add(1)
 		if _, err := c.Write(resp); err != nil || closeAfter {
 			return
 		}
@@ -231,6 +249,7 @@ func serveLean(ln net.Listener) error {
 			}
 			return err
 		}
+		accepts.Add(1)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
@@ -259,7 +278,19 @@ func main() {
 	certFile := flag.String("cert", "", "TLS certificate (PEM)")
 	keyFile := flag.String("key", "", "TLS key (PEM)")
 	useNetHTTP := flag.Bool("nethttp", false, "serve with net/http instead of the lean path")
+	statsAddr := flag.String("stats-addr", "", "plain HTTP address of GET /stats: connections accepted, requests answered (empty: none)")
 	flag.Parse()
+
+	if *statsAddr != "" {
+		ln, err := net.Listen("tcp", *statsAddr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/stats", statsHandler)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { log.Fatal(srv.Serve(ln)) }()
+	}
 
 	serve := func(ln net.Listener) {
 		if *useNetHTTP {
@@ -269,6 +300,11 @@ func main() {
 				IdleTimeout:       10 * time.Minute,
 				TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 				ErrorLog:          log.New(os.Stderr, "benchapp: ", 0),
+				ConnState: func(_ net.Conn, st http.ConnState) {
+					if st == http.StateNew {
+						accepts.Add(1)
+					}
+				},
 			}
 			log.Fatal(srv.Serve(ln))
 		}
