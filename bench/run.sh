@@ -305,7 +305,7 @@ start_applistener() {
 	put_routes routes_doc 0 base
 	run_pinned "$PROXY_CPU" "$TMP/applistener" serve --app-listener --app-domain apps.test \
 		--app-address "127.0.0.1:$P_AL" --app-tls-dir "$TMP/certs/applistener" \
-		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" \
+		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" --admin-pprof \
 		--default-max-streams 0 --drain-timeout 2s >>"$TMP/applistener.log" 2>&1 &
 	TARGET_PID=$!
 	PORT=$P_AL SCHEME=https H2PORT=$P_AL
@@ -794,7 +794,7 @@ profile_workload() { # workload
 			echo "# (heap profile, in use after GC, with $(jget .open "$IDLE_JSON") idle WebSockets held)"
 			echo "# goroutines: $(curl -fs "http://127.0.0.1:$P_ADMIN/debug/pprof/goroutine?debug=1" | head -n 1)"
 			echo "# RSS of the process: $(rss_kib) KiB"
-			go tool pprof -top -nodecount=20 -sample_index=inuse_space "$TMP/applistener" "$prof" 2>&1
+			go tool pprof -top -nodecount=20 -sample_index=inuse_space "$TMP/applistener" "$prof" 2>&1 || true
 		} >>"$out"
 		close_idle
 		stop_target
@@ -817,13 +817,13 @@ profile_workload() { # workload
 		{
 			echo
 			echo "## top 20 by flat CPU"
-			go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+			go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1 || true
 			echo
 			echo "## top 20 by cumulative CPU"
-			go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+			go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1 || true
 			echo
 			echo "## top 20 by cumulative CPU, control plane only (focus: routes, control, slog, logsink)"
-			go tool pprof -top -cum -nodecount=20 -focus='applistener/(routes|control|internal/logsink)|log/slog' "$TMP/applistener" "$prof" 2>&1
+			go tool pprof -top -cum -nodecount=20 -focus='applistener/(routes|control|internal/logsink)|log/slog' "$TMP/applistener" "$prof" 2>&1 || true
 		} >>"$out"
 		return 0
 		;;
@@ -842,10 +842,10 @@ profile_workload() { # workload
 	{
 		echo
 		echo "## top 20 by flat CPU"
-		go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+		go tool pprof -top -nodecount=20 "$TMP/applistener" "$prof" 2>&1 || true
 		echo
 		echo "## top 20 by cumulative CPU"
-		go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1
+		go tool pprof -top -cum -nodecount=20 "$TMP/applistener" "$prof" 2>&1 || true
 	} >>"$out"
 }
 
@@ -900,6 +900,20 @@ META=$TMP/meta.tsv
 	printf 'load average at the end\t%s\n' "$(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine adds noise)"
 } >"$META"
 
+# The results are written before the profiles are taken (and again after,
+# with their notes), so that a failed profile never loses a run's figures.
+write_results() {
+	# The inputs are kept beside the outputs, so the tables can be rebuilt:
+	#   go run ./bench/cmd/benchreport -raw bench/results/latest.raw.tsv \
+	#     -meta bench/results/latest.meta.tsv -notes bench/results/latest.notes.txt \
+	#     -md bench/results/latest.md -json bench/results/latest.json
+	cp "$RAW" "$RESULTS/latest.raw.tsv"
+	cp "$META" "$RESULTS/latest.meta.tsv"
+	cp "$NOTES" "$RESULTS/latest.notes.txt"
+	"$TMP/benchreport" -raw "$RAW" -meta "$META" -notes "$NOTES" -md "$RESULTS/latest.md" -json "$RESULTS/latest.json"
+}
+write_results
+
 if [[ $PROFILE == 1 && " $TARGETS " == *" applistener "* && " $TARGETS " == *" haproxy "* ]]; then
 	rm -f "$RESULTS"/profiles/*.txt
 	"$TMP/benchreport" -raw "$RAW" -behind >"$TMP/behind.tsv"
@@ -919,13 +933,6 @@ if [[ $PROFILE == 1 && " $TARGETS " == *" applistener "* && " $TARGETS " == *" h
 fi
 
 cat "$TMP/reload.log" >>"$NOTES" 2>/dev/null || true
-# The inputs are kept beside the outputs, so the tables can be rebuilt:
-#   go run ./bench/cmd/benchreport -raw bench/results/latest.raw.tsv \
-#     -meta bench/results/latest.meta.tsv -notes bench/results/latest.notes.txt \
-#     -md bench/results/latest.md -json bench/results/latest.json
-cp "$RAW" "$RESULTS/latest.raw.tsv"
-cp "$META" "$RESULTS/latest.meta.tsv"
-cp "$NOTES" "$RESULTS/latest.notes.txt"
-"$TMP/benchreport" -raw "$RAW" -meta "$META" -notes "$NOTES" -md "$RESULTS/latest.md" -json "$RESULTS/latest.json"
+write_results
 log "done in $(( $(date +%s) - START ))s"
 cat "$RESULTS/latest.md"
