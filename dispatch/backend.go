@@ -27,14 +27,26 @@ func (b *backendConn) close() {
 	b.in.release()
 }
 
-// backendPool keeps idle keep-alive connections to one route's target. It
-// is attached to the route's lease: revoking the route closes them all.
-// Connections idle longer than idleTimeout are retired before the app's own
-// keep-alive timeout can race a reuse.
+// backendPool keeps the idle keep-alive connections to one route's target.
+// It is attached to the route's lease: revoking the route closes them all.
+//
+// It holds as many as the route's concurrency needs. A connection is
+// dialled only when none is idle, so the pool never holds more than the
+// most requests the route had in flight at once; it hands out the most
+// recently used one first (LIFO), so that the connections a quieter route
+// no longer needs sink to the bottom, stay unused and are retired once idle
+// for idleTimeout — before the app's own keep-alive timeout can race a
+// reuse (an app that closes sooner is caught by the probe in get). The
+// instance's max_streams (requests in flight cannot exceed it) and, when
+// set, maxIdle bound the idle connections; beyond the bound the oldest is
+// closed.
 type backendPool struct {
-	connector   connector.Connector
-	port        int
+	connector connector.Connector
+	port      int
+	// maxIdle bounds the idle connections when positive; instance, when
+	// set, bounds them by its max_streams as well (see limit).
 	maxIdle     int
+	instance    *routes.Instance
 	idleTimeout time.Duration
 	bufPool     *sync.Pool
 
@@ -49,18 +61,31 @@ type backendPool struct {
 	// h2c is the route's HTTP/2 pool when its service declares h2c (h2c_pool.go).
 	h2c h2cSlot
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// idle is oldest first: put appends, pop takes the last (LIFO).
 	idle   []*backendConn
 	closed bool
 	timer  *time.Timer
 }
 
-func newBackendPool(c connector.Connector, port, maxIdle int, idleTimeout time.Duration, bufPool *sync.Pool, lease *routes.Lease) *backendPool {
-	p := &backendPool{connector: c, port: port, maxIdle: maxIdle, idleTimeout: idleTimeout, bufPool: bufPool}
+func newBackendPool(c connector.Connector, port, maxIdle int, inst *routes.Instance, idleTimeout time.Duration, bufPool *sync.Pool, lease *routes.Lease) *backendPool {
+	p := &backendPool{connector: c, port: port, maxIdle: maxIdle, instance: inst, idleTimeout: idleTimeout, bufPool: bufPool}
 	if !lease.Attach(p) {
 		p.closed = true
 	}
 	return p
+}
+
+// limit is the most idle connections the pool keeps now; 0: no bound but
+// the route's concurrency and the idle timeout.
+func (p *backendPool) limit() int {
+	n := p.maxIdle
+	if p.instance != nil {
+		if m := int(min(p.instance.MaxStreams(), int64(routes.MaxStreamsLimit))); m > 0 && (n <= 0 || m < n) {
+			n = m
+		}
+	}
+	return max(n, 0)
 }
 
 // get returns an idle connection that the app has not closed, or nil.
@@ -69,11 +94,12 @@ func newBackendPool(c connector.Connector, port, maxIdle int, idleTimeout time.D
 // request goes to a new connection exactly once.
 func (p *backendPool) get() *backendConn {
 	for {
-		bc := p.pop()
+		now := time.Now()
+		bc := p.pop(now)
 		if bc == nil {
 			return nil
 		}
-		if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
+		if now.Sub(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
 			bc.reused = true
 			return bc
 		}
@@ -94,20 +120,26 @@ func (p *backendPool) get() *backendConn {
 const probeIdleAfter = time.Millisecond
 
 // pop takes the most recently used idle connection that has not outlived
-// the idle timeout, closing the expired ones it passes.
-func (p *backendPool) pop() *backendConn {
+// the idle timeout; the expired ones it passes are closed (outside the lock).
+func (p *backendPool) pop(now time.Time) *backendConn {
+	var expired []*backendConn
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	for len(p.idle) > 0 {
-		bc := p.idle[len(p.idle)-1]
-		p.idle = p.idle[:len(p.idle)-1]
-		if now.Sub(bc.idleSince) < p.idleTimeout {
-			return bc
+	var bc *backendConn
+	for n := len(p.idle); n > 0; n-- {
+		c := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		if now.Sub(c.idleSince) < p.idleTimeout {
+			bc = c
+			break
 		}
-		bc.close()
+		expired = append(expired, c)
 	}
-	return nil
+	p.mu.Unlock()
+	for _, c := range expired {
+		c.close()
+	}
+	return bc
 }
 
 // dial opens a new connection.
@@ -121,8 +153,9 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	return bc, nil
 }
 
-// put returns a connection for reuse, or closes it when the pool is closed
-// or full.
+// put returns a connection for reuse, or closes it when the pool is
+// closed. When the pool is at its bound, its oldest connections are closed
+// to make room: the one just used is the one most likely to be used next.
 func (p *backendPool) put(bc *backendConn) {
 	if bc.in.buffered() > 0 {
 		// The app sent bytes beyond the response: it cannot be trusted.
@@ -131,34 +164,52 @@ func (p *backendPool) put(bc *backendConn) {
 	}
 	bc.in.release()
 	bc.idleSince = time.Now()
+	limit := p.limit()
+	var evicted []*backendConn
 	p.mu.Lock()
-	if p.closed || len(p.idle) >= p.maxIdle {
+	if p.closed {
 		p.mu.Unlock()
 		bc.close()
 		return
+	}
+	if limit > 0 && len(p.idle) >= limit {
+		// Rare: only a lowered max_streams (or maxIdle) gets here, since
+		// the pool never holds more than the route had in flight.
+		k := len(p.idle) - limit + 1
+		evicted = append(evicted, p.idle[:k]...)
+		n := copy(p.idle, p.idle[k:])
+		clear(p.idle[n:])
+		p.idle = p.idle[:n]
 	}
 	p.idle = append(p.idle, bc)
 	if p.timer == nil {
 		p.timer = time.AfterFunc(p.idleTimeout, p.reap)
 	}
 	p.mu.Unlock()
+	for _, c := range evicted {
+		c.close()
+	}
 }
 
-// reap closes connections idle longer than idleTimeout.
+// reap closes connections idle longer than idleTimeout (outside the lock).
+// It runs when the oldest idle connection expires, but at most reapSlack
+// times per idle timeout: a connection may be closed up to
+// idleTimeout/reapSlack late (pop never hands out an expired one).
 func (p *backendPool) reap() {
+	now := time.Now()
+	var expired []*backendConn
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.timer = nil
 	if p.closed {
+		p.mu.Unlock()
 		return
 	}
-	now := time.Now()
 	keep := p.idle[:0]
 	var next time.Duration
 	for _, bc := range p.idle {
 		age := now.Sub(bc.idleSince)
 		if age >= p.idleTimeout {
-			bc.close()
+			expired = append(expired, bc)
 			continue
 		}
 		if left := p.idleTimeout - age; next == 0 || left < next {
@@ -169,9 +220,16 @@ func (p *backendPool) reap() {
 	clear(p.idle[len(keep):])
 	p.idle = keep
 	if len(p.idle) > 0 {
-		p.timer = time.AfterFunc(next, p.reap)
+		p.timer = time.AfterFunc(max(next, p.idleTimeout/reapSlack), p.reap)
+	}
+	p.mu.Unlock()
+	for _, bc := range expired {
+		bc.close()
 	}
 }
+
+// reapSlack: the reaper runs at most reapSlack times per idle timeout.
+const reapSlack = 8
 
 // Revoke closes every idle connection and refuses further reuse.
 func (p *backendPool) Revoke(error) {
@@ -211,7 +269,7 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 			s.log.Error("connector unavailable", "host", route.Host, "err", err)
 			conn = failingConnector{err}
 		}
-		p := newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
+		p := newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, route.Instance, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
 		p.onStale = s.m.staleConns.Inc
 		// The Host the app sees unless PreserveHost: its own loopback
 		// address, what dev servers accept.

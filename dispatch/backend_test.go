@@ -111,7 +111,7 @@ func peerStillOpen(t *testing.T, peer net.Conn) bool {
 }
 
 func newTestBackendPool(app *loopbackApp, maxIdle int, idle time.Duration, lease *routes.Lease) *backendPool {
-	return newBackendPool(connector.TCP{Host: "127.0.0.1"}, app.port(), maxIdle, idle, newTestPool(1024), lease)
+	return newBackendPool(connector.TCP{Host: "127.0.0.1"}, app.port(), maxIdle, nil, idle, newTestPool(1024), lease)
 }
 
 func TestUnitBackendPoolLIFO(t *testing.T) {
@@ -341,11 +341,13 @@ func TestUnitBackendPoolMaxIdle(t *testing.T) {
 	if n := p.idleCount(); n != 2 {
 		t.Fatalf("idleCount = %d; want maxIdle 2", n)
 	}
-	if !peerStillOpen(t, peers[0]) || !peerStillOpen(t, peers[1]) {
-		t.Error("a connection within the bound was closed")
+	// Beyond the bound the oldest goes: the one just used is the one
+	// most likely to be used next.
+	if !peerStillOpen(t, peers[1]) || !peerStillOpen(t, peers[2]) {
+		t.Error("one of the two most recently used connections was closed")
 	}
-	if !peerSeesEOF(t, peers[2]) {
-		t.Error("the connection beyond maxIdle was not closed")
+	if !peerSeesEOF(t, peers[0]) {
+		t.Error("the oldest connection beyond maxIdle was not closed")
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ import (
 //	go test -run XXX -bench Protocols ./dispatch/
 func BenchmarkProtocols(b *testing.B) {
 	for _, proto := range []string{"http1", "http2"} {
-		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto, benchHistograms) })
+		b.Run(proto, func(b *testing.B) { benchProtocol(b, proto, benchHistograms, sharedBenchParallelism) })
 	}
 }
 
@@ -47,7 +49,7 @@ func BenchmarkObservability(b *testing.B) {
 			if on {
 				mode = benchAccessLog
 			}
-			b.Run(name, func(b *testing.B) { benchProtocol(b, proto, mode) })
+			b.Run(name, func(b *testing.B) { benchProtocol(b, proto, mode, sharedBenchParallelism) })
 		}
 	}
 }
@@ -59,9 +61,12 @@ const (
 	benchAccessLog         // the histograms and a JSON access-log line through the log writer
 )
 
-// benchProtocol runs the small-request load over proto, observing each
-// request as mode says.
-func benchProtocol(b *testing.B, proto string, mode int) {
+// benchProtocol runs the small-request load over proto with par client
+// workers per GOMAXPROCS, observing each request as mode says. Every worker
+// sends a few requests first (the warm-up: client and app connections
+// opened); dials/1k-req is how many app connections the listener opened
+// per 1,000 requests after it.
+func benchProtocol(b *testing.B, proto string, mode, par int) {
 	discard := slog.New(slog.DiscardHandler)
 	ca, err := tlsconf.NewAuthority("protocol bench CA")
 	if err != nil {
@@ -116,7 +121,7 @@ func benchProtocol(b *testing.B, proto string, mode int) {
 	host := sharedBenchHost(0)
 	tr := &http.Transport{
 		TLSClientConfig:     &tls.Config{ServerName: host, RootCAs: ca.Pool()},
-		MaxIdleConnsPerHost: 64,
+		MaxIdleConnsPerHost: max(64, runtime.GOMAXPROCS(0)*par),
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", tcpLn.Addr().String())
@@ -159,8 +164,21 @@ func benchProtocol(b *testing.B, proto string, mode int) {
 	if err := get(); err != nil {
 		b.Fatal(err)
 	}
+	var warm sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) * par {
+		warm.Go(func() {
+			for range 3 {
+				if err := get(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	warm.Wait()
+	dials0 := app.accepted.Load()
 	b.ReportAllocs()
-	b.SetParallelism(sharedBenchParallelism)
+	b.SetParallelism(par)
 	start := time.Now()
 	cpu0 := processCPU()
 	b.ResetTimer()
@@ -175,4 +193,5 @@ func benchProtocol(b *testing.B, proto string, mode int) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/req")
+	b.ReportMetric(float64(app.accepted.Load()-dials0)*1000/float64(b.N), "dials/1k-req")
 }

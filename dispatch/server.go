@@ -102,7 +102,10 @@ type Config struct {
 	// BackendIdleTimeout retires idle app connections; keep it below the
 	// app's own keep-alive timeout (Node.js: 5 s).
 	BackendIdleTimeout time.Duration
-	// MaxIdlePerRoute bounds idle app connections kept per route.
+	// MaxIdlePerRoute, when positive, bounds the idle app connections kept
+	// per route. Without it a route keeps as many as its concurrency needs:
+	// at most its peak of requests in flight (so at most the instance's
+	// max_streams), each retired after BackendIdleTimeout unused.
 	MaxIdlePerRoute int
 	// DisableHTTP2WebSockets turns WebSockets over HTTP/2 (RFC 8441
 	// extended CONNECT) off: SETTINGS_ENABLE_CONNECT_PROTOCOL is sent as 0
@@ -144,7 +147,6 @@ const (
 	DefaultAppStartGrace         = 5 * time.Second
 	DefaultResponseHeaderTimeout = 60 * time.Second
 	DefaultBackendIdleTimeout    = 4 * time.Second
-	DefaultMaxIdlePerRoute       = 64
 	DefaultWebSocketCloseGrace   = 50 * time.Millisecond
 )
 
@@ -204,9 +206,6 @@ func New(cfg Config) *Server {
 	setDefault(&cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
 	setDefault(&cfg.BackendIdleTimeout, DefaultBackendIdleTimeout)
 	setDefault(&cfg.WebSocketCloseGrace, DefaultWebSocketCloseGrace)
-	if cfg.MaxIdlePerRoute <= 0 {
-		cfg.MaxIdlePerRoute = DefaultMaxIdlePerRoute
-	}
 	if cfg.NewConnector == nil {
 		cfg.NewConnector = NewConnector
 	}

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -62,10 +63,11 @@ func sharedBenchHost(i int) string {
 // sharedBenchApp is a lean keep-alive HTTP/1.1 app on loopback: it reads
 // request heads (no bodies) and answers each with a fixed 200.
 type sharedBenchApp struct {
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	ln       net.Listener
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	accepted atomic.Int64 // connections accepted: the listener's dials
 }
 
 var sharedBenchResponse = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
@@ -83,6 +85,7 @@ func newSharedBenchApp(b *testing.B) *sharedBenchApp {
 			if err != nil {
 				return
 			}
+			a.accepted.Add(1)
 			a.mu.Lock()
 			a.conns[c] = struct{}{}
 			a.mu.Unlock()
