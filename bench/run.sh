@@ -551,23 +551,38 @@ wl_many() { # round duration
 
 # HTTP/2 clients (h2load, TLS, ALPN h2), small responses; each proxy
 # forwards HTTP/1.1 keep-alive to the app. h2load connects to 127.0.0.1
-# (--connect-to) and sends the URL's host as SNI and :authority. CPU per
-# request and app dials per 1,000 requests are taken over the whole h2load
-# run (its 1 s warm-up included) against the requests the app answered in
-# it; a 1 s run at the same concurrency goes first, as for wl_many.
+# (--connect-to) and sends the URL's host as SNI and :authority. A 1 s run
+# at the same concurrency goes first, as for wl_many.
+# - CPU per request: the proxy's CPU over the whole h2load run (its 1 s
+#   warm-up included) per request the app answered in it. A busy process
+#   that never sleeps (HAProxy under load) has its CPU time accounted only
+#   when it is switched out, so it is read while the proxy is idle.
+# - App dials per 1,000 requests: over h2load's measured period only (the
+#   app's counters are read 1 s in). When a run ends h2load drops its
+#   streams in flight, and a proxy that closes the app connections of
+#   abandoned streams opens them again at the start of the next run.
 run_h2load() { # conns streams duration -> sets H2_OUT, H2_RPS, H2_CPU_US, APP_DIALS_K
-	local c0 c1 s0 s1 url="https://$HOST:$H2PORT/"
+	local c0 c1 s0 s1 sm url="https://$HOST:$H2PORT/" mark=$TMP/h2load.mark marker
 	(load h2load -t1 -c"$1" -m"$2" -D 1 --connect-to "127.0.0.1:$H2PORT" "$url" >/dev/null 2>&1) || true
+	: >"$mark"
 	s0=$(app_stats)
 	c0=$(cpu_ticks)
+	(
+		sleep 1
+		app_stats >"$mark"
+	) &
+	marker=$!
 	H2_OUT=$(load h2load -t1 -c"$1" -m"$2" -D "$3" --warm-up-time 1 --connect-to "127.0.0.1:$H2PORT" "$url" 2>&1) || true
 	c1=$(cpu_ticks)
 	s1=$(app_stats)
-	app_delta "$s0" "$s1"
+	wait "$marker" || true
 	echo "$H2_OUT" >>"$TMP/h2load.log"
 	H2_RPS=$(awk '/^finished in/{for (i = 1; i <= NF; i++) if ($i == "req/s,") print $(i-1)}' <<<"$H2_OUT")
+	app_delta "$s0" "$s1"
 	H2_CPU_US=""
 	if ((APP_REQS > 0)); then H2_CPU_US=$(calc "($c1 - $c0) / $CLK_TCK * 1e6 / $APP_REQS"); fi
+	sm=$(cat "$mark")
+	if [[ -n $sm ]]; then app_delta "$sm" "$s1"; else APP_DIALS_K=""; fi
 	local proto bad
 	proto=$(awk -F': ' '/^Application protocol:/{print $2}' <<<"$H2_OUT")
 	bad=$(awk '/^requests:/{if ($10 + $12 + $14 > 0) print} /^status codes:/{if ($5 + $7 + $9 > 0) print}' <<<"$H2_OUT")
