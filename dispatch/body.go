@@ -55,8 +55,22 @@ func eofIsUnexpected(err error) error {
 // maxTLSRecord is the largest plaintext of one TLS record.
 const maxTLSRecord = 16 << 10
 
-// copyN copies exactly n bytes from in to w, using in's own buffer.
+// copyN copies exactly n bytes from in to w, using in's own buffer, and
+// calls flush (when set) whenever in runs dry: the app has nothing more
+// for now.
 func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
+	return copyExactly(w, in, n, flush, true)
+}
+
+// copyWhole is copyN for a whole response body: it does not flush after the
+// last byte, since the caller ends the response (over HTTP/2 the last DATA
+// frame then carries END_STREAM, rather than an empty frame of its own
+// written with one more system call).
+func copyWhole(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
+	return copyExactly(w, in, n, flush, false)
+}
+
+func copyExactly(w io.Writer, in *inbuf, n int64, flush func() error, flushLast bool) (int64, error) {
 	var done int64
 	for done < n {
 		if in.buffered() == 0 {
@@ -74,7 +88,7 @@ func copyN(w io.Writer, in *inbuf, n int64, flush func() error) (int64, error) {
 		if err != nil {
 			return done, err
 		}
-		if flush != nil && in.buffered() == 0 {
+		if flush != nil && in.buffered() == 0 && (done < n || flushLast) {
 			if err := flush(); err != nil {
 				return done, err
 			}

@@ -254,7 +254,7 @@ func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut boo
 			bc.in.enlarge(&x.s.bigPool)
 			w = big
 		}
-		n, err = copyN(w, &bc.in, resp.length, flush)
+		n, err = copyWhole(w, &bc.in, resp.length, flush)
 	case bodyChunked:
 		n, err = copyChunked(w, &bc.in, chunkedOut, flush)
 	case bodyUntilClose:
