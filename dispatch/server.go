@@ -21,7 +21,8 @@
 //	retry.go       when a request may be sent to the app again
 //	appstart.go    waiting for an app that is not listening yet
 //	hangup_*.go    telling that an HTTP/1.1 client hung up, without reading
-//	backend.go     the per-route pool of app connections
+//	backend.go     the per-route pool of app connections (as many as the
+//	               route's concurrency needs, LIFO, idle timeout)
 //	stale_*.go     probing idle app connections before reuse
 //	request.go     parsing an HTTP/1.1 request head
 //	lexer.go       the HTTP/1.1 field and token grammar
