@@ -77,7 +77,7 @@ var accepts, requests atomic.Uint64
 
 func statsHandler(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, "{\"accepts\":%d,\"requests\":%d}\n", accepts.Load(), requests.Load())
+	_, _ = fmt.Fprintf(w, "{\"accepts\":%d,\"requests\":%d}\n", accepts.Load(), requests.Load())
 }
 
 func netHTTPHandler() http.Handler {
