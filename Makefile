@@ -66,7 +66,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./routes ./dispatch ./internal/tlshello ./tlsconf
 
 ## bench-compare: applistener side by side with nginx, HAProxy and Caddy on this
-## machine (installs what it needs; BENCH_QUICK=1 for a ~3-minute smoke run).
+## machine (installs what it needs; BENCH_QUICK=1 for a ~4-minute smoke run).
 ## Results: bench/results/latest.md and latest.json.
 bench-compare:
 	bash bench/run.sh

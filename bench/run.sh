@@ -8,7 +8,7 @@
 # explains every choice. Results: bench/results/latest.{md,json}.
 #
 # Environment:
-#   BENCH_QUICK=1         one round, short durations (~3 minutes)
+#   BENCH_QUICK=1         one round, short durations (~4 minutes)
 #   BENCH_ROUNDS=N        rounds (default 3; median reported, min/max as spread)
 #   BENCH_TARGETS="..."   subset of: applistener nginx haproxy caddy direct-tls direct-plain
 #   BENCH_PROFILE=0|1     profile applistener where it is behind HAProxy (default 1; 0 in quick mode)
