@@ -156,13 +156,14 @@ func (c *Conn) processRST(f *http2.RSTStreamFrame) error {
 // processGoAway: the client opens no more streams; the connection closes
 // once the running ones are done.
 func (c *Conn) processGoAway() {
+	// The client opens no more streams; the connection stays until the
+	// client closes it, its streams end, or the idle timeout. Closing an
+	// idle one at once would reset it (RST) when the client's next frames
+	// (a PING, its own close) arrive unread, which RFC 9113 §5.4.1 and
+	// h2spec ("MUST NOT trigger any special behavior") count against us.
 	c.mu.Lock()
 	c.draining = true
-	idle := c.live == 0
 	c.mu.Unlock()
-	if idle {
-		c.closeNow()
-	}
 }
 
 func (c *Conn) processData(f *http2.DataFrame) error {
