@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
@@ -14,9 +13,6 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/internal/logsink"
-	"github.com/applistener/applistener/listener"
-	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // BenchmarkProtocols compares small requests through the listener over
@@ -67,19 +63,6 @@ const (
 // opened); dials/1k-req is how many app connections the listener opened
 // per 1,000 requests after it.
 func benchProtocol(b *testing.B, proto string, mode, par int) {
-	discard := slog.New(slog.DiscardHandler)
-	ca, err := tlsconf.NewAuthority("protocol bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
 	app := newSharedBenchApp(b)
 	defer app.close()
 	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": []any{map[string]any{
@@ -89,42 +72,22 @@ func benchProtocol(b *testing.B, proto string, mode, par int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	doc, err := routes.ParseDocument(raw)
-	if err != nil {
-		b.Fatal(err)
-	}
-	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
-	defer table.Close()
-	table.Apply(doc)
-
-	cfg := Config{Logger: discard}
+	var cfg Config
 	if mode == benchAccessLog {
 		sink := logsink.New(io.Discard, 0, time.Hour, true)
 		defer sink.Close(time.Second)
 		cfg.AccessLog, cfg.AccessLogWriter, cfg.AccessLogRate = AccessLogJSON, sink, -1
 	}
-	srv := New(cfg)
-	srv.noObserve = mode == benchNothing
-	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	lis := listener.New(tcpLn, listener.Config{
-		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
-		Routes:  table,
-		Handler: srv,
-		Logger:  discard,
-	})
-	served := make(chan error, 1)
-	go func() { served <- lis.Serve() }()
+	l := startBenchListener(b, benchListenerOptions{doc: raw, config: cfg,
+		setup: func(srv *Server) { srv.noObserve = mode == benchNothing }})
 
 	host := sharedBenchHost(0)
 	tr := &http.Transport{
-		TLSClientConfig:     &tls.Config{ServerName: host, RootCAs: ca.Pool()},
+		TLSClientConfig:     &tls.Config{ServerName: host, RootCAs: l.ca.Pool()},
 		MaxIdleConnsPerHost: max(64, runtime.GOMAXPROCS(0)*par),
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "tcp", tcpLn.Addr().String())
+			return d.DialContext(ctx, "tcp", l.addr)
 		},
 		Protocols: new(http.Protocols),
 	}
@@ -136,14 +99,7 @@ func benchProtocol(b *testing.B, proto string, mode, par int) {
 	client := &http.Client{Transport: tr, Timeout: sharedBenchTimeout}
 	defer func() {
 		tr.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := lis.Shutdown(ctx); err != nil {
-			b.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			b.Errorf("serve: %v", err)
-		}
+		l.stop(b)
 	}()
 	url := "https://" + host + "/bench"
 	get := func() error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"log/slog"
 	"net"
 	"runtime"
 	"sync"
@@ -17,10 +16,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
-
-	"github.com/applistener/applistener/listener"
-	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // BenchmarkH2CUnary measures gRPC unary calls per second (64-byte
@@ -37,7 +32,6 @@ import (
 //
 //	go test -run XXX -bench H2CUnary -count 3 ./dispatch/
 func BenchmarkH2CUnary(b *testing.B) {
-	discard := slog.New(slog.DiscardHandler)
 	gs := grpc.NewServer()
 	testpb.RegisterTestServiceServer(gs, &rpcServer{})
 	appLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -52,49 +46,10 @@ func BenchmarkH2CUnary(b *testing.B) {
 	}()
 	host := "team--s0--rpc." + sharedBenchDomain
 
-	ca, err := tlsconf.NewAuthority("h2c bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
-	doc, err := routes.ParseDocument(fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
-		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appLn.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		b.Fatal(err)
-	}
-	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
-	defer table.Close()
-	table.Apply(doc)
-	srv := New(Config{Logger: discard})
-	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	lis := listener.New(tcpLn, listener.Config{
-		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
-		Routes:  table,
-		Handler: srv,
-		Logger:  discard,
-	})
-	served := make(chan error, 1)
-	go func() { served <- lis.Serve() }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := lis.Shutdown(ctx); err != nil {
-			b.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			b.Errorf("serve: %v", err)
-		}
-	}()
+	l := startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
+		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appLn.Addr().(*net.TCPAddr).Port)})
+	defer l.stop(b)
+	srv := l.srv
 
 	newClient := func(addr string, creds credentials.TransportCredentials) testpb.TestServiceClient {
 		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpc.WithAuthority(host))
@@ -105,8 +60,8 @@ func BenchmarkH2CUnary(b *testing.B) {
 		return testpb.NewTestServiceClient(cc)
 	}
 	direct := newClient(appLn.Addr().String(), insecureCreds{})
-	via := newClient(tcpLn.Addr().String(),
-		credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}))
+	via := newClient(l.addr,
+		credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: l.ca.Pool(), MinVersion: tls.VersionTLS12}))
 	req := &testpb.SimpleRequest{ResponseSize: 64, Payload: &testpb.Payload{Body: make([]byte, 64)}}
 	call := func(c testpb.TestServiceClient) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

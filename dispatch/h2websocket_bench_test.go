@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,9 +18,6 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/internal/demoapp"
-	"github.com/applistener/applistener/listener"
-	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // wsBenchConns is the number of WebSockets echoing at once: over HTTP/1.1
@@ -41,19 +37,6 @@ var wsBenchMsg = []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456
 //
 //	go test -run XXX -bench WebSocketEchoH2vsH1 -benchtime 20000x -count 5 ./dispatch/
 func BenchmarkWebSocketEchoH2vsH1(b *testing.B) {
-	discard := slog.New(slog.DiscardHandler)
-	ca, err := tlsconf.NewAuthority("ws bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
 	app := httptest.NewServer(demoapp.Handler("bench"))
 	defer app.Close()
 	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": []any{map[string]any{
@@ -63,29 +46,10 @@ func BenchmarkWebSocketEchoH2vsH1(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	doc, err := routes.ParseDocument(raw)
-	if err != nil {
-		b.Fatal(err)
-	}
-	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
-	defer table.Close()
-	table.Apply(doc)
-	srv := New(Config{Logger: discard})
-	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	lis := listener.New(tcpLn, listener.Config{
-		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}},
-		Routes:  table,
-		Handler: srv,
-		Logger:  discard,
-	})
-	served := make(chan error, 1)
-	go func() { served <- lis.Serve() }()
+	l := startBenchListener(b, benchListenerOptions{doc: raw})
 	host := sharedBenchHost(0)
 	dialTLS := func(proto string) (*tls.Conn, error) {
-		return tls.Dial("tcp", tcpLn.Addr().String(), &tls.Config{ServerName: host, RootCAs: ca.Pool(), NextProtos: []string{proto}})
+		return tls.Dial("tcp", l.addr, &tls.Config{ServerName: host, RootCAs: l.ca.Pool(), NextProtos: []string{proto}})
 	}
 
 	var h1, h2 []wsBenchEchoer
@@ -93,14 +57,7 @@ func BenchmarkWebSocketEchoH2vsH1(b *testing.B) {
 		for _, c := range append(h1, h2...) {
 			c.close()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := lis.Shutdown(ctx); err != nil {
-			b.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			b.Errorf("serve: %v", err)
-		}
+		l.stop(b)
 	}()
 	for range wsBenchConns {
 		d := websocket.Dialer{NetDialTLSContext: func(context.Context, string, string) (net.Conn, error) { return dialTLS("http/1.1") }}

@@ -184,20 +184,6 @@ func sharedBenchCPU(b *testing.B) time.Duration {
 }
 
 func benchSharedListener(b *testing.B, instances int) {
-	discard := slog.New(slog.DiscardHandler)
-	ca, err := tlsconf.NewAuthority("shared bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
-
 	apps := make([]*sharedBenchApp, sharedBenchApps)
 	for i := range apps {
 		apps[i] = newSharedBenchApp(b)
@@ -233,36 +219,11 @@ func benchSharedListener(b *testing.B, instances int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	doc, err := routes.ParseDocument(raw)
-	if err != nil {
-		b.Fatal(err)
+	l := startBenchListener(b, benchListenerOptions{doc: raw, protos: []string{"http/1.1"}})
+	if l.installed != instances {
+		l.stop(b)
+		b.Fatalf("installed %d routes; want %d", l.installed, instances)
 	}
-	if len(doc.Rejected) > 0 {
-		b.Fatalf("rejected instances: %+v", doc.Rejected[0])
-	}
-	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
-	defer table.Close()
-	if res := table.Apply(doc); res.Installed != instances {
-		b.Fatalf("installed %d routes; want %d", res.Installed, instances)
-	}
-
-	srv := New(Config{Logger: discard})
-	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	lis := listener.New(tcpLn, listener.Config{
-		TLS: &tls.Config{
-			Certificates: []tls.Certificate{cert},
-			NextProtos:   []string{"http/1.1"},
-			MinVersion:   tls.VersionTLS12,
-		},
-		Routes:  table,
-		Handler: srv,
-		Logger:  discard,
-	})
-	served := make(chan error, 1)
-	go func() { served <- lis.Serve() }()
 
 	// The client connections, dialled before the timer starts: worker w
 	// holds connections to routes w*C .. w*C+C-1 (mod the route count).
@@ -273,14 +234,7 @@ func benchSharedListener(b *testing.B, instances int) {
 		for _, c := range all {
 			_ = c.conn.Close()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := lis.Shutdown(ctx); err != nil {
-			b.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			b.Errorf("serve: %v", err)
-		}
+		l.stop(b)
 	}()
 	touched := map[int]bool{}
 	for w := range workers {
@@ -289,8 +243,8 @@ func benchSharedListener(b *testing.B, instances int) {
 			idx := (w*sharedBenchConns + j) % instances
 			touched[idx] = true
 			host := sharedBenchHost(idx)
-			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: sharedBenchTimeout}, "tcp", tcpLn.Addr().String(),
-				&tls.Config{ServerName: host, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}})
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: sharedBenchTimeout}, "tcp", l.addr,
+				&tls.Config{ServerName: host, RootCAs: l.ca.Pool(), NextProtos: []string{"http/1.1"}})
 			if err != nil {
 				b.Fatalf("dial %s: %v", host, err)
 			}
@@ -349,4 +303,92 @@ func benchSharedListener(b *testing.B, instances int) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(len(touched)), "routes_used")
+}
+
+// benchListener is what every listener benchmark runs against: a real TLS
+// listener with a wildcard certificate for sharedBenchDomain, serving a
+// Server over a route table built from one configuration document.
+type benchListener struct {
+	ca        *tlsconf.Authority
+	addr      string // the listener's address
+	srv       *Server
+	table     *routes.Table
+	installed int // routes the document installed
+	lis       *listener.Listener
+	served    chan error
+}
+
+// benchListenerOptions configure startBenchListener.
+type benchListenerOptions struct {
+	doc    []byte        // the configuration document
+	config Config        // the Server's (Logger defaults to a discarding one)
+	protos []string      // ALPN protocols offered (default h2 and http/1.1)
+	setup  func(*Server) // called before the listener serves, if set
+}
+
+// startBenchListener starts a benchListener; stop ends it. A document with
+// a rejected instance fails the benchmark.
+func startBenchListener(b *testing.B, o benchListenerOptions) *benchListener {
+	b.Helper()
+	discard := slog.New(slog.DiscardHandler)
+	ca, err := tlsconf.NewAuthority("bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + sharedBenchDomain}, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		b.Fatal(err)
+	}
+	doc, err := routes.ParseDocument(o.doc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(doc.Rejected) > 0 {
+		b.Fatalf("rejected instances: %+v", doc.Rejected[0])
+	}
+	table := routes.NewTable(routes.Options{Domain: sharedBenchDomain, Freshness: time.Hour, Logger: discard})
+	res := table.Apply(doc)
+	if o.config.Logger == nil {
+		o.config.Logger = discard
+	}
+	srv := New(o.config)
+	if o.setup != nil {
+		o.setup(srv)
+	}
+	protos := o.protos
+	if len(protos) == 0 {
+		protos = []string{"h2", "http/1.1"}
+	}
+	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		table.Close()
+		b.Fatal(err)
+	}
+	l := &benchListener{ca: ca, addr: tcpLn.Addr().String(), srv: srv, table: table, installed: res.Installed,
+		served: make(chan error, 1)}
+	l.lis = listener.New(tcpLn, listener.Config{
+		TLS:     &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: protos},
+		Routes:  table,
+		Handler: srv,
+		Logger:  discard,
+	})
+	go func() { l.served <- l.lis.Serve() }()
+	return l
+}
+
+// stop shuts the listener down, waits for it and closes the route table.
+func (l *benchListener) stop(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.lis.Shutdown(ctx); err != nil {
+		b.Errorf("shutdown: %v", err)
+	}
+	if err := <-l.served; err != nil {
+		b.Errorf("serve: %v", err)
+	}
+	l.table.Close()
 }
