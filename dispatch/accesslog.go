@@ -337,7 +337,7 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	if r.firstByte >= 0 {
 		f.secs("upstream_first_byte", r.firstByte)
 	}
-	f.str("tls", tlsName(ci.tlsVer))
+	f.str("tls", ocsf.TLSVersionName(ci.tlsVer))
 	if ci.peer.IsValid() {
 		f.key("client")
 		if f.json {
@@ -369,20 +369,6 @@ func pathPart[T string | []byte](p T) T {
 		}
 	}
 	return p
-}
-
-func tlsName(v uint16) string {
-	switch v {
-	case tls.VersionTLS13:
-		return "1.3"
-	case tls.VersionTLS12:
-		return "1.2"
-	case tls.VersionTLS11:
-		return "1.1"
-	case tls.VersionTLS10:
-		return "1.0"
-	}
-	return ""
 }
 
 // fieldWriter appends key/value pairs as logfmt (key=value, values quoted
