@@ -18,6 +18,8 @@
 #   BENCH_KEEP=1          keep the temporary directory (configs, logs)
 #   BENCH_RESULTS=DIR     write the results there instead of bench/results
 #   BENCH_CADDY=PATH      a caddy $CADDY_VERSION binary to use instead of building one
+#   BENCH_WORKLOADS="..." run only these workloads (names as in workloads_for, plus
+#                         reload), e.g. "h2_mux h2_one"; default: all
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -763,6 +765,15 @@ wl_reload() { # round
 }
 
 workloads_for() {
+	local all w
+	all=$(workloads_all "$1")
+	[[ -n ${BENCH_WORKLOADS:-} ]] || { echo "$all"; return; }
+	for w in $all; do
+		if [[ " $BENCH_WORKLOADS " == *" $w "* ]]; then echo -n "$w "; fi
+	done
+	echo
+}
+workloads_all() {
 	case $1 in
 	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
@@ -899,7 +910,7 @@ for round in $(seq 1 "$ROUNDS"); do
 			[[ $w == ws_idle ]] && continue
 			run_workload "$w" "$round"
 		done
-		if [[ $t == applistener ]]; then wl_reload "$round"; fi
+		if [[ $t == applistener && ( -z ${BENCH_WORKLOADS:-} || " $BENCH_WORKLOADS " == *" reload "* ) ]]; then wl_reload "$round"; fi
 		stop_target
 	done
 done
