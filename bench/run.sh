@@ -64,6 +64,9 @@ H2_MUX_CONNS=4     # h2load: connections x streams, multiplexed
 H2_MUX_STREAMS=100
 H2_ONE_CONNS=50    # h2load: connections with one stream each
 RELOAD_ROUTES=10000
+MR_ROUTES=10000    # many routes: routes installed (besides the benchmarked one) ...
+MR_LIVE=1000       # ... the first of them pointing at the app, loaded evenly
+MR_CONNS=1000      # keep-alive connections, for one route and for MR_LIVE routes alike
 PROFILE_SECONDS=5
 HOST=team--demo--web.apps.test
 CADDY_VERSION=v2.11.9
@@ -288,13 +291,13 @@ app_delta() {
 }
 
 # ---------------------------------------------------------------- proxies
-routes_doc() { # extra-route-count revision
-	local n=$1 rev=$2
-	awk -v n="$n" -v rev="$rev" -v app="$P_APP" 'BEGIN{
+routes_doc() { # extra-route-count revision [live]: the first live extra routes point at the app too
+	local n=$1 rev=$2 live=${3:-0}
+	awk -v n="$n" -v rev="$rev" -v app="$P_APP" -v live="$live" 'BEGIN{
 		printf "{\"revision\":\"%s\",\"instances\":[", rev
 		printf "{\"workspace\":\"team\",\"sandbox\":\"demo\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", app
 		for (i = 0; i < n; i++)
-			printf ",\n{\"workspace\":\"ws%05d\",\"sandbox\":\"sb%05d\",\"generation\":\"%s\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", i, i, rev, 20000 + i
+			printf ",\n{\"workspace\":\"ws%05d\",\"sandbox\":\"sb%05d\",\"generation\":\"%s\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", i, i, rev, (i < live) ? app : 20000 + i
 		printf "]}\n"
 	}'
 }
@@ -764,6 +767,43 @@ wl_reload() { # round
 	sleep 1
 }
 
+# applistener only: MR_ROUTES routes installed, the first MR_LIVE of them
+# pointing at the app (each its own instance and pool); loadgen's routes mode
+# with MR_CONNS keep-alive connections, saturating, first all on one of those
+# routes, then spread evenly over the MR_LIVE routes (one connection each,
+# SNI = Host = the route's name). Same process, table, tool and concurrency:
+# only the spread differs. App dials are counted over the measured window.
+MR_PATTERN='ws%05[1]d--sb%05[1]d--web.apps.test'
+wl_manyroutes() { # round duration
+	local i n j1 j2
+	put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
+	for i in $(seq 1 100); do
+		n=$(routes_installed)
+		[[ ${n:-0} -lt $((MR_ROUTES + 1)) ]] || break
+		sleep 0.1
+	done
+	[[ ${n:-0} -ge $((MR_ROUTES + 1)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
+	lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration 1s -warmup 0s >/dev/null
+	j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	[[ -n $j1 && -n $j2 ]] || { note "applistener manyroutes: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
+	check_errors "manyroutes 1 route" "$j1"
+	check_errors "manyroutes $MR_LIVE routes" "$j2"
+	local r1 r2
+	r1=$(jget .rps "$j1") r2=$(jget .rps "$j2")
+	record "$TARGET" manyroutes_one_rps "$1" "$r1"
+	record "$TARGET" manyroutes_one_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j1") * 1e6 / ($r1 * $(jget .watch_wall_s "$j1"))")"
+	record "$TARGET" manyroutes_one_dials "$1" "$(calc "$(jget .app_dials "$j1") * 1000 / $(jget .app_requests "$j1")")"
+	record "$TARGET" manyroutes_rps "$1" "$r2"
+	record "$TARGET" manyroutes_ratio "$1" "$(calc "$r2 / $r1")"
+	record "$TARGET" manyroutes_p50_ms "$1" "$(jget .p50_ms "$j2")"
+	record "$TARGET" manyroutes_p99_ms "$1" "$(jget .p99_ms "$j2")"
+	record "$TARGET" manyroutes_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j2") * 1e6 / ($r2 * $(jget .watch_wall_s "$j2"))")"
+	record "$TARGET" manyroutes_dials "$1" "$(calc "$(jget .app_dials "$j2") * 1000 / $(jget .app_requests "$j2")")"
+	put_routes routes_doc 0 "after-many-$1"
+	sleep 1
+}
+
 workloads_for() {
 	local all w
 	all=$(workloads_all "$1")
@@ -778,6 +818,7 @@ workloads_all() {
 	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	caddy) echo "ws_idle small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	applistener) echo "ws_idle small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes" ;;
 	*) echo "ws_idle small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	esac
 }
@@ -795,6 +836,7 @@ run_workload() { # name round
 	hs_full) wl_hs_full "$2" "$SHORT_DUR" ;;
 	hs_resumed) wl_hs_resumed "$2" "$SHORT_DUR" ;;
 	ws_echo) wl_ws_echo "$2" "$SHORT_DUR" ;;
+	manyroutes) wl_manyroutes "$2" "$DUR" ;;
 	esac
 }
 

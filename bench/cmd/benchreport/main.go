@@ -69,6 +69,15 @@ var metrics = []metric{
 	{"reload_max_ms", "reload", "5,000 req/s while 10,000 routes are added to the table: max latency", "ms", "lower", false},
 	{"reload_p99_ms", "reload", "  p99 while the table is replaced", "ms", "lower", false},
 	{"reload_seen_ms", "reload", "  file renamed → new table seen in applistener_routes (file polled every 250 ms)", "ms", "info", false},
+	{"manyroutes_one_rps", "manyroutes", "10,000 routes installed, 1,000 keep-alive clients on one route (loadgen routes)", "req/s", "higher", false},
+	{"manyroutes_one_cpu_us", "manyroutes", "  proxy CPU per request, one route", "µs", "lower", false},
+	{"manyroutes_one_dials", "manyroutes", "  app connections opened per 1,000 requests, one route", "dials", "lower", false},
+	{"manyroutes_rps", "manyroutes", "  the same 1,000 clients spread over 1,000 of the routes (SNI = Host rotating)", "req/s", "higher", false},
+	{"manyroutes_ratio", "manyroutes", "  spread ÷ one route (target ≥ 0.95)", "", "higher", false},
+	{"manyroutes_p50_ms", "manyroutes", "  latency p50, spread", "ms", "lower", false},
+	{"manyroutes_p99_ms", "manyroutes", "  latency p99, spread", "ms", "lower", false},
+	{"manyroutes_cpu_us", "manyroutes", "  proxy CPU per request, spread", "µs", "lower", false},
+	{"manyroutes_dials", "manyroutes", "  app connections opened per 1,000 requests, spread", "dials", "lower", false},
 }
 
 // workloadNames label the follow-up rows of a workload in the detailed
@@ -86,6 +95,7 @@ var workloadNames = map[string]string{
 	"ws_echo":    "WebSocket echo",
 	"ws_idle":    "idle WebSockets",
 	"reload":     "route replacement",
+	"manyroutes": "many routes",
 }
 
 // fullTitle is the title of m that stands alone.

@@ -6,6 +6,7 @@
 //	loadgen hs        new TLS connections per second (handshake, one request, close)
 //	loadgen wsecho    WebSocket echo round trips per second
 //	loadgen wsidle    open many WebSockets, print READY, hold them until SIGTERM
+//	loadgen routes    saturating keep-alive requests spread over many routes (routes.go)
 package main
 
 import (
@@ -29,7 +30,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|wsidle [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|wsidle|routes [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -42,6 +43,8 @@ func main() {
 		err = runWSEcho(os.Args[2:])
 	case "wsidle":
 		err = runWSIdle(os.Args[2:])
+	case "routes":
+		err = runRoutes(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
