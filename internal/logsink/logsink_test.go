@@ -3,6 +3,7 @@ package logsink
 import (
 	"bytes"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,5 +172,55 @@ func TestQueuedLinesShareOneWrite(t *testing.T) {
 		if len(wr) > maxPendingBytes || !strings.HasSuffix(wr, "\n") {
 			t.Errorf("write %d: %d bytes (max %d), ends in a whole line: %v", i, len(wr), maxPendingBytes, strings.HasSuffix(wr, "\n"))
 		}
+	}
+}
+
+// countingWriter counts the Write calls it receives.
+type countingWriter struct {
+	mu     sync.Mutex
+	writes int
+	bytes  int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes++
+	c.bytes += len(p)
+	return len(p), nil
+}
+
+// TestReadyWritersShareOneWriteOnOneCore: on one core (GOMAXPROCS=1, as the
+// benchmarks and small hosts run the listener), many goroutines that are
+// ready at once and write one line each — the requests of many connections
+// ending together — reach the destination in a few writes, not one system
+// call per line (the woken drain goroutine runs next, before the others,
+// unless it yields). The race detector shuffles the order in which ready
+// goroutines run, so under -race this passes without the yield too; without
+// -race it fails (one write per line).
+func TestReadyWritersShareOneWriteOnOneCore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 200
+	dst := &countingWriter{}
+	w := New(dst, 4096, time.Hour, false)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	line := []byte("a request ended\n")
+	for range n {
+		wg.Go(func() {
+			<-start
+			_, _ = w.Write(line)
+		})
+	}
+	close(start)
+	wg.Wait()
+	w.Close(5 * time.Second)
+	dst.mu.Lock()
+	defer dst.mu.Unlock()
+	if dst.bytes != n*len(line) {
+		t.Fatalf("%d bytes written, want %d", dst.bytes, n*len(line))
+	}
+	if dst.writes > n/10 {
+		t.Errorf("%d writes for %d lines from goroutines ready at once on one core: want at most %d (batched)", dst.writes, n, n/10)
 	}
 }
