@@ -1,0 +1,182 @@
+package dispatch
+
+import (
+	"bufio"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/internal/logsink"
+)
+
+const (
+	manyRoutesInstalled = 10_000 // routes in the table
+	manyRoutesConns     = 1_000  // client connections, in both cases
+)
+
+// BenchmarkManyRoutes is bench/run.sh's manyroutes workload in process: a
+// table of 10,000 routes (one instance each, all on one real app), 1,000
+// keep-alive TLS clients, first all on one route, then spread over 1,000
+// routes (connection c on route c, SNI = Host = its name). Each worker
+// rotates its requests over its share of the connections. The access log
+// is on with serve's defaults (text, DefaultAccessLogRate lines per second
+// per instance) through the bounded log writer to a file, as in
+// production: on one route the rate bound drops most lines, spread over
+// 1,000 instances none is dropped. cpu-ns/op is the CPU time of the whole
+// process (client, listener, app, log writer) per request; writes/op the
+// write system calls per request (client, listener, app and log writer);
+// dials/1k-req the app connections opened per 1,000 requests after the
+// warm-up. Run it on one core, as the listener runs in bench/run.sh:
+//
+//	go test -run XXX -bench ManyRoutes -cpu 1 -benchmem ./dispatch/
+func BenchmarkManyRoutes(b *testing.B) {
+	for _, spread := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("routes=%d", spread), func(b *testing.B) { benchManyRoutes(b, spread) })
+	}
+}
+
+func benchManyRoutes(b *testing.B, spread int) {
+	app := newSharedBenchApp(b)
+	defer app.close()
+	type svc struct {
+		Name     string `json:"name"`
+		Port     int    `json:"port"`
+		Revision int    `json:"revision"`
+	}
+	type inst struct {
+		Workspace  string            `json:"workspace"`
+		Sandbox    string            `json:"sandbox"`
+		Generation string            `json:"generation"`
+		Connector  map[string]string `json:"connector"`
+		Services   []svc             `json:"services"`
+	}
+	list := make([]inst, manyRoutesInstalled)
+	for i := range list {
+		list[i] = inst{Workspace: "team", Sandbox: "s" + strconv.Itoa(i), Generation: "1",
+			Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"},
+			Services:  []svc{{Name: "web", Port: app.port(), Revision: 1}}}
+	}
+	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	logFile, err := os.Create(filepath.Join(b.TempDir(), "access.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = logFile.Close() }()
+	sink := logsink.New(logFile, 0, time.Hour, false)
+	defer sink.Close(5 * time.Second)
+	l := startBenchListener(b, benchListenerOptions{doc: raw, protos: []string{"http/1.1"},
+		config: Config{AccessLog: AccessLogText, AccessLogWriter: sink}})
+	if l.installed != manyRoutesInstalled {
+		l.stop(b)
+		b.Fatalf("installed %d routes; want %d", l.installed, manyRoutesInstalled)
+	}
+
+	workers := runtime.GOMAXPROCS(0) * sharedBenchParallelism
+	sets := make(chan []*sharedBenchClient, workers)
+	per := make([][]*sharedBenchClient, workers)
+	var all []*sharedBenchClient
+	defer func() {
+		for _, c := range all {
+			_ = c.conn.Close()
+		}
+		l.stop(b)
+	}()
+	for c := range manyRoutesConns {
+		host := sharedBenchHost(c % spread)
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: sharedBenchTimeout}, "tcp", l.addr,
+			&tls.Config{ServerName: host, RootCAs: l.ca.Pool(), NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			b.Fatalf("dial %s: %v", host, err)
+		}
+		cl := &sharedBenchClient{conn: conn, br: bufio.NewReaderSize(conn, 4<<10),
+			req: []byte("GET /bench HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")}
+		all = append(all, cl)
+		per[c%workers] = append(per[c%workers], cl)
+		if err := cl.do(); err != nil { // the route's pool and its app connection
+			b.Fatalf("warm-up request to %s: %v", host, err)
+		}
+	}
+	for _, set := range per {
+		sets <- set
+	}
+
+	b.ReportAllocs()
+	b.SetParallelism(sharedBenchParallelism)
+	dials0 := app.accepted.Load()
+	writes0 := processWrites()
+	cpu0 := sharedBenchCPU(b)
+	b.ResetTimer()
+	var failMu sync.Mutex
+	var failure error
+	b.RunParallel(func(pb *testing.PB) {
+		var set []*sharedBenchClient
+		select {
+		case set = <-sets:
+		default:
+			failMu.Lock()
+			failure = errors.New("more workers than prepared connection sets")
+			failMu.Unlock()
+			for pb.Next() {
+			}
+			return
+		}
+		i := 0
+		for pb.Next() {
+			c := set[i%len(set)]
+			i++
+			_ = c.conn.SetDeadline(time.Now().Add(sharedBenchTimeout))
+			if err := c.do(); err != nil {
+				failMu.Lock()
+				if failure == nil {
+					failure = err
+				}
+				failMu.Unlock()
+				for pb.Next() {
+				}
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpu := sharedBenchCPU(b) - cpu0
+	if failure != nil {
+		b.Fatalf("request failed: %v", failure)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(app.accepted.Load()-dials0)*1000/float64(b.N), "dials/1k-req")
+	if w0, w1 := writes0, processWrites(); w0 >= 0 && w1 >= 0 {
+		b.ReportMetric(float64(w1-w0)/float64(b.N), "writes/op")
+	}
+}
+
+// processWrites returns the write system calls of this process so far
+// (syscw in /proc/self/io), or -1 where there is no such file.
+func processWrites() int64 {
+	raw, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
