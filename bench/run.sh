@@ -773,9 +773,16 @@ wl_reload() { # round
 # routes, then spread evenly over the MR_LIVE routes (one connection each,
 # SNI = Host = the route's name). Same process, table, tool and concurrency:
 # only the spread differs. App dials are counted over the measured window.
+# Before the table is installed, the same load on the one route of the usual
+# table (team--demo--web) is the reference for the table's size alone.
 MR_PATTERN='ws%05[1]d--sb%05[1]d--web.apps.test'
 wl_manyroutes() { # round duration
-	local i n j1 j2
+	local i n j0 j1 j2
+	# The same 1,000 clients on the benchmarked route of the usual
+	# one-route table first: what 10,000 installed routes cost by themselves.
+	j0=$(lg routes -host-pattern "$HOST" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	check_errors "manyroutes one-route table" "$j0"
+	record "$TARGET" manyroutes_base_rps "$1" "$(jget .rps "$j0")"
 	put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
 	for i in $(seq 1 100); do
 		n=$(routes_installed)

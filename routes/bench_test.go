@@ -190,6 +190,36 @@ func BenchmarkLookup100k(b *testing.B) {
 	})
 }
 
+// BenchmarkLookup10k is the route work of bench/run.sh's manyroutes
+// workload: 10,000 routes installed, the lookups of a connection's SNI
+// (NormalizeHost + Lookup) and of each of its requests (Usable, HostMatches
+// of the Host against the SNI), the traffic on one route (hot=1) or
+// rotating over 1,000 of them (hot=1000). The two must cost the same.
+//
+//	go test -run XXX -bench Lookup10k -benchmem ./routes/
+func BenchmarkLookup10k(b *testing.B) {
+	tbl, hosts := bigTable(b, 10_000, 1)
+	for _, hot := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("hot=%d", hot), func(b *testing.B) {
+			names := make([]string, hot)
+			for i := range names {
+				names[i] = hosts[(i*7919)%len(hosts)]
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				sni := names[i%hot]
+				i++
+				h, ok := NormalizeHost(sni)
+				r := tbl.Lookup(h)
+				if !ok || r == nil || !r.Usable() || !HostMatches(sni, h) {
+					b.Fatal("miss")
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkApply10k applies a 10,000-route replacement document (1,000
 // instances × 10 services). Parsing is not measured (see
 // BenchmarkParseDocument10000). Logging goes to a discard handler.
