@@ -63,6 +63,9 @@ type Conn struct {
 	ctrlN     atomic.Int32
 	ctrlFlood atomic.Bool // queueCtrl found the queue full
 	flusherOn atomic.Bool
+	// flushOwed: frames that ended a response are buffered for the
+	// flusher (endAndFlush).
+	flushOwed atomic.Bool
 
 	// mu guards the connection and stream state below and the fields of
 	// its streams documented as such.

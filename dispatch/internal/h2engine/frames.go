@@ -50,6 +50,7 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 		return nil
 	}
 	var err error
+	wake := false
 	c.mu.Lock()
 	_ = f.ForeachSetting(func(s http2.Setting) error { // its error is err
 		if verr := s.Valid(); verr != nil {
@@ -72,10 +73,8 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 					return err
 				}
 				st.sendWin += delta
-				if delta > 0 {
-					st.wakeWriter()
-				}
 			}
+			wake = wake || delta > 0
 		case http2.SettingMaxFrameSize:
 			c.peerMaxFrame.Store(s.Val)
 		case http2.SettingEnableConnectProtocol:
@@ -86,11 +85,24 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 		}
 		return nil
 	})
-	c.mu.Unlock()
 	if err != nil {
+		c.mu.Unlock()
 		return err
 	}
-	return c.queueCtrlFromReader(ctrlFrame{kind: ctrlSettingsAck})
+	// The acknowledgement is queued before the writers given window
+	// wake: it goes out ahead of the DATA that uses the new settings.
+	queued := c.queueCtrl(ctrlFrame{kind: ctrlSettingsAck})
+	if wake {
+		for _, st := range c.streams {
+			st.wakeWriter()
+		}
+	}
+	c.mu.Unlock()
+	if !queued {
+		return errCtrlFlood
+	}
+	c.kickCtrl()
+	return nil
 }
 
 func (c *Conn) processPing(f *http2.PingFrame) error {

@@ -444,10 +444,10 @@ func (st *Stream) WriteHeaders(status int, fields []HeaderField, endStream bool)
 		st.headersDone = true
 	}
 	if endStream {
-		st.endLocal()
+		return st.endAndFlush()
 	}
-	st.noteBuffered(endStream || info)
-	return c.unlockWrite(endStream || info)
+	st.noteBuffered(info)
+	return c.unlockWrite(info)
 }
 
 // noteBuffered records whether the stream leaves frames buffered (wmu
@@ -460,13 +460,36 @@ func (st *Stream) noteBuffered(flushing bool) {
 	st.unflushed.Store(st.c.flushes.Load() + 1)
 }
 
-// endLocal records the END_STREAM just written (wmu held).
-func (st *Stream) endLocal() {
+// endLocal records the END_STREAM just written (wmu held). It reports
+// whether other streams of the connection are running handlers.
+func (st *Stream) endLocal() (others bool) {
 	st.ended = true
 	c := st.c
 	c.mu.Lock()
 	st.endLocalLocked()
+	others = c.live > 1
 	c.mu.Unlock()
+	return others
+}
+
+// endAndFlush records the END_STREAM just written and releases the write
+// lock (wmu held). Alone on its connection, the stream has its frames
+// written at once, as every writer does. While other streams are running,
+// it leaves them to the flusher goroutine (runFlusher), which lets the
+// goroutines that are ready run first: other streams whose answers are
+// ready add their frames meanwhile, and one write (one TLS record, one
+// system call) carries them all, where writing at once costs one per
+// response. A pending writer may still write them first.
+func (st *Stream) endAndFlush() error {
+	c := st.c
+	st.unflushed.Store(0)
+	if !st.endLocal() {
+		return c.unlockWrite(true)
+	}
+	c.flushOwed.Store(true)
+	err := c.unlockWrite(false)
+	c.kickFlush()
+	return err
 }
 
 // Write writes response body bytes as DATA frames, waiting for flow-
@@ -510,11 +533,14 @@ func (st *Stream) writeData(p []byte, end bool) (int, error) {
 			return total, err
 		}
 		c.writeDataFrame(st.id, p[:n], last)
+		var err error
 		if last {
-			st.endLocal()
+			err = st.endAndFlush()
+		} else {
+			st.noteBuffered(false)
+			err = c.unlockWrite(false)
 		}
-		st.noteBuffered(last)
-		if err := c.unlockWrite(last); err != nil {
+		if err != nil {
 			return total, err
 		}
 		total += n
@@ -624,8 +650,7 @@ func (st *Stream) WriteTrailers(fields []HeaderField) error {
 	c.hbuf.Reset()
 	c.encodeFields(fields)
 	c.writeHeaderBlock(st.id, c.hbuf.Bytes(), true)
-	st.endLocal()
-	return c.unlockWrite(true)
+	return st.endAndFlush()
 }
 
 // Flush sends what the connection has buffered, this stream's frames

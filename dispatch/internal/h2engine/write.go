@@ -3,6 +3,7 @@ package h2engine
 import (
 	"errors"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,7 @@ func (o *outBuf) Write(p []byte) (int, error) {
 
 // flush writes the buffer to the connection (wmu held).
 func (o *outBuf) flush() error {
+	o.c.flushOwed.Store(false)
 	if o.buf == nil || len(*o.buf) == 0 {
 		return o.c.werr
 	}
@@ -102,10 +104,16 @@ func (c *Conn) writeConn(p []byte) (int, error) {
 	return n, err
 }
 
-// lockWrite takes the write lock, counting the writer as pending.
+// lockWrite takes the write lock, counting the writer as pending. The
+// control frames queued so far go into the buffer first, ahead of the
+// writer's frames (a SETTINGS acknowledgement before the DATA that uses
+// the new settings).
 func (c *Conn) lockWrite() {
 	c.pending.Add(1)
 	c.wmu.Lock()
+	if c.ctrlN.Load() > 0 {
+		c.drainCtrlLocked()
+	}
 }
 
 // unlockWrite releases the write lock. flush asks for the buffered frames
@@ -304,7 +312,24 @@ func (c *Conn) queueCtrlFromReader(f ctrlFrame) error {
 // kickCtrl makes sure queued control frames get written: by the control
 // flusher, a goroutine started when needed.
 func (c *Conn) kickCtrl() {
-	if c.ctrlN.Load() == 0 || !c.flusherOn.CompareAndSwap(false, true) {
+	if c.ctrlN.Load() == 0 {
+		return
+	}
+	c.startFlusher()
+}
+
+// kickFlush has the flusher write the frames buffered by the end of a
+// response (flushOwed).
+func (c *Conn) kickFlush() {
+	if !c.flushOwed.Load() {
+		return
+	}
+	c.startFlusher()
+}
+
+// startFlusher starts the flusher goroutine unless it runs.
+func (c *Conn) startFlusher() {
+	if !c.flusherOn.CompareAndSwap(false, true) {
 		return
 	}
 	c.mu.Lock()
@@ -315,16 +340,21 @@ func (c *Conn) kickCtrl() {
 	}
 	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.runCtrl()
+	go c.runFlusher()
 }
 
-func (c *Conn) runCtrl() {
+// runFlusher writes the queued control frames and the frames owed a
+// flush. It first lets the goroutines that are ready to run do so
+// (runtime.Gosched): stream handlers whose answers are ready add their
+// frames to the buffer meanwhile, and one write carries them all.
+func (c *Conn) runFlusher() {
 	defer c.wg.Done()
 	for {
+		runtime.Gosched()
 		c.lockWrite()
 		_ = c.unlockWrite(true)
 		c.flusherOn.Store(false)
-		if c.ctrlN.Load() == 0 || !c.flusherOn.CompareAndSwap(false, true) {
+		if (c.ctrlN.Load() == 0 && !c.flushOwed.Load()) || !c.flusherOn.CompareAndSwap(false, true) {
 			return
 		}
 	}

@@ -1,0 +1,47 @@
+package h2engine
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/internal/testutil"
+)
+
+// TestResponsesCoalesced: responses that become ready together on
+// concurrent streams go out in a few writes to the socket, not one per
+// response (each costs a system call and, over TLS, a record).
+func TestResponsesCoalesced(t *testing.T) {
+	const streams = 100
+	gate := make(chan struct{})
+	var started atomic.Int32
+	h := HandlerFunc(func(st *Stream) {
+		started.Add(1)
+		<-gate
+		_ = st.WriteHeaders(200, []HeaderField{{Name: "content-length", Value: "2"}}, false)
+		_ = st.WriteLast([]byte("ok"))
+	})
+	s := newTestServer(t, false, Config{MaxConcurrentStreams: streams}, h)
+	c := dialRaw(t, s)
+	for i := range streams {
+		c.request(uint32(2*i+1), "/", true)
+	}
+	testutil.Eventually(t, 10*time.Second, "every handler started", func() bool { return started.Load() == streams })
+	s.mu.Lock()
+	conn := s.conns[0]
+	s.mu.Unlock()
+	before := conn.flushes.Load()
+	close(gate)
+	ended := 0
+	c.waitFor(10*time.Second, "every response", func(f http2.Frame) bool {
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamEnded() {
+			ended++
+		}
+		return ended == streams
+	})
+	if n := conn.flushes.Load() - before; n > streams/5 {
+		t.Fatalf("%d responses ready together took %d writes, want at most %d", streams, n, streams/5)
+	}
+}
