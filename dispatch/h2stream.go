@@ -50,12 +50,40 @@ type h2Stream struct {
 	attached atomic.Pointer[backendConn]
 	onReset  func()
 	flushFn  func() error
+	// bodyW writes the response body (writeBody); bodyLeft is what is
+	// left of a body of known length (-1: unknown).
+	bodyW    io.Writer
+	bodyLeft int64
+}
+
+// h2BodyWriter is an h2Stream's writeBody as an io.Writer.
+type h2BodyWriter struct{ st *h2Stream }
+
+func (w h2BodyWriter) Write(p []byte) (int, error) { return w.st.writeBody(p) }
+
+// writeBody writes response body bytes; the last ones of a body of known
+// length end the response.
+func (st *h2Stream) writeBody(p []byte) (int, error) {
+	if st.bodyLeft < 0 || int64(len(p)) < st.bodyLeft {
+		n, err := st.es.Write(p)
+		if st.bodyLeft > 0 {
+			st.bodyLeft -= int64(n)
+		}
+		return n, err
+	}
+	if err := st.es.WriteLast(p); err != nil {
+		return 0, err
+	}
+	st.bodyLeft = 0
+	st.ended = true
+	return len(p), nil
 }
 
 var h2StreamPool = sync.Pool{New: func() any {
 	st := &h2Stream{}
 	st.onReset = st.closeAttached
 	st.flushFn = st.flush
+	st.bodyW = h2BodyWriter{st}
 	return st
 }}
 
@@ -443,7 +471,13 @@ func (st *h2Stream) proxy(req *request) bool {
 		err = st.flush()
 	}
 	if err == nil {
-		err = x.copyBody(es, nil, st.flushFn, false)
+		// A body of known length ends with its last DATA frame
+		// (END_STREAM on it, no empty frame of its own).
+		st.bodyLeft = -1
+		if resp.body == bodyLength && !x.isHead {
+			st.bodyLeft = resp.length
+		}
+		err = x.copyBody(st.bodyW, nil, st.flushFn, false)
 	} else {
 		s.m.request(resp.status)
 	}
