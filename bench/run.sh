@@ -20,6 +20,8 @@
 #   BENCH_CADDY=PATH      a caddy $CADDY_VERSION binary to use instead of building one
 #   BENCH_WORKLOADS="..." run only these workloads (names as in workloads_for, plus
 #                         reload), e.g. "h2_mux h2_one"; default: all
+#   BENCH_IDLE_CONNS=N    idle connections held by idle_h1 / idle_ws (default
+#                         100000; quick: 10000)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,14 +35,14 @@ if [[ $QUICK == 1 ]]; then
 	DUR=2          # seconds of the saturating small-request run
 	SHORT_DUR=2    # seconds of the download, handshake and WebSocket-echo runs
 	RATE_DUR=3     # seconds of the fixed-rate run (and of the route-replacement run)
-	IDLE_WS=1000   # idle WebSockets held
+	IDLE_N=${BENCH_IDLE_CONNS:-10000}   # idle connections held (idle_h1, idle_ws)
 	PROFILE=${BENCH_PROFILE:-0}
 else
 	ROUNDS=${BENCH_ROUNDS:-3}
 	DUR=4
 	SHORT_DUR=3
 	RATE_DUR=5
-	IDLE_WS=5000
+	IDLE_N=${BENCH_IDLE_CONNS:-100000}
 	PROFILE=${BENCH_PROFILE:-1}
 fi
 TARGETS=${BENCH_TARGETS:-"applistener nginx haproxy caddy direct-tls direct-plain"}
@@ -67,6 +69,15 @@ RELOAD_ROUTES=10000
 MR_ROUTES=10000    # many routes: routes installed (besides the benchmarked one) ...
 MR_LIVE=1000       # ... the first of them pointing at the app, loaded evenly
 MR_CONNS=1000      # keep-alive connections, for one route and for MR_LIVE routes alike
+# Idle scale: one source address (and one app address, for the proxies' own
+# connections to the app) has only the ephemeral port range (~28,000 ports)
+# towards one destination. The load generator spreads its connections over
+# IDLE_SOURCES source addresses 127.0.0.2, 127.0.0.3, ...; the WebSockets are
+# spread over IDLE_APPS routes (team--demo--web, team--demo1--web, ...), each
+# proxied to the app on its own loopback address (127.0.0.1, 127.0.3.1, ...).
+IDLE_SOURCES=$(( (IDLE_N + 19999) / 20000 + 1 ))
+IDLE_APPS=$(( (IDLE_N + 19999) / 20000 ))
+IDLE_PARALLEL=64
 PROFILE_SECONDS=5
 HOST=team--demo--web.apps.test
 CADDY_VERSION=v2.11.9
@@ -261,9 +272,23 @@ wait_ready() { # scheme port
 }
 
 # ---------------------------------------------------------------- backend
+# app_ip K: the app's address for route K (0: team--demo--web, the one every
+# other workload uses; K >= 1: team--demoK--web, only idle_ws uses them).
+app_ip() { if (($1 == 0)); then echo 127.0.0.1; else echo "127.0.3.$1"; fi; }
+app_host() { if (($1 == 0)); then echo "$HOST"; else echo "team--demo$1--web.apps.test"; fi; }
+app_addrs() {
+	local k out=""
+	for ((k = 0; k < IDLE_APPS; k++)); do out+="${out:+,}$(app_ip "$k"):$P_APP"; done
+	echo "$out"
+}
+idle_hosts() {
+	local k out=""
+	for ((k = 0; k < IDLE_APPS; k++)); do out+="${out:+,}$(app_host "$k")"; done
+	echo "$out"
+}
 start_backend() {
 	"$TMP/benchapp" -h >/dev/null 2>&1 || true
-	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APP" -stats-addr "127.0.0.1:$P_APPSTATS" >"$TMP/benchapp.log" 2>&1 &
+	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "$(app_addrs)" -stats-addr "127.0.0.1:$P_APPSTATS" >"$TMP/benchapp.log" 2>&1 &
 	BACKEND_PID=$!
 	STARTED+=("$BACKEND_PID")
 	local i
@@ -293,9 +318,11 @@ app_delta() {
 # ---------------------------------------------------------------- proxies
 routes_doc() { # extra-route-count revision [live]: the first live extra routes point at the app too
 	local n=$1 rev=$2 live=${3:-0}
-	awk -v n="$n" -v rev="$rev" -v app="$P_APP" -v live="$live" 'BEGIN{
+	awk -v n="$n" -v rev="$rev" -v app="$P_APP" -v live="$live" -v apps="$IDLE_APPS" 'BEGIN{
 		printf "{\"revision\":\"%s\",\"instances\":[", rev
 		printf "{\"workspace\":\"team\",\"sandbox\":\"demo\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", app
+		for (k = 1; k < apps; k++)
+			printf ",\n{\"workspace\":\"team\",\"sandbox\":\"demo%d\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.3.%d\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", k, k, app
 		for (i = 0; i < n; i++)
 			printf ",\n{\"workspace\":\"ws%05d\",\"sandbox\":\"sb%05d\",\"generation\":\"%s\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", i, i, rev, (i < live) ? app : 20000 + i
 		printf "]}\n"
@@ -316,16 +343,44 @@ start_applistener() {
 	PORT=$P_AL SCHEME=https H2PORT=$P_AL
 }
 
+# Connection limits, the same for every proxy: room for the idle
+# connections plus the other workloads' (HS_WORKERS, MANY_CONNS, ...).
+# nginx's worker_connections counts the app side too (two per WebSocket);
+# HAProxy's maxconn counts client connections.
+CONN_LIMIT=$((IDLE_N + 4000))
+
 start_nginx() {
-	local d=$TMP/nginx
+	local d=$TMP/nginx k extra_up="" extra_srv=""
 	mkdir -p "$d/logs" "$d/tmp"
+	for ((k = 1; k < IDLE_APPS; k++)); do
+		extra_up+="    upstream app$k { server $(app_ip "$k"):$P_APP; keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }
+"
+		extra_srv+="    server {
+        listen 127.0.0.1:$P_NGINX ssl;
+        server_name $(app_host "$k");
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        location / {
+            proxy_pass http://app$k;
+            proxy_http_version 1.1;
+            proxy_set_header Host \$host;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection \$connection_upgrade;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto https;
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }
+    }
+"
+	done
 	cat >"$d/nginx.conf" <<EOF
 worker_processes 1;
-worker_rlimit_nofile 19000;
+worker_rlimit_nofile $((2 * CONN_LIMIT + 1000));
 daemon off;
 pid $d/nginx.pid;
 error_log $d/logs/error.log warn;
-events { worker_connections 16000; }
+events { worker_connections $((2 * CONN_LIMIT)); }
 http {
     access_log off;
     client_body_temp_path $d/tmp/body;
@@ -348,8 +403,8 @@ http {
         keepalive_requests 1000000;
         keepalive_timeout 60s;
     }
-    map \$http_upgrade \$connection_upgrade { default upgrade; '' ''; }
-    server {
+$extra_up    map \$http_upgrade \$connection_upgrade { default upgrade; '' ''; }
+$extra_srv    server {
         listen 127.0.0.1:$P_NGINX ssl default_server;
         ssl_certificate $TMP/certs/chain.crt;
         ssl_certificate_key $TMP/certs/tls.key;
@@ -387,12 +442,19 @@ EOF
 }
 
 start_haproxy() {
-	local d=$TMP/haproxy
+	local d=$TMP/haproxy k extra_use="" extra_be=""
 	mkdir -p "$d"
+	for ((k = 1; k < IDLE_APPS; k++)); do
+		extra_use+="    use_backend app$k if { ssl_fc_sni -m str $(app_host "$k") } { req.hdr(host),field(1,:),lower -m str $(app_host "$k") }
+"
+		extra_be+="backend app$k
+    server s1 $(app_ip "$k"):$P_APP
+"
+	done
 	cat >"$d/haproxy.cfg" <<EOF
 global
     nbthread 1
-    maxconn 9000
+    maxconn $CONN_LIMIT
     # Same cipher as the Go servers pick (AES-128-GCM), server's choice.
     ssl-default-bind-ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256
 defaults
@@ -412,10 +474,10 @@ frontend fe
     acl sni_ok ssl_fc_sni -m str $HOST
     acl host_ok req.hdr(host),field(1,:),lower -m str $HOST
     use_backend app if sni_ok host_ok
-    default_backend none
+${extra_use}    default_backend none
 backend app
     server s1 127.0.0.1:$P_APP
-backend none
+$extra_bebackend none
 EOF
 	run_pinned "$PROXY_CPU" "$HAPROXY" -db -f "$d/haproxy.cfg" >>"$d/haproxy.log" 2>&1 &
 	TARGET_PID=$!
@@ -669,20 +731,26 @@ wl_ws_echo() { # round duration
 	record "$TARGET" ws_echo_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / ($mps * $(jget .watch_wall_s "$j"))")"
 }
 
-# Idle WebSockets: RSS of the proxy's processes before and after opening
-# them (one echo each, then idle), divided by the number held. Run first,
-# on a freshly started proxy, so earlier workloads' heap does not hide it.
+# Idle scale (idle_h1, idle_ws): IDLE_N connections opened on a freshly
+# started proxy (TLS keep-alive after one request, or WebSockets after one
+# echo) and held idle. Figures: the proxy's RSS (VmRSS of all its
+# processes) after minus before, per connection; and the new-connection
+# rate (loadgen hs) while they are held, against the rate once they are
+# closed (the same process, nothing held).
 IDLE_PID=""
-open_idle() { # conns -> IDLE_JSON ; leaves IDLE_PID holding them
-	local out=$TMP/idle.out i
+open_idle() { # proto conns -> IDLE_JSON ; leaves IDLE_PID holding them
+	local out=$TMP/idle.out i hosts=$HOST
+	[[ $1 == ws ]] && hosts=$(idle_hosts)
 	: >"$out"
-	load "$TMP/loadgen" wsidle -addr "127.0.0.1:$PORT" -sni "$SNI" -host "$HOST" -conns "$1" -parallel 50 -hold 5m >"$out" 2>>"$TMP/loadgen.err" &
+	load "$TMP/loadgen" idle -proto "$1" -addr "127.0.0.1:$PORT" -sni "$SNI" -host "$HOST" -hosts "$hosts" \
+		-conns "$2" -parallel "$IDLE_PARALLEL" -sources "$IDLE_SOURCES" -hold 30m >"$out" 2>>"$TMP/loadgen.err" &
 	IDLE_PID=$!
 	STARTED+=("$IDLE_PID")
 	IDLE_JSON=""
-	for i in $(seq 1 1800); do
+	for i in $(seq 1 9000); do # up to 15 minutes
 		if grep -q '^READY' "$out"; then
 			IDLE_JSON=$(sed -n 's/^READY //p' "$out")
+			echo "$TARGET $1: $IDLE_JSON" >>"$TMP/idle.log"
 			return 0
 		fi
 		kill -0 "$IDLE_PID" 2>/dev/null || break
@@ -690,32 +758,57 @@ open_idle() { # conns -> IDLE_JSON ; leaves IDLE_PID holding them
 	done
 	return 1
 }
-close_idle() {
+fd_count() {
+	local sum=0 p
+	for p in $(tree_pids "$TARGET_PID"); do sum=$((sum + $(ls "/proc/$p/fd" 2>/dev/null | wc -l))); done
+	echo "$sum"
+}
+close_idle() { # and wait (up to 60 s) until the proxy has closed its side
 	[[ -n $IDLE_PID ]] || return 0
 	kill -TERM "$IDLE_PID" 2>/dev/null || true
 	wait "$IDLE_PID" 2>/dev/null || true
 	forget "$IDLE_PID"
 	IDLE_PID=""
+	local i
+	for i in $(seq 1 120); do
+		(($(fd_count) < 2000)) && break
+		sleep 0.5
+	done
 	sleep 1
 }
-wl_ws_idle() { # round
-	local before after open
+# idle_hs: the new-connection rate (full handshakes + one request), -> HS_CPS
+idle_hs() {
+	local j
+	j=$(lg hs -conns "$HS_WORKERS" -duration "${SHORT_DUR}s")
+	check_errors "$1" "$j"
+	HS_CPS=$(jget .conns_per_s "$j")
+}
+wl_idle() { # round proto(http1|ws) name
+	local before after open hs_held
 	sleep 0.5
 	before=$(rss_kib)
-	if ! open_idle "$IDLE_WS"; then
-		note "$TARGET ws_idle: could not open the WebSockets ($(tail -n 1 "$TMP/loadgen.err"))"
+	if ! open_idle "$2" "$IDLE_N"; then
+		note "$TARGET $3: could not open the connections ($(tail -n 1 "$TMP/loadgen.err"))"
 		close_idle
 		return 0
 	fi
 	sleep 2
 	after=$(rss_kib)
 	open=$(jget .open "$IDLE_JSON")
-	if [[ ${open:-0} -lt $IDLE_WS ]]; then note "$TARGET ws_idle: only ${open:-0} of $IDLE_WS opened ($(jget .first_error "$IDLE_JSON"))"; fi
+	if [[ ${open:-0} -lt $IDLE_N ]]; then note "$TARGET $3: only ${open:-0} of $IDLE_N opened ($(jget .first_error "$IDLE_JSON"))"; fi
 	if [[ ${open:-0} -gt 0 ]]; then
-		record "$TARGET" ws_idle_kib "$1" "$(calc "($after - $before) / $open")"
-		record "$TARGET" ws_idle_open "$1" "$open"
+		record "$TARGET" "${3}_kib" "$1" "$(calc "($after - $before) / $open")"
+		record "$TARGET" "${3}_open" "$1" "$open"
 	fi
+	idle_hs "$3"
+	hs_held=$HS_CPS
 	close_idle
+	idle_hs "$3"
+	record "$TARGET" "${3}_hs_cps" "$1" "$hs_held"
+	if [[ -n $hs_held && -n $HS_CPS ]]; then
+		record "$TARGET" "${3}_hs_ratio" "$1" "$(calc "$hs_held / $HS_CPS")"
+		echo "$TARGET $3 round $1: RSS $before -> $after KiB with $open held; new connections/s $hs_held held, $HS_CPS none" >>"$TMP/idle.log"
+	fi
 }
 
 # applistener only: the routes file is replaced by one with 10,000 more
@@ -741,7 +834,7 @@ wl_reload() { # round
 		# measure the scrapes rather than the table change.
 		for _ in $(seq 1 40); do
 			n=$(routes_installed)
-			if [[ ${n:-0} -ge $((RELOAD_ROUTES + 1)) ]]; then
+			if [[ ${n:-0} -ge $((RELOAD_ROUTES + IDLE_APPS)) ]]; then
 				calc "($(now) - $t0) * 1000" >"$TMP/reload.applied"
 				exit 0
 			fi
@@ -824,15 +917,16 @@ workloads_all() {
 	case $1 in
 	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
-	caddy) echo "ws_idle small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
-	applistener) echo "ws_idle small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes" ;;
-	*) echo "ws_idle small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	caddy) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	applistener) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes" ;;
+	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	esac
 }
 
 run_workload() { # name round
 	case $1 in
-	ws_idle) wl_ws_idle "$2" ;;
+	idle_h1) wl_idle "$2" http1 idle_h1 ;;
+	idle_ws) wl_idle "$2" ws idle_ws ;;
 	small) wl_small "$2" "$DUR" ;;
 	many) wl_many "$2" "$DUR" ;;
 	h2_mux) wl_h2_mux "$2" "$DUR" ;;
@@ -854,19 +948,21 @@ profile_workload() { # workload
 	local w=$1 out=$RESULTS/profiles/$1.txt prof=$TMP/$1.pprof
 	local pdur=$((PROFILE_SECONDS + 2)) cpid
 	start_target applistener
-	wl_warmup
+	[[ $w == idle_* ]] || wl_warmup
 	{
 		echo "# applistener profile: workload $w ($(date -u +%FT%TZ))"
 		echo "# GOMAXPROCS=1, pinned to core $PROXY_CPU; load generator and backend on core $LOAD_CPU"
 		echo "# why: ${PROFILE_WHY:-}"
 	} >"$out"
 	case $w in
-	ws_idle)
-		open_idle "$IDLE_WS" || true
+	idle_h1 | idle_ws)
+		local proto=http1
+		[[ $w == idle_ws ]] && proto=ws
+		open_idle "$proto" "$IDLE_N" || true
 		sleep 2
 		curl -fs -o "$prof" "http://127.0.0.1:$P_ADMIN/debug/pprof/heap?gc=1" || true
 		{
-			echo "# (heap profile, in use after GC, with $(jget .open "$IDLE_JSON") idle WebSockets held)"
+			echo "# (heap profile, in use after GC, with $(jget .open "$IDLE_JSON") idle $proto connections held)"
 			echo "# goroutines: $(curl -fs "http://127.0.0.1:$P_ADMIN/debug/pprof/goroutine?debug=1" | head -n 1)"
 			echo "# RSS of the process: $(rss_kib) KiB"
 			go tool pprof -top -nodecount=20 -sample_index=inuse_space "$TMP/applistener" "$prof" 2>&1 || true
@@ -935,28 +1031,41 @@ for p in $P_APP $P_APPSTATS $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS 
 	port_free "$p" || die "port $p is in use (set BENCH_PORT_BASE)"
 done
 
-# File descriptors: the proxy holds two per idle WebSocket, the load tool one.
+# File descriptors: the proxy holds two per idle WebSocket, the load tool
+# one. As root the hard limit is raised to fs.nr_open; every process started
+# here inherits it (Go programs raise their soft limit to it themselves).
+if [[ $(id -u) == 0 ]]; then ulimit -Hn "$(cat /proc/sys/fs/nr_open)" 2>/dev/null || true; fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
-if ((NOFILE < 2 * IDLE_WS + 1000)); then
-	IDLE_WS=$(((NOFILE - 1000) / 2))
-	note "ws_idle: the open-file limit is $NOFILE, so $IDLE_WS idle WebSockets are held instead of 5,000"
+if ((NOFILE < 2 * IDLE_N + 10000)); then
+	IDLE_N=$(((NOFILE - 10000) / 2))
+	note "idle_h1/idle_ws: the open-file limit is $NOFILE, so $IDLE_N idle connections are held"
 fi
-if ((IDLE_WS > 8000)); then IDLE_WS=8000; fi
 
 start_backend
-log "rounds=$ROUNDS durations: small ${DUR}s, others ${SHORT_DUR}s, fixed rate ${RATE_DUR}s; idle WebSockets $IDLE_WS; targets: $TARGETS"
+log "rounds=$ROUNDS durations: small ${DUR}s, others ${SHORT_DUR}s, fixed rate ${RATE_DUR}s; idle connections $IDLE_N; targets: $TARGETS"
 
 for round in $(seq 1 "$ROUNDS"); do
 	for t in $TARGETS; do
 		log "round $round/$ROUNDS: $t"
 		start_target "$t"
 		wl=$(workloads_for "$t")
-		# ws_idle first (fresh process), then a warm-up, then the rest.
-		if [[ " $wl " == *" ws_idle "* ]]; then run_workload ws_idle "$round"; fi
-		wl_warmup
+		# The idle workloads first, each on a freshly started process; then
+		# a warm-up and the rest.
+		fresh=1
 		for w in $wl; do
-			[[ $w == ws_idle ]] && continue
+			[[ $w == idle_* ]] || continue
+			((fresh)) || { stop_target; start_target "$t"; }
+			run_workload "$w" "$round"
+			fresh=0
+		done
+		rest=""
+		for w in $wl; do [[ $w == idle_* ]] || rest+="$w "; done
+		if [[ -n $rest || ( $t == applistener && ( -z ${BENCH_WORKLOADS:-} || " $BENCH_WORKLOADS " == *" reload "* ) ) ]]; then
+			((fresh)) || { stop_target; start_target "$t"; }
+			wl_warmup
+		fi
+		for w in $rest; do
 			run_workload "$w" "$round"
 		done
 		if [[ $t == applistener && ( -z ${BENCH_WORKLOADS:-} || " $BENCH_WORKLOADS " == *" reload "* ) ]]; then wl_reload "$round"; fi

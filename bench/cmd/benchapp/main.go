@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -273,7 +274,7 @@ func (l tlsLean) Accept() (net.Conn, error) {
 }
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:0", "plain HTTP/1.1 listen address (empty: none)")
+	addr := flag.String("addr", "127.0.0.1:0", "plain HTTP/1.1 listen addresses, comma-separated (empty: none)")
 	tlsAddr := flag.String("tls-addr", "", "TLS listen address (empty: none)")
 	certFile := flag.String("cert", "", "TLS certificate (PEM)")
 	keyFile := flag.String("key", "", "TLS key (PEM)")
@@ -310,8 +311,11 @@ func main() {
 		}
 		log.Fatal(serveLean(ln))
 	}
-	if *addr != "" {
-		ln, err := net.Listen("tcp", *addr)
+	for _, a := range strings.Split(*addr, ",") {
+		if a == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", a)
 		if err != nil {
 			log.Fatal(err)
 		}

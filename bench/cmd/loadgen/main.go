@@ -5,7 +5,10 @@
 //	loadgen rate      open-loop requests at a fixed rate over keep-alive connections
 //	loadgen hs        new TLS connections per second (handshake, one request, close)
 //	loadgen wsecho    WebSocket echo round trips per second
-//	loadgen wsidle    open many WebSockets, print READY, hold them until SIGTERM
+//	loadgen idle      open many idle connections (-proto http1: TLS keep-alive
+//	                  after one request; -proto ws: WebSockets after one echo),
+//	                  print READY, hold them until SIGTERM
+//	loadgen wsidle    idle -proto ws
 //	loadgen routes    saturating keep-alive requests spread over many routes (routes.go)
 package main
 
@@ -19,10 +22,8 @@ import (
 	"math"
 	"net"
 	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -30,7 +31,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|wsidle|routes [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|idle|wsidle|routes [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -41,8 +42,8 @@ func main() {
 		err = runHandshakes(os.Args[2:])
 	case "wsecho":
 		err = runWSEcho(os.Args[2:])
-	case "wsidle":
-		err = runWSIdle(os.Args[2:])
+	case "wsidle", "idle":
+		err = runIdle(os.Args[2:], os.Args[1])
 	case "routes":
 		err = runRoutes(os.Args[2:])
 	default:
@@ -376,84 +377,5 @@ func runWSEcho(args []string) error {
 	w.stop(out)
 	all.summary(out)
 	emit(out)
-	return nil
-}
-
-// runWSIdle opens conns WebSockets (one echo on each, then idle), prints a
-// line starting with READY, and holds them until SIGTERM/SIGINT or -hold.
-func runWSIdle(args []string) error {
-	fs := flag.NewFlagSet("wsidle", flag.ExitOnError)
-	t := targetFlags(fs)
-	conns := fs.Int("conns", 5000, "WebSocket connections to hold")
-	parallel := fs.Int("parallel", 50, "connections opened at once")
-	hold := fs.Duration("hold", 2*time.Minute, "longest hold")
-	_ = fs.Parse(args)
-	if t.path == "/" {
-		t.path = "/ws"
-	}
-	d, url := wsDialer(t)
-	cs := make([]*websocket.Conn, *conns)
-	var errs atomic.Int64
-	var firstErr atomic.Value
-	next := make(chan int)
-	var wg sync.WaitGroup
-	t0 := time.Now()
-	for w := 0; w < *parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				c, resp, err := d.Dial(url, nil)
-				if resp != nil && resp.Body != nil {
-					_ = resp.Body.Close()
-				}
-				if err == nil {
-					_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-					if err = c.WriteMessage(websocket.TextMessage, []byte("hello")); err == nil {
-						_, _, err = c.ReadMessage()
-					}
-					_ = c.SetReadDeadline(time.Time{})
-					if err != nil {
-						_ = c.Close()
-					}
-				}
-				if err != nil {
-					errs.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-					continue
-				}
-				cs[i] = c
-			}
-		}()
-	}
-	for i := range cs {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	open := 0
-	for _, c := range cs {
-		if c != nil {
-			open++
-		}
-	}
-	out := map[string]any{"mode": "wsidle", "requested": *conns, "open": open, "errors": errs.Load(),
-		"open_seconds": round(time.Since(t0).Seconds(), 2)}
-	if e := firstErr.Load(); e != nil {
-		out["first_error"] = e
-	}
-	b, _ := json.Marshal(out)
-	fmt.Printf("READY %s\n", b)
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case <-sig:
-	case <-time.After(*hold):
-	}
-	for _, c := range cs {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
 	return nil
 }
