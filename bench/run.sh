@@ -343,12 +343,14 @@ start_applistener() {
 	PORT=$P_AL SCHEME=https H2PORT=$P_AL
 }
 
-# Connection limits, the same for every proxy: room for the idle
-# connections plus the other workloads' (HS_WORKERS, MANY_CONNS, ...).
-# nginx's worker_connections counts the app side too (two per WebSocket);
-# HAProxy's maxconn counts client connections.
-CONN_LIMIT=$((IDLE_N + 4000))
-
+# Connection limits (CONN_LIMIT, set with the open-file limit below), the
+# same for every proxy: room for the idle connections plus the other
+# workloads' (HS_WORKERS, MANY_CONNS, ...). nginx's worker_connections
+# counts the app side too (two per WebSocket); HAProxy's maxconn counts
+# client connections. When the open-file limit is below what that needs,
+# nginx logs that it could not raise it and HAProxy is told `no
+# strict-limits` (otherwise it refuses to start): both then hold what the
+# limit allows, and the idle workloads stay below it.
 start_nginx() {
 	local d=$TMP/nginx k extra_up="" extra_srv=""
 	mkdir -p "$d/logs" "$d/tmp"
@@ -455,6 +457,7 @@ start_haproxy() {
 global
     nbthread 1
     maxconn $CONN_LIMIT
+    no strict-limits
     # Same cipher as the Go servers pick (AES-128-GCM), server's choice.
     ssl-default-bind-ciphersuites TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256
 defaults
@@ -477,7 +480,7 @@ frontend fe
 ${extra_use}    default_backend none
 backend app
     server s1 127.0.0.1:$P_APP
-$extra_bebackend none
+${extra_be}backend none
 EOF
 	run_pinned "$PROXY_CPU" "$HAPROXY" -db -f "$d/haproxy.cfg" >>"$d/haproxy.log" 2>&1 &
 	TARGET_PID=$!
@@ -783,11 +786,11 @@ idle_hs() {
 	check_errors "$1" "$j"
 	HS_CPS=$(jget .conns_per_s "$j")
 }
-wl_idle() { # round proto(http1|ws) name
-	local before after open hs_held
+wl_idle() { # round proto(http1|ws) name count
+	local before after open hs_held n=$4
 	sleep 0.5
 	before=$(rss_kib)
-	if ! open_idle "$2" "$IDLE_N"; then
+	if ! open_idle "$2" "$n"; then
 		note "$TARGET $3: could not open the connections ($(tail -n 1 "$TMP/loadgen.err"))"
 		close_idle
 		return 0
@@ -795,7 +798,7 @@ wl_idle() { # round proto(http1|ws) name
 	sleep 2
 	after=$(rss_kib)
 	open=$(jget .open "$IDLE_JSON")
-	if [[ ${open:-0} -lt $IDLE_N ]]; then note "$TARGET $3: only ${open:-0} of $IDLE_N opened ($(jget .first_error "$IDLE_JSON"))"; fi
+	if [[ ${open:-0} -lt $n ]]; then note "$TARGET $3: only ${open:-0} of $n opened ($(jget .first_error "$IDLE_JSON"))"; fi
 	if [[ ${open:-0} -gt 0 ]]; then
 		record "$TARGET" "${3}_kib" "$1" "$(calc "($after - $before) / $open")"
 		record "$TARGET" "${3}_open" "$1" "$open"
@@ -925,8 +928,8 @@ workloads_all() {
 
 run_workload() { # name round
 	case $1 in
-	idle_h1) wl_idle "$2" http1 idle_h1 ;;
-	idle_ws) wl_idle "$2" ws idle_ws ;;
+	idle_h1) wl_idle "$2" http1 idle_h1 "$IDLE_N_H1" ;;
+	idle_ws) wl_idle "$2" ws idle_ws "$IDLE_N_WS" ;;
 	small) wl_small "$2" "$DUR" ;;
 	many) wl_many "$2" "$DUR" ;;
 	h2_mux) wl_h2_mux "$2" "$DUR" ;;
@@ -956,9 +959,9 @@ profile_workload() { # workload
 	} >"$out"
 	case $w in
 	idle_h1 | idle_ws)
-		local proto=http1
-		[[ $w == idle_ws ]] && proto=ws
-		open_idle "$proto" "$IDLE_N" || true
+		local proto=http1 n=$IDLE_N_H1
+		[[ $w == idle_ws ]] && proto=ws n=$IDLE_N_WS
+		open_idle "$proto" "$n" || true
 		sleep 2
 		curl -fs -o "$prof" "http://127.0.0.1:$P_ADMIN/debug/pprof/heap?gc=1" || true
 		{
@@ -1034,16 +1037,26 @@ done
 # File descriptors: the proxy holds two per idle WebSocket, the load tool
 # one. As root the hard limit is raised to fs.nr_open; every process started
 # here inherits it (Go programs raise their soft limit to it themselves).
+# Where that is not allowed (a container without CAP_SYS_RESOURCE), the
+# idle workloads hold what the limit allows, with 2,000 descriptors to spare:
+# NOFILE - 2000 TLS connections, half as many WebSockets (two descriptors
+# each in the proxy), and say so in the notes.
 if [[ $(id -u) == 0 ]]; then ulimit -Hn "$(cat /proc/sys/fs/nr_open)" 2>/dev/null || true; fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
-if ((NOFILE < 2 * IDLE_N + 10000)); then
-	IDLE_N=$(((NOFILE - 10000) / 2))
-	note "idle_h1/idle_ws: the open-file limit is $NOFILE, so $IDLE_N idle connections are held"
+IDLE_N_H1=$IDLE_N IDLE_N_WS=$IDLE_N
+if ((NOFILE - 2000 < IDLE_N_H1)); then
+	IDLE_N_H1=$(( (NOFILE - 2000) / 1000 * 1000 ))
+	note "idle_h1: the open-file limit is $NOFILE (its hard limit could not be raised), so $IDLE_N_H1 idle connections are held instead of $IDLE_N"
 fi
+if (((NOFILE - 2000) / 2 < IDLE_N_WS)); then
+	IDLE_N_WS=$(( (NOFILE - 2000) / 2 / 1000 * 1000 ))
+	note "idle_ws: the open-file limit is $NOFILE (its hard limit could not be raised), so $IDLE_N_WS idle WebSockets are held instead of $IDLE_N"
+fi
+CONN_LIMIT=$(( (IDLE_N_H1 > IDLE_N_WS ? IDLE_N_H1 : IDLE_N_WS) + 4000 ))
 
 start_backend
-log "rounds=$ROUNDS durations: small ${DUR}s, others ${SHORT_DUR}s, fixed rate ${RATE_DUR}s; idle connections $IDLE_N; targets: $TARGETS"
+log "rounds=$ROUNDS durations: small ${DUR}s, others ${SHORT_DUR}s, fixed rate ${RATE_DUR}s; idle connections $IDLE_N_H1 TLS, $IDLE_N_WS WebSockets (fd limit $NOFILE); targets: $TARGETS"
 
 for round in $(seq 1 "$ROUNDS"); do
 	for t in $TARGETS; do
