@@ -49,9 +49,15 @@ type clientConn struct {
 
 	mu      sync.Mutex
 	idle    bool
+	closing bool // closeIfIdle closed it: it must not park (idlepark.go)
 	revoked error
 	backend *backendConn
 	ws      *wsSplice
+	// While parked (idlepark.go): the poller registration, the timer of
+	// the idle timeout and when it expires.
+	parkID       uint64
+	parkTimer    *time.Timer
+	parkDeadline time.Time
 }
 
 // Revoke closes the connection because its route was revoked (or the
@@ -64,9 +70,13 @@ func (c *clientConn) Revoke(cause error) {
 	}
 	c.revoked = cause
 	ws, be := c.ws, c.backend
+	parked := c.unparkLocked()
 	c.mu.Unlock()
 	if ws != nil {
 		ws.revoke(cause)
+		return
+	}
+	if c.ownParked(parked) {
 		return
 	}
 	_ = c.raw.Close()
@@ -78,7 +88,15 @@ func (c *clientConn) Revoke(cause error) {
 func (c *clientConn) closeIfIdle() {
 	c.mu.Lock()
 	idle := c.idle
+	var parked uint64
+	if idle {
+		c.closing = true
+		parked = c.unparkLocked()
+	}
 	c.mu.Unlock()
+	if c.ownParked(parked) {
+		return
+	}
 	if idle {
 		_ = c.raw.Close()
 	}
@@ -96,24 +114,22 @@ func (c *clientConn) revokedErr() error {
 	return c.revoked
 }
 
+// serve serves requests until the connection ends, is handed off to a
+// WebSocket, or parks while idle (idlepark.go: it then returns without
+// touching c again, and resume serves the next request in a new
+// goroutine). When it ends, it closes the connection and releases it.
 func (c *clientConn) serve() {
+	parked := false
 	defer func() {
-		if c.handedOff {
-			return // the WebSocket closes the connection when it ends
+		if parked || c.handedOff {
+			return // resume, or the WebSocket, ends the connection
 		}
-		if c.revokedErr() == nil {
-			// A normal end sends close_notify, so that a client can tell a
-			// close-delimited response from a truncated one.
-			_ = c.conn.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = c.conn.Close()
-		}
-		_ = c.raw.Close()
-		c.in.r = c.in.w
-		c.in.release()
-		c.releaseWriter()
+		c.end()
 	}()
 	for {
-		head, ok := c.readHead()
+		var head []byte
+		var ok bool
+		head, ok, parked = c.readHead()
 		if !ok {
 			return
 		}
@@ -126,9 +142,26 @@ func (c *clientConn) serve() {
 	}
 }
 
+// end closes the connection and releases it (c.release).
+func (c *clientConn) end() {
+	c.stopParkTimer()
+	if c.revokedErr() == nil {
+		// A normal end sends close_notify, so that a client can tell a
+		// close-delimited response from a truncated one.
+		_ = c.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		_ = c.conn.Close()
+	}
+	_ = c.raw.Close()
+	c.in.r = c.in.w
+	c.in.release()
+	c.releaseWriter()
+	c.release()
+}
+
 // readHead waits for the next request and returns its head (ending with
-// CRLFCRLF), or false when the connection should end.
-func (c *clientConn) readHead() ([]byte, bool) {
+// CRLFCRLF), or false when the connection should end or has parked
+// (parked: the caller must return without touching c).
+func (c *clientConn) readHead() (head []byte, ok, parked bool) {
 	// Nothing of the previous request may answer for this one (a denial
 	// before the new head is parsed reads c.req).
 	c.req.reset()
@@ -140,7 +173,7 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		c.in.w += n
 		if n < len(c.pending) {
 			c.reject(errHeadTooLarge)
-			return nil, false
+			return nil, false, false
 		}
 		c.pending = c.pending[:0]
 	}
@@ -150,17 +183,19 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		c.releaseWriter()
 		c.setIdle(true)
 		if c.s.draining.Load() {
-			return nil, false
+			return nil, false, false
 		}
 		idle := c.s.cfg.IdleTimeout
 		if d := c.route.Instance.IdleTimeout(); d > 0 {
 			idle = d
 		}
-		_ = c.conn.SetReadDeadline(time.Now().Add(idle))
-		n, _ := c.conn.Read(c.one[:])
+		n, parked := c.waitIdle(idle)
+		if parked {
+			return nil, false, true
+		}
 		c.setIdle(false)
 		if n == 0 {
-			return nil, false
+			return nil, false, false
 		}
 		c.in.acquire()
 		c.in.buf[0] = c.one[0]
@@ -180,16 +215,16 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		if end := findHeadEnd(p); end >= 0 {
 			if end > max {
 				c.reject(errHeadTooLarge)
-				return nil, false
+				return nil, false, false
 			}
 			c.in.r += end
-			return p[:end], true
+			return p[:end], true, false
 		}
 		// A head that ends its lines with a bare LF (or holds a bare CR)
 		// never completes: refuse it now rather than at the head timeout.
 		if bareLineBreak(p, scanned) {
 			c.reject(&parseError{400, "bare CR or LF in the request head"})
-			return nil, false
+			return nil, false, false
 		}
 		scanned = len(p) - 1
 		if scanned < 0 {
@@ -197,7 +232,7 @@ func (c *clientConn) readHead() ([]byte, bool) {
 		}
 		if len(p) > max {
 			c.reject(errHeadTooLarge)
-			return nil, false
+			return nil, false, false
 		}
 		err := c.in.fill()
 		if errors.Is(err, errBufferFull) {
@@ -209,7 +244,7 @@ func (c *clientConn) readHead() ([]byte, bool) {
 			if errors.As(err, &ne) && ne.Timeout() && c.in.buffered() > 0 {
 				c.deny(denyReqTimeout.closing())
 			}
-			return nil, false
+			return nil, false, false
 		}
 	}
 }

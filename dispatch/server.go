@@ -39,6 +39,7 @@
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
 //	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
+//	idlepark.go    idle HTTP/1.1 keep-alive connections without goroutine
 //	metrics.go     the data plane's metrics
 package dispatch
 
@@ -187,6 +188,8 @@ type Server struct {
 	idleCh   chan struct{} // signalled when a connection ends during drain
 
 	idle idlePoller // idle WebSocket directions (idlepoll.go)
+	// idleH1 holds the idle HTTP/1.1 keep-alive connections (idlepark.go).
+	idleH1 idlePoller
 }
 
 // New returns a Server.
@@ -237,9 +240,12 @@ func setDefault(d *time.Duration, v time.Duration) {
 
 // ServeConn serves HTTP/1.1 on lc, a connection whose handshake is complete
 // and whose SNI named lc.Route. It closes the connection and calls lc.Done
-// (if set) once the connection has ended. It returns then, or earlier for
+// (if set) once the connection has ended. It returns then, or earlier: for
 // an upgraded WebSocket, whose two directions run in goroutines of their
-// own (none at all while idle) and call Done when the WebSocket ends.
+// own (none at all while idle) and call Done when the WebSocket ends; and
+// for a keep-alive connection idle between requests, which waits without a
+// goroutine (idlepark.go) and is served by a new one when the next request
+// arrives.
 func (s *Server) ServeConn(lc listener.Conn) {
 	done := lc.Done
 	if done == nil {
@@ -265,11 +271,6 @@ func (s *Server) ServeConn(lc listener.Conn) {
 		release()
 		done()
 	}
-	defer func() {
-		if !c.handedOff {
-			c.release()
-		}
-	}()
 	c.serve()
 }
 
