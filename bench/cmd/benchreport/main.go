@@ -70,6 +70,9 @@ var metrics = []metric{
 	{"idle_ws_open", "idle_ws", "  idle WebSockets held", "conns", "info", false},
 	{"idle_ws_hs_cps", "idle_ws", "  new TLS connections/s while they are held (loadgen hs)", "conn/s", "higher", false},
 	{"idle_ws_hs_ratio", "idle_ws", "  new-connection rate while held ÷ rate with none held", "×", "higher", false},
+	// The earlier 5,000-WebSocket row, for raw files from before idle_ws.
+	{"ws_idle_kib", "ws_idle", "idle proxied WebSocket (5,000 held): proxy RSS per connection", "KiB", "lower", true},
+	{"ws_idle_open", "ws_idle", "  idle WebSockets held", "conns", "info", false},
 	{"reload_base_max_ms", "reload", "5,000 req/s, route table unchanged: max latency", "ms", "lower", false},
 	{"reload_base_p99_ms", "reload", "  p99, table unchanged", "ms", "lower", false},
 	{"reload_max_ms", "reload", "5,000 req/s while 10,000 routes are added to the table: max latency", "ms", "lower", false},
@@ -102,6 +105,7 @@ var workloadNames = map[string]string{
 	"ws_echo":    "WebSocket echo",
 	"idle_h1":    "idle TLS keep-alive connections",
 	"idle_ws":    "idle WebSockets",
+	"ws_idle":    "idle WebSockets (5,000)",
 	"reload":     "route replacement",
 	"manyroutes": "many routes",
 }
