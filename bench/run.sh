@@ -882,10 +882,10 @@ wl_manyroutes() { # round duration
 	put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
 	for i in $(seq 1 100); do
 		n=$(routes_installed)
-		[[ ${n:-0} -lt $((MR_ROUTES + 1)) ]] || break
+		[[ ${n:-0} -lt $((MR_ROUTES + IDLE_APPS)) ]] || break
 		sleep 0.1
 	done
-	[[ ${n:-0} -ge $((MR_ROUTES + 1)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
+	[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
 	lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration 1s -warmup 0s >/dev/null
 	j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
 	j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
