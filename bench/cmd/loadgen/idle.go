@@ -172,7 +172,7 @@ func openIdleHTTP(t *target, laddr *net.TCPAddr, br *bufio.Reader) (net.Conn, er
 	if err != nil {
 		return nil, err
 	}
-	var c net.Conn = raw
+	c := raw
 	if t.sni != "" {
 		c = tlsClient(raw, t)
 	}
