@@ -19,6 +19,7 @@ type backendConn struct {
 	idleSince time.Time
 	reused    bool
 	probe     idleProbe
+	wait      appWait // writing a request and waiting for its answer (appwait.go)
 }
 
 func (b *backendConn) close() {
@@ -150,6 +151,7 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	}
 	bc := &backendConn{conn: conn, in: inbuf{src: conn, pool: p.bufPool}}
 	bc.probe.init(conn)
+	bc.wait.init(conn)
 	return bc, nil
 }
 

@@ -467,6 +467,9 @@ func (c *clientConn) proxy() bool {
 	}
 	if inline {
 		c.bodyIn.Store(req.length)
+		// The answer is read next: connect waits for it without a read
+		// that finds nothing (appwait.go); awaitResponse takes it from there.
+		x.awaitFor = min(c.s.cfg.ResponseHeaderTimeout, watchAfter)
 	}
 	if err := x.connect(context.Background(), c.out, inline); err != nil {
 		if errors.Is(err, errClientGone) {
@@ -617,8 +620,11 @@ const watchAfter = time.Second
 // and the instance's stream slot is freed) instead of holding it until the
 // response-header timeout.
 func (c *clientConn) awaitResponse(bc *backendConn) error {
-	deadline := time.Now().Add(c.s.cfg.ResponseHeaderTimeout)
-	_ = bc.conn.SetReadDeadline(time.Now().Add(min(c.s.cfg.ResponseHeaderTimeout, watchAfter)))
+	// Both deadlines count from the request's write: connect may have
+	// waited for the answer already (exchange.awaitFor), up to the first.
+	sent := c.x.sentAt
+	deadline := sent.Add(c.s.cfg.ResponseHeaderTimeout)
+	_ = bc.conn.SetReadDeadline(sent.Add(min(c.s.cfg.ResponseHeaderTimeout, watchAfter)))
 	err := bc.in.fill()
 	if err == nil || !isTimeout(err) || !time.Now().Before(deadline) {
 		return err

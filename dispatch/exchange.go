@@ -43,6 +43,10 @@ type exchange struct {
 	bodyEnded bool       // the body copy has returned (bodyErr is its result)
 	bodyErr   error
 	hw        headWait // when the response-head timeout starts (headwait.go)
+	// awaitFor, when positive, makes connect wait up to that long after
+	// writing the request for the answer to be readable (appwait.go): for
+	// a caller that reads the answer next and has nothing else to do.
+	awaitFor time.Duration
 
 	// Timings and counts for the access log and the latency histograms
 	// (accesslog.go), the same for both protocols.
@@ -145,11 +149,20 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 			bc.close()
 			return errClientRevoked
 		}
-		_ = bc.conn.SetWriteDeadline(time.Now().Add(x.s.cfg.BodyTimeout))
-		n, err := bc.conn.Write(head)
+		now := time.Now()
+		_ = bc.conn.SetWriteDeadline(now.Add(x.s.cfg.BodyTimeout))
+		var n int
+		var err error
+		if x.awaitFor > 0 {
+			_ = bc.conn.SetReadDeadline(now.Add(x.awaitFor))
+			n, now, err = bc.wait.writeAwait(head)
+		} else {
+			n, err = bc.conn.Write(head)
+			now = time.Now()
+		}
 		if err == nil {
 			x.bc = bc
-			x.sentAt = time.Now()
+			x.sentAt = now
 			x.connectDur = x.sentAt.Sub(start)
 			return nil
 		}

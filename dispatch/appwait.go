@@ -1,0 +1,76 @@
+package dispatch
+
+import (
+	"net"
+	"syscall"
+	"time"
+)
+
+// appWait writes a request on an app connection and waits for the
+// answer's first bytes to be readable, without the read(2) that Go's own
+// Read would try first and that finds nothing in almost every case (the
+// app has not answered yet): the write is made inside a
+// syscall.RawConn.Read whose function then asks the runtime poller to
+// wait. Writing inside the read is what makes the wait safe: the read
+// forgets earlier readiness notifications before it calls the function, so
+// bytes that arrived before the write could be missed, but the answer to
+// the request can only arrive after it. A connection without a socket
+// (tests' pipes) is written to as usual.
+type appWait struct {
+	conn  net.Conn
+	raw   syscall.RawConn
+	fn    func(fd uintptr) bool
+	head  []byte
+	wrote bool
+	n     int
+	err   error
+	at    time.Time
+}
+
+// init prepares the wait for conn, once per connection (nothing is
+// allocated per request).
+func (w *appWait) init(conn net.Conn) {
+	w.conn = conn
+	if !rawReadWait {
+		return
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	w.raw = raw
+	w.fn = func(uintptr) bool {
+		if w.wrote {
+			return true // readable (or failed): the read that follows tells
+		}
+		w.wrote = true
+		w.n, w.err = w.conn.Write(w.head)
+		w.at = time.Now()
+		return w.err != nil
+	}
+}
+
+// writeAwait writes head and then waits until the app's answer can be
+// read, the connection's read deadline passes, or it fails; a wait that
+// ends without bytes is left to the read that follows. It returns the
+// write's outcome and when it ended.
+func (w *appWait) writeAwait(head []byte) (int, time.Time, error) {
+	if w.raw == nil {
+		n, err := w.conn.Write(head)
+		return n, time.Now(), err
+	}
+	w.head, w.wrote, w.n, w.err = head, false, 0, nil
+	_ = w.raw.Read(w.fn)
+	w.head = nil
+	if !w.wrote {
+		// The read failed before the function ran (closed, or a deadline
+		// already past): write as usual, the error comes from there.
+		n, err := w.conn.Write(head)
+		return n, time.Now(), err
+	}
+	return w.n, w.at, w.err
+}

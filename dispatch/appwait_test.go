@@ -1,0 +1,135 @@
+//go:build unix
+
+package dispatch
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// appWaitPair is a real loopback TCP connection: c (the listener's side,
+// prepared for writeAwait) and the app's side.
+func appWaitPair(t *testing.T) (c net.Conn, w *appWait, app net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	c, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(); _ = app.Close() })
+	w = &appWait{}
+	w.init(c)
+	return c, w, app
+}
+
+// readable reports, without blocking or reading, whether c has bytes.
+func readable(t *testing.T, c net.Conn) bool {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := -1
+	_ = rc.Control(func(fd uintptr) {
+		var one [1]byte
+		n, _, _ = unix.Recvfrom(int(fd), one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	})
+	return n > 0
+}
+
+// TestAppWaitReturnsOnceAnswered: writeAwait writes the request and
+// returns only once the app's answer can be read (so that the read that
+// follows finds it, instead of failing with EAGAIN first), and the answer
+// is read whole afterwards.
+func TestAppWaitReturnsOnceAnswered(t *testing.T) {
+	c, w, app := appWaitPair(t)
+	go func() {
+		br := bufio.NewReader(app)
+		for {
+			if _, err := br.ReadString('\n'); err != nil {
+				return
+			}
+			_, _ = app.Write([]byte("answer\n"))
+		}
+	}()
+	for i := range 50 {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, at, err := w.writeAwait([]byte("request\n"))
+		if err != nil || n != len("request\n") {
+			t.Fatalf("request %d: wrote %d bytes: %v", i, n, err)
+		}
+		if at.IsZero() || time.Since(at) < 0 {
+			t.Fatalf("request %d: write time %v", i, at)
+		}
+		if !readable(t, c) {
+			t.Fatalf("request %d: writeAwait returned before the answer was readable", i)
+		}
+		buf := make([]byte, 7)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "answer\n" {
+			t.Fatalf("request %d: read %q: %v", i, buf, err)
+		}
+	}
+}
+
+// TestAppWaitDeadline: an app that does not answer holds writeAwait until
+// the read deadline only; the request was written, and the read that
+// follows reports the timeout.
+func TestAppWaitDeadline(t *testing.T) {
+	c, w, app := appWaitPair(t)
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	n, _, err := w.writeAwait([]byte("request\n"))
+	if err != nil || n != len("request\n") {
+		t.Fatalf("wrote %d bytes: %v", n, err)
+	}
+	got := make([]byte, 8)
+	_ = app.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(app, got); err != nil || string(got) != "request\n" {
+		t.Fatalf("the app read %q: %v", got, err)
+	}
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after the wait: %v, want the deadline", err)
+	}
+}
+
+// TestAppWaitClosed: on a connection closed locally the request is not
+// written and the write's error is returned.
+func TestAppWaitClosed(t *testing.T) {
+	c, w, _ := appWaitPair(t)
+	_ = c.Close()
+	if n, _, err := w.writeAwait([]byte("request\n")); err == nil || n != 0 {
+		t.Fatalf("wrote %d bytes on a closed connection: %v", n, err)
+	}
+}
+
+// TestAppWaitAppHangsUp: an app that closes its side after reading the
+// request ends the wait (the read that follows sees EOF).
+func TestAppWaitAppHangsUp(t *testing.T) {
+	c, w, app := appWaitPair(t)
+	go func() {
+		_, _ = bufio.NewReader(app).ReadString('\n')
+		_ = app.Close()
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, _, err := w.writeAwait([]byte("request\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read after the app hung up: %v, want EOF", err)
+	}
+}
