@@ -311,8 +311,9 @@ type wsPump struct {
 	pending []byte // bytes that arrived with the heads, forwarded first
 	pool    *sync.Pool
 	poller  *idlePoller
-	total   int64  // bytes forwarded; read once both directions ended
-	parked  uint64 // the poller registration while parked; under w.parkMu
+	total   int64     // bytes forwarded; read once both directions ended
+	parked  uint64    // the poller registration while parked; under w.parkMu
+	parkAt  time.Time // the read deadline set by armPark; zero: none
 }
 
 // run copies until the direction ends or parks; the last direction to end
@@ -350,18 +351,17 @@ func (p *wsPump) copy() error {
 	}()
 	src := p.src
 	park := src.conn != nil && src.raw != nil
+	p.parkAt = time.Time{}
 	for {
 		if bp == nil {
 			bp = p.pool.Get().(*[]byte)
 		}
-		if park {
-			_ = src.conn.SetReadDeadline(time.Now().Add(parkAfter))
+		if park && p.parkAt.IsZero() {
+			p.armPark(time.Now())
 		}
 		n, err := src.r.Read(*bp)
 		if n > 0 {
-			p.w.activity.Store(time.Now().UnixNano())
-			finished, werr := p.d.write((*bp)[:n])
-			p.total += int64(n)
+			finished, werr := p.forward((*bp)[:n])
 			if finished || werr != nil {
 				return werr
 			}
@@ -375,6 +375,7 @@ func (p *wsPump) copy() error {
 			p.pool.Put(bp)
 			bp = nil
 			_ = src.conn.SetReadDeadline(time.Time{})
+			p.parkAt = time.Time{}
 			if p.park() {
 				return errParked
 			}
@@ -388,6 +389,28 @@ func (p *wsPump) copy() error {
 		}
 		return err
 	}
+}
+
+// forward writes bytes read from the source to the destination, notes the
+// activity and moves the parking deadline on (armPark).
+func (p *wsPump) forward(b []byte) (bool, error) {
+	now := time.Now()
+	p.w.activity.Store(now.UnixNano())
+	if !p.parkAt.IsZero() && p.parkAt.Sub(now) < parkAfter/2 {
+		p.armPark(now)
+	}
+	finished, err := p.d.write(b)
+	p.total += int64(len(b))
+	return finished, err
+}
+
+// armPark sets the read deadline after which the direction parks. It is
+// moved on only once half of it has passed (forward), not at every read:
+// a direction parks after between parkAfter/2 and parkAfter of silence,
+// and a busy one resets no timer per message.
+func (p *wsPump) armPark(now time.Time) {
+	p.parkAt = now.Add(parkAfter)
+	_ = p.src.conn.SetReadDeadline(p.parkAt)
 }
 
 // park registers the direction with the idle poller; false means the
