@@ -352,6 +352,7 @@ func (p *wsPump) copy() error {
 	src := p.src
 	park := src.conn != nil && src.raw != nil
 	p.parkAt = time.Time{}
+	raw := p.rawSource() // the app's side: read as an event loop would (copyRaw)
 	for {
 		if bp == nil {
 			bp = p.pool.Get().(*[]byte)
@@ -359,15 +360,25 @@ func (p *wsPump) copy() error {
 		if park && p.parkAt.IsZero() {
 			p.armPark(time.Now())
 		}
-		n, err := src.r.Read(*bp)
-		if n > 0 {
-			finished, werr := p.forward((*bp)[:n])
-			if finished || werr != nil {
+		var err error
+		if raw != nil {
+			var stop bool
+			var werr error
+			if stop, werr, err = p.copyRaw(raw, *bp); stop {
 				return werr
 			}
-		}
-		if err == nil {
-			continue
+		} else {
+			var n int
+			n, err = src.r.Read(*bp)
+			if n > 0 {
+				finished, werr := p.forward((*bp)[:n])
+				if finished || werr != nil {
+					return werr
+				}
+			}
+			if err == nil {
+				continue
+			}
 		}
 		if park && isDeadline(err) {
 			// Idle: give the buffer back and wait for the next bytes
