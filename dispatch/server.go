@@ -18,6 +18,7 @@
 //	h2c_pool.go    the per-route pool of HTTP/2 app connections (h2c)
 //	exchange.go    one request forwarded to the app, shared by both
 //	headwait.go    the response-head timeout, started once the body is sent
+//	appwait*.go    a request written inside the read that waits for its answer
 //	retry.go       when a request may be sent to the app again
 //	appstart.go    waiting for an app that is not listening yet
 //	hangup_*.go    telling that an HTTP/1.1 client hung up, without reading
@@ -38,6 +39,7 @@
 //	ocsf.go        the OCSF records: HTTP Activity per request, failed app connections
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
+//	websocket_raw_*.go  the app's side of a WebSocket read as an event loop would
 //	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
 //	idlepark.go    idle HTTP/1.1 keep-alive connections without goroutine
 //	metrics.go     the data plane's metrics
