@@ -887,8 +887,15 @@ wl_manyroutes() { # round duration
 	done
 	[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
 	lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration 1s -warmup 0s >/dev/null
-	j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
-	j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	# One route then spread in odd rounds, the other way round in even
+	# ones, so that an effect of the order cancels out over the rounds.
+	if (($1 % 2)); then
+		j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+		j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	else
+		j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+		j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
+	fi
 	[[ -n $j1 && -n $j2 ]] || { note "applistener manyroutes: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
 	check_errors "manyroutes 1 route" "$j1"
 	check_errors "manyroutes $MR_LIVE routes" "$j2"
