@@ -685,10 +685,12 @@ func TestH2InstanceLimit(t *testing.T) {
 	if r := <-inflight; r.err != nil || r.status != 200 || r.body != "done" {
 		t.Fatalf("blocked request: %+v", r)
 	}
-	// The slot is free again (released when each stream's handler
-	// returns, which may be just after its last frame reached the client).
-	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+	// The slot is free again once the stream's handler returns, which may
+	// be just after its last frame reached the client: wait for it, then
+	// the next request is served.
 	inst := e.table.Lookup(h2WebHost).Instance
+	testutil.Eventually(t, 5*time.Second, "the blocked stream's slot released", func() bool { return inst.Active() == 0 })
+	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
 	testutil.Eventually(t, 5*time.Second, "every stream slot released", func() bool { return inst.Active() == 0 })
 }
 
