@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -435,11 +434,6 @@ func (st *h2Stream) proxy(req *request) bool {
 		})
 	}
 
-	// Let the goroutines that are ready run before reading the answer
-	// (the other streams' work): the app has then often answered, and
-	// the first read gets it instead of EAGAIN, a system call and a
-	// park/wake round through the poller.
-	runtime.Gosched()
 	err := x.readHead(st.interim)
 	if err == nil && x.resp.status == 101 {
 		// No upgrades over HTTP/2 (and none was asked for: the request
