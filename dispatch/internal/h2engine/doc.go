@@ -40,7 +40,11 @@
 // encoder's table in step with the order of the frames) and leaves. An
 // atomic count of pending writers (holding or waiting for the lock) makes
 // the last one to leave flush, so concurrent streams share one write to
-// the socket; a response's HEADERS and DATA go out in one write. Writes
+// the socket; a response's HEADERS and DATA go out in one write. A
+// response that ends while other streams are running is not written by
+// its handler: the flusher goroutine writes it after yielding
+// (runtime.Gosched), once the streams whose answers are ready have added
+// theirs, so many responses share one write (and one TLS record). Writes
 // that do not end the stream (WriteHeaders without endStream, Write) are
 // buffered until Flush, the end of the response, or another writer's
 // flush; a handler about to wait (for window, for request body) flushes
@@ -51,7 +55,8 @@
 // but does not read must not stop it from reading. Its answers (SETTINGS
 // and PING acknowledgements, RST_STREAM, WINDOW_UPDATE for data it
 // discards, a 431) go to a bounded control queue that the next writer
-// drains, or that a flusher goroutine, started only when needed, writes.
+// drains (ahead of its own frames), or that the flusher goroutine,
+// started only when needed, writes.
 //
 // The connection's write deadline bounds a client that reads nothing. It
 // is moved forward only when less than half of WriteTimeout is left, so a
