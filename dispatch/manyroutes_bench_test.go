@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,42 +124,7 @@ func benchManyRoutes(b *testing.B, spread int) {
 	writes0 := processWrites()
 	cpu0 := sharedBenchCPU(b)
 	b.ResetTimer()
-	var failMu sync.Mutex
-	var failure error
-	b.RunParallel(func(pb *testing.PB) {
-		var set []*sharedBenchClient
-		select {
-		case set = <-sets:
-		default:
-			failMu.Lock()
-			failure = errors.New("more workers than prepared connection sets")
-			failMu.Unlock()
-			for pb.Next() {
-			}
-			return
-		}
-		i := 0
-		for pb.Next() {
-			c := set[i%len(set)]
-			i++
-			_ = c.conn.SetDeadline(time.Now().Add(sharedBenchTimeout))
-			if err := c.do(); err != nil {
-				failMu.Lock()
-				if failure == nil {
-					failure = err
-				}
-				failMu.Unlock()
-				for pb.Next() {
-				}
-				return
-			}
-		}
-	})
-	b.StopTimer()
-	cpu := sharedBenchCPU(b) - cpu0
-	if failure != nil {
-		b.Fatalf("request failed: %v", failure)
-	}
+	cpu := runSharedBenchClients(b, sets, cpu0)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(app.accepted.Load()-dials0)*1000/float64(b.N), "dials/1k-req")

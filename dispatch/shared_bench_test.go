@@ -264,42 +264,7 @@ func benchSharedListener(b *testing.B, instances int) {
 	b.SetParallelism(sharedBenchParallelism)
 	cpu0 := sharedBenchCPU(b)
 	b.ResetTimer()
-	var failMu sync.Mutex
-	var failure error
-	b.RunParallel(func(pb *testing.PB) {
-		var set []*sharedBenchClient
-		select {
-		case set = <-sets:
-		default:
-			failMu.Lock()
-			failure = errors.New("more workers than prepared connection sets")
-			failMu.Unlock()
-			for pb.Next() {
-			}
-			return
-		}
-		i := 0
-		for pb.Next() {
-			c := set[i%len(set)]
-			i++
-			_ = c.conn.SetDeadline(time.Now().Add(sharedBenchTimeout))
-			if err := c.do(); err != nil {
-				failMu.Lock()
-				if failure == nil {
-					failure = err
-				}
-				failMu.Unlock()
-				for pb.Next() {
-				}
-				return
-			}
-		}
-	})
-	b.StopTimer()
-	cpu := sharedBenchCPU(b) - cpu0
-	if failure != nil {
-		b.Fatalf("request failed: %v", failure)
-	}
+	cpu := runSharedBenchClients(b, sets, cpu0)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(len(touched)), "routes_used")
@@ -391,4 +356,49 @@ func (l *benchListener) stop(b *testing.B) {
 		b.Errorf("serve: %v", err)
 	}
 	l.table.Close()
+}
+
+// runSharedBenchClients runs b's parallel loop, each worker taking one
+// prepared connection set from sets and sending requests round-robin over
+// it, stops the timer and fails b on the first failed request; it returns
+// the process CPU time used since cpu0.
+func runSharedBenchClients(b *testing.B, sets chan []*sharedBenchClient, cpu0 time.Duration) time.Duration {
+	b.Helper()
+	var failMu sync.Mutex
+	var failure error
+	b.RunParallel(func(pb *testing.PB) {
+		var set []*sharedBenchClient
+		select {
+		case set = <-sets:
+		default:
+			failMu.Lock()
+			failure = errors.New("more workers than prepared connection sets")
+			failMu.Unlock()
+			for pb.Next() {
+			}
+			return
+		}
+		i := 0
+		for pb.Next() {
+			c := set[i%len(set)]
+			i++
+			_ = c.conn.SetDeadline(time.Now().Add(sharedBenchTimeout))
+			if err := c.do(); err != nil {
+				failMu.Lock()
+				if failure == nil {
+					failure = err
+				}
+				failMu.Unlock()
+				for pb.Next() {
+				}
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpu := sharedBenchCPU(b) - cpu0
+	if failure != nil {
+		b.Fatalf("request failed: %v", failure)
+	}
+	return cpu
 }
