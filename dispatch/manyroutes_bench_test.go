@@ -3,7 +3,6 @@ package dispatch
 import (
 	"bufio"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -46,28 +45,7 @@ func BenchmarkManyRoutes(b *testing.B) {
 func benchManyRoutes(b *testing.B, spread int) {
 	app := newSharedBenchApp(b)
 	defer app.close()
-	type svc struct {
-		Name     string `json:"name"`
-		Port     int    `json:"port"`
-		Revision int    `json:"revision"`
-	}
-	type inst struct {
-		Workspace  string            `json:"workspace"`
-		Sandbox    string            `json:"sandbox"`
-		Generation string            `json:"generation"`
-		Connector  map[string]string `json:"connector"`
-		Services   []svc             `json:"services"`
-	}
-	list := make([]inst, manyRoutesInstalled)
-	for i := range list {
-		list[i] = inst{Workspace: "team", Sandbox: "s" + strconv.Itoa(i), Generation: "1",
-			Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"},
-			Services:  []svc{{Name: "web", Port: app.port(), Revision: 1}}}
-	}
-	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": list})
-	if err != nil {
-		b.Fatal(err)
-	}
+	raw := sharedBenchDoc(b, manyRoutesInstalled, func(int) int { return app.port() })
 	logFile, err := os.Create(filepath.Join(b.TempDir(), "access.log"))
 	if err != nil {
 		b.Fatal(err)

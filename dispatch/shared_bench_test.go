@@ -195,30 +195,7 @@ func benchSharedListener(b *testing.B, instances int) {
 	}()
 
 	// The route table: one instance per sandbox, each with its own route.
-	type svc struct {
-		Name     string `json:"name"`
-		Port     int    `json:"port"`
-		Revision int    `json:"revision"`
-	}
-	type inst struct {
-		Workspace  string            `json:"workspace"`
-		Sandbox    string            `json:"sandbox"`
-		Generation string            `json:"generation"`
-		Connector  map[string]string `json:"connector"`
-		Services   []svc             `json:"services"`
-	}
-	list := make([]inst, instances)
-	for i := range list {
-		list[i] = inst{
-			Workspace: "team", Sandbox: "s" + strconv.Itoa(i), Generation: "1",
-			Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"},
-			Services:  []svc{{Name: "web", Port: apps[i%len(apps)].port(), Revision: 1}},
-		}
-	}
-	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": list})
-	if err != nil {
-		b.Fatal(err)
-	}
+	raw := sharedBenchDoc(b, instances, func(i int) int { return apps[i%len(apps)].port() })
 	l := startBenchListener(b, benchListenerOptions{doc: raw, protos: []string{"http/1.1"}})
 	if l.installed != instances {
 		l.stop(b)
@@ -401,4 +378,35 @@ func runSharedBenchClients(b *testing.B, sets chan []*sharedBenchClient, cpu0 ti
 		b.Fatalf("request failed: %v", failure)
 	}
 	return cpu
+}
+
+// sharedBenchDoc is a routes document of n instances team/s0 .. team/s<n-1>,
+// each with one service "web" on port(i) of 127.0.0.1.
+func sharedBenchDoc(b *testing.B, n int, port func(i int) int) []byte {
+	b.Helper()
+	type svc struct {
+		Name     string `json:"name"`
+		Port     int    `json:"port"`
+		Revision int    `json:"revision"`
+	}
+	type inst struct {
+		Workspace  string            `json:"workspace"`
+		Sandbox    string            `json:"sandbox"`
+		Generation string            `json:"generation"`
+		Connector  map[string]string `json:"connector"`
+		Services   []svc             `json:"services"`
+	}
+	list := make([]inst, n)
+	for i := range list {
+		list[i] = inst{
+			Workspace: "team", Sandbox: "s" + strconv.Itoa(i), Generation: "1",
+			Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"},
+			Services:  []svc{{Name: "web", Port: port(i), Revision: 1}},
+		}
+	}
+	raw, err := json.Marshal(map[string]any{"revision": "bench", "instances": list})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return raw
 }
