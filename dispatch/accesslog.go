@@ -27,10 +27,14 @@ const (
 	AccessLogOCSF = "ocsf"
 )
 
-// Access log rate bound defaults (Config.AccessLogRate, AccessLogBurst).
+// Access log rate bound defaults: per instance (Config.AccessLogRate,
+// AccessLogBurst) and for the whole process (Config.AccessLogTotalRate,
+// AccessLogTotalBurst).
 const (
-	DefaultAccessLogRate  = 100
-	DefaultAccessLogBurst = 200
+	DefaultAccessLogRate       = 100
+	DefaultAccessLogBurst      = 200
+	DefaultAccessLogTotalRate  = 10000
+	DefaultAccessLogTotalBurst = 20000
 )
 
 // Protocols of an access-log record (the protocol label of
@@ -109,13 +113,14 @@ func (r *accessRecord) timings(x *exchange) {
 }
 
 // accessLog writes one line per request through the log writer, bounded per
-// instance by a token bucket.
+// instance by a token bucket and for the whole process by total.
 type accessLog struct {
 	w       io.Writer
 	json    bool
 	ocsf    *ocsf.Emitter // non-nil: lines are OCSF records (its metadata)
 	rate    float64       // lines per second per instance; <= 0: no bound
 	burst   float64
+	total   rateBound // lines of every instance together
 	dropped prometheus.Counter
 
 	buckets   sync.Map // *routes.Instance → *logBucket
@@ -158,12 +163,25 @@ func newAccessLog(cfg *Config, dropped prometheus.Counter) *accessLog {
 	if l.burst <= 0 {
 		l.burst = max(1, 2*l.rate)
 	}
+	total, totalBurst := cfg.AccessLogTotalRate, cfg.AccessLogTotalBurst
+	if total == 0 {
+		total = DefaultAccessLogTotalRate
+	}
+	if totalBurst <= 0 {
+		totalBurst = int(max(1, 2*total))
+	}
+	l.total.init(total, totalBurst)
 	l.bufs.New = func() any { b := make([]byte, 0, 512); return &b }
 	return l
 }
 
-// allow takes a token from inst's bucket.
+// allow takes a token from inst's bucket, then one from the process's.
 func (l *accessLog) allow(inst *routes.Instance, now int64) bool {
+	return l.allowInstance(inst, now) && l.total.allow(now)
+}
+
+// allowInstance takes a token from inst's bucket.
+func (l *accessLog) allowInstance(inst *routes.Instance, now int64) bool {
 	if l.rate <= 0 {
 		return true
 	}

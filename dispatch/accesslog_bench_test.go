@@ -31,7 +31,7 @@ func BenchmarkEndRequest(b *testing.B) {
 		observe      bool
 		sink         bool    // through the log writer (false: formatted only)
 		file         bool    // the log writer writes to a file (else io.Discard)
-		rate         float64 // lines per second per instance (-1: no bound)
+		rate         float64 // lines per second per instance (-1: no bound, nor for the process)
 	}{{"off", "", false, true, false, -1}, {"histograms", "", true, true, false, -1},
 		{"json-format-only", AccessLogJSON, true, false, false, -1},
 		{"json", AccessLogJSON, true, true, false, -1}, {"text", AccessLogText, true, true, false, -1},
@@ -57,7 +57,8 @@ func BenchmarkEndRequest(b *testing.B) {
 				defer sink.Close(time.Second)
 				w = sink
 			}
-			s := New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: c.format, AccessLogWriter: w, AccessLogRate: c.rate})
+			s := New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: c.format, AccessLogWriter: w, AccessLogRate: c.rate,
+				AccessLogTotalRate: min(c.rate, 0)})
 			s.noObserve = !c.observe
 			var r accessRecord
 			b.ReportAllocs()

@@ -413,6 +413,66 @@ func TestAccessLogPerInstanceBound(t *testing.T) {
 	t.Logf("noisy: %d requests, %d lines, %v dropped in %v", sent, got, promtest.ToFloat64(e.srv.m.accessLogDropped), elapsed)
 }
 
+// TestAccessLogProcessBound: over HTTP/1.1 and HTTP/2, requests spread
+// over many sandboxes, each far within its own bound, are held together to
+// the process-wide bound: at most its burst plus its rate over the run
+// reach the log, and every other line is counted as dropped.
+func TestAccessLogProcessBound(t *testing.T) {
+	h2Verify(t)
+	const sandboxes, perSandbox = 20, 5
+	const totalRate, totalBurst = 5, 10
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			out := &lineLog{}
+			e := newH2Env(t, 0, Config{AccessLog: AccessLogJSON, AccessLogWriter: out,
+				AccessLogRate: 1000, AccessLogBurst: 2000, AccessLogTotalRate: totalRate, AccessLogTotalBurst: totalBurst})
+			var inst []string
+			for i := range sandboxes {
+				inst = append(inst, fmt.Sprintf(`{"workspace":"team","sandbox":"s%d","services":[{"name":"web","port":%d}]}`, i, e.web.port()))
+			}
+			doc, err := routes.ParseDocument([]byte(`{"revision":"r","instances":[` + strings.Join(inst, ",") + `]}`))
+			if err != nil || len(doc.Rejected) > 0 {
+				t.Fatalf("document: %v %+v", err, doc)
+			}
+			e.table.Apply(doc)
+			var do []func()
+			for i := range sandboxes {
+				host := fmt.Sprintf("team--s%d--web.%s", i, h2Domain)
+				switch proto {
+				case "h1":
+					c := e.h1(host)
+					do = append(do, func() {
+						if st, _, _ := c.do(t, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n"); st != 200 {
+							t.Fatalf("%s: status %d", host, st)
+						}
+					})
+				case "h2":
+					cc := e.dial(host)
+					do = append(do, func() { h2MustDo(t, cc, h2Req(t, "GET", host, "/", nil), 200) })
+				}
+			}
+			start := time.Now()
+			for range perSandbox {
+				for _, f := range do {
+					f()
+				}
+			}
+			elapsed := time.Since(start)
+			const sent = sandboxes * perSandbox
+			testutil.Eventually(t, 5*time.Second, "every line written or counted as dropped", func() bool {
+				return len(out.records(t, "", nil))+int(promtest.ToFloat64(e.srv.m.accessLogDropped)) == sent
+			})
+			got := len(out.records(t, "", nil))
+			if limit := totalBurst + int(totalRate*elapsed.Seconds()) + 1; got > limit {
+				t.Errorf("%d lines for %d requests in %v; the process-wide bound allows %d", got, sent, elapsed, limit)
+			}
+			if got < totalBurst {
+				t.Errorf("%d lines, fewer than the process-wide burst %d", got, totalBurst)
+			}
+		})
+	}
+}
+
 // TestAccessLogTextFormat: the text form is logfmt: bare values, quoted
 // ones where needed (spaces, quotes, control bytes), no query.
 func TestAccessLogTextFormat(t *testing.T) {

@@ -76,7 +76,7 @@ func benchProtocol(b *testing.B, proto string, mode, par int) {
 	if mode == benchAccessLog {
 		sink := logsink.New(io.Discard, 0, time.Hour, true)
 		defer sink.Close(time.Second)
-		cfg.AccessLog, cfg.AccessLogWriter, cfg.AccessLogRate = AccessLogJSON, sink, -1
+		cfg.AccessLog, cfg.AccessLogWriter, cfg.AccessLogRate, cfg.AccessLogTotalRate = AccessLogJSON, sink, -1, -1
 	}
 	l := startBenchListener(b, benchListenerOptions{doc: raw, config: cfg,
 		setup: func(srv *Server) { srv.noObserve = mode == benchNothing }})

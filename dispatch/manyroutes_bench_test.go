@@ -27,9 +27,10 @@ const (
 // routes (connection c on route c, SNI = Host = its name). Each worker
 // rotates its requests over its share of the connections. The access log
 // is on with serve's defaults (text, DefaultAccessLogRate lines per second
-// per instance) through the bounded log writer to a file, as in
-// production: on one route the rate bound drops most lines, spread over
-// 1,000 instances none is dropped. cpu-ns/op is the CPU time of the whole
+// per instance, DefaultAccessLogTotalRate in all) through the bounded log
+// writer to a file, as in production: on one route the instance's bound
+// drops most lines, spread over 1,000 instances only the process-wide
+// bound drops any. cpu-ns/op is the CPU time of the whole
 // process (client, listener, app, log writer) per request; writes/op the
 // write system calls per request (client, listener, app and log writer);
 // dials/1k-req the app connections opened per 1,000 requests after the

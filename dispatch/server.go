@@ -36,6 +36,7 @@
 //	redirect.go    redirects to the app's loopback origin made public
 //	errors.go      the listener's own answers (denials)
 //	accesslog.go   the access log (one line per request) and latency histograms
+//	ratebound.go   the lock-free bound on access-log lines of the whole process
 //	ocsf.go        the OCSF records: HTTP Activity per request, failed app connections
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
@@ -133,6 +134,13 @@ type Config struct {
 	// twice the rate); negative: no bound.
 	AccessLogRate  float64
 	AccessLogBurst int
+	// AccessLogTotalRate bounds the access-log lines of all instances
+	// together per second, with bursts of AccessLogTotalBurst lines; a line
+	// within its instance's bound but beyond this one is dropped and
+	// counted the same way. 0: DefaultAccessLogTotalRate (burst twice the
+	// rate); negative: no bound.
+	AccessLogTotalRate  float64
+	AccessLogTotalBurst int
 	// OCSF receives the OCSF records of the data plane (ocsf.go) at its
 	// own level; nil: none. Its product names the access log's OCSF lines.
 	OCSF       *ocsf.Emitter

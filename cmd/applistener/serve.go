@@ -55,6 +55,7 @@ type serveOptions struct {
 	logLevel          string
 	accessLog         string
 	accessLogRate     float64
+	accessLogTotal    float64
 	ocsfJSON          bool
 	ocsfLevel         string
 	preserveHost      bool
@@ -135,6 +136,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text, json or ocsf (OCSF HTTP Activity records)")
 	ocsfFlags(fs, &o.ocsfJSON, &o.ocsfLevel)
 	fs.Float64Var(&o.accessLogRate, "access-log-rate", dispatch.DefaultAccessLogRate, "access-log lines per second per instance (bursts of twice as many; beyond: dropped and counted); negative: no bound")
+	fs.Float64Var(&o.accessLogTotal, "access-log-total-rate", dispatch.DefaultAccessLogTotalRate, "access-log lines per second of all instances together (bursts of twice as many; beyond: dropped and counted); negative: no bound")
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -506,6 +508,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			AccessLog:              o.accessLog,
 			AccessLogWriter:        accessLogWriter(sink),
 			AccessLogRate:          o.accessLogRate,
+			AccessLogTotalRate:     o.accessLogTotal,
 			OCSF:                   em,
 		})
 		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
