@@ -19,7 +19,8 @@ type backendConn struct {
 	idleSince time.Time
 	reused    bool
 	probe     idleProbe
-	wait      appWait // writing a request and waiting for its answer (appwait.go)
+	wait      appWait   // writing a request and waiting for its answer (appwait.go)
+	src       appSource // what in reads from: conn, acknowledging early (appack.go)
 }
 
 func (b *backendConn) close() {
@@ -102,6 +103,7 @@ func (p *backendPool) get() *backendConn {
 		}
 		if now.Sub(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
 			bc.reused = true
+			bc.src.reads = 0
 			return bc
 		}
 		if p.onStale != nil {
@@ -149,7 +151,9 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	bc := &backendConn{conn: conn, in: inbuf{src: conn, pool: p.bufPool}}
+	bc := &backendConn{conn: conn}
+	bc.src.init(conn)
+	bc.in = inbuf{src: &bc.src, pool: p.bufPool}
 	bc.probe.init(conn)
 	bc.wait.init(conn)
 	return bc, nil

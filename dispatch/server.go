@@ -28,6 +28,7 @@
 //	request.go     parsing an HTTP/1.1 request head
 //	lexer.go       the HTTP/1.1 field and token grammar
 //	inbuf.go       the pooled input buffer
+//	appack*.go     an app connection's reads: early ACK when a response needs a second read
 //	forward.go     the request head sent to the app (sanitising)
 //	response.go    the app's response head, parsed and relayed
 //	reqbody.go     streaming an HTTP/1.1 request body to the app
