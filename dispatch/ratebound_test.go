@@ -67,3 +67,28 @@ func TestRateBound(t *testing.T) {
 		t.Errorf("no bound: %d of 1000 allowed", got)
 	}
 }
+
+// BenchmarkRateBound is the process-wide access-log bound's cost per line,
+// from one goroutine and from all at once (the bound never refuses here).
+//
+//	go test -run XXX -bench RateBound -benchmem ./dispatch/
+func BenchmarkRateBound(b *testing.B) {
+	b.Run("serial", func(b *testing.B) {
+		var rb rateBound
+		rb.init(1e9, 1<<30)
+		b.ReportAllocs()
+		for b.Loop() {
+			rb.allow(time.Now().UnixNano())
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		var rb rateBound
+		rb.init(1e9, 1<<30)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				rb.allow(time.Now().UnixNano())
+			}
+		})
+	})
+}
