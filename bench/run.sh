@@ -20,6 +20,8 @@
 #   BENCH_CADDY=PATH      a caddy $CADDY_VERSION binary to use instead of building one
 #   BENCH_WORKLOADS="..." run only these workloads (names as in workloads_for, plus
 #                         reload), e.g. "h2_mux h2_one"; default: all
+#   BENCH_APPLISTENER_ARGS="..."  extra flags for applistener serve (A/B runs), e.g.
+#                         "--access-log-total-rate=-1"
 #   BENCH_IDLE_CONNS=N    idle connections held by idle_h1 / idle_ws (default
 #                         100000; quick: 10000)
 set -euo pipefail
@@ -333,12 +335,25 @@ put_routes() { # file-content-command...: atomic replacement (rename)
 	mv -f "$TMP/routes.json.new" "$TMP/routes.json"
 }
 
+# Many routes for nginx and HAProxy (when the manyroutes workload runs): the
+# MR_ROUTES host names of routes_doc's extra routes, each its own upstream
+# (backend) with keep-alive, the first MR_LIVE pointing at the app, the
+# others at closed ports, as an operator of either would write one per
+# sandbox: a map from the Host to the upstream's name.
+mr_wanted() { [[ " $(workloads_for "$1") " == *" manyroutes "* ]]; }
+mr_map() { # prefix: "host upstream" lines
+	awk -v n="$MR_ROUTES" -v p="$1" 'BEGIN{ for (i = 0; i < n; i++) printf "ws%05d--sb%05d--web.apps.test %s%d\n", i, i, p, i }'
+}
+mr_port() { if (($1 < MR_LIVE)); then echo "$P_APP"; else echo $((20000 + $1)); fi; }
+
 start_applistener() {
 	put_routes routes_doc 0 base
+	[[ -z ${BENCH_APPLISTENER_ARGS:-} ]] || note "applistener: started with the extra flags $BENCH_APPLISTENER_ARGS"
+	# shellcheck disable=SC2086 # BENCH_APPLISTENER_ARGS: several flags
 	run_pinned "$PROXY_CPU" "$TMP/applistener" serve --app-listener --app-domain apps.test \
 		--app-address "127.0.0.1:$P_AL" --app-tls-dir "$TMP/certs/applistener" \
 		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" --admin-pprof \
-		--default-max-streams 0 --drain-timeout 2s >>"$TMP/applistener.log" 2>&1 &
+		--default-max-streams 0 --drain-timeout 2s ${BENCH_APPLISTENER_ARGS:-} >>"$TMP/applistener.log" 2>&1 &
 	TARGET_PID=$!
 	PORT=$P_AL SCHEME=https H2PORT=$P_AL
 }
@@ -376,6 +391,35 @@ start_nginx() {
     }
 "
 	done
+	if mr_wanted nginx; then
+		{
+			echo "map \$host \$mr_upstream {"
+			echo "    default mr_none;"
+			mr_map mr | sed 's/^/    /; s/$/;/'
+			echo "}"
+			echo "upstream mr_none { server 127.0.0.1:1; }"
+			for ((k = 0; k < MR_ROUTES; k++)); do
+				echo "upstream mr$k { server 127.0.0.1:$(mr_port "$k"); keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }"
+			done
+		} >"$d/manyroutes.conf"
+		extra_up+="    include $d/manyroutes.conf;
+"
+		extra_srv+="    server {
+        listen 127.0.0.1:$P_NGINX ssl;
+        server_name ~^ws[0-9]+--sb[0-9]+--web\.apps\.test\$;
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        location / {
+            proxy_pass http://\$mr_upstream;
+            proxy_http_version 1.1;
+            proxy_set_header Host \$host;
+            proxy_set_header Connection \"\";
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto https;
+        }
+    }
+"
+	fi
 	cat >"$d/nginx.conf" <<EOF
 worker_processes 1;
 worker_rlimit_nofile $((2 * CONN_LIMIT + 1000));
@@ -392,6 +436,8 @@ http {
     scgi_temp_path $d/tmp/scgi;
     keepalive_requests 1000000;
     keepalive_timeout 120s;
+    map_hash_max_size 65536;
+    map_hash_bucket_size 128;
     # nginx 1.22 leaves TLS 1.3 out by default, and the listen socket's
     # default server decides the version: set it for every server.
     ssl_protocols TLSv1.2 TLSv1.3;
@@ -453,6 +499,16 @@ start_haproxy() {
     server s1 $(app_ip "$k"):$P_APP
 "
 	done
+	if mr_wanted haproxy; then
+		mr_map mr >"$d/manyroutes.map"
+		extra_use+="    use_backend %[req.hdr(host),field(1,:),lower,map($d/manyroutes.map)] if { req.hdr(host),field(1,:),lower,map($d/manyroutes.map) -m found } { ssl_fc_sni,lower,map($d/manyroutes.map) -m found }
+"
+		for ((k = 0; k < MR_ROUTES; k++)); do
+			extra_be+="backend mr$k
+    server s1 127.0.0.1:$(mr_port "$k")
+"
+		done
+	fi
 	cat >"$d/haproxy.cfg" <<EOF
 global
     nbthread 1
@@ -863,8 +919,10 @@ wl_reload() { # round
 	sleep 1
 }
 
-# applistener only: MR_ROUTES routes installed, the first MR_LIVE of them
-# pointing at the app (each its own instance and pool); loadgen's routes mode
+# MR_ROUTES routes installed, the first MR_LIVE of them pointing at the app
+# (applistener: each its own instance and pool, installed after the
+# reference run; nginx and HAProxy: each its own upstream or backend with
+# keep-alive, configured from the start, see mr_map); loadgen's routes mode
 # with MR_CONNS keep-alive connections, saturating, first all on one of those
 # routes, then spread evenly over the MR_LIVE routes (one connection each,
 # SNI = Host = the route's name). Same process, table, tool and concurrency:
@@ -879,13 +937,15 @@ wl_manyroutes() { # round duration
 	j0=$(lg routes -host-pattern "$HOST" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
 	check_errors "manyroutes one-route table" "$j0"
 	record "$TARGET" manyroutes_base_rps "$1" "$(jget .rps "$j0")"
-	put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
-	for i in $(seq 1 100); do
-		n=$(routes_installed)
-		[[ ${n:-0} -lt $((MR_ROUTES + IDLE_APPS)) ]] || break
-		sleep 0.1
-	done
-	[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
+	if [[ $TARGET == applistener ]]; then
+		put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
+		for i in $(seq 1 100); do
+			n=$(routes_installed)
+			[[ ${n:-0} -lt $((MR_ROUTES + IDLE_APPS)) ]] || break
+			sleep 0.1
+		done
+		[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
+	fi
 	lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration 1s -warmup 0s >/dev/null
 	# One route then spread in odd rounds, the other way round in even
 	# ones, so that an effect of the order cancels out over the rounds.
@@ -896,7 +956,7 @@ wl_manyroutes() { # round duration
 		j2=$(lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
 		j1=$(lg routes -host-pattern "$MR_PATTERN" -routes 1 -conns "$MR_CONNS" -duration "${2}s" -warmup 1s -app-stats "http://127.0.0.1:$P_APPSTATS/stats")
 	fi
-	[[ -n $j1 && -n $j2 ]] || { note "applistener manyroutes: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
+	[[ -n $j1 && -n $j2 ]] || { note "$TARGET manyroutes: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
 	check_errors "manyroutes 1 route" "$j1"
 	check_errors "manyroutes $MR_LIVE routes" "$j2"
 	local r1 r2
@@ -910,8 +970,7 @@ wl_manyroutes() { # round duration
 	record "$TARGET" manyroutes_p99_ms "$1" "$(jget .p99_ms "$j2")"
 	record "$TARGET" manyroutes_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j2") * 1e6 / ($r2 * $(jget .watch_wall_s "$j2"))")"
 	record "$TARGET" manyroutes_dials "$1" "$(calc "$(jget .app_dials "$j2") * 1000 / $(jget .app_requests "$j2")")"
-	put_routes routes_doc 0 "after-many-$1"
-	sleep 1
+	[[ $TARGET != applistener ]] || { put_routes routes_doc 0 "after-many-$1"; sleep 1; }
 }
 
 workloads_for() {
@@ -929,7 +988,7 @@ workloads_all() {
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	caddy) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	applistener) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes" ;;
-	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
+	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes" ;;
 	esac
 }
 
