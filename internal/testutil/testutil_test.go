@@ -134,6 +134,8 @@ func parkGoroutine() (release func()) {
 }
 
 func TestVerifyNoneReportsALeak(t *testing.T) {
+	defer func(d time.Duration) { leakWait = d }(leakWait)
+	leakWait = 100 * time.Millisecond
 	var f fakeTB
 	VerifyNone(&f)
 	if fatals, errs := f.reports(); len(fatals)+len(errs) != 0 {
@@ -168,4 +170,21 @@ func TestVerifyNoneWithoutLeaks(t *testing.T) {
 	if fatals, errs := g.reports(); len(fatals)+len(errs) != 0 {
 		t.Fatalf("reported %q %q; the goroutine was running before, and ignored", fatals, errs)
 	}
+}
+
+// TestVerifyNoneWaitsForEndingGoroutines: a goroutine that ends a second
+// after the test, longer than goleak's own retries (about 0.4 s), as a
+// closed connection's may on a loaded machine, is no leak.
+func TestVerifyNoneWaitsForEndingGoroutines(t *testing.T) {
+	var f fakeTB
+	VerifyNone(&f)
+	release := parkGoroutine()
+	ended := make(chan struct{})
+	timer := time.AfterFunc(time.Second, func() { release(); close(ended) }) // the goroutine's life, not a wait
+	defer timer.Stop()
+	f.runCleanups()
+	if fatals, errs := f.reports(); len(fatals)+len(errs) != 0 {
+		t.Fatalf("reported %q %q; the goroutine was ending", fatals, errs)
+	}
+	<-ended
 }
