@@ -365,6 +365,12 @@ func TestAccessLogPerInstanceBound(t *testing.T) {
 	var noisy atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	endFlood := func() {
+		stopOnce.Do(func() { close(stop) })
+		wg.Wait()
+	}
+	defer endFlood() // a failed wait below ends the flood before the cleanups close its connections
 	for range 4 {
 		cc := e.dial(noisyHost)
 		wg.Go(func() {
@@ -385,20 +391,27 @@ func TestAccessLogPerInstanceBound(t *testing.T) {
 	// The quiet sandbox's requests, within its own burst, amid the flood.
 	const quiet = 15
 	cc := e.dial(quietHost)
-	testutil.Eventually(t, 5*time.Second, "the flood under way", func() bool { return noisy.Load() > 100 })
+	// The deadlines are generous: under -race on a loaded 2-core machine
+	// the 1,000 requests have taken more than 10 s. The flood still far
+	// outruns the bucket: at 60 s it would allow 621 lines.
+	testutil.Eventually(t, 30*time.Second, "the flood under way", func() bool { return noisy.Load() > 100 })
 	for range quiet {
 		h2MustDo(t, cc, h2Req(t, "GET", quietHost, "/", nil), 200)
 	}
-	testutil.Eventually(t, 10*time.Second, "the flood at 1000 requests", func() bool { return noisy.Load() >= 1000 })
-	close(stop)
-	wg.Wait()
-	elapsed := time.Since(start)
+	testutil.Eventually(t, 60*time.Second, "the flood at 1000 requests", func() bool { return noisy.Load() >= 1000 })
+	endFlood()
 
+	// A request's line is kept or dropped when its stream ends, which can
+	// be after its client has the response: the bound's time runs until
+	// the last of them is counted, not until the client's last answer.
 	sent := noisy.Load()
-	testutil.Eventually(t, 5*time.Second, "every line written and every drop counted", func() bool {
+	var elapsed time.Duration
+	testutil.Eventually(t, 30*time.Second, "every line written and every drop counted", func() bool {
 		got := int64(len(dst.records(t, "sandbox", "noisy")))
-		return len(dst.records(t, "sandbox", "quiet")) == quiet &&
+		ok := len(dst.records(t, "sandbox", "quiet")) == quiet &&
 			got+int64(promtest.ToFloat64(e.srv.m.accessLogDropped)) == sent
+		elapsed = time.Since(start) // after every count it read
+		return ok
 	})
 	got := len(dst.records(t, "sandbox", "noisy"))
 	if limit := burst + int(rate*elapsed.Seconds()) + 1; got > limit {
@@ -457,10 +470,15 @@ func TestAccessLogProcessBound(t *testing.T) {
 					f()
 				}
 			}
-			elapsed := time.Since(start)
+			// A line is kept or dropped when its request ends, which can be
+			// after the client has the response: the bound's time runs until
+			// the last line is counted.
 			const sent = sandboxes * perSandbox
-			testutil.Eventually(t, 5*time.Second, "every line written or counted as dropped", func() bool {
-				return len(out.records(t, "", nil))+int(promtest.ToFloat64(e.srv.m.accessLogDropped)) == sent
+			var elapsed time.Duration
+			testutil.Eventually(t, 30*time.Second, "every line written or counted as dropped", func() bool {
+				ok := len(out.records(t, "", nil))+int(promtest.ToFloat64(e.srv.m.accessLogDropped)) == sent
+				elapsed = time.Since(start) // after every count it read
+				return ok
 			})
 			got := len(out.records(t, "", nil))
 			if limit := totalBurst + int(totalRate*elapsed.Seconds()) + 1; got > limit {

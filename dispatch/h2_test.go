@@ -163,8 +163,7 @@ func h2Prefixes(t *testing.T, ps ...string) []netip.Prefix {
 
 func h2Verify(t *testing.T) {
 	t.Helper()
-	opts := []goleak.Option{goleak.IgnoreCurrent()}
-	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
+	testutil.VerifyNone(t, goleak.IgnoreCurrent())
 }
 
 func newH2Env(t *testing.T, maxStreams int, cfg Config) *h2Env {
@@ -997,9 +996,13 @@ func TestH2StalePooledRetry(t *testing.T) {
 	wg.Wait()
 	route := e.table.Lookup(h2WebHost)
 	pool := e.srv.routePool(route)
-	if n := pool.idleCount(); n == 0 {
-		t.Fatal("no pooled app connection")
-	}
+	// The listener pools an app connection once its stream has ended,
+	// which can be after the client has read the response: every one must
+	// be pooled before the app closes them, or one pooled after the close
+	// could be reused unprobed (it was idle for less than probeIdleAfter).
+	testutil.Eventually(t, 5*time.Second, "the app connections pooled", func() bool {
+		return route.Instance.Active() == 0 && pool.idleCount() > 0
+	})
 	e.web.ts.CloseClientConnections()
 	waitIdleStale(t, pool)
 	res := h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/?after=close", nil), 200)

@@ -23,9 +23,14 @@ const (
 	sseEvery  = 100 * time.Millisecond // the app writes one every 100 ms ...
 	sseBigAt  = 8                      // ... this one, 64 KiB, after a silence of sseQuiet
 	sseQuiet  = 1200 * time.Millisecond
-	// sseTimeout is the listener's body, idle and response-head timeout:
-	// shorter than the stream, and than its silence.
+	// sseTimeout is the listener's body timeout: shorter than the stream,
+	// and than its silence.
 	sseTimeout = 500 * time.Millisecond
+	// sseHeadTimeout is the listener's idle and response-head timeout:
+	// shorter than the stream (at least 2.3 s), yet long enough for the
+	// app's head to arrive on a loaded CI machine under -race, where
+	// 500 ms was not (504).
+	sseHeadTimeout = 2 * time.Second
 )
 
 // sseEvent is the text of event i.
@@ -148,7 +153,7 @@ func TestLiveStreamEventsArriveAsWritten(t *testing.T) {
 				t.Parallel()
 				ack := make(chan int)
 				stop := make(chan struct{})
-				p := newAppProxy(t, Config{BodyTimeout: sseTimeout, IdleTimeout: sseTimeout, ResponseHeaderTimeout: sseTimeout}, sseApp(mode, ack, stop))
+				p := newAppProxy(t, Config{BodyTimeout: sseTimeout, IdleTimeout: sseHeadTimeout, ResponseHeaderTimeout: sseHeadTimeout}, sseApp(mode, ack, stop))
 				t.Cleanup(func() { close(stop) })
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
@@ -197,7 +202,7 @@ func TestLiveStreamEventsArriveAsWritten(t *testing.T) {
 						ack <- i
 					}
 				}
-				if d := time.Since(start); d < sseQuiet+sseTimeout {
+				if d := time.Since(start); d < sseQuiet+sseTimeout || d < sseHeadTimeout {
 					t.Fatalf("the stream lasted %v; the test needs it longer than the timeouts", d)
 				}
 				// The app ended the body: so does the client's copy.
