@@ -444,7 +444,9 @@ func TestDrainOnSIGTERM(t *testing.T) {
 
 	t.Run("InFlightRequest", func(t *testing.T) {
 		t.Parallel()
-		const drain = 3 * time.Second
+		// The request takes 1.5 s of the drain: 5 s leave a loaded machine
+		// time to relay it; the supervisor exits once it is done.
+		const drain = 5 * time.Second
 		e := gwNewEnv(t, nil, gwSupConfig{extra: []string{"--drain-timeout", drain.String()}})
 		p := e.sup
 		testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
@@ -470,25 +472,31 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		var refused, healthClosed time.Duration
-		testutil.Eventually(t, 3*time.Second, "new connections to the app listener to be refused", func() bool {
+		// A dial that starts later than 1 s after SIGTERM and connects
+		// proves the listener still accepted then; the time the refusal
+		// is seen is only an upper bound, which a starved test process
+		// stretches, so it is logged, not checked.
+		var refused, healthClosed, lastAccepted time.Duration
+		testutil.Eventually(t, waitTimeout, "new connections to the app listener to be refused", func() bool {
+			dialed := time.Since(sig)
 			conn, err := net.DialTimeout("tcp", p.appAddr, time.Second)
 			if err != nil {
 				refused = time.Since(sig)
 				return true
 			}
+			lastAccepted = dialed
 			_ = conn.Close()
 			return false
 		})
-		testutil.Eventually(t, 3*time.Second, "the health port to close", func() bool {
+		testutil.Eventually(t, waitTimeout, "the health port to close", func() bool {
 			if gwRefused(gwDialHealth(p.healthAddr)) {
 				healthClosed = time.Since(sig)
 				return true
 			}
 			return false
 		})
-		if refused > time.Second {
-			t.Errorf("new connections were still accepted %v after SIGTERM; want < 1s", refused)
+		if lastAccepted > time.Second {
+			t.Errorf("a connection dialled %v after SIGTERM was accepted; want none after 1s", lastAccepted)
 		}
 
 		var r result
@@ -502,7 +510,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		}
 		select {
 		case <-p.done:
-		case <-time.After(until(sig.Add(drain + 2*time.Second))):
+		case <-time.After(until(sig.Add(drain + gwMargin))):
 			t.Fatalf("the supervisor was still running %v after SIGTERM with --drain-timeout %v", time.Since(sig), drain)
 		}
 		exited := time.Since(sig)
@@ -525,7 +533,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		limit := sig.Add(drain + 2*time.Second)
+		limit := sig.Add(drain + gwMargin)
 		err := wsExpectClosed(t, ws, until(limit))
 		wsClosed := time.Since(sig)
 		gwExpectClose(t, "WebSocket at shutdown", err, websocket.CloseGoingAway)

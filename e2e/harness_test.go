@@ -593,6 +593,9 @@ func startProc(t testing.TB, doc []byte, extra ...string) *proc {
 			}
 			return append(args, extra...)
 		},
+		// childEnv: a -race binary would otherwise sleep 1 s at exit,
+		// which the shutdown tests' exit deadlines would have to absorb.
+		env:           childEnv(),
 		ready:         func(*process) bool { return p.readyz() == http.StatusOK },
 		retryPortRace: true,
 	})
