@@ -835,15 +835,26 @@ close_idle() { # and wait (up to 60 s) until the proxy has closed its side
 	done
 	sleep 1
 }
-# idle_hs: the new-connection rate (full handshakes + one request), -> HS_CPS
+# gc_cycles: applistener's completed GC cycles so far (admin metrics); empty
+# for the other proxies.
+gc_cycles() {
+	[[ $TARGET == applistener ]] || return 0
+	curl -fs --max-time 2 "http://127.0.0.1:$P_ADMIN/metrics" 2>/dev/null | awk '$1=="go_gc_duration_seconds_count"{print $2}'
+}
+# idle_hs: the new-connection rate (full handshakes + one request), -> HS_CPS;
+# applistener's GC cycles per second meanwhile -> HS_GC (for idle.log)
 idle_hs() {
-	local j
+	local j g0 g1 t0 t1
+	g0=$(gc_cycles) t0=$(date +%s.%N)
 	j=$(lg hs -conns "$HS_WORKERS" -duration "${SHORT_DUR}s")
+	g1=$(gc_cycles) t1=$(date +%s.%N)
 	check_errors "$1" "$j"
 	HS_CPS=$(jget .conns_per_s "$j")
+	HS_GC=""
+	if [[ -n $g0 && -n $g1 ]]; then HS_GC=$(calc "($g1 - $g0) / ($t1 - $t0)"); fi
 }
 wl_idle() { # round proto(http1|ws) name count
-	local before after open hs_held n=$4
+	local before after open hs_held gc_held n=$4
 	sleep 0.5
 	before=$(rss_kib)
 	if ! open_idle "$2" "$n"; then
@@ -860,13 +871,13 @@ wl_idle() { # round proto(http1|ws) name count
 		record "$TARGET" "${3}_open" "$1" "$open"
 	fi
 	idle_hs "$3"
-	hs_held=$HS_CPS
+	hs_held=$HS_CPS gc_held=$HS_GC
 	close_idle
 	idle_hs "$3"
 	record "$TARGET" "${3}_hs_cps" "$1" "$hs_held"
 	if [[ -n $hs_held && -n $HS_CPS ]]; then
 		record "$TARGET" "${3}_hs_ratio" "$1" "$(calc "$hs_held / $HS_CPS")"
-		echo "$TARGET $3 round $1: RSS $before -> $after KiB with $open held; new connections/s $hs_held held, $HS_CPS none" >>"$TMP/idle.log"
+		echo "$TARGET $3 round $1: RSS $before -> $after KiB with $open held; new connections/s $hs_held held, $HS_CPS none${HS_GC:+; GC cycles/s $gc_held held, $HS_GC none}" >>"$TMP/idle.log"
 	fi
 }
 

@@ -67,7 +67,9 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	c.mu.Lock()
 	revoked := c.revoked
 	c.ws = sp
+	c.backend = nil // Revoke reaches the app connection through sp
 	c.mu.Unlock()
+	c.shed()
 	if revoked != nil {
 		sp.revoke(revoked)
 	}
@@ -78,4 +80,23 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	go down.run()
 	go up.run()
 	return false
+}
+
+// shed drops what c holds for serving requests once its connection is a
+// WebSocket: the last request's head, fields and exchange (which reach the
+// app connection's struct and the pooled buffers they were parsed from),
+// scratch buffers and the access record (onDone has its own copy). The
+// clientConn stays registered for revocation and drain as long as the
+// WebSocket lives, and every garbage collection scans what it reaches:
+// with thousands of idle WebSockets held, that is work for each cycle
+// under handshake load. The caller still returns through proxy, which
+// reads only its locals afterwards.
+func (c *clientConn) shed() {
+	c.req = request{}
+	c.x = exchange{}
+	c.out = nil
+	c.pending = nil
+	c.detached = nil
+	c.rec = accessRecord{}
+	c.in = inbuf{}
 }

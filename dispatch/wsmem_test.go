@@ -1,0 +1,250 @@
+package dispatch
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	rtmetrics "runtime/metrics"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/listener"
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
+)
+
+// parkedWSApp is a minimal WebSocket app on loopback: it answers the
+// upgrade with 101, echoes one client frame (masked, payload < 126 bytes)
+// unmasked, then holds the connection without a goroutine or buffer, so
+// that what a benchmark measures is the listener's side.
+type parkedWSApp struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newParkedWSApp(tb testing.TB) *parkedWSApp {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a := &parkedWSApp{ln: ln}
+	a.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			a.wg.Go(func() { a.serve(c) })
+		}
+	})
+	return a
+}
+
+func (a *parkedWSApp) serve(c net.Conn) {
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	_ = req.Body.Close()
+	if _, err := io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"); err != nil {
+		_ = c.Close()
+		return
+	}
+	var hdr [6]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		_ = c.Close()
+		return
+	}
+	payload := make([]byte, hdr[1]&0x7f)
+	if _, err := io.ReadFull(br, payload); err != nil {
+		_ = c.Close()
+		return
+	}
+	for i := range payload {
+		payload[i] ^= hdr[2+i%4]
+	}
+	if _, err := c.Write(append([]byte{hdr[0], byte(len(payload))}, payload...)); err != nil {
+		_ = c.Close()
+		return
+	}
+	a.mu.Lock()
+	a.conns = append(a.conns, c)
+	a.mu.Unlock()
+}
+
+func (a *parkedWSApp) close() {
+	_ = a.ln.Close()
+	a.mu.Lock()
+	for _, c := range a.conns {
+		_ = c.Close()
+	}
+	a.conns = nil
+	a.mu.Unlock()
+	a.wg.Wait()
+}
+
+const wsUpgradeReq = "GET /ws HTTP/1.1\r\nHost: team--demo--web.apps.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+	"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+
+// openParkedWS opens a TLS connection to addr, upgrades it to a WebSocket
+// and echoes one message through it.
+func openParkedWS(addr string, cfg *tls.Config, br *bufio.Reader) (net.Conn, error) {
+	c, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	if _, err := io.WriteString(c, wsUpgradeReq); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("upgrade request: %w", err)
+	}
+	br.Reset(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		_ = c.Close()
+		return nil, fmt.Errorf("upgrade response: %v %v", resp, err)
+	}
+	msg := []byte{0x81, 0x80 | 5, 1, 2, 3, 4, 'h' ^ 1, 'e' ^ 2, 'l' ^ 3, 'l' ^ 4, 'o' ^ 1}
+	if _, err := c.Write(msg); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("message: %w", err)
+	}
+	var echo [7]byte
+	if _, err := io.ReadFull(br, echo[:]); err != nil || string(echo[2:]) != "hello" {
+		_ = c.Close()
+		return nil, fmt.Errorf("echo %q: %v", echo, err)
+	}
+	return c, nil
+}
+
+// scannableHeap is the heap the garbage collector scans at every cycle
+// (runtime/metrics /gc/scan/heap:bytes), after GC.
+func scannableHeap() int64 {
+	runtime.GC()
+	s := []rtmetrics.Sample{{Name: "/gc/scan/heap:bytes"}}
+	rtmetrics.Read(s)
+	if s[0].Value.Kind() != rtmetrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
+}
+
+// liveHeap is the heap held by live objects after GC (HeapAlloc) and their
+// number (HeapObjects).
+func liveHeap() (bytes, objects int64) {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc), int64(ms.HeapObjects)
+}
+
+// BenchmarkIdleWSConnMemory reports what a parked WebSocket (TLS client
+// side, upgraded over HTTP/1.1, one message echoed, then idle past
+// parkAfter) keeps, per connection, with 200 of them held: live heap
+// (B/ws-heap, HeapAlloc delta after GC), live heap objects (objs/ws), the
+// heap every GC cycle scans (B/ws-scan, /gc/scan/heap:bytes) and heap plus
+// goroutine stacks (B/ws-held). GC work per cycle grows with the scanned
+// heap of every parked WebSocket, which is what slows handshakes while many
+// are held. The client's side (a tls.Conn per connection) is in the same
+// process and counted too (the same for every version), so compare figures
+// across changes; the app side holds only its socket.
+func BenchmarkIdleWSConnMemory(b *testing.B) {
+	const n = 200
+	ca, err := tlsconf.NewAuthority("idle ws bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		b.Fatal(err)
+	}
+	app := newParkedWSApp(b)
+	defer app.close()
+	table := routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
+	defer table.Close()
+	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
+		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, app.ln.Addr().(*net.TCPAddr).Port)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	table.Apply(doc)
+	srvCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	cliCfg := &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	var heap, objs, scan, held float64
+	for b.Loop() {
+		srv := New(Config{Logger: slog.New(slog.DiscardHandler)})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				raw, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				wg.Go(func() {
+					tc := tls.Server(raw, srvCfg)
+					if err := tc.Handshake(); err != nil {
+						_ = raw.Close()
+						return
+					}
+					srv.ServeConn(listener.Conn{Conn: tc, Raw: raw, SNI: tc.ConnectionState().ServerName, Route: table.Lookup(tc.ConnectionState().ServerName)})
+				})
+			}
+		})
+		heap0, objs0 := liveHeap()
+		scan0 := scannableHeap()
+		held0 := heldBytes()
+		conns := make([]net.Conn, n)
+		br := bufio.NewReader(nil)
+		for i := range conns {
+			c, err := openParkedWS(ln.Addr().String(), cliCfg, br)
+			if err != nil {
+				b.Fatalf("ws %d: %v", i, err)
+			}
+			conns[i] = c
+		}
+		for deadline := time.Now().Add(5 * time.Second); srv.idle.waiters() < 2*n && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond) // benchmark only: no test asserts on it
+		}
+		if w := srv.idle.waiters(); w < 2*n {
+			b.Fatalf("%d of %d directions parked", w, 2*n)
+		}
+		heap1, objs1 := liveHeap()
+		heap = float64(heap1-heap0) / n
+		objs = float64(objs1-objs0) / n
+		scan = float64(scannableHeap()-scan0) / n
+		held = float64(heldBytes()-held0) / n
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		_ = ln.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(ctx)
+		cancel()
+		wg.Wait()
+	}
+	b.ReportMetric(heap, "B/ws-heap")
+	b.ReportMetric(objs, "objs/ws")
+	b.ReportMetric(scan, "B/ws-scan")
+	b.ReportMetric(held, "B/ws-held")
+}
