@@ -67,7 +67,6 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	c.mu.Lock()
 	revoked := c.revoked
 	c.ws = sp
-	c.backend = nil // Revoke reaches the app connection through sp
 	c.mu.Unlock()
 	c.shed()
 	if revoked != nil {

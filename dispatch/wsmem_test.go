@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -247,4 +248,70 @@ func BenchmarkIdleWSConnMemory(b *testing.B) {
 	b.ReportMetric(objs, "objs/ws")
 	b.ReportMetric(scan, "B/ws-scan")
 	b.ReportMetric(held, "B/ws-held")
+}
+
+// TestWSHandoffShedsRequestState: once an HTTP/1.1 connection is a
+// WebSocket, its clientConn (registered for revocation as long as the
+// WebSocket lives) no longer reaches the upgrade request's fields, its
+// exchange (and through it the app connection's struct) or a read buffer, so that a parked
+// WebSocket keeps only what the splice needs; the WebSocket still echoes
+// and still ends on revocation.
+func TestWSHandoffShedsRequestState(t *testing.T) {
+	h2Verify(t)
+	app := newParkedWSApp(t)
+	t.Cleanup(app.close)
+	e := newH2Env(t, 0, Config{})
+	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
+		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, app.ln.Addr().(*net.TCPAddr).Port)))
+	if err != nil || len(doc.Rejected) > 0 {
+		t.Fatalf("document: %v %+v", err, doc)
+	}
+	e.table.Apply(doc)
+	cfg := &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}}
+	c, err := openParkedWS(e.ln.Addr().String(), cfg, bufio.NewReader(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	testutil.Eventually(t, 5*time.Second, "both directions parked", func() bool { return e.srv.idle.waiters() == 2 })
+
+	e.srv.mu.Lock()
+	var cc *clientConn
+	for k := range e.srv.conns {
+		cc = k
+	}
+	e.srv.mu.Unlock()
+	if cc == nil {
+		t.Fatal("no client connection registered")
+	}
+	cc.mu.Lock()
+	ws := cc.ws
+	cc.mu.Unlock()
+	if ws == nil {
+		t.Fatal("the connection is not a WebSocket")
+	}
+	if cc.req.fields != nil || cc.req.method != nil || cc.req.host != nil {
+		t.Errorf("the clientConn still holds the upgrade request (%d fields)", len(cc.req.fields))
+	}
+	if cc.x.bc != nil || cc.x.resp.fields != nil || cc.x.req != nil {
+		t.Error("the clientConn still holds the upgrade's exchange")
+	}
+	if cc.in.buf != nil || cc.out != nil || cc.rec.mb != nil {
+		t.Error("the clientConn still holds request buffers")
+	}
+
+	// Revocation still reaches the parked WebSocket: close frame 1008.
+	empty, err := routes.ParseDocument([]byte(`{"revision":"r2","instances":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.table.Apply(empty)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var hdr [2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil || hdr[0] != 0x88 {
+		t.Fatalf("after revocation: % x, %v; want a close frame", hdr, err)
+	}
+	testutil.Eventually(t, 5*time.Second, "revoked WebSocket released", func() bool {
+		return e.srv.Connections() == 0 && e.srv.idle.waiters() == 0
+	})
 }
