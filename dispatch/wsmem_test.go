@@ -152,18 +152,79 @@ func liveHeap() (bytes, objects int64) {
 	return int64(ms.HeapAlloc), int64(ms.HeapObjects)
 }
 
-// BenchmarkIdleWSConnMemory reports what a parked WebSocket (TLS client
-// side, upgraded over HTTP/1.1, one message echoed, then idle past
-// parkAfter) keeps, per connection, with 200 of them held: live heap
-// (B/ws-heap, HeapAlloc delta after GC), live heap objects (objs/ws), the
-// heap every GC cycle scans (B/ws-scan, /gc/scan/heap:bytes) and heap plus
-// goroutine stacks (B/ws-held). GC work per cycle grows with the scanned
-// heap of every parked WebSocket, which is what slows handshakes while many
-// are held. The client's side (a tls.Conn per connection) is in the same
-// process and counted too (the same for every version), so compare figures
-// across changes; the app side holds only its socket.
-func BenchmarkIdleWSConnMemory(b *testing.B) {
-	const n = 200
+// wsBenchEnv is a dispatch Server behind TLS on loopback (handshakes as
+// the listener does them, without its SNI peek) with one route to a
+// parkedWSApp, for the idle WebSocket benchmarks.
+type wsBenchEnv struct {
+	srv    *Server
+	ln     net.Listener
+	cliCfg *tls.Config
+	wg     sync.WaitGroup
+}
+
+func newWSBenchEnv(b *testing.B, app *parkedWSApp, table *routes.Table, srvCfg, cliCfg *tls.Config) *wsBenchEnv {
+	b.Helper()
+	e := &wsBenchEnv{srv: New(Config{Logger: slog.New(slog.DiscardHandler)}), cliCfg: cliCfg}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.ln = ln
+	e.wg.Go(func() {
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.wg.Go(func() {
+				tc := tls.Server(raw, srvCfg)
+				if err := tc.Handshake(); err != nil {
+					_ = raw.Close()
+					return
+				}
+				e.srv.ServeConn(listener.Conn{Conn: tc, Raw: raw, SNI: tc.ConnectionState().ServerName, Route: table.Lookup(tc.ConnectionState().ServerName)})
+			})
+		}
+	})
+	return e
+}
+
+// park opens n WebSockets and waits until both directions of each are parked.
+func (e *wsBenchEnv) park(b *testing.B, n int) []net.Conn {
+	b.Helper()
+	conns := make([]net.Conn, n)
+	br := bufio.NewReader(nil)
+	for i := range conns {
+		c, err := openParkedWS(e.ln.Addr().String(), e.cliCfg, br)
+		if err != nil {
+			b.Fatalf("ws %d: %v", i, err)
+		}
+		conns[i] = c
+	}
+	for deadline := time.Now().Add(5 * time.Second); e.srv.idle.waiters() < 2*n && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // benchmark only: no test asserts on it
+	}
+	if w := e.srv.idle.waiters(); w < 2*n {
+		b.Fatalf("%d of %d directions parked", w, 2*n)
+	}
+	return conns
+}
+
+func (e *wsBenchEnv) close(conns []net.Conn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	_ = e.ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = e.srv.Shutdown(ctx)
+	cancel()
+	e.wg.Wait()
+}
+
+// wsBenchSetup starts a parkedWSApp and a route table pointing at it, and
+// returns them with the server's and the client's TLS configurations.
+func wsBenchSetup(b *testing.B) (app *parkedWSApp, table *routes.Table, srvCfg, cliCfg *tls.Config) {
+	b.Helper()
 	ca, err := tlsconf.NewAuthority("idle ws bench CA")
 	if err != nil {
 		b.Fatal(err)
@@ -176,78 +237,103 @@ func BenchmarkIdleWSConnMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	app := newParkedWSApp(b)
-	defer app.close()
-	table := routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
-	defer table.Close()
+	app = newParkedWSApp(b)
+	b.Cleanup(app.close)
+	table = routes.NewTable(routes.Options{Domain: h2Domain, Freshness: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	b.Cleanup(table.Close)
 	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
 		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, app.ln.Addr().(*net.TCPAddr).Port)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	table.Apply(doc)
-	srvCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
-	cliCfg := &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	srvCfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	cliCfg = &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	return app, table, srvCfg, cliCfg
+}
+
+// BenchmarkIdleWSConnMemory reports what a parked WebSocket (TLS client
+// side, upgraded over HTTP/1.1, one message echoed, then idle past
+// parkAfter) keeps, per connection, with 200 of them held: live heap
+// (B/ws-heap, HeapAlloc delta after GC), live heap objects (objs/ws), the
+// heap every GC cycle scans (B/ws-scan, /gc/scan/heap:bytes) and heap plus
+// goroutine stacks (B/ws-held). GC work per cycle grows with the scanned
+// heap of every parked WebSocket, which is what slows handshakes while many
+// are held. The client's side (a tls.Conn per connection) is in the same
+// process and counted too (the same for every version), so compare figures
+// across changes; the app side holds only its socket.
+func BenchmarkIdleWSConnMemory(b *testing.B) {
+	const n = 200
+	app, table, srvCfg, cliCfg := wsBenchSetup(b)
 	var heap, objs, scan, held float64
 	for b.Loop() {
-		srv := New(Config{Logger: slog.New(slog.DiscardHandler)})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				raw, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				wg.Go(func() {
-					tc := tls.Server(raw, srvCfg)
-					if err := tc.Handshake(); err != nil {
-						_ = raw.Close()
-						return
-					}
-					srv.ServeConn(listener.Conn{Conn: tc, Raw: raw, SNI: tc.ConnectionState().ServerName, Route: table.Lookup(tc.ConnectionState().ServerName)})
-				})
-			}
-		})
+		e := newWSBenchEnv(b, app, table, srvCfg, cliCfg)
 		heap0, objs0 := liveHeap()
 		scan0 := scannableHeap()
 		held0 := heldBytes()
-		conns := make([]net.Conn, n)
-		br := bufio.NewReader(nil)
-		for i := range conns {
-			c, err := openParkedWS(ln.Addr().String(), cliCfg, br)
-			if err != nil {
-				b.Fatalf("ws %d: %v", i, err)
-			}
-			conns[i] = c
-		}
-		for deadline := time.Now().Add(5 * time.Second); srv.idle.waiters() < 2*n && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond) // benchmark only: no test asserts on it
-		}
-		if w := srv.idle.waiters(); w < 2*n {
-			b.Fatalf("%d of %d directions parked", w, 2*n)
-		}
+		conns := e.park(b, n)
 		heap1, objs1 := liveHeap()
 		heap = float64(heap1-heap0) / n
 		objs = float64(objs1-objs0) / n
 		scan = float64(scannableHeap()-scan0) / n
 		held = float64(heldBytes()-held0) / n
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		_ = ln.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = srv.Shutdown(ctx)
-		cancel()
-		wg.Wait()
+		e.close(conns)
 	}
 	b.ReportMetric(heap, "B/ws-heap")
 	b.ReportMetric(objs, "objs/ws")
 	b.ReportMetric(scan, "B/ws-scan")
 	b.ReportMetric(held, "B/ws-held")
+}
+
+// gcCPU is the CPU time the garbage collector has used so far
+// (/cpu/classes/gc/total:cpu-seconds) and the GC cycles completed.
+func gcCPU() (seconds float64, cycles uint64) {
+	s := []rtmetrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	rtmetrics.Read(s)
+	if s[0].Value.Kind() == rtmetrics.KindFloat64 {
+		seconds = s[0].Value.Float64()
+	}
+	if s[1].Value.Kind() == rtmetrics.KindUint64 {
+		cycles = s[1].Value.Uint64()
+	}
+	return seconds, cycles
+}
+
+// BenchmarkHandshakeWithParkedWS measures new TLS connections (full
+// handshake, then the client closes) with none and with 1,000 parked
+// WebSockets held: time per connection, GC cycles per 1,000 connections,
+// the GC's CPU time per connection (gc-µs/conn) and per cycle
+// (gc-µs/cycle: the marking work, which grows with what the held
+// WebSockets keep reachable). The ratio of the two
+// sub-benchmarks is the accept-rate target's (new connections while many
+// idle ones are held ≥ 90 % of the rate with none); the GC figures show
+// what the held WebSockets cost each cycle. Client and server are in the
+// same process: compare figures across changes.
+func BenchmarkHandshakeWithParkedWS(b *testing.B) {
+	app, table, srvCfg, cliCfg := wsBenchSetup(b)
+	for _, held := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
+			e := newWSBenchEnv(b, app, table, srvCfg, cliCfg)
+			conns := e.park(b, held)
+			defer e.close(conns)
+			addr := e.ln.Addr().String()
+			runtime.GC()
+			gc0, cyc0 := gcCPU()
+			for b.Loop() {
+				c, err := tls.Dial("tcp", addr, cliCfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = c.Close()
+			}
+			gc1, cyc1 := gcCPU()
+			b.ReportMetric((gc1-gc0)*1e6/float64(b.N), "gc-µs/conn")
+			b.ReportMetric(float64(cyc1-cyc0)*1000/float64(b.N), "gc/1k-conns")
+			if cyc1 > cyc0 {
+				b.ReportMetric((gc1-gc0)*1e6/float64(cyc1-cyc0), "gc-µs/cycle")
+			}
+		})
+	}
 }
 
 // TestWSHandoffShedsRequestState: once an HTTP/1.1 connection is a
