@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
 
 // websocket relays the 101 response and splices the two connections until
 // either side closes or the route is revoked.
@@ -15,7 +19,12 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	c.releaseWriter()
 	_ = c.conn.SetDeadline(time.Time{})
 	_ = bc.conn.SetDeadline(time.Time{})
-	sp := newWSSplice(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
+	// One allocation holds what the WebSocket keeps while it lives (and
+	// every GC cycle marks while it is parked): the splice, both
+	// directions and the access-log record.
+	h := &h1WebSocket{s: c.s, inst: c.route.Instance, release: c.release}
+	sp := &h.sp
+	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
 
 	// Bytes that arrived with the heads belong to the stream: those read
 	// with the request head, then those the client watch read while the
@@ -33,35 +42,24 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	// in goroutines of their own only while bytes flow. The last one to
 	// end releases what handle and ServeConn would have released. All of
 	// it is set up before the splice is published to Revoke.
-	up := &wsPump{w: sp, src: pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, d: &sp.toApp,
+	up, down := &h.up, &h.down
+	*up = wsPump{w: sp, src: pumpSource{r: c.conn, conn: c.conn, raw: c.raw}, d: &sp.toApp,
 		pending: clientPending, pool: &c.s.bufPool, poller: &c.s.idle}
-	down := &wsPump{w: sp, src: pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, d: &sp.toClient,
+	*down = wsPump{w: sp, src: pumpSource{r: bc.conn, conn: bc.conn, raw: bc.conn}, d: &sp.toClient,
 		pending: appPending, pool: &c.s.bufPool, poller: &c.s.idle}
 	sp.pumps = [2]*wsPump{up, down}
 	sp.running.Store(2)
-	inst, release := c.route.Instance, c.release
 	// The WebSocket's access-log record: the upgrade request's, with
 	// strings in place of the head's bytes (its buffer is reused).
-	rec, ci := c.rec, c.ci
-	rec.upgraded(101, inst)
+	h.rec, h.ci = c.rec, c.ci
+	rec := &h.rec
+	rec.upgraded(101, h.inst)
 	rec.timings(&c.x)
 	if rec.mb != nil {
 		rec.ms, rec.ps = string(rec.mb), string(pathPart(rec.pb))
 		rec.mb, rec.pb = nil, nil
 	}
-	sp.onDone = func() {
-		rec.bytesIn, rec.bytesOut = up.total, down.total
-		c.s.endRequest(&rec, &ci)
-		c.s.m.websocketsActive.Dec()
-		c.s.m.bytesToApp.Add(float64(up.total))
-		c.s.m.bytesToClient.Add(float64(down.total))
-		c.s.m.request(101)
-		c.s.m.streamsActive.Dec()
-		inst.Release()
-		if release != nil {
-			release()
-		}
-	}
+	sp.onDone = h.end
 	c.s.m.websocketsActive.Inc()
 
 	c.mu.Lock()
@@ -98,4 +96,34 @@ func (c *clientConn) shed() {
 	c.detached = nil
 	c.rec = accessRecord{}
 	c.in = inbuf{}
+}
+
+// h1WebSocket is an upgraded HTTP/1.1 connection: the splice, its two
+// directions and the upgrade's access-log record in one allocation, and
+// what its end releases.
+type h1WebSocket struct {
+	sp       wsSplice
+	up, down wsPump
+	rec      accessRecord
+	ci       connInfo
+	s        *Server
+	inst     *routes.Instance
+	release  func()
+}
+
+// end runs once both directions have ended: it writes the access-log
+// record and releases the stream, the instance and the connection.
+func (h *h1WebSocket) end() {
+	h.rec.bytesIn, h.rec.bytesOut = h.up.total, h.down.total
+	h.s.endRequest(&h.rec, &h.ci)
+	m := h.s.m
+	m.websocketsActive.Dec()
+	m.bytesToApp.Add(float64(h.up.total))
+	m.bytesToClient.Add(float64(h.down.total))
+	m.request(101)
+	m.streamsActive.Dec()
+	h.inst.Release()
+	if h.release != nil {
+		h.release()
+	}
 }

@@ -192,14 +192,17 @@ type wsSplice struct {
 }
 
 func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
-	return &wsSplice{
-		client:    client,
-		clientRaw: clientRaw,
-		app:       app,
-		toApp:     wsDirection{dst: app, masked: true},
-		toClient:  wsDirection{dst: client},
-		grace:     grace,
-	}
+	w := &wsSplice{}
+	w.init(client, clientRaw, app, grace)
+	return w
+}
+
+// init sets up a zero wsSplice (one embedded in a larger struct).
+func (w *wsSplice) init(client, clientRaw, app net.Conn, grace time.Duration) {
+	w.client, w.clientRaw, w.app = client, clientRaw, app
+	w.toApp.dst, w.toApp.masked = app, true
+	w.toClient.dst = client
+	w.grace = grace
 }
 
 func (w *wsSplice) closeBoth() {
