@@ -139,6 +139,7 @@ func (c *clientConn) serve() {
 		if c.s.draining.Load() {
 			return
 		}
+		c.yieldBeforeNextRequest() // keepalive.go
 	}
 }
 

@@ -44,6 +44,7 @@
 //	websocket_raw_*.go  the app's side of a WebSocket read as an event loop would
 //	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
 //	idlepark.go    idle HTTP/1.1 keep-alive connections without goroutine
+//	keepalive.go   the yield before the next request of a keep-alive connection
 //	metrics.go     the data plane's metrics
 package dispatch
 
