@@ -190,19 +190,22 @@ func (c *Conn) serve() error {
 		return c.connError(http2.ErrCodeProtocol, "invalid connection preface")
 	}
 	for {
-		var f http2.Frame
 		fh, err := c.fr.ReadFrameHeader()
-		if err == nil {
+		switch {
+		case err != nil:
+		case fh.Type == http2.FrameHeaders && c.sawSettings && int(fh.Length) <= c.br.Size():
+			err = c.readHeaders(fh)
+		default:
+			var f http2.Frame
 			f, err = c.fr.ReadFrameForHeader(fh)
-			var hse http2.StreamError
-			if err != nil && (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && errors.As(err, &hse) {
+			if err != nil && (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && isStreamError(err) {
 				// A header block that cannot be decoded leaves HPACK out
 				// of step: the connection cannot go on.
 				err = connError{http2.ErrCodeProtocol, "malformed " + fh.Type.String() + " frame"}
 			}
-		}
-		if err == nil {
-			err = c.processFrame(f)
+			if err == nil {
+				err = c.processFrame(f)
+			}
 		}
 		if err == nil && c.ctrlFlood.Load() {
 			err = errCtrlFlood
@@ -214,6 +217,14 @@ func (c *Conn) serve() error {
 			return rerr
 		}
 	}
+}
+
+// isStreamError reports whether err is the Framer's http2.StreamError. It
+// is a function of its own so that the target errors.As needs escapes to
+// the heap only on this error path, not for every frame read.
+func isStreamError(err error) bool {
+	var hse http2.StreamError
+	return errors.As(err, &hse)
 }
 
 // Errors the reading goroutine acts on.

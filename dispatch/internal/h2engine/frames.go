@@ -18,7 +18,7 @@ func (c *Conn) processFrame(f http2.Frame) error {
 	case *http2.DataFrame:
 		return c.processData(f)
 	case *http2.HeadersFrame:
-		return c.processHeaders(f)
+		return c.processHeadersFrame(f)
 	case *http2.ContinuationFrame:
 		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.SettingsFrame:

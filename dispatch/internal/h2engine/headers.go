@@ -1,6 +1,9 @@
 package h2engine
 
 import (
+	"encoding/binary"
+	"io"
+
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -43,16 +46,69 @@ type headerBlock struct {
 	trailers []HeaderField // blockTrailers: the fields, reused
 }
 
+// readHeaders reads a HEADERS frame's payload and acts on it (the
+// Framer's ReadFrameHeader has checked its size and place). The payload is
+// parsed where it lies in the read buffer and decoded before the buffer
+// moves on, which spares the HeadersFrame the Framer allocates for every
+// request; the checks are the Framer's (parseHeadersFrame).
+func (c *Conn) readHeaders(fh http2.FrameHeader) error {
+	n := int(fh.Length)
+	p, err := c.br.Peek(n)
+	if err != nil {
+		return err // a read error (c.clock.err)
+	}
+	err = c.parseHeaders(fh, p)
+	_, _ = c.br.Discard(n)
+	return err
+}
+
+// parseHeaders parses a HEADERS frame's payload p and acts on it.
+func (c *Conn) parseHeaders(fh http2.FrameHeader, p []byte) error {
+	if fh.StreamID == 0 {
+		return connError{http2.ErrCodeProtocol, "HEADERS frame with stream ID 0"}
+	}
+	pad := 0
+	if fh.Flags.Has(http2.FlagHeadersPadded) {
+		if len(p) < 1 {
+			return errShortHeaders
+		}
+		pad, p = int(p[0]), p[1:]
+	}
+	var dep uint32
+	prio := fh.Flags.Has(http2.FlagHeadersPriority)
+	if prio {
+		if len(p) < 5 {
+			return errShortHeaders
+		}
+		dep = binary.BigEndian.Uint32(p) & 0x7fffffff
+		p = p[5:]
+	}
+	if len(p) < pad {
+		return connError{http2.ErrCodeProtocol, "malformed HEADERS frame"}
+	}
+	return c.processHeaders(fh.StreamID, fh.Flags, prio && dep == fh.StreamID, p[:len(p)-pad])
+}
+
+// errShortHeaders: a HEADERS frame too short for its padding or priority
+// fields (the error the Framer's parsing gives, as handleError words it).
+var errShortHeaders = connError{http2.ErrCodeProtocol, "malformed frame: " + io.ErrUnexpectedEOF.Error()}
+
+// processHeadersFrame acts on a HEADERS frame the Framer parsed.
+func (c *Conn) processHeadersFrame(f *http2.HeadersFrame) error {
+	return c.processHeaders(f.StreamID, f.Flags, f.HasPriority() && f.Priority.StreamDep == f.StreamID, f.HeaderBlockFragment())
+}
+
 // processHeaders starts a header block: a new request, trailers, or one
-// decoded only to keep the HPACK state in step.
-func (c *Conn) processHeaders(f *http2.HeadersFrame) error {
-	id := f.StreamID
+// decoded only to keep the HPACK state in step. selfDep: the frame's
+// priority makes the stream depend on itself.
+func (c *Conn) processHeaders(id uint32, flags http2.Flags, selfDep bool, frag []byte) error {
 	if id%2 == 0 {
 		return connError{http2.ErrCodeProtocol, "HEADERS with an even stream id"}
 	}
 	hb := &c.hb
-	*hb = headerBlock{id: id, endStream: f.StreamEnded(), trailers: hb.trailers[:0]}
-	hb.selfDep = f.HasPriority() && f.Priority.StreamDep == id
+	*hb = headerBlock{id: id, endStream: flags.Has(http2.FlagHeadersEndStream), trailers: hb.trailers[:0]}
+	hb.selfDep = selfDep
+	endHeaders := flags.Has(http2.FlagHeadersEndHeaders)
 	c.mu.Lock()
 	st := c.lookup(id)
 	switch {
@@ -78,7 +134,7 @@ func (c *Conn) processHeaders(f *http2.HeadersFrame) error {
 		default:
 			return connError{http2.ErrCodeProtocol, "stream id not above the previous ones"}
 		}
-		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+		return c.feedBlock(frag, endHeaders)
 	default:
 		c.maxSeen = id
 		if c.goAwaySent && id > c.goAwayID {
@@ -89,7 +145,7 @@ func (c *Conn) processHeaders(f *http2.HeadersFrame) error {
 		}
 	}
 	c.mu.Unlock()
-	return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	return c.feedBlock(frag, endHeaders)
 }
 
 // feedBlock decodes one fragment of the current header block, bounding
