@@ -172,6 +172,7 @@ func (c *Conn) tick() {
 	}
 	now := c.now()
 	cfg := &c.cfg
+	c.releaseWorkersLocked()
 	if cfg.IdleTimeout > 0 && c.live == 0 && time.Duration(now-c.idleSince) >= cfg.IdleTimeout {
 		c.mu.Unlock()
 		c.goAwayAndClose(http2.ErrCodeNo, "idle timeout")

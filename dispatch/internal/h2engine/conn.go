@@ -96,6 +96,12 @@ type Conn struct {
 	lastRead atomic.Int64 // clock time of the last read from nc
 	timer    *time.Timer
 	wg       sync.WaitGroup // handlers and the control flusher
+
+	// Stream goroutines waiting for a new stream (nextStream): handoff
+	// passes it; closing workersQuit (guarded by mu) ends their wait.
+	handoff     chan *Stream
+	workersQuit chan struct{}
+	idleWorkers atomic.Int32
 }
 
 // recentStream remembers a closed stream: frames on it get STREAM_CLOSED,
@@ -110,7 +116,7 @@ type recentStream struct {
 // the connection at once (a TLS connection's raw TCP connection, say).
 func NewConn(nc net.Conn, cfg Config, h Handler) *Conn {
 	cfg.setDefaults()
-	c := &Conn{nc: nc, cfg: cfg, h: h, epoch: time.Now()}
+	c := &Conn{nc: nc, cfg: cfg, h: h, epoch: time.Now(), handoff: make(chan *Stream)}
 	c.clock.init(c, nc, cfg.HeaderTimeout)
 	c.br = bufio.NewReaderSize(&c.clock, readBufferSize)
 	c.fr = http2.NewFramer(&c.out, c.br)
@@ -147,6 +153,7 @@ func (c *Conn) Serve() error {
 	err := c.serve()
 	c.mu.Lock()
 	c.closing, c.closed = true, true
+	c.releaseWorkersLocked()
 	var calls []func()
 	for len(c.streams) > 0 {
 		st := c.streams[len(c.streams)-1]

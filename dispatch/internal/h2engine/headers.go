@@ -448,8 +448,12 @@ func (c *Conn) startStream(st *Stream, endStream bool) error {
 	}
 	c.streams = append(c.streams, st)
 	c.live++
-	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.runStream(st)
+	select {
+	case c.handoff <- st: // a goroutine that served a stream takes it
+	default:
+		c.wg.Add(1)
+		go c.runStreams(st)
+	}
 	return nil
 }

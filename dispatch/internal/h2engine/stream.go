@@ -680,9 +680,21 @@ func (st *Stream) Reset(code http2.ErrCode) {
 	_ = c.unlockWrite(true)
 }
 
+// runStreams runs the handler of st, then finishes the stream; then,
+// while other streams of the connection run, it waits to serve the next
+// new stream (nextStream). A goroutine that served a request has grown
+// its stack to what a handler needs: reusing it spares the next stream
+// the goroutine's start and the stack growth.
+func (c *Conn) runStreams(st *Stream) {
+	defer c.wg.Done()
+	for st != nil {
+		c.runStream(st)
+		st = c.nextStream()
+	}
+}
+
 // runStream runs the handler of st, then finishes the stream.
 func (c *Conn) runStream(st *Stream) {
-	defer c.wg.Done()
 	defer func() {
 		if r := recover(); r != nil {
 			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeInternal, Reason: fmt.Sprintf("handler panic: %v", r)})
@@ -690,6 +702,46 @@ func (c *Conn) runStream(st *Stream) {
 		c.finishStream(st)
 	}()
 	c.h.ServeStream(st)
+}
+
+// maxIdleWorkers bounds the goroutines of a connection waiting for a new
+// stream to serve.
+const maxIdleWorkers = 64
+
+// nextStream waits for a new stream to serve, handed over by startStream;
+// nil: the goroutine ends. It waits only while other streams of the
+// connection run (their peers are likely to open more), and at most
+// until the connection timer's next tick: an idle connection, or one
+// that holds only a long-lived stream (a WebSocket), keeps no waiting
+// goroutines.
+func (c *Conn) nextStream() *Stream {
+	c.mu.Lock()
+	if c.live == 0 || c.closing || c.idleWorkers.Load() >= maxIdleWorkers {
+		c.mu.Unlock()
+		return nil
+	}
+	if c.workersQuit == nil {
+		c.workersQuit = make(chan struct{})
+	}
+	quit := c.workersQuit
+	c.idleWorkers.Add(1)
+	c.mu.Unlock()
+	defer c.idleWorkers.Add(-1)
+	select {
+	case st := <-c.handoff:
+		return st
+	case <-quit:
+		return nil
+	}
+}
+
+// releaseWorkersLocked ends the goroutines waiting in nextStream (c.mu
+// held).
+func (c *Conn) releaseWorkersLocked() {
+	if c.workersQuit != nil {
+		close(c.workersQuit)
+		c.workersQuit = nil
+	}
 }
 
 // finishStream closes st once its handler has returned: a response not
@@ -710,6 +762,7 @@ func (c *Conn) finishStream(st *Stream) {
 	idle := c.live == 0
 	if idle {
 		c.idleSince = c.now()
+		c.releaseWorkersLocked()
 	}
 	drained := idle && c.draining
 	c.mu.Unlock()
