@@ -1,0 +1,122 @@
+package h2engine
+
+import (
+	"bytes"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/internal/testutil"
+)
+
+// gidRecorder is a handler that blocks on /block and otherwise answers
+// testHandler's way after noting the goroutine that served each path.
+type gidRecorder struct {
+	mu   sync.Mutex
+	gids map[string]string
+}
+
+func (g *gidRecorder) ServeStream(st *Stream) {
+	if st.Path != "/block" {
+		buf := make([]byte, 64)
+		buf = buf[:runtime.Stack(buf, false)]
+		id, _, _ := strings.Cut(string(bytes.TrimPrefix(buf, []byte("goroutine "))), " ")
+		g.mu.Lock()
+		g.gids[st.Path] = id
+		g.mu.Unlock()
+	}
+	testHandler(st)
+}
+
+func (g *gidRecorder) gid(path string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gids[path]
+}
+
+// waitingWorkers counts the goroutines waiting for a new stream.
+func waitingWorkers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "h2engine.(*Conn).nextStream")
+}
+
+// waitEnd waits for the frame that ends stream id's response.
+func (c *rawClient) waitEnd(id uint32) {
+	c.t.Helper()
+	c.waitFor(10*time.Second, "the end of the response", func(f http2.Frame) bool {
+		return f.Header().StreamID == id && f.Header().Flags.Has(http2.FlagDataEndStream)
+	})
+}
+
+// TestStreamGoroutineReused: while a stream runs, the goroutine that
+// served another stream serves the next new one; once no stream runs,
+// it ends.
+func TestStreamGoroutineReused(t *testing.T) {
+	testutil.VerifyNone(t)
+	h := &gidRecorder{gids: map[string]string{}}
+	s := newTestServer(t, false, Config{}, h)
+	c := dialRaw(t, s)
+	c.request(1, "/block", true) // keeps the connection busy
+	c.request(3, "/a", true)
+	c.waitEnd(3)
+	testutil.Eventually(t, 10*time.Second, "stream 3's goroutine to wait for a stream", func() bool { return waitingWorkers() == 1 })
+	c.request(5, "/b", true)
+	c.waitEnd(5)
+	if a, b := h.gid("/a"), h.gid("/b"); a == "" || a != b {
+		t.Fatalf("streams 3 and 5 ran on goroutines %q and %q, want the same", a, b)
+	}
+	if err := c.fr.WriteRSTStream(1, http2.ErrCodeCancel); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "no goroutine to wait once no stream runs", func() bool { return waitingWorkers() == 0 })
+}
+
+// TestStreamGoroutineReleasedOnTick: a connection holding only a long-
+// lived stream (a WebSocket, say) keeps no waiting goroutine beyond the
+// connection timer's next tick.
+func TestStreamGoroutineReleasedOnTick(t *testing.T) {
+	testutil.VerifyNone(t)
+	h := &gidRecorder{gids: map[string]string{}}
+	s := newTestServer(t, false, Config{IdleTimeout: 200 * time.Millisecond}, h)
+	c := dialRaw(t, s)
+	c.request(1, "/block", true)
+	c.request(3, "/a", true)
+	c.waitEnd(3)
+	testutil.Eventually(t, 10*time.Second, "the waiting goroutine to end at the timer's tick", func() bool { return waitingWorkers() == 0 })
+	if err := c.fr.WriteRSTStream(1, http2.ErrCodeCancel); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHeadersPaddedWithPriority: a request whose HEADERS frame carries
+// padding and a priority is served (the engine parses HEADERS payloads
+// itself).
+func TestHeadersPaddedWithPriority(t *testing.T) {
+	testutil.VerifyNone(t)
+	s := newTestServer(t, false, Config{}, HandlerFunc(testHandler))
+	c := dialRaw(t, s)
+	err := c.fr.WriteHeaders(http2.HeadersFrameParam{
+		StreamID: 1, BlockFragment: c.block("/"), EndStream: true, EndHeaders: true,
+		PadLength: 9, Priority: http2.PriorityParam{StreamDep: 0, Weight: 200, Exclusive: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.waitFor(10*time.Second, "the response", func(f http2.Frame) bool {
+		return f.Header().StreamID == 1 && f.Header().Type == http2.FrameHeaders
+	}).(*http2.MetaHeadersFrame)
+	if st := f.PseudoValue("status"); st != "200" {
+		t.Fatalf(":status %q", st)
+	}
+	c.waitEnd(1)
+	// Padding longer than the payload: a connection error.
+	if err := c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded|http2.FlagHeadersEndHeaders, 3, []byte{5, 0x82}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitGoAway(http2.ErrCodeProtocol)
+}
