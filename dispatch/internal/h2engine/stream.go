@@ -704,19 +704,15 @@ func (c *Conn) runStream(st *Stream) {
 	c.h.ServeStream(st)
 }
 
-// maxIdleWorkers bounds the goroutines of a connection waiting for a new
-// stream to serve.
-const maxIdleWorkers = 64
-
 // nextStream waits for a new stream to serve, handed over by startStream;
 // nil: the goroutine ends. It waits only while other streams of the
-// connection run (their peers are likely to open more), and at most
-// until the connection timer's next tick: an idle connection, or one
-// that holds only a long-lived stream (a WebSocket), keeps no waiting
-// goroutines.
+// connection run (their peers are likely to open more), at most
+// MaxConcurrentStreams of them, and at most until the connection timer's
+// next tick: an idle connection, or one that holds only a long-lived
+// stream (a WebSocket), keeps no waiting goroutines.
 func (c *Conn) nextStream() *Stream {
 	c.mu.Lock()
-	if c.live == 0 || c.closing || c.idleWorkers.Load() >= maxIdleWorkers {
+	if c.live == 0 || c.closing || c.idleWorkers.Load() >= int32(min(c.cfg.MaxConcurrentStreams, 1<<30)) {
 		c.mu.Unlock()
 		return nil
 	}
