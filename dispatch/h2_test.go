@@ -812,6 +812,29 @@ func TestH2ClientReset(t *testing.T) {
 	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
 }
 
+// TestH2ResponseHeadTimeout: an app that does not answer a request within
+// the response-head timeout gets 504, the timeout counted from the
+// request's write: the wait for the answer that follows the write
+// (appwait.go) is part of it, not added to it.
+func TestH2ResponseHeadTimeout(t *testing.T) {
+	h2Verify(t)
+	const timeout = time.Second
+	e := newH2Env(t, 0, Config{ResponseHeaderTimeout: timeout})
+	cc := e.dial(h2WebHost)
+	start := time.Now()
+	res := h2Do(cc, h2Req(t, "GET", h2WebHost, "/block", nil))
+	d := time.Since(start)
+	if res.err != nil || res.status != 504 || !strings.Contains(res.body, reasonRespTimeout) {
+		t.Fatalf("app that never answers: %+v, want 504", res)
+	}
+	if d < timeout || d >= 2*timeout {
+		t.Fatalf("504 after %v, want the timeout %v", d, timeout)
+	}
+	h2RecvArrival(t, e.web)
+	// The connection carries on.
+	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+}
+
 // TestH2HeaderLimits: the header list is bounded by Config.MaxHeaderBytes
 // (advertised as SETTINGS_MAX_HEADER_LIST_SIZE) and the field count by
 // Config.MaxHeaderFields (431).

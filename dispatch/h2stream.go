@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -409,6 +410,11 @@ func (st *h2Stream) proxy(req *request) bool {
 	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted)
 	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, st.hc.route)
+	if !hasBody {
+		// The answer is read next, with nothing to do meanwhile: connect
+		// waits for it without a read that finds nothing (appwait.go).
+		x.awaitFor = s.cfg.ResponseHeaderTimeout
+	}
 	if err := x.connect(context.Background(), st.head, !hasBody); err != nil {
 		return st.exchangeFailed(x, err)
 	}
@@ -434,7 +440,14 @@ func (st *h2Stream) proxy(req *request) bool {
 		})
 	}
 
-	err := x.readHead(st.interim)
+	var err error
+	if x.awaitFor > 0 && time.Since(x.sentAt) >= x.awaitFor {
+		// The wait ran out without an answer: the response-head timeout,
+		// counted from the request's write as readHead would.
+		err = &appError{err: os.ErrDeadlineExceeded, sent: true}
+	} else {
+		err = x.readHead(st.interim)
+	}
 	if err == nil && x.resp.status == 101 {
 		// No upgrades over HTTP/2 (and none was asked for: the request
 		// carried no Upgrade).
