@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -14,13 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
+	"github.com/applistener/applistener/dispatch/internal/h2load"
 )
 
 // BenchmarkH2Mux measures small HTTP/2 requests through the listener as
-// h2load loads it in bench/run.sh: a lean frame-level client (pre-encoded
-// requests, responses counted, not decoded) keeping 4 connections × 100
+// h2load loads it in bench/run.sh: a lean frame-level client (package
+// h2load: HPACK-indexed requests, responses counted, not decoded) keeping 4 connections × 100
 // streams (c4m100) or 50 connections × 1 stream (c50m1) in flight, real
 // TLS, the route table and a real HTTP/1.1 keep-alive app behind. One op is
 // one request: allocs/op is per request (the client's and the app's shares
@@ -54,13 +51,14 @@ func benchH2Mux(b *testing.B, conns, depth int) {
 	l := startBenchListener(b, benchListenerOptions{doc: raw})
 	defer l.stop(b)
 	host := sharedBenchHost(0)
-	clients := make([]*h2LoadConn, conns)
+	clients := make([]*h2load.Conn, conns)
 	for i := range clients {
-		lc, err := dialH2Load(l, host)
+		lc, err := h2load.Dial(l.addr, &tls.Config{ServerName: host, RootCAs: l.ca.Pool()},
+			h2load.Request{Authority: host, Path: "/bench", UserAgent: "h2load nghttp2/1.52.0"})
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer lc.close()
+		defer func() { _ = lc.Close() }()
 		clients[i] = lc
 	}
 	run := func(n int64) (time.Duration, error) {
@@ -72,7 +70,7 @@ func benchH2Mux(b *testing.B, conns, depth int) {
 		start := time.Now()
 		for _, lc := range clients {
 			wg.Go(func() {
-				if err := lc.run(&left, depth); err != nil {
+				if err := lc.Run(&left, depth); err != nil {
 					mu.Lock()
 					first = errors.Join(first, err)
 					mu.Unlock()
@@ -129,143 +127,4 @@ func procSyscalls() (reads, writes int64) {
 		}
 	}
 	return reads, writes
-}
-
-// h2LoadConn is one client connection of the load, speaking frames.
-type h2LoadConn struct {
-	nc   *tls.Conn
-	bw   *bufio.Writer
-	br   *bufio.Reader
-	fr   *http2.Framer // reads from br, writes to bw
-	req  []byte        // the request's header block (HPACK, no table)
-	next uint32
-}
-
-func dialH2Load(l *benchListener, host string) (*h2LoadConn, error) {
-	nc, err := tls.Dial("tcp", l.addr, &tls.Config{ServerName: host, RootCAs: l.ca.Pool(), NextProtos: []string{"h2"}})
-	if err != nil {
-		return nil, err
-	}
-	if p := nc.ConnectionState().NegotiatedProtocol; p != "h2" {
-		_ = nc.Close()
-		return nil, errors.New("negotiated " + p + ", not h2")
-	}
-	lc := &h2LoadConn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), br: bufio.NewReaderSize(nc, 64<<10), next: 1}
-	lc.fr = http2.NewFramer(lc.bw, lc.br)
-	lc.fr.SetReuseFrames()
-	// Every field literal without indexing: each request encodes the
-	// same, whatever came before.
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	enc.SetMaxDynamicTableSizeLimit(0)
-	for _, f := range [...]hpack.HeaderField{
-		{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "https"},
-		{Name: ":authority", Value: host}, {Name: ":path", Value: "/bench"},
-		{Name: "user-agent", Value: "h2load nghttp2/1.52.0"}, {Name: "accept", Value: "*/*"},
-	} {
-		_ = enc.WriteField(f)
-	}
-	lc.req = hb.Bytes()
-	_, _ = lc.bw.WriteString(http2.ClientPreface)
-	_ = lc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
-	_ = lc.fr.WriteWindowUpdate(0, 1<<31-1-65535)
-	if err := lc.bw.Flush(); err != nil {
-		_ = nc.Close()
-		return nil, err
-	}
-	return lc, nil
-}
-
-func (lc *h2LoadConn) close() { _ = lc.nc.Close() }
-
-// writeRequests writes n requests and flushes.
-func (lc *h2LoadConn) writeRequests(n int) error {
-	for range n {
-		if err := lc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: lc.next, BlockFragment: lc.req, EndStream: true, EndHeaders: true}); err != nil {
-			return err
-		}
-		lc.next += 2
-	}
-	return lc.bw.Flush()
-}
-
-// run keeps depth requests in flight until left is used up, counting
-// responses (END_STREAM) as they complete, and replacing the completed
-// ones in one write when about to wait for the network, as h2load does.
-func (lc *h2LoadConn) run(left *atomic.Int64, depth int) error {
-	take := func(n int) int {
-		for {
-			l := left.Load()
-			if l <= 0 {
-				return 0
-			}
-			m := min(int64(n), l)
-			if left.CompareAndSwap(l, l-m) {
-				return int(m)
-			}
-		}
-	}
-	inflight := take(depth)
-	if inflight == 0 {
-		return nil
-	}
-	if err := lc.writeRequests(inflight); err != nil {
-		return err
-	}
-	_ = lc.nc.SetReadDeadline(time.Now().Add(time.Minute))
-	freed := 0
-	for inflight > 0 || freed > 0 {
-		if freed > 0 && (lc.br.Buffered() == 0 || inflight == 0) {
-			if n := take(freed); n > 0 {
-				inflight += n
-				if err := lc.writeRequests(n); err != nil {
-					return err
-				}
-			}
-			freed = 0
-			continue
-		}
-		f, err := lc.fr.ReadFrame()
-		if err != nil {
-			return err
-		}
-		ack := false
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				_ = lc.fr.WriteSettingsAck()
-				ack = true
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				_ = lc.fr.WritePing(true, f.Data)
-				ack = true
-			}
-		case *http2.RSTStreamFrame:
-			return errors.New("stream reset: " + f.ErrCode.String())
-		case *http2.GoAwayFrame:
-			return errors.New("GOAWAY: " + f.ErrCode.String())
-		case *http2.HeadersFrame:
-			if s := f.HeaderBlockFragment(); len(s) > 0 && s[0] != 0x88 && s[0]&0x80 != 0 {
-				// Indexed :status other than 200 (static index 8).
-				return errors.New("a response other than 200")
-			}
-		}
-		if ack {
-			if err := lc.bw.Flush(); err != nil {
-				return err
-			}
-		}
-		if f.Header().StreamID == 0 || !f.Header().Flags.Has(http2.FlagDataEndStream) {
-			continue
-		}
-		if _, ok := f.(*http2.DataFrame); !ok {
-			if _, ok := f.(*http2.HeadersFrame); !ok {
-				continue
-			}
-		}
-		inflight--
-		freed++
-	}
-	return nil
 }

@@ -1,10 +1,7 @@
 package h2engine
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/tls"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,13 +11,14 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
+
+	"github.com/applistener/applistener/dispatch/internal/h2load"
 )
 
 // BenchmarkServers compares the engine with x/net's http2.Server serving
 // the same trivial handler (200, a 20-byte text body) over real TLS on
-// loopback, loaded by a lean frame-level client (like h2load: pre-encoded
-// requests, responses counted, not decoded) with 4 connections × 100
+// loopback, loaded by a lean frame-level client (package h2load, like
+// h2load: HPACK-indexed requests, responses counted, not decoded) with 4 connections × 100
 // concurrent streams and 50 connections × 1 stream. One op is one
 // request: allocs/op is per request (the client's share is small and the
 // same for both), req/s is the rate.
@@ -119,13 +117,14 @@ func benchServer(b *testing.B, writes *atomic.Int64, serve func(*tls.Conn)) (str
 // benchLoad runs b.N GET requests over conns connections with depth
 // streams in flight on each, and reports req/s.
 func benchLoad(b *testing.B, addr string, conns, depth int, writes *atomic.Int64) {
-	clients := make([]*loadConn, conns)
+	clients := make([]*h2load.Conn, conns)
 	for i := range clients {
-		lc, err := dialLoad(addr)
+		lc, err := h2load.Dial(addr, &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a loopback benchmark against its own certificate
+			h2load.Request{Authority: "localhost", Path: "/", UserAgent: "h2engine-bench"})
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer lc.close()
+		defer func() { _ = lc.Close() }()
 		clients[i] = lc
 	}
 	var left atomic.Int64
@@ -139,7 +138,7 @@ func benchLoad(b *testing.B, addr string, conns, depth int, writes *atomic.Int64
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := lc.run(&left, depth); err != nil {
+			if err := lc.Run(&left, depth); err != nil {
 				b.Error(err)
 			}
 		}()
@@ -161,141 +160,4 @@ type countingConn struct {
 func (c countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(p)
-}
-
-// loadConn is one client connection of the load.
-type loadConn struct {
-	nc   *tls.Conn
-	bw   *bufio.Writer
-	br   *bufio.Reader
-	wmu  sync.Mutex
-	fr   *http2.Framer // reads from nc, writes to bw
-	enc  *hpack.Encoder
-	hbuf bytes.Buffer
-	next uint32
-}
-
-func dialLoad(addr string) (*loadConn, error) {
-	nc, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // a loopback benchmark against its own certificate
-	if err != nil {
-		return nil, err
-	}
-	lc := &loadConn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), br: bufio.NewReaderSize(nc, 64<<10), next: 1}
-	lc.fr = http2.NewFramer(lc.bw, lc.br)
-	lc.fr.SetReuseFrames()
-	lc.enc = hpack.NewEncoder(&lc.hbuf)
-	_, _ = lc.bw.WriteString(clientPreface)
-	_ = lc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: maxWindow})
-	_ = lc.fr.WriteWindowUpdate(0, maxWindow-initialWindow)
-	if err := lc.bw.Flush(); err != nil {
-		return nil, err
-	}
-	return lc, nil
-}
-
-func (lc *loadConn) close() { _ = lc.nc.Close() }
-
-// writeRequests writes n requests and flushes (wmu held).
-func (lc *loadConn) writeRequests(n int) error {
-	for range n {
-		lc.hbuf.Reset()
-		for _, f := range [...]hpack.HeaderField{
-			{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "https"},
-			{Name: ":authority", Value: "localhost"}, {Name: ":path", Value: "/"},
-			{Name: "user-agent", Value: "h2engine-bench"}, {Name: "accept", Value: "*/*"},
-		} {
-			_ = lc.enc.WriteField(f)
-		}
-		if err := lc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: lc.next, BlockFragment: lc.hbuf.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
-			return err
-		}
-		lc.next += 2
-	}
-	return lc.bw.Flush()
-}
-
-// run keeps depth requests in flight until left is used up, counting
-// responses (END_STREAM) as they complete.
-func (lc *loadConn) run(left *atomic.Int64, depth int) error {
-	take := func(n int) int {
-		for {
-			l := left.Load()
-			if l <= 0 {
-				return 0
-			}
-			m := min(int64(n), l)
-			if left.CompareAndSwap(l, l-m) {
-				return int(m)
-			}
-		}
-	}
-	inflight := take(depth)
-	if inflight == 0 {
-		return nil
-	}
-	lc.wmu.Lock()
-	err := lc.writeRequests(inflight)
-	lc.wmu.Unlock()
-	if err != nil {
-		return err
-	}
-	_ = lc.nc.SetReadDeadline(time.Now().Add(time.Minute))
-	freed := 0 // responses completed, not yet replaced
-	for inflight > 0 || freed > 0 {
-		if freed > 0 && (lc.br.Buffered() == 0 || inflight == 0) {
-			// About to wait for the network: replace the completed
-			// requests in one write, as h2load does.
-			if n := take(freed); n > 0 {
-				inflight += n
-				lc.wmu.Lock()
-				err = lc.writeRequests(n)
-				lc.wmu.Unlock()
-				if err != nil {
-					return err
-				}
-			}
-			freed = 0
-			continue
-		}
-		f, err := lc.fr.ReadFrame()
-		if err != nil {
-			return err
-		}
-		var ack func() error
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				ack = lc.fr.WriteSettingsAck
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				data := f.Data
-				ack = func() error { return lc.fr.WritePing(true, data) }
-			}
-		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
-			return io.ErrUnexpectedEOF
-		}
-		if ack != nil {
-			lc.wmu.Lock()
-			err = ack()
-			if err == nil {
-				err = lc.bw.Flush()
-			}
-			lc.wmu.Unlock()
-			if err != nil {
-				return err
-			}
-		}
-		if !f.Header().Flags.Has(http2.FlagDataEndStream) || f.Header().StreamID == 0 {
-			continue
-		}
-		if _, ok := f.(*http2.DataFrame); !ok {
-			if _, ok := f.(*http2.HeadersFrame); !ok {
-				continue
-			}
-		}
-		inflight--
-		freed++
-	}
-	return nil
 }
