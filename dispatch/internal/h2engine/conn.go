@@ -1,7 +1,6 @@
 package h2engine
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -18,9 +17,6 @@ import (
 // clientPreface is what every HTTP/2 connection starts with.
 const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-// readBufferSize is the connection's read buffer (frames are read from it).
-const readBufferSize = 16 << 10
-
 // Conn is one HTTP/2 server connection.
 type Conn struct {
 	nc  net.Conn
@@ -28,8 +24,8 @@ type Conn struct {
 	h   Handler
 
 	// Read side: only the goroutine running Serve touches these.
-	clock headClock // wraps nc for reading
-	br    *bufio.Reader
+	clock headClock     // wraps nc for reading
+	br    readBuf       // over clock (readbuf.go)
 	fr    *http2.Framer // reads from br; its writes go to out, under wmu
 	dec   *hpack.Decoder
 	hb    headerBlock
@@ -118,8 +114,8 @@ func NewConn(nc net.Conn, cfg Config, h Handler) *Conn {
 	cfg.setDefaults()
 	c := &Conn{nc: nc, cfg: cfg, h: h, epoch: time.Now(), handoff: make(chan *Stream)}
 	c.clock.init(c, nc, cfg.HeaderTimeout)
-	c.br = bufio.NewReaderSize(&c.clock, readBufferSize)
-	c.fr = http2.NewFramer(&c.out, c.br)
+	c.br.src = &c.clock
+	c.fr = http2.NewFramer(&c.out, &c.br)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
 	c.fr.SetReuseFrames()
 	c.dec = hpack.NewDecoder(headerTableMax, c.onField)
@@ -171,6 +167,7 @@ func (c *Conn) Serve() error {
 		c.timer.Stop()
 	}
 	c.wg.Wait()
+	c.br.release()
 	// Under the write lock: a Shutdown that began before the connection
 	// ended may still be writing its GOAWAY.
 	c.wmu.Lock()
@@ -190,7 +187,7 @@ func (c *Conn) serve() error {
 	}
 	c.startTimer()
 	var pre [len(clientPreface)]byte
-	if _, err := io.ReadFull(c.br, pre[:]); err != nil {
+	if _, err := io.ReadFull(&c.br, pre[:]); err != nil {
 		return c.readFailed(err)
 	}
 	if string(pre[:]) != clientPreface {

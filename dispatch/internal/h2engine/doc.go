@@ -12,7 +12,7 @@
 //
 // One connection is a Conn. Serve runs its single reading goroutine: it
 // reads the client preface and then frames (Framer.ReadFrame over a
-// bufio.Reader over headClock, which wraps the net.Conn), and acts on each
+// readBuf over headClock, which wraps the net.Conn), and acts on each
 // one (frames.go): SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, PRIORITY
 // (validated, otherwise ignored), GOAWAY, DATA, and header blocks
 // (headers.go), which it decodes incrementally, fragment by fragment,
@@ -59,7 +59,11 @@
 // buffered until Flush, the end of the response, or another writer's
 // flush; a handler about to wait (for window, for request body) flushes
 // first. The write buffer comes from a pool while frames are pending and
-// goes back once flushed, so an idle connection holds none.
+// goes back once flushed, so an idle connection holds none. The read
+// buffer (readbuf.go) likewise goes back to its pool whenever every byte
+// read has been consumed; the read that waits for the client is made into
+// a 64-byte array, so a connection waiting for its client holds no 16 KiB
+// buffer either.
 //
 // The reading goroutine never writes to the socket: a client that sends
 // but does not read must not stop it from reading. Its answers (SETTINGS

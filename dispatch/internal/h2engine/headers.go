@@ -58,7 +58,7 @@ func (c *Conn) readHeaders(fh http2.FrameHeader) error {
 		return err // a read error (c.clock.err)
 	}
 	err = c.parseHeaders(fh, p)
-	_, _ = c.br.Discard(n)
+	c.br.Discard(n)
 	return err
 }
 
