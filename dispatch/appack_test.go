@@ -84,13 +84,14 @@ func (a *nagleApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
 // with Nagle on must not wait for the listener's delayed ACK (at least
 // 40 ms, Linux's TCP_DELACK_MIN) before its second write goes out. Without
 // the early acknowledgement every such request took 40 ms; the test
-// counts requests slower than 35 ms and allows a few for a loaded machine.
+// counts requests slower than 35 ms and fails when most of them are: a
+// starved machine under -race slows some requests, never nearly all.
 func TestAppResponseInTwoWritesNotDelayed(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the early acknowledgement uses Linux's TCP_QUICKACK")
 	}
 	h2Verify(t)
-	const requests, slowAllowed = 20, 5
+	const requests, slowAllowed = 20, 14
 	for _, proto := range []string{"h1", "h2"} {
 		t.Run(proto, func(t *testing.T) {
 			app := newNagleApp(t)
