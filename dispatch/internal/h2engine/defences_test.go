@@ -391,3 +391,35 @@ func TestProtocolErrors(t *testing.T) {
 		t.Fatalf("RST %v", code)
 	}
 }
+
+// TestEmptyHeadersFrame: a HEADERS frame with an empty payload, arriving
+// when the connection's read buffer has been released (nothing else
+// buffered), is a malformed request refused on its stream; the
+// connection serves the next request. (Found by FuzzServeConn: the empty
+// payload was once peeked at in the released buffer, a nil dereference.)
+func TestEmptyHeadersFrame(t *testing.T) {
+	testutil.VerifyNone(t)
+	s := newTestServer(t, false, Config{}, HandlerFunc(testHandler))
+	c := dialRaw(t, s)
+	// Once the PING is answered, every byte sent so far has been read and
+	// the read buffer is back in its pool.
+	if err := c.fr.WritePing(false, [8]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(10*time.Second, "PING ack", func(f http2.Frame) bool {
+		p, ok := f.(*http2.PingFrame)
+		return ok && p.IsAck()
+	})
+	// A frame header alone: length 0, HEADERS, END_STREAM|END_HEADERS, stream 1.
+	if _, err := c.nc.Write([]byte{0, 0, 0, byte(http2.FrameHeaders), byte(http2.FlagHeadersEndStream | http2.FlagHeadersEndHeaders), 0, 0, 0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.waitRST(1); code != http2.ErrCodeProtocol {
+		t.Fatalf("RST_STREAM %v, want PROTOCOL_ERROR", code)
+	}
+	c.request(3, "/", true)
+	c.waitFor(10*time.Second, "the answer on stream 3", func(f http2.Frame) bool {
+		h, ok := f.(*http2.MetaHeadersFrame)
+		return ok && h.StreamID == 3 && h.PseudoValue("status") == "200"
+	})
+}

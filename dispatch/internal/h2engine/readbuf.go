@@ -56,8 +56,12 @@ func (b *readBuf) Read(p []byte) (int, error) {
 }
 
 // Peek returns the next n bytes (n ≤ Size) without consuming them; they
-// stay valid until the next call.
+// stay valid until the next call. Peek(0) returns nothing and reads
+// nothing (a frame's payload can be empty while the buffer is released).
 func (b *readBuf) Peek(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, nil
+	}
 	if b.w-b.r < n {
 		if err := b.fill(n); err != nil {
 			return nil, err
