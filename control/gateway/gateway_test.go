@@ -323,6 +323,23 @@ func (w *gwWatch) nextDocument(within time.Duration) gwLine {
 	}
 }
 
+// documentWhere reads documents until one satisfies ok and returns it;
+// the gateway may push several quick changes as one document, so a test
+// waits for the state it expects rather than counting documents.
+func (w *gwWatch) documentWhere(within time.Duration, what string, ok func(text string) bool) gwLine {
+	w.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			w.t.Fatalf("no document with %s within %v", what, within)
+		}
+		if l := w.nextDocument(left); ok(l.text) {
+			return l
+		}
+	}
+}
+
 // waitEnd waits for the stream to end, skipping any lines.
 func (w *gwWatch) waitEnd(within time.Duration) {
 	w.t.Helper()
