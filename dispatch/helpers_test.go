@@ -2,8 +2,11 @@ package dispatch
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -11,6 +14,8 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/internal/testutil"
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
 )
 
 // testHost is the public hostname (SNI) used throughout the unit tests.
@@ -188,4 +193,35 @@ func waitIdleStale(t *testing.T, pool *backendPool) {
 		}
 		return true
 	})
+}
+
+// oneRouteTLS issues a wildcard certificate from a new CA and installs a
+// table with the one route team--demo--web to port on 127.0.0.1 (closed at
+// the end of tb). srvCfg and cliCfg are the server's and the client's TLS
+// configurations for HTTP/1.1 to that route.
+func oneRouteTLS(tb testing.TB, port int) (table *routes.Table, srvCfg, cliCfg *tls.Config) {
+	tb.Helper()
+	ca, err := tlsconf.NewAuthority("one route test CA")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	table = routes.NewTable(routes.Options{Domain: h2Domain, Freshness: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	tb.Cleanup(table.Close)
+	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
+		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, port)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	table.Apply(doc)
+	srvCfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	cliCfg = &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	return table, srvCfg, cliCfg
 }

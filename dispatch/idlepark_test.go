@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -19,8 +18,6 @@ import (
 
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/listener"
-	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // serveGoroutines counts goroutines serving an HTTP/1.1 client connection.
@@ -151,30 +148,9 @@ func TestH1IdleParkedTimeoutAndDrain(t *testing.T) {
 // same for every version), so compare figures across changes.
 func BenchmarkIdleH1ConnMemory(b *testing.B) {
 	const n = 200
-	ca, err := tlsconf.NewAuthority("idle bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer app.Close()
-	table := routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
-	defer table.Close()
-	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
-		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, app.Listener.Addr().(*net.TCPAddr).Port)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	table.Apply(doc)
-	srvCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
-	cliCfg := &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	table, srvCfg, cliCfg := oneRouteTLS(b, app.Listener.Addr().(*net.TCPAddr).Port)
 	var perConn float64
 	for b.Loop() {
 		srv := New(Config{Logger: slog.New(slog.DiscardHandler)})

@@ -46,6 +46,10 @@ const (
 	answerThenClose                  // answer (no Connection: close), then close while idle
 	closeUnanswered                  // close without answering (FIN)
 	resetUnanswered                  // close without answering with a reset (RST)
+	// answerInTwoWrites answers in two small writes, head then body, with
+	// Nagle's algorithm on, as Python's http.server and werkzeug do: the
+	// body waits until the head is acknowledged.
+	answerInTwoWrites
 )
 
 func newRawApp(t *testing.T) *rawApp {
@@ -124,6 +128,14 @@ func (a *rawApp) serve(c net.Conn) {
 		case resetUnanswered:
 			_ = c.(*net.TCPConn).SetLinger(0)
 			return
+		}
+		if act == answerInTwoWrites {
+			_ = c.(*net.TCPConn).SetNoDelay(false)
+			head, body, _ := strings.Cut(resp, "\r\n\r\n")
+			if _, err := io.WriteString(c, head+"\r\n\r\n"); err != nil {
+				return
+			}
+			resp = body
 		}
 		if _, err := io.WriteString(c, resp); err != nil {
 			return

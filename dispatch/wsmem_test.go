@@ -18,7 +18,6 @@ import (
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // parkedWSApp is a minimal WebSocket app on loopback: it answers the
@@ -225,30 +224,9 @@ func (e *wsBenchEnv) close(conns []net.Conn) {
 // returns them with the server's and the client's TLS configurations.
 func wsBenchSetup(b *testing.B) (app *parkedWSApp, table *routes.Table, srvCfg, cliCfg *tls.Config) {
 	b.Helper()
-	ca, err := tlsconf.NewAuthority("idle ws bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
 	app = newParkedWSApp(b)
 	b.Cleanup(app.close)
-	table = routes.NewTable(routes.Options{Domain: h2Domain, Freshness: time.Hour, Logger: slog.New(slog.DiscardHandler)})
-	b.Cleanup(table.Close)
-	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
-		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}]}`, app.ln.Addr().(*net.TCPAddr).Port)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	table.Apply(doc)
-	srvCfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
-	cliCfg = &tls.Config{ServerName: "team--demo--web." + h2Domain, RootCAs: ca.Pool(), NextProtos: []string{"http/1.1"}}
+	table, srvCfg, cliCfg = oneRouteTLS(b, app.ln.Addr().(*net.TCPAddr).Port)
 	return app, table, srvCfg, cliCfg
 }
 
