@@ -16,15 +16,10 @@ type quickAck struct {
 // init prepares q for conn; conns that do not expose their socket (tests'
 // in-memory pipes) are left alone.
 func (q *quickAck) init(conn any) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
+	q.raw = rawConnOf(conn)
+	if q.raw == nil {
 		return
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	q.raw = raw
 	q.fn = func(fd uintptr) {
 		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_QUICKACK, 1)
 	}

@@ -34,15 +34,10 @@ func (w *appWait) init(conn net.Conn) {
 	if !rawReadWait {
 		return
 	}
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
+	w.raw = rawConnOf(conn)
+	if w.raw == nil {
 		return
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	w.raw = raw
 	w.fn = func(uintptr) bool {
 		if w.wrote {
 			return true // readable (or failed): the read that follows tells

@@ -14,14 +14,24 @@ import (
 // holds no read buffers (a busy one pays no extra system calls).
 const parkAfter = 50 * time.Millisecond
 
-// socketFD returns the file descriptor of raw, valid while raw is open.
-func socketFD(raw net.Conn) (int, bool) {
-	sc, ok := raw.(syscall.Conn)
+// rawConnOf returns conn's socket for raw system calls, or nil when conn
+// has none (tests' in-memory pipes, a TLS conn) or it cannot be had.
+func rawConnOf(conn any) syscall.RawConn {
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return 0, false
+		return nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// socketFD returns the file descriptor of raw, valid while raw is open.
+func socketFD(raw net.Conn) (int, bool) {
+	rc := rawConnOf(raw)
+	if rc == nil {
 		return 0, false
 	}
 	fd := -1

@@ -22,15 +22,10 @@ type idleProbe struct {
 // init prepares the probe for conn; conns that do not expose their socket
 // (tests' in-memory pipes) are never probed.
 func (p *idleProbe) init(conn any) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
+	p.raw = rawConnOf(conn)
+	if p.raw == nil {
 		return
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	p.raw = raw
 	p.fn = func(fd uintptr) bool {
 		p.n, _, p.errn = syscall.Syscall6(syscall.SYS_RECVFROM, fd,
 			uintptr(unsafe.Pointer(&p.buf[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)

@@ -14,15 +14,7 @@ func (p *wsPump) rawSource() syscall.RawConn {
 	if p.src.raw == nil || p.src.r != p.src.raw {
 		return nil
 	}
-	sc, ok := p.src.raw.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	return rc
+	return rawConnOf(p.src.raw)
 }
 
 // copyRaw forwards what arrives on rc (through buf) inside one
