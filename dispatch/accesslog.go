@@ -115,24 +115,17 @@ func (r *accessRecord) timings(x *exchange) {
 // accessLog writes one line per request through the log writer, bounded per
 // instance by a token bucket and for the whole process by total.
 type accessLog struct {
-	w       io.Writer
-	json    bool
-	ocsf    *ocsf.Emitter // non-nil: lines are OCSF records (its metadata)
-	rate    float64       // lines per second per instance; <= 0: no bound
-	burst   float64
-	total   rateBound // lines of every instance together
-	dropped prometheus.Counter
+	w        io.Writer
+	json     bool
+	ocsf     *ocsf.Emitter // non-nil: lines are OCSF records (its metadata)
+	instance rateBound     // the bound of each instance (each has a copy in buckets)
+	total    rateBound     // lines of every instance together
+	dropped  prometheus.Counter
 
-	buckets   sync.Map // *routes.Instance → *logBucket
+	buckets   sync.Map // *routes.Instance → *rateBound
 	nBuckets  atomic.Int64
 	lastPrune atomic.Int64 // unix nanoseconds
 	bufs      sync.Pool    // *[]byte
-}
-
-type logBucket struct {
-	mu     sync.Mutex
-	tokens float64
-	last   int64 // unix nanoseconds of the last refill
 }
 
 // pruneAbove is the number of instance buckets beyond which idle ones (full
@@ -156,13 +149,14 @@ func newAccessLog(cfg *Config, dropped prometheus.Counter) *accessLog {
 	default:
 		return nil
 	}
-	l.rate, l.burst = cfg.AccessLogRate, float64(cfg.AccessLogBurst)
-	if l.rate == 0 {
-		l.rate = DefaultAccessLogRate
+	rate, burst := cfg.AccessLogRate, cfg.AccessLogBurst
+	if rate == 0 {
+		rate = DefaultAccessLogRate
 	}
-	if l.burst <= 0 {
-		l.burst = max(1, 2*l.rate)
+	if burst <= 0 {
+		burst = int(max(1, 2*rate))
 	}
+	l.instance.init(rate, burst)
 	total, totalBurst := cfg.AccessLogTotalRate, cfg.AccessLogTotalBurst
 	if total == 0 {
 		total = DefaultAccessLogTotalRate
@@ -182,29 +176,18 @@ func (l *accessLog) allow(inst *routes.Instance, now int64) bool {
 
 // allowInstance takes a token from inst's bucket.
 func (l *accessLog) allowInstance(inst *routes.Instance, now int64) bool {
-	if l.rate <= 0 {
+	if l.instance.interval == 0 {
 		return true
 	}
 	v, ok := l.buckets.Load(inst)
 	if !ok {
 		var loaded bool
-		v, loaded = l.buckets.LoadOrStore(inst, &logBucket{tokens: l.burst, last: now})
+		v, loaded = l.buckets.LoadOrStore(inst, &rateBound{interval: l.instance.interval, window: l.instance.window})
 		if !loaded && l.nBuckets.Add(1) > pruneAbove {
 			l.prune(now)
 		}
 	}
-	b := v.(*logBucket)
-	b.mu.Lock()
-	if now > b.last {
-		b.tokens = min(l.burst, b.tokens+float64(now-b.last)*l.rate/1e9)
-		b.last = now
-	}
-	ok = b.tokens >= 1
-	if ok {
-		b.tokens--
-	}
-	b.mu.Unlock()
-	return ok
+	return v.(*rateBound).allow(now)
 }
 
 // prune forgets buckets idle for a minute (at most once a minute): a bucket
@@ -216,11 +199,7 @@ func (l *accessLog) prune(now int64) {
 		return
 	}
 	l.buckets.Range(func(k, v any) bool {
-		b := v.(*logBucket)
-		b.mu.Lock()
-		old := now-b.last > idle
-		b.mu.Unlock()
-		if old {
+		if now-v.(*rateBound).tat.Load() > idle {
 			l.buckets.Delete(k)
 			l.nBuckets.Add(-1)
 		}
