@@ -185,7 +185,10 @@ func TestContinuationFlood(t *testing.T) {
 // (ENHANCE_YOUR_CALM, the connection closed).
 func floodTest(t *testing.T, send func(fr *http2.Framer) error) {
 	testutil.VerifyNone(t)
-	s := newTestServer(t, false, Config{}, HandlerFunc(testHandler), withSndBuf(4096))
+	// A small control-frame bound: the queue overflows soon after the
+	// socket buffers fill, before the client's writes can stall on a
+	// closed TCP window (a loaded machine made that take over 10 s).
+	s := newTestServer(t, false, Config{MaxControlFrames: 32}, HandlerFunc(testHandler), withSndBuf(4096))
 	c := dialRaw(t, s)
 	_ = c.nc.SetReadBuffer(4096)
 	stop := make(chan struct{})
