@@ -170,9 +170,35 @@ type RejectedInstance struct {
 	// invalid, cut to 64 bytes; for logs only.
 	Workspace string
 	Sandbox   string
-	// Reason is one line saying why the entry was rejected.
+	// Reason is one line saying why the entry was rejected: its first
+	// problem, and how many more there are.
 	Reason string
+	// Problems are every problem found in the entry, in the order they
+	// were found (at most maxProblems), each with its JSON path inside the
+	// entry.
+	Problems []Problem
 }
+
+// Problem is one thing wrong with an instance entry.
+type Problem struct {
+	// Path is the JSON path of the offending value inside the entry, e.g.
+	// "services[0].port" or "limits.max_streamz"; "" for the entry as a
+	// whole.
+	Path string
+	// Msg says what is wrong, in one line.
+	Msg string
+}
+
+// String is "PATH: MSG" ("MSG" for the entry as a whole).
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Msg
+	}
+	return p.Path + ": " + p.Msg
+}
+
+// maxProblems bounds the problems kept for one entry.
+const maxProblems = 32
 
 // ParseDocument decodes and validates a configuration document.
 //
@@ -203,18 +229,20 @@ func ParseDocument(data []byte) (*Document, error) {
 	}
 
 	type result struct {
-		key    InstanceKey
-		spec   InstanceSpec
-		reason string // "" when valid
+		key      InstanceKey
+		spec     InstanceSpec
+		reason   string // "" when valid
+		problems []Problem
 	}
 	results := make([]result, len(entries))
 	counts := make(map[InstanceKey]int, len(entries))
 	for i, raw := range entries {
 		y.step()
 		r := &results[i]
-		spec, err := parseInstance(raw)
-		if err != nil {
-			r.reason = oneLine(err.Error())
+		spec, problems := parseInstance(raw)
+		if len(problems) > 0 {
+			r.problems = problems
+			r.reason = summary(problems)
 			r.key = lenientKey(raw)
 		} else {
 			r.spec = spec
@@ -230,6 +258,7 @@ func ParseDocument(data []byte) (*Document, error) {
 		r := &results[i]
 		if r.reason == "" && counts[r.key] > 1 {
 			r.reason = oneLine("duplicate instance " + r.key.String())
+			r.problems = []Problem{{Msg: r.reason}}
 		}
 		if r.reason == "" {
 			doc.Instances = append(doc.Instances, r.spec)
@@ -240,6 +269,7 @@ func ParseDocument(data []byte) (*Document, error) {
 			Workspace: cutString(r.key.Workspace, maxLogNameLen),
 			Sandbox:   cutString(r.key.Sandbox, maxLogNameLen),
 			Reason:    r.reason,
+			Problems:  r.problems,
 		})
 	}
 	return doc, nil
@@ -396,17 +426,62 @@ func parseTopLevel(data []byte, y *yielder) (string, [][]byte, error) {
 // maxJSONDepth is encoding/json's limit on nested objects and arrays.
 const maxJSONDepth = 10000
 
-// invalidJSON explains why data is not one valid JSON value.
+// invalidJSON explains why data is not one valid JSON value: a
+// *SyntaxError with the line and column where the reading stopped.
 func invalidJSON(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var v json.RawMessage
 	if err := dec.Decode(&v); err != nil {
-		return fmt.Errorf("document: %w", jsonErr(err))
+		offset := dec.InputOffset()
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			offset = se.Offset
+		} else if err == io.EOF || err == io.ErrUnexpectedEOF {
+			offset = int64(len(data)) + 1 // just past the end
+		}
+		return newSyntaxError(data, offset, jsonErr(err).Error())
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("document: data after the top-level object")
+		rest := data[dec.InputOffset():]
+		extra := len(rest) - len(bytes.TrimLeft(rest, " \t\r\n"))
+		return newSyntaxError(data, dec.InputOffset()+int64(extra)+1, "data after the top-level object")
 	}
 	return errors.New("document: invalid JSON") // not reached: json.Valid and Decoder agree
+}
+
+// CheckJSON returns nil when data is one valid JSON value, and otherwise a
+// *SyntaxError saying where it is not (for files that embed documents).
+func CheckJSON(data []byte) error {
+	if json.Valid(data) {
+		return nil
+	}
+	return invalidJSON(data)
+}
+
+// SyntaxError is a document that is not valid JSON, with the place where
+// reading it stopped.
+type SyntaxError struct {
+	// Line and Column (1-based; the column counts bytes) of the byte the
+	// error was found at.
+	Line, Column int
+	// Msg says what was wrong, without the position.
+	Msg string
+}
+
+// Error is "document: line L, column C: MSG".
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("document: line %d, column %d: %s", e.Line, e.Column, e.Msg)
+}
+
+// newSyntaxError locates byte offset (the count of bytes read, as
+// encoding/json reports it) in data.
+func newSyntaxError(data []byte, offset int64, msg string) *SyntaxError {
+	// encoding/json's offset counts the byte at fault: point at it.
+	at := min(max(offset-1, 0), int64(len(data)))
+	before := data[:at]
+	line := bytes.Count(before, []byte{'\n'}) + 1
+	col := int(at) - (bytes.LastIndexByte(before, '\n') + 1) + 1
+	return &SyntaxError{Line: line, Column: col, Msg: strings.TrimPrefix(msg, "json: ")}
 }
 
 // jsonErr turns an unexpected end of input into a readable error.
@@ -418,149 +493,175 @@ func jsonErr(err error) error {
 }
 
 // parseInstance decodes one instance entry strictly, validates it and
-// returns it normalized.
-func parseInstance(raw []byte) (InstanceSpec, error) {
+// returns it normalized, or every problem found in it.
+func parseInstance(raw []byte) (InstanceSpec, []Problem) {
 	var spec InstanceSpec
 	if first := firstByte(raw); first != '{' {
-		return spec, fmt.Errorf("entry is %s, not an object", jsonKind(first))
+		return spec, []Problem{{Msg: fmt.Sprintf("entry is %s, not an object", jsonKind(first))}}
 	}
 	if err := checkKeys(raw); err != nil {
-		return spec, err
+		return spec, []Problem{{Msg: err.Error()}}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&spec); err != nil {
-		return InstanceSpec{}, fmt.Errorf("invalid entry: %s", strings.TrimPrefix(jsonErr(err).Error(), "json: "))
+	strictErr := dec.Decode(&spec)
+	if strictErr == nil {
+		if _, err := dec.Token(); err != io.EOF {
+			return InstanceSpec{}, []Problem{{Msg: "invalid entry: data after the object"}}
+		}
+		var ps problemList
+		spec.validate(&ps)
+		if len(ps) > 0 {
+			return InstanceSpec{}, ps
+		}
+		return spec, nil
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return InstanceSpec{}, errors.New("invalid entry: data after the object")
+	// The strict decode stops at the first unknown field or wrong type:
+	// find all of them, then validate what a lenient decode gives,
+	// leaving out problems of values that could not be decoded.
+	ps := schemaProblems(raw, instanceSpecType)
+	if len(ps) == 0 { // not expected: the schema walk and the decoder agree
+		return InstanceSpec{}, []Problem{{Msg: "invalid entry: " + strings.TrimPrefix(jsonErr(strictErr).Error(), "json: ")}}
 	}
-	if err := spec.validate(); err != nil {
-		return InstanceSpec{}, err
-	}
-	return spec, nil
-}
-
-// validate checks a decoded entry and normalizes its connector.
-func (s *InstanceSpec) validate() error {
-	if err := ValidName(s.Workspace); err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	if err := ValidName(s.Sandbox); err != nil {
-		return fmt.Errorf("sandbox: %w", err)
-	}
-	if len(s.Generation) > MaxGenerationLen {
-		return fmt.Errorf("generation: longer than %d characters", MaxGenerationLen)
-	}
-	for i := 0; i < len(s.Generation); i++ {
-		if c := s.Generation[i]; c <= ' ' || c >= 0x7f {
-			return fmt.Errorf("generation: %s not allowed (use printable ASCII without spaces)", describeByte(c))
+	spec = InstanceSpec{}
+	_ = json.Unmarshal(raw, &spec) // keeps every value of the right type
+	var semantic problemList
+	spec.validate(&semantic)
+	for _, p := range semantic {
+		if !ps.covers(p.Path) {
+			ps.add(p.Path, "%s", p.Msg)
 		}
 	}
-	c, err := normalizeConnector(s.Connector)
-	if err != nil {
-		return fmt.Errorf("connector: %w", err)
+	return InstanceSpec{}, ps
+}
+
+// validate checks a decoded entry, normalizes its connector, and adds
+// every problem found to ps.
+func (s *InstanceSpec) validate(ps *problemList) {
+	if err := ValidName(s.Workspace); err != nil {
+		ps.add("workspace", "%v", err)
 	}
-	s.Connector = c
+	if err := ValidName(s.Sandbox); err != nil {
+		ps.add("sandbox", "%v", err)
+	}
+	if len(s.Generation) > MaxGenerationLen {
+		ps.add("generation", "longer than %d characters", MaxGenerationLen)
+	} else {
+		for i := 0; i < len(s.Generation); i++ {
+			if c := s.Generation[i]; c <= ' ' || c >= 0x7f {
+				ps.add("generation", "%s not allowed (use printable ASCII without spaces)", describeByte(c))
+				break
+			}
+		}
+	}
+	if c, field, err := normalizeConnector(s.Connector); err != nil {
+		ps.add(joinPath("connector", field), "%v", err)
+	} else {
+		s.Connector = c
+	}
 	if s.Limits.IdleTimeoutSeconds < 0 || s.Limits.IdleTimeoutSeconds > MaxIdleTimeoutSeconds {
-		return fmt.Errorf("limits: idle_timeout_seconds %d out of range 0..%d", s.Limits.IdleTimeoutSeconds, MaxIdleTimeoutSeconds)
+		ps.add("limits.idle_timeout_seconds", "%d out of range 0..%d", s.Limits.IdleTimeoutSeconds, MaxIdleTimeoutSeconds)
 	}
 	if s.Limits.MaxStreams < 0 || s.Limits.MaxStreams > MaxStreamsLimit {
-		return fmt.Errorf("limits: max_streams %d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
+		ps.add("limits.max_streams", "%d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
 	}
 	if len(s.Services) == 0 {
-		return errors.New("services: at least one service is required")
+		ps.add("services", "at least one service is required")
 	}
 	if len(s.Services) > MaxServices {
-		return fmt.Errorf("services: %d services, more than %d", len(s.Services), MaxServices)
+		ps.add("services", "%d services, more than %d", len(s.Services), MaxServices)
 	}
 	for i := range s.Services {
 		svc := &s.Services[i]
+		at := "services[" + strconv.Itoa(i) + "]"
 		what := "unnamed service"
 		if svc.Name != "" {
+			what = "service " + quoteShort(svc.Name)
 			if err := ValidName(svc.Name); err != nil {
-				return fmt.Errorf("services[%d]: %w", i, err)
+				ps.add(at+".name", "%v", err)
 			}
-			what = "service " + strconv.Quote(svc.Name)
 		}
 		for j := 0; j < i; j++ {
 			if s.Services[j].Name == svc.Name {
 				if svc.Name == "" {
-					return fmt.Errorf("services[%d]: more than one unnamed service", i)
+					ps.add(at+".name", "more than one unnamed service")
+				} else {
+					ps.add(at+".name", "duplicate %s", what)
 				}
-				return fmt.Errorf("services[%d]: duplicate %s", i, what)
+				break
 			}
 		}
 		if svc.Port < 1 || svc.Port > 65535 {
-			return fmt.Errorf("services[%d]: %s: port %d out of range 1..65535", i, what, svc.Port)
+			ps.add(at+".port", "%s: port %d out of range 1..65535", what, svc.Port)
 		}
 		if svc.Revision < 0 {
-			return fmt.Errorf("services[%d]: %s: revision %d is negative", i, what, svc.Revision)
+			ps.add(at+".revision", "%s: revision %d is negative", what, svc.Revision)
 		}
 		if g := svc.StartGraceSeconds; g != nil && (*g < 0 || *g > MaxStartGraceSeconds) {
-			return fmt.Errorf("services[%d]: %s: start_grace_seconds %d out of range 0..%d", i, what, *g, MaxStartGraceSeconds)
+			ps.add(at+".start_grace_seconds", "%s: start_grace_seconds %d out of range 0..%d", what, *g, MaxStartGraceSeconds)
 		}
 		switch svc.Protocol {
 		case "", ProtocolH2C:
 		case ProtocolHTTP1:
 			svc.Protocol = ""
 		default:
-			return fmt.Errorf("services[%d]: %s: protocol %s not supported (use http1 or h2c)", i, what, quoteShort(svc.Protocol))
+			ps.add(at+".protocol", "%s: protocol %s not supported (use http1 or h2c)", what, quoteShort(svc.Protocol))
 		}
 	}
-	return nil
 }
 
-// normalizeConnector validates a connector and returns it in canonical form.
-func normalizeConnector(c ConnectorSpec) (ConnectorSpec, error) {
+// normalizeConnector validates a connector and returns it in canonical form,
+// or the field at fault ("type", "host", "path" or "" for the connector
+// as a whole) and why.
+func normalizeConnector(c ConnectorSpec) (ConnectorSpec, string, error) {
 	switch c.Type {
 	case "":
 		if c.Host != "" || c.Path != "" {
-			return c, errors.New(`"type" is missing (use tcp, netns or unix)`)
+			return c, "type", errors.New(`"type" is missing (use tcp, netns or unix)`)
 		}
-		return ConnectorSpec{Type: ConnectorTCP, Host: DefaultConnectorHost}, nil
+		return ConnectorSpec{Type: ConnectorTCP, Host: DefaultConnectorHost}, "", nil
 	case ConnectorTCP:
 		if c.Path != "" {
-			return c, errors.New("tcp connector takes no path")
+			return c, "path", errors.New("tcp connector takes no path")
 		}
 		switch c.Host {
 		case "", "localhost":
 			c.Host = DefaultConnectorHost
-			return c, nil
+			return c, "", nil
 		}
 		ip, err := netip.ParseAddr(c.Host)
 		if err != nil || ip.Zone() != "" || ip.Is4In6() {
-			return c, fmt.Errorf("tcp host %s is not an IP address or localhost", quoteShort(c.Host))
+			return c, "host", fmt.Errorf("tcp host %s is not an IP address or localhost", quoteShort(c.Host))
 		}
 		if !ip.IsLoopback() {
-			return c, fmt.Errorf("tcp host %s is not a loopback address", quoteShort(c.Host))
+			return c, "host", fmt.Errorf("tcp host %s is not a loopback address", quoteShort(c.Host))
 		}
 		c.Host = ip.String()
-		return c, nil
+		return c, "", nil
 	case ConnectorNetns:
 		if c.Host != "" {
-			return c, errors.New("netns connector takes no host")
+			return c, "host", errors.New("netns connector takes no host")
 		}
 		if err := checkPath(c.Path, maxNetnsPathLen); err != nil {
-			return c, fmt.Errorf("netns %w", err)
+			return c, "path", fmt.Errorf("netns %w", err)
 		}
-		return c, nil
+		return c, "", nil
 	case ConnectorUnix:
 		if c.Host != "" {
-			return c, errors.New("unix connector takes no host")
+			return c, "host", errors.New("unix connector takes no host")
 		}
 		n := strings.Count(c.Path, PortPlaceholder)
 		if n == 0 {
-			return c, fmt.Errorf("unix path %s does not contain %s", quoteShort(c.Path), PortPlaceholder)
+			return c, "path", fmt.Errorf("unix path %s does not contain %s", quoteShort(c.Path), PortPlaceholder)
 		}
 		// The longest socket path is the one with 5-digit ports.
 		maxLen := maxUnixPathLen + n*(len(PortPlaceholder)-5)
 		if err := checkPath(c.Path, maxLen); err != nil {
-			return c, fmt.Errorf("unix %w", err)
+			return c, "path", fmt.Errorf("unix %w", err)
 		}
-		return c, nil
+		return c, "", nil
 	default:
-		return c, fmt.Errorf("type %s not supported (use tcp, netns or unix)", quoteShort(c.Type))
+		return c, "type", fmt.Errorf("type %s not supported (use tcp, netns or unix)", quoteShort(c.Type))
 	}
 }
 

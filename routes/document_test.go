@@ -3,6 +3,7 @@ package routes
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -248,10 +249,10 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "good"},
 
 		// Unknown, duplicate and non-lower-case fields.
-		{name: "unknown field", fields: map[string]string{"extra": `1`}, wantReason: `unknown field "extra"`},
-		{name: "unknown field in connector", fields: map[string]string{"connector": `{"type":"tcp","host":"127.0.0.1","port":1}`}, wantReason: `unknown field "port"`},
-		{name: "unknown field in limits", fields: map[string]string{"limits": `{"max_stream":10}`}, wantReason: `unknown field "max_stream"`},
-		{name: "unknown field in service", fields: map[string]string{"services": `[{"name":"web","port":8080,"host":"x"}]`}, wantReason: `unknown field "host"`},
+		{name: "unknown field", fields: map[string]string{"extra": `1`}, wantReason: `extra: unknown field`},
+		{name: "unknown field in connector", fields: map[string]string{"connector": `{"type":"tcp","host":"127.0.0.1","port":1}`}, wantReason: `connector.port: unknown field`},
+		{name: "unknown field in limits", fields: map[string]string{"limits": `{"max_stream":10}`}, wantReason: `limits.max_stream: unknown field`},
+		{name: "unknown field in service", fields: map[string]string{"services": `[{"name":"web","port":8080,"host":"x"}]`}, wantReason: `services[0].host: unknown field`},
 		{name: "field name case", fields: map[string]string{"limits": `{"Max_Streams":10}`}, wantReason: `field name "Max_Streams" not allowed`},
 		{name: "field name unicode fold", fields: map[string]string{"limits": `{"max_ſtreams":10}`}, wantReason: `not allowed`},
 		{name: "field name escaped", fields: map[string]string{"limits": `{"max_stream\u0073":10}`}, wantReason: `not allowed`},
@@ -266,7 +267,7 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "sandbox too long", fields: map[string]string{"sandbox": `"` + strings.Repeat("s", 64) + `"`}, wantReason: "sandbox: name"},
 		{name: "service too long", fields: map[string]string{"services": `[{"name":"` + strings.Repeat("v", 64) + `","port":80}]`}, wantReason: "longer than 63"},
 		{name: "uuid sandbox", fields: map[string]string{"sandbox": `"0b5cbd64-4f9e-4a59-9d65-0c4d8ad3a4e1"`}},
-		{name: "workspace number", fields: map[string]string{"workspace": `5`}, wantReason: "cannot unmarshal number"},
+		{name: "workspace number", fields: map[string]string{"workspace": `5`}, wantReason: "workspace: must be a string, not a number"},
 		{name: "sandbox trailing hyphen", fields: map[string]string{"sandbox": `"demo-"`}, wantReason: "sandbox: name"},
 
 		// Generation.
@@ -276,7 +277,7 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "generation 65", fields: map[string]string{"generation": `"` + strings.Repeat("g", 65) + `"`}, wantReason: "generation: longer than 64"},
 		{name: "generation space", fields: map[string]string{"generation": `"a b"`}, wantReason: "generation: byte 0x20 not allowed"},
 		{name: "generation unicode", fields: map[string]string{"generation": `"é"`}, wantReason: "generation: byte 0xc3"},
-		{name: "generation number", fields: map[string]string{"generation": `3`}, wantReason: "cannot unmarshal number"},
+		{name: "generation number", fields: map[string]string{"generation": `3`}, wantReason: "generation: must be a string, not a number"},
 
 		// Connector.
 		{name: "connector missing", fields: map[string]string{"connector": ""}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.0.0.1"})},
@@ -287,7 +288,7 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "tcp 127.1.2.3", fields: map[string]string{"connector": `{"type":"tcp","host":"127.1.2.3"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "127.1.2.3"})},
 		{name: "tcp ::1", fields: map[string]string{"connector": `{"type":"tcp","host":"::1"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
 		{name: "tcp ::1 long form", fields: map[string]string{"connector": `{"type":"tcp","host":"0:0:0:0:0:0:0:1"}`}, check: docWantConnector(ConnectorSpec{Type: "tcp", Host: "::1"})},
-		{name: "tcp 10.0.0.1", fields: map[string]string{"connector": `{"type":"tcp","host":"10.0.0.1"}`}, wantReason: `connector: tcp host "10.0.0.1" is not a loopback address`},
+		{name: "tcp 10.0.0.1", fields: map[string]string{"connector": `{"type":"tcp","host":"10.0.0.1"}`}, wantReason: `connector.host: tcp host "10.0.0.1" is not a loopback address`},
 		{name: "tcp 0.0.0.0", fields: map[string]string{"connector": `{"type":"tcp","host":"0.0.0.0"}`}, wantReason: "not a loopback address"},
 		{name: "tcp ::", fields: map[string]string{"connector": `{"type":"tcp","host":"::"}`}, wantReason: "not a loopback address"},
 		{name: "tcp example.com", fields: map[string]string{"connector": `{"type":"tcp","host":"example.com"}`}, wantReason: `tcp host "example.com" is not an IP address or localhost`},
@@ -316,31 +317,31 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "unix with host", fields: map[string]string{"connector": `{"type":"unix","host":"localhost","path":"/run/{port}.sock"}`}, wantReason: "unix connector takes no host"},
 		{name: "unix longest path", fields: map[string]string{"connector": `{"type":"unix","path":"/` + strings.Repeat("a", 100) + `{port}.s"}`}}, // 108 bytes with a 5-digit port
 		{name: "unix path too long", fields: map[string]string{"connector": `{"type":"unix","path":"/` + strings.Repeat("a", 101) + `{port}.s"}`}, wantReason: "too long"},
-		{name: "connector string", fields: map[string]string{"connector": `"tcp"`}, wantReason: "cannot unmarshal string"},
+		{name: "connector string", fields: map[string]string{"connector": `"tcp"`}, wantReason: "connector: must be an object, not a string"},
 
 		// Limits.
 		{name: "limits missing", fields: map[string]string{"limits": ""}},
 		{name: "max_streams 0", fields: map[string]string{"limits": `{"max_streams":0}`}},
 		{name: "max_streams 1000000", fields: map[string]string{"limits": `{"max_streams":1000000}`}},
-		{name: "max_streams 1000001", fields: map[string]string{"limits": `{"max_streams":1000001}`}, wantReason: "max_streams 1000001 out of range"},
-		{name: "max_streams -1", fields: map[string]string{"limits": `{"max_streams":-1}`}, wantReason: "max_streams -1 out of range"},
-		{name: "max_streams float", fields: map[string]string{"limits": `{"max_streams":1.5}`}, wantReason: "cannot unmarshal number"},
-		{name: "max_streams string", fields: map[string]string{"limits": `{"max_streams":"10"}`}, wantReason: "cannot unmarshal string"},
+		{name: "max_streams 1000001", fields: map[string]string{"limits": `{"max_streams":1000001}`}, wantReason: "limits.max_streams: 1000001 out of range"},
+		{name: "max_streams -1", fields: map[string]string{"limits": `{"max_streams":-1}`}, wantReason: "limits.max_streams: -1 out of range"},
+		{name: "max_streams float", fields: map[string]string{"limits": `{"max_streams":1.5}`}, wantReason: "limits.max_streams: 1.5 is not a whole number"},
+		{name: "max_streams string", fields: map[string]string{"limits": `{"max_streams":"10"}`}, wantReason: "limits.max_streams: must be a whole number, not a string"},
 
 		// Services.
 		{name: "services missing", fields: map[string]string{"services": ""}, wantReason: "at least one service"},
 		{name: "services empty", fields: map[string]string{"services": `[]`}, wantReason: "at least one service"},
 		{name: "services null", fields: map[string]string{"services": `null`}, wantReason: "at least one service"},
-		{name: "services object", fields: map[string]string{"services": `{"name":"web","port":1}`}, wantReason: "cannot unmarshal object"},
-		{name: "service not an object", fields: map[string]string{"services": `[5]`}, wantReason: "cannot unmarshal number"},
+		{name: "services object", fields: map[string]string{"services": `{"name":"web","port":1}`}, wantReason: "services: must be an array, not an object"},
+		{name: "service not an object", fields: map[string]string{"services": `[5]`}, wantReason: "services[0]: must be an object, not a number"},
 		{name: "64 services", fields: map[string]string{"services": docServices(64)}},
 		{name: "65 services", fields: map[string]string{"services": docServices(65)}, wantReason: "65 services, more than 64"},
 		{name: "unnamed only", fields: map[string]string{"services": `[{"name":"","port":8080}]`}},
 		{name: "name missing is unnamed", fields: map[string]string{"services": `[{"port":8080}]`}},
-		{name: "duplicate names", fields: map[string]string{"services": `[{"name":"web","port":8080},{"name":"web","port":8081}]`}, wantReason: `services[1]: duplicate service "web"`},
-		{name: "two unnamed", fields: map[string]string{"services": `[{"name":"","port":8080},{"port":8081}]`}, wantReason: "services[1]: more than one unnamed service"},
+		{name: "duplicate names", fields: map[string]string{"services": `[{"name":"web","port":8080},{"name":"web","port":8081}]`}, wantReason: `services[1].name: duplicate service "web"`},
+		{name: "two unnamed", fields: map[string]string{"services": `[{"name":"","port":8080},{"port":8081}]`}, wantReason: "services[1].name: more than one unnamed service"},
 		{name: "same port twice", fields: map[string]string{"services": `[{"name":"a","port":8080},{"name":"b","port":8080}]`}},
-		{name: "bad service name", fields: map[string]string{"services": `[{"name":"Web","port":8080}]`}, wantReason: `services[0]: name "Web"`},
+		{name: "bad service name", fields: map[string]string{"services": `[{"name":"Web","port":8080}]`}, wantReason: `services[0].name: name "Web"`},
 		{name: "service name with --", fields: map[string]string{"services": `[{"name":"w--b","port":8080}]`}, wantReason: `must not contain "--"`},
 		{name: "port 0", fields: map[string]string{"services": `[{"name":"web","port":0}]`}, wantReason: "port 0 out of range 1..65535"},
 		{name: "port missing", fields: map[string]string{"services": `[{"name":"web"}]`}, wantReason: "port 0 out of range"},
@@ -348,10 +349,10 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "port 65535", fields: map[string]string{"services": `[{"name":"web","port":65535}]`}},
 		{name: "port 65536", fields: map[string]string{"services": `[{"name":"web","port":65536}]`}, wantReason: "port 65536 out of range"},
 		{name: "port -1", fields: map[string]string{"services": `[{"name":"web","port":-1}]`}, wantReason: "port -1 out of range"},
-		{name: "port string", fields: map[string]string{"services": `[{"name":"web","port":"8080"}]`}, wantReason: "cannot unmarshal string"},
-		{name: "port float", fields: map[string]string{"services": `[{"name":"web","port":8080.0}]`}, wantReason: "cannot unmarshal number"},
-		{name: "port exponent", fields: map[string]string{"services": `[{"name":"web","port":8e3}]`}, wantReason: "cannot unmarshal number"},
-		{name: "port huge", fields: map[string]string{"services": `[{"name":"web","port":99999999999999999999}]`}, wantReason: "cannot unmarshal number"},
+		{name: "port string", fields: map[string]string{"services": `[{"name":"web","port":"8080"}]`}, wantReason: "services[0].port: must be a whole number, not a string"},
+		{name: "port float", fields: map[string]string{"services": `[{"name":"web","port":8080.0}]`}, wantReason: "services[0].port: 8080.0 is not a whole number"},
+		{name: "port exponent", fields: map[string]string{"services": `[{"name":"web","port":8e3}]`}, wantReason: "services[0].port: 8e3 is not a whole number"},
+		{name: "port huge", fields: map[string]string{"services": `[{"name":"web","port":99999999999999999999}]`}, wantReason: "services[0].port: 99999999999999999999 is not a whole number"},
 		{name: "port null", fields: map[string]string{"services": `[{"name":"web","port":null}]`}, wantReason: "port 0 out of range"},
 		{name: "revision negative", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":-1}]`}, wantReason: "revision -1 is negative"},
 		{name: "protocol h2c", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"h2c"}]`}, check: docWantProtocol(ProtocolH2C)},
@@ -360,16 +361,16 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "protocol empty", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":""}]`}, check: docWantProtocol("")},
 		{name: "protocol h2", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"h2"}]`}, wantReason: `service "web": protocol "h2" not supported (use http1 or h2c)`},
 		{name: "protocol upper case", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":"H2C"}]`}, wantReason: `protocol "H2C" not supported`},
-		{name: "protocol number", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":2}]`}, wantReason: "cannot unmarshal number"},
+		{name: "protocol number", fields: map[string]string{"services": `[{"name":"web","port":80,"protocol":2}]`}, wantReason: "services[0].protocol: must be a string, not a number"},
 		{name: "revision large", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":9223372036854775807}]`}},
-		{name: "revision string", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":"7"}]`}, wantReason: "cannot unmarshal string"},
+		{name: "revision string", fields: map[string]string{"services": `[{"name":"web","port":80,"revision":"7"}]`}, wantReason: "services[0].revision: must be a whole number, not a string"},
 		{name: "start grace absent", fields: map[string]string{"services": `[{"name":"web","port":80}]`}, check: docWantStartGrace(nil)},
 		{name: "start grace 0", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":0}]`}, check: docWantStartGrace(new(0))},
 		{name: "start grace 300", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":300}]`}, check: docWantStartGrace(new(300))},
-		{name: "start grace 301", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":301}]`}, wantReason: `services[0]: service "web": start_grace_seconds 301 out of range 0..300`},
+		{name: "start grace 301", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":301}]`}, wantReason: `services[0].start_grace_seconds: service "web": start_grace_seconds 301 out of range 0..300`},
 		{name: "start grace negative", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":-1}]`}, wantReason: "start_grace_seconds -1 out of range"},
-		{name: "start grace float", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":1.5}]`}, wantReason: "cannot unmarshal number"},
-		{name: "start grace string", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":"5"}]`}, wantReason: "cannot unmarshal string"},
+		{name: "start grace float", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":1.5}]`}, wantReason: "services[0].start_grace_seconds: 1.5 is not a whole number"},
+		{name: "start grace string", fields: map[string]string{"services": `[{"name":"web","port":80,"start_grace_seconds":"5"}]`}, wantReason: "services[0].start_grace_seconds: must be a whole number, not a string"},
 		// Names whose readable label does not fit get a hashed one; the
 		// names themselves may have up to 63 characters each.
 		{name: "longest names", fields: map[string]string{
@@ -516,7 +517,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 			},
 			want: []RejectedInstance{
 				{Index: 0, Workspace: "team", Sandbox: "demo", Reason: "duplicate instance team/demo"},
-				{Index: 1, Workspace: "team", Sandbox: "demo", Reason: `unknown field "extra"`},
+				{Index: 1, Workspace: "team", Sandbox: "demo", Reason: `extra: unknown field`},
 			},
 		},
 		{
@@ -531,7 +532,7 @@ func TestParseDocumentRejectedEntries(t *testing.T) {
 				`{"workspace":"` + strings.Repeat("w", 100) + `","sandbox":"s"}`,
 			},
 			want: []RejectedInstance{
-				{Index: 0, Workspace: "Team X", Reason: "cannot unmarshal number into Go struct field InstanceSpec.sandbox"},
+				{Index: 0, Workspace: "Team X", Reason: "sandbox: must be a string, not a number (and 2 more problems)"},
 				{Index: 1, Workspace: strings.Repeat("w", 64), Sandbox: "s", Reason: "longer than 63"},
 			},
 		},
@@ -696,5 +697,67 @@ func TestParseDocumentInvalidJSON(t *testing.T) {
 	doc, err := ParseDocument([]byte(" {\n\"instances\" : [ ] , \"revision\" : \"r\\u0031\" }\n"))
 	if err != nil || doc.Revision != "r1" || len(doc.Instances) != 0 {
 		t.Fatalf("spaced document: %+v, %v", doc, err)
+	}
+}
+
+// Every problem of an entry is reported, each at its JSON path, and the
+// entry's one-line reason is the first of them with the count of the rest.
+func TestParseDocumentEveryProblem(t *testing.T) {
+	entry := `{"workspace":"Team","sandbox":"demo","generation":"a b","extra":1,
+	  "connector":{"type":"tcp","host":"10.0.0.1"},
+	  "limits":{"max_streams":-1,"max_streamz":3},
+	  "services":[{"name":"web","port":80800},{"name":"web","port":"8080"},{"name":"api","port":1,"protocol":"h3"}]}`
+	doc, err := ParseDocument(docWith(entry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Rejected) != 1 {
+		t.Fatalf("rejected %+v, want one entry", doc.Rejected)
+	}
+	var got []string
+	for _, p := range doc.Rejected[0].Problems {
+		got = append(got, p.String())
+	}
+	want := []string{
+		"extra: unknown field",
+		"limits.max_streamz: unknown field",
+		"services[1].port: must be a whole number, not a string",
+		`workspace: name "Team": character 'T' not allowed (use [a-z0-9-])`,
+		"generation: byte 0x20 not allowed (use printable ASCII without spaces)",
+		`connector.host: tcp host "10.0.0.1" is not a loopback address`,
+		"limits.max_streams: -1 out of range 0..1000000",
+		`services[0].port: service "web": port 80800 out of range 1..65535`,
+		`services[1].name: duplicate service "web"`,
+		`services[2].protocol: service "api": protocol "h3" not supported (use http1 or h2c)`,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if r := doc.Rejected[0].Reason; r != "extra: unknown field (and 9 more problems)" {
+		t.Errorf("reason %q", r)
+	}
+	// A valid entry that only breaks a semantic rule keeps a one-problem
+	// reason without a count.
+	doc, _ = ParseDocument(docWith(docEntry("demo", map[string]string{"services": `[{"name":"web","port":0}]`})))
+	if len(doc.Rejected) != 1 || doc.Rejected[0].Reason != `services[0].port: service "web": port 0 out of range 1..65535` {
+		t.Errorf("one problem: %+v", doc.Rejected)
+	}
+}
+
+// A document that is not JSON says where: line and column of the byte at
+// fault.
+func TestParseDocumentSyntaxPosition(t *testing.T) {
+	for in, want := range map[string]SyntaxError{
+		"{\n \"instances\": [1,]\n}":       {Line: 2, Column: 18, Msg: "invalid character ']' looking for beginning of value"},
+		"{\"instances\":[]} x":             {Line: 1, Column: 18, Msg: "data after the top-level object"},
+		"{\"instances\":[]":                {Line: 1, Column: 16, Msg: "unexpected end of JSON input"},
+		"{\n\n  \"instances\" []}":         {Line: 3, Column: 15, Msg: "invalid character '[' after object key"},
+		"\n\n\n{\"instances\":[{\"a\":}]}": {Line: 4, Column: 20, Msg: "invalid character '}' looking for beginning of value"},
+	} {
+		_, err := ParseDocument([]byte(in))
+		var se *SyntaxError
+		if !errors.As(err, &se) || *se != want {
+			t.Errorf("ParseDocument(%q) = %v, want %+v", in, err, want)
+		}
 	}
 }

@@ -201,31 +201,41 @@ func checkRoutesFile(path string) problems {
 }
 
 // checkDocument checks one configuration document found in file at JSON
-// path prefix ("" for a whole file).
+// path prefix ("" for a whole file): every problem of every rejected
+// instance entry, each at its JSON path; a syntax error at its line and
+// column (whole files only: an embedded document was parsed with its file).
 func checkDocument(file, prefix string, data []byte) problems {
 	var ps problems
 	doc, err := routes.ParseDocument(data)
 	if err != nil {
+		if where, msg, ok := syntaxAt(file, err); ok && prefix == "" {
+			ps.add(where, "", "%s", msg)
+			return ps
+		}
 		ps.add(file, prefix, "%s", oneLine(strings.TrimPrefix(err.Error(), "document: ")))
 		return ps
 	}
-	var raw struct {
-		Instances []json.RawMessage `json:"instances"`
-	}
-	_ = json.Unmarshal(data, &raw) // parsed above; only used for paths
 	for _, rj := range doc.Rejected {
-		path := joinPath(prefix, "instances["+strconv.Itoa(rj.Index)+"]")
-		msg := strings.TrimPrefix(rj.Reason, "invalid entry: ")
-		if name, ok := strings.CutPrefix(msg, "unknown field "); ok && rj.Index < len(raw.Instances) {
-			if n, err := strconv.Unquote(name); err == nil {
-				if sub := findKey(raw.Instances[rj.Index], n); sub != "" {
-					path, msg = joinPath(path, sub), "unknown field"
-				}
+		at := joinPath(prefix, "instances["+strconv.Itoa(rj.Index)+"]")
+		for _, p := range rj.Problems {
+			path := at
+			if p.Path != "" {
+				path = joinPath(at, p.Path)
 			}
+			ps = append(ps, problem{where: file, path: path, msg: p.Msg, instance: true})
 		}
-		ps = append(ps, problem{where: file, path: path, msg: msg, instance: true})
 	}
 	return ps
+}
+
+// syntaxAt returns "FILE:LINE:COLUMN" and the message of a JSON syntax
+// error, the position format editors and compilers use.
+func syntaxAt(file string, err error) (where, msg string, ok bool) {
+	var se *routes.SyntaxError
+	if !errors.As(err, &se) {
+		return "", "", false
+	}
+	return fmt.Sprintf("%s:%d:%d", file, se.Line, se.Column), "invalid JSON: " + oneLine(se.Msg), true
 }
 
 // checkGatewayConfig checks the gateway's configuration file: its shape and
@@ -239,6 +249,10 @@ func checkGatewayConfig(path string) problems {
 	}
 	var cfg struct {
 		Supervisors map[string]json.RawMessage `json:"supervisors"`
+	}
+	if where, msg, ok := syntaxAt(path, routes.CheckJSON(data)); ok {
+		ps.add(where, "", "%s", msg)
+		return ps
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -255,42 +269,6 @@ func checkGatewayConfig(path string) problems {
 		ps = append(ps, checkDocument(path, "supervisors."+id, cfg.Supervisors[id])...)
 	}
 	return ps
-}
-
-// findKey returns the JSON path (relative to data) of the first object
-// member named name, in document order of sorted keys; "" when none.
-func findKey(data []byte, name string) string {
-	var v any
-	if err := json.Unmarshal(data, &v); err != nil {
-		return ""
-	}
-	var walk func(v any, path string) string
-	walk = func(v any, path string) string {
-		switch v := v.(type) {
-		case map[string]any:
-			keys := make([]string, 0, len(v))
-			for k := range v {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
-			if slices.Contains(keys, name) {
-				return joinPath(path, name)
-			}
-			for _, k := range keys {
-				if p := walk(v[k], joinPath(path, k)); p != "" {
-					return p
-				}
-			}
-		case []any:
-			for i, e := range v {
-				if p := walk(e, path+"["+strconv.Itoa(i)+"]"); p != "" {
-					return p
-				}
-			}
-		}
-		return ""
-	}
-	return walk(v, "")
 }
 
 func joinPath(a, b string) string {

@@ -77,7 +77,7 @@ func TestCheckDocumentPaths(t *testing.T) {
 	got := lines(checkDocument("routes.json", "", []byte(doc)))
 	want := []string{
 		"routes.json: instances[2].limits.max_streamz: unknown field",
-		`routes.json: instances[3]: services[0]: service "web": port 80800 out of range 1..65535`,
+		`routes.json: instances[3].services[0].port: service "web": port 80800 out of range 1..65535`,
 		"routes.json: instances[4].services[0].extra: unknown field",
 	}
 	if !slices.Equal(got, want) {
@@ -89,6 +89,44 @@ func TestCheckDocumentPaths(t *testing.T) {
 	}
 	if got := checkDocument("routes.json", "", []byte(`{"revision": "r1", "instances": []}`)); len(got) != 0 {
 		t.Errorf("empty document: %q, want no problem", lines(got))
+	}
+}
+
+// Ten problems in four entries are ten lines, each with its path; a
+// syntax error names its line and column, in the routes file as in the
+// gateway's configuration file.
+func TestCheckDocumentEveryProblem(t *testing.T) {
+	doc := `{"revision": "r1", "instances": [
+	  {"workspace": "Team", "sandbox": "a", "connector": {"type": "tcp", "host": "10.0.0.1"}, "services": [{"name": "web", "port": 0}]},
+	  {"workspace": "team", "sandbox": "b", "limits": {"max_streamz": 3, "max_streams": -1}, "services": [{"name": "web", "port": 8080}]},
+	  {"workspace": "team", "sandbox": "c", "services": [{"name": "web", "port": "8080"}, {"name": "web", "port": 8081, "protocol": "h3"}]},
+	  {"workspace": "team", "sandbox": "d", "generation": 3, "services": []}
+	]}`
+	got := lines(checkDocument("routes.json", "", []byte(doc)))
+	want := []string{
+		`routes.json: instances[0].workspace: name "Team": character 'T' not allowed (use [a-z0-9-])`,
+		`routes.json: instances[0].connector.host: tcp host "10.0.0.1" is not a loopback address`,
+		`routes.json: instances[0].services[0].port: service "web": port 0 out of range 1..65535`,
+		"routes.json: instances[1].limits.max_streamz: unknown field",
+		"routes.json: instances[1].limits.max_streams: -1 out of range 0..1000000",
+		"routes.json: instances[2].services[0].port: must be a whole number, not a string",
+		`routes.json: instances[2].services[1].name: duplicate service "web"`,
+		`routes.json: instances[2].services[1].protocol: service "web": protocol "h3" not supported (use http1 or h2c)`,
+		"routes.json: instances[3].generation: must be a string, not a number",
+		"routes.json: instances[3].services: at least one service is required",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	got = lines(checkDocument("routes.json", "", []byte("{\"revision\": \"r1\",\n  \"instances\": [\n    {\"workspace\": \"team\",}\n]}")))
+	if want := []string{"routes.json:3:26: invalid JSON: invalid character '}' looking for beginning of object key string"}; !slices.Equal(got, want) {
+		t.Errorf("syntax error: %q, want %q", got, want)
+	}
+	cfg := filepath.Join(t.TempDir(), "gateway.json")
+	write(t, cfg, "{\"supervisors\": {\n  \"sup-1\": {\"instances\": [}\n}}")
+	if got, want := lines(checkGatewayConfig(cfg)), []string{cfg + ":2:27: invalid JSON: invalid character '}' looking for beginning of value"}; !slices.Equal(got, want) {
+		t.Errorf("gateway syntax error: %q, want %q", got, want)
 	}
 }
 
