@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -21,15 +22,140 @@ import (
 	"github.com/applistener/applistener/internal/ocsf"
 )
 
-// commandSetup starts a command's bounded log writer and a context that
-// ends on SIGTERM or SIGINT. done flushes the log and stops the signals.
-func commandSetup(stderr io.Writer, format, level string) (ctx context.Context, logger *slog.Logger, sink *logsink.Writer, done func()) {
-	sink = logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, format == "json")
-	logger = newLogger(format, level, sink)
+// logFiles are a command's log destinations: diag is the diagnostic log
+// ("" = stderr), access and ocsf the access log and the OCSF records (""
+// = wherever the diagnostic log goes).
+type logFiles struct {
+	diag, access, ocsf string
+}
+
+// logFileFlags adds --log-file and, where the command has them, the access
+// log's and the OCSF records' own files.
+func logFileFlags(fs *flag.FlagSet, files *logFiles, access, ocsf bool) {
+	fs.StringVar(&files.diag, "log-file", "", "write the diagnostic log to this file instead of stderr (appended; reopened on SIGUSR1, after logrotate's rename)")
+	if access {
+		fs.StringVar(&files.access, "access-log-file", "", "write the access log to this file (default: with the diagnostic log; reopened on SIGUSR1)")
+	}
+	if ocsf {
+		fs.StringVar(&files.ocsf, "ocsf-file", "", "write the OCSF records (--ocsf-json) to this file (default: with the diagnostic log; reopened on SIGUSR1)")
+	}
+}
+
+// logSinks are a command's bounded log writers: the diagnostic log's, the
+// access log's and the OCSF records', the same writer where they share a
+// destination.
+type logSinks struct {
+	diag, access, ocsf *logsink.Writer
+}
+
+// oneSink is logSinks that all write to sink.
+func oneSink(sink *logsink.Writer) logSinks { return logSinks{diag: sink, access: sink, ocsf: sink} }
+
+// dropped is the number of lines the distinct writers dropped.
+func (s logSinks) dropped() float64 {
+	var n uint64
+	seen := make(map[*logsink.Writer]bool, 3)
+	for _, w := range []*logsink.Writer{s.diag, s.access, s.ocsf} {
+		if w != nil && !seen[w] {
+			seen[w] = true
+			n += w.Dropped()
+		}
+	}
+	return float64(n)
+}
+
+// droppedCounter is applistener_log_lines_dropped_total over sinks.
+func droppedCounter(sinks logSinks) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because a log writer's queue was full.",
+	}, sinks.dropped)
+}
+
+// commandSetup opens a command's log destinations, each behind its own
+// bounded writer, and returns a context that ends on SIGTERM or SIGINT.
+// SIGUSR1 reopens the log files by name (logrotate's convention); it never
+// ends the process. done flushes the logs, closes the files and stops the
+// signals.
+func commandSetup(stderr io.Writer, format, level string, files logFiles) (ctx context.Context, logger *slog.Logger, sinks logSinks, done func(), err error) {
+	json := format == "json"
+	var opened []*logsink.File
+	var writers []*logsink.Writer
+	byPath := map[string]*logsink.Writer{}
+	open := func(path string, fallback *logsink.Writer) (*logsink.Writer, error) {
+		if path == "" && fallback != nil {
+			return fallback, nil
+		}
+		if w := byPath[path]; w != nil {
+			return w, nil
+		}
+		var dst io.Writer = stderr
+		if path != "" {
+			f, err := logsink.OpenFile(path)
+			if err != nil {
+				return nil, err
+			}
+			opened = append(opened, f)
+			dst = f
+		}
+		w := logsink.New(dst, logsink.DefaultQueue, 10*time.Second, json)
+		writers = append(writers, w)
+		byPath[path] = w
+		return w, nil
+	}
+	closeAll := func() {
+		for _, w := range writers {
+			w.Close(2 * time.Second)
+		}
+		for _, f := range opened {
+			_ = f.Close()
+		}
+	}
+	if sinks.diag, err = open(files.diag, nil); err == nil {
+		if sinks.access, err = open(files.access, sinks.diag); err == nil {
+			sinks.ocsf, err = open(files.ocsf, sinks.diag)
+		}
+	}
+	if err != nil {
+		closeAll()
+		return nil, nil, logSinks{}, nil, err
+	}
+	logger = newLogger(format, level, sinks.diag)
+
+	// SIGUSR1 is caught whether or not there are files: its default action
+	// would end the process.
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	stopReopen := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stopReopen:
+				return
+			case <-usr1:
+				reopenLogs(logger, opened)
+			}
+		}
+	})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	return ctx, logger, sink, func() {
+	return ctx, logger, sinks, func() {
 		stop()
-		sink.Close(2 * time.Second)
+		signal.Stop(usr1)
+		close(stopReopen)
+		wg.Wait()
+		closeAll()
+	}, nil
+}
+
+// reopenLogs reopens every log file by name; a file that cannot be
+// reopened stays in use and is logged.
+func reopenLogs(logger *slog.Logger, files []*logsink.File) {
+	for _, f := range files {
+		if err := f.Reopen(); err != nil {
+			logger.Error("log file not reopened; writing to the old one", "path", f.Path(), "err", err)
+			continue
+		}
+		logger.Info("log file reopened", "path", f.Path())
 	}
 }
 

@@ -184,7 +184,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	host := routes.Hostname("team", "demo", "web", *domain)
-	err = runSupervisor(ctx, &o, logger.With("component", "supervisor"), sink, nil, func(appAddr, admAddr string) {
+	err = runSupervisor(ctx, &o, logger.With("component", "supervisor"), oneSink(sink), nil, func(appAddr, admAddr string) {
 		_, port, _ := net.SplitHostPort(appAddr)
 		ip, _, _ := net.SplitHostPort(appAddr)
 		if ip == "0.0.0.0" || ip == "::" {

@@ -12,11 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/edge"
-	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
@@ -40,6 +38,7 @@ type edgeOptions struct {
 	proxyProtocol  string
 	logFormat      string
 	logLevel       string
+	logFiles       logFiles
 	ocsfJSON       bool
 	ocsfLevel      string
 
@@ -64,6 +63,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	logFileFlags(fs, &o.logFiles, false, true)
 	ocsfFlags(fs, &o.ocsfJSON, &o.ocsfLevel)
 }
 
@@ -130,19 +130,20 @@ func edgeCommand(args []string, stderr io.Writer) error {
 	if err := parseCommand("edge", args, &o); err != nil {
 		return err
 	}
-	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	ctx, logger, sinks, done, err := commandSetup(stderr, o.logFormat, o.logLevel, o.logFiles)
+	if err != nil {
+		return err
+	}
 	defer done()
-	return runEdge(ctx, &o, logger, sink, nil)
+	return runEdge(ctx, &o, logger, sinks, nil)
 }
 
 // runEdge serves the edge until ctx ends, then drains. onStarted, if not
 // nil, is told the bound addresses.
-func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *logsink.Writer, onStarted func(addr, admin string)) error {
+func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks logSinks, onStarted func(addr, admin string)) error {
 	reg := newRegistry()
-	if sink != nil {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",
-		}, func() float64 { return float64(sink.Dropped()) }))
+	if sinks.diag != nil {
+		reg.MustRegister(droppedCounter(sinks))
 	}
 	client := &api.DiscoveryClient{
 		Gateway:           o.gateway,
@@ -161,7 +162,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
 		ProxyProtocol:    o.proxyProtocol == "v2",
-		OCSF:             newOCSF(o.ocsfJSON, o.ocsfLevel, sink),
+		OCSF:             newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf),
 		Logger:           logger,
 		Registerer:       reg,
 	})
@@ -187,7 +188,7 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sink *log
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- e.Serve(ln) })
 	admAddr := adm.Addr()
-	logger.Info("edge listening", "address", ln.Addr().String(), "gateway", o.gateway, "workspaces", o.wsList,
+	logger.Info("edge listening", "version", readBuildInfo().Version, "address", ln.Addr().String(), "gateway", o.gateway, "workspaces", o.wsList,
 		"admin_address", admAddr)
 	if onStarted != nil {
 		onStarted(ln.Addr().String(), admAddr)

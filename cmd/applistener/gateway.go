@@ -31,6 +31,7 @@ type gatewayOptions struct {
 	noPush       bool
 	logFormat    string
 	logLevel     string
+	logFiles     logFiles
 	adminAddress string
 	adminPprof   bool
 
@@ -70,6 +71,7 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	logFileFlags(fs, &o.logFiles, false, false)
 	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics (and /debug/pprof with --admin-pprof); empty: off")
 	fs.BoolVar(&o.adminPprof, "admin-pprof", false, "serve /debug/pprof on the admin address (off by default)")
 	fs.IntVar(&o.discMaxWatchers, "discovery-max-watchers-per-token", gateway.DefaultDiscoveryMaxWatchersPerToken, "open discovery watches per token (429 beyond)")
@@ -194,7 +196,10 @@ func gatewayCommand(args []string, stderr io.Writer) error {
 	if err := parseCommand("gateway", args, &o); err != nil {
 		return err
 	}
-	ctx, logger, _, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	ctx, logger, _, done, err := commandSetup(stderr, o.logFormat, o.logLevel, o.logFiles)
+	if err != nil {
+		return err
+	}
 	defer done()
 	return runGateway(ctx, &o, logger, nil)
 }
@@ -292,7 +297,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	admAddr := adm.Addr()
-	logger.Info("gateway listening", "address", ln.Addr().String(), "tls", o.tlsDir != "", "push", !o.noPush,
+	logger.Info("gateway listening", "version", readBuildInfo().Version, "address", ln.Addr().String(), "tls", o.tlsDir != "", "push", !o.noPush,
 		"keepalive", o.keepalive, "config", o.configFile, "tokens", o.tokensFile, "admin_address", admAddr,
 		"store", cmp.Or(o.store, "memory"), "etcd_endpoints", o.etcdEndpoints, "etcd_prefix", o.etcdPrefix)
 	if onStarted != nil {

@@ -25,7 +25,6 @@ import (
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/dispatch"
-	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -53,6 +52,7 @@ type serveOptions struct {
 	freshness         time.Duration
 	logFormat         string
 	logLevel          string
+	logFiles          logFiles
 	accessLog         string
 	accessLogRate     float64
 	accessLogTotal    float64
@@ -133,6 +133,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.BoolVar(&o.appH2WebSockets, "app-http2-websockets", true, "accept WebSockets over HTTP/2 (RFC 8441 extended CONNECT, advertised in SETTINGS); off: clients open WebSockets over HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
+	logFileFlags(fs, &o.logFiles, true, true)
 	fs.StringVar(&o.accessLog, "access-log", dispatch.AccessLogText, "access log, one line per request and per WebSocket: off, text, json or ocsf (OCSF HTTP Activity records)")
 	ocsfFlags(fs, &o.ocsfJSON, &o.ocsfLevel)
 	fs.Float64Var(&o.accessLogRate, "access-log-rate", dispatch.DefaultAccessLogRate, "access-log lines per second per instance (bursts of twice as many; beyond: dropped and counted); negative: no bound")
@@ -291,9 +292,20 @@ func newLogger(format, level string, w io.Writer) *slog.Logger {
 	lvl, _ := parseLevel(level)
 	opts := &slog.HandlerOptions{Level: lvl}
 	if format == "json" {
+		opts.ReplaceAttr = durationSeconds
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// durationSeconds writes a duration as seconds (a JSON number, 30 for
+// 30s), as every other duration in the project's JSON records is, not as
+// slog's default integer of nanoseconds.
+func durationSeconds(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.Float64(a.Key, a.Value.Duration().Seconds())
+	}
+	return a
 }
 
 func serveCommand(args []string, stderr io.Writer) error {
@@ -301,7 +313,10 @@ func serveCommand(args []string, stderr io.Writer) error {
 	if err := parseCommand("serve", args, &o); err != nil {
 		return err
 	}
-	ctx, logger, sink, done := commandSetup(stderr, o.logFormat, o.logLevel)
+	ctx, logger, sinks, done, err := commandSetup(stderr, o.logFormat, o.logLevel, o.logFiles)
+	if err != nil {
+		return err
+	}
 	defer done()
 	if o.parentLiveness {
 		ctx = watchParentLiveness(ctx, os.Stdin, logger)
@@ -309,7 +324,7 @@ func serveCommand(args []string, stderr io.Writer) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	return runSupervisor(ctx, &o, logger, sink, hup, nil)
+	return runSupervisor(ctx, &o, logger, sinks, hup, nil)
 }
 
 // watchParentLiveness returns a context that ends when stdin reaches EOF:
@@ -411,13 +426,13 @@ func appTLSConfig(ctx context.Context, wg *sync.WaitGroup, o *serveOptions, tabl
 // withdrawBound bounds the withdrawal of the installations at shutdown.
 const withdrawBound = 2 * time.Second
 
-// accessLogWriter is the access log's writer: the process's bounded log
-// writer (none without one).
-func accessLogWriter(sink *logsink.Writer) io.Writer {
-	if sink == nil {
+// accessLogWriter is the access log's writer: its bounded log writer
+// (none without one).
+func accessLogWriter(sinks logSinks) io.Writer {
+	if sinks.access == nil {
 		return nil
 	}
-	return sink
+	return sinks.access
 }
 
 // started is told the bound addresses once everything listens.
@@ -425,15 +440,13 @@ type started func(app, admin string)
 
 // runSupervisor wires the supervisor and runs it until ctx ends, then
 // drains. hup triggers a certificate reload.
-func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, sink *logsink.Writer, hup <-chan os.Signal, onStart started) error {
+func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, sinks logSinks, hup <-chan os.Signal, onStart started) error {
 	reg := newRegistry()
-	if sink != nil {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "applistener_log_lines_dropped_total", Help: "Log lines dropped because the log writer's queue was full.",
-		}, func() float64 { return float64(sink.Dropped()) }))
+	if sinks.diag != nil {
+		reg.MustRegister(droppedCounter(sinks))
 	}
 
-	em := newOCSF(o.ocsfJSON, o.ocsfLevel, sink)
+	em := newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf)
 	table := routes.NewTable(routes.Options{
 		Domain:            o.appDomain,
 		Freshness:         o.freshness,
@@ -506,7 +519,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Logger:                 logger,
 			Registerer:             reg,
 			AccessLog:              o.accessLog,
-			AccessLogWriter:        accessLogWriter(sink),
+			AccessLogWriter:        accessLogWriter(sinks),
 			AccessLogRate:          o.accessLogRate,
 			AccessLogTotalRate:     o.accessLogTotal,
 			OCSF:                   em,
@@ -652,7 +665,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	if appLn != nil {
 		appAddr = appLn.Addr().String()
 	}
-	startAttrs := []any{"mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
+	startAttrs := []any{"version", readBuildInfo().Version, "mode", o.mode, "app_listener", o.appListener, "app_address", appAddr,
 		"admin_address", admAddr, "domain", o.appDomain, "route_freshness", o.freshness}
 	if gw != nil {
 		startAttrs = append(startAttrs, "gateway", o.gatewayEndpoint, "supervisor", o.supervisorID, "session", gw.Session)
