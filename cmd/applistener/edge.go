@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/edge"
 	"github.com/applistener/applistener/internal/ocsf"
