@@ -25,30 +25,41 @@ import (
 	"github.com/applistener/applistener/tlsconf"
 )
 
+// devOptions are the flags of `applistener dev`.
+type devOptions struct {
+	appAddress, adminAddress, domain, dir, logFormat, healthAddress string
+}
+
+func (o *devOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.appAddress, "app-address", "127.0.0.1:8443", "address of the application listener")
+	fs.StringVar(&o.adminAddress, "admin-address", "127.0.0.1:9090", "address of the admin endpoints")
+	fs.StringVar(&o.domain, "app-domain", "apps.localhost", "application domain")
+	deprecatedAlias(fs, "domain", "app-domain")
+	fs.StringVar(&o.dir, "dir", "", "where the certificate and routes file are written (default: a new temporary directory)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.healthAddress, "address", "127.0.0.1:5501", "health TCP listener of the supervisor (empty: off)")
+}
+
 // devCommand runs a complete demo on loopback: a generated CA and wildcard
 // certificate, the demo app, a routes file naming it, and the listener.
 func devCommand(args []string, stdout, stderr io.Writer) error {
+	var o devOptions
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	appAddress := fs.String("app-address", "127.0.0.1:8443", "address of the application listener")
-	adminAddress := fs.String("admin-address", "127.0.0.1:9090", "address of the admin endpoints")
-	domain := fs.String("domain", "apps.localhost", "application domain")
-	dir := fs.String("dir", "", "where the certificate and routes file are written (default: a new temporary directory)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	healthAddress := fs.String("address", "127.0.0.1:5501", "health TCP listener of the supervisor (empty: off)")
+	o.flags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := routes.ValidDomain(*domain); err != nil {
-		return usagef("--domain: %v", err)
+	if err := routes.ValidDomain(o.domain); err != nil {
+		return usagef("--app-domain: %v", err)
 	}
-	if *dir == "" {
+	if o.dir == "" {
 		d, err := os.MkdirTemp("", "applistener-dev-")
 		if err != nil {
 			return err
 		}
-		*dir = d
+		o.dir = d
 	}
-	tlsDir := filepath.Join(*dir, "tls")
+	tlsDir := filepath.Join(o.dir, "tls")
 	if err := os.MkdirAll(tlsDir, 0o755); err != nil {
 		return err
 	}
@@ -56,14 +67,14 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + *domain}, 30*24*time.Hour)
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + o.domain}, 30*24*time.Hour)
 	if err != nil {
 		return err
 	}
 	if err := tlsconf.WriteSecretDir(tlsDir, certPEM, keyPEM); err != nil {
 		return err
 	}
-	caFile := filepath.Join(*dir, "ca.crt")
+	caFile := filepath.Join(o.dir, "ca.crt")
 	if err := os.WriteFile(caFile, ca.CertPEM, 0o644); err != nil {
 		return err
 	}
@@ -101,9 +112,9 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	// The real topology: the reference gateway serves this document to a
 	// shared-mode supervisor over a push session.
 	const supervisorID = "dev-supervisor"
-	gatewayFile := filepath.Join(*dir, "gateway.json")
-	tokensFile := filepath.Join(*dir, "tokens.json")
-	tokenFile := filepath.Join(*dir, "supervisor.token")
+	gatewayFile := filepath.Join(o.dir, "gateway.json")
+	tokensFile := filepath.Join(o.dir, "tokens.json")
+	tokenFile := filepath.Join(o.dir, "supervisor.token")
 	token := rand.Text()
 	data, _ := json.MarshalIndent(map[string]any{"supervisors": map[string]any{supervisorID: doc}}, "", "  ")
 	if err := os.WriteFile(gatewayFile, data, 0o644); err != nil {
@@ -117,15 +128,15 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, *logFormat == "json")
+	sink := logsink.New(stderr, logsink.DefaultQueue, 10*time.Second, o.logFormat == "json")
 	defer sink.Close(2 * time.Second)
-	logger := newLogger(*logFormat, "info", sink)
+	logger := newLogger(o.logFormat, "info", sink)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
 	gwOpts := gatewayOptions{
 		address: "127.0.0.1:0", configFile: gatewayFile, tokensFile: tokensFile,
-		keepalive: gateway.DefaultKeepalive, logFormat: *logFormat, logLevel: "info",
+		keepalive: gateway.DefaultKeepalive, logFormat: o.logFormat, logLevel: "info",
 	}
 	gwCtx, stopGateway := context.WithCancel(context.Background())
 	// The supervisor stops too when the gateway ends on its own.
@@ -152,24 +163,24 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	}
 
 	mode := "shared"
-	if *healthAddress == "" {
+	if o.healthAddress == "" {
 		mode = "dedicated" // shared mode requires the health listener
 	}
-	o := serveOptions{
+	so := serveOptions{
 		mode:              mode,
 		appListener:       true,
-		appDomain:         *domain,
-		appAddress:        *appAddress,
+		appDomain:         o.domain,
+		appAddress:        o.appAddress,
 		appTLSDir:         tlsDir,
 		gatewayEndpoint:   endpoint,
 		gatewayTokenFile:  tokenFile,
 		supervisorID:      supervisorID,
 		gatewayPoll:       supervisor.DefaultPollInterval,
 		gatewayStreamIdle: supervisor.DefaultStreamIdleTimeout,
-		healthAddress:     *healthAddress,
-		adminAddress:      *adminAddress,
+		healthAddress:     o.healthAddress,
+		adminAddress:      o.adminAddress,
 		freshness:         routes.DefaultFreshness,
-		logFormat:         *logFormat,
+		logFormat:         o.logFormat,
 		logLevel:          "info",
 		maxHeaderBytes:    16 << 10,
 		appStartGrace:     dispatch.DefaultAppStartGrace,
@@ -180,11 +191,11 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		appHTTP2:          true,
 		appH2WebSockets:   true,
 	}
-	if err := o.validate(); err != nil {
+	if err := so.validate(); err != nil {
 		return err
 	}
-	host := routes.Hostname("team", "demo", "web", *domain)
-	err = runSupervisor(ctx, &o, logger.With("component", "supervisor"), oneSink(sink), nil, func(appAddr, admAddr string) {
+	host := routes.Hostname("team", "demo", "web", o.domain)
+	err = runSupervisor(ctx, &so, logger.With("component", "supervisor"), oneSink(sink), nil, func(appAddr, admAddr string) {
 		_, port, _ := net.SplitHostPort(appAddr)
 		ip, _, _ := net.SplitHostPort(appAddr)
 		if ip == "0.0.0.0" || ip == "::" {
@@ -203,7 +214,7 @@ Try it:
 Edit %[3]s/gateway.json to change routes: the gateway pushes them at once.
 Press Ctrl-C to stop.
 
-`, host, port, *dir, caFile, appPort, admAddr, ip, endpoint)
+`, host, port, o.dir, caFile, appPort, admAddr, ip, endpoint)
 	})
 	select {
 	case <-gwExited:

@@ -47,12 +47,14 @@ type edgeOptions struct {
 func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.address, "address", "", "HOST:PORT the edge accepts TLS connections on (required)")
 	fs.StringVar(&o.gateway, "gateway", "", "gateway URL whose discovery feeds the edge, https://gateway:8080, or a comma-separated list of its replicas (required)")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway (required; re-read on every request)")
+	fs.StringVar(&o.tokenFile, "gateway-token-file", "", "file holding a workspace token of the gateway (required; re-read on every request)")
+	deprecatedAlias(fs, "token-file", "gateway-token-file")
 	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.workspaces, "workspace", "", "comma-separated workspaces to serve (required)")
 	fs.StringVar(&o.adminAddress, "admin-address", "", "address of /healthz, /readyz, /metrics (and /debug/pprof with --admin-pprof); empty: off")
 	fs.BoolVar(&o.adminPprof, "admin-pprof", false, "serve /debug/pprof on the admin address (off by default)")
-	fs.DurationVar(&o.helloTimeout, "hello-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello")
+	fs.DurationVar(&o.helloTimeout, "handshake-timeout", edge.DefaultHelloTimeout, "time allowed to send the TLS ClientHello (the edge does not terminate TLS: this is its part of the handshake)")
+	deprecatedAlias(fs, "hello-timeout", "handshake-timeout")
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
 	fs.DurationVar(&o.withdrawGrace, "withdraw-grace", edge.DefaultWithdrawGrace, "how long connections of a withdrawn route stay open for their supervisor to close them (WebSocket close frames); 0: close at once")
@@ -68,7 +70,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 
 // validate checks the flags together; every problem is a usage error.
 func (o *edgeOptions) validate() error {
-	for _, f := range []struct{ name, v string }{{"--address", o.address}, {"--gateway", o.gateway}, {"--token-file", o.tokenFile}, {"--workspace", o.workspaces}} {
+	for _, f := range []struct{ name, v string }{{"--address", o.address}, {"--gateway", o.gateway}, {"--gateway-token-file", o.tokenFile}, {"--workspace", o.workspaces}} {
 		if f.v == "" {
 			return usagef("%s is required", f.name)
 		}
@@ -94,7 +96,7 @@ func (o *edgeOptions) validate() error {
 	for _, f := range []struct {
 		name string
 		v    time.Duration
-	}{{"--hello-timeout", o.helloTimeout}, {"--dial-timeout", o.dialTimeout}, {"--half-close-timeout", o.halfClose}, {"--gateway-stream-timeout", o.streamIdle}} {
+	}{{"--handshake-timeout", o.helloTimeout}, {"--dial-timeout", o.dialTimeout}, {"--half-close-timeout", o.halfClose}, {"--gateway-stream-timeout", o.streamIdle}} {
 		if f.v < 10*time.Millisecond {
 			return usagef("%s must be at least 10ms", f.name)
 		}

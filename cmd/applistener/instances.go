@@ -23,7 +23,7 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-const instancesUsage = `usage: applistener instances put|delete|list --gateway URL[,URL...] --token-file FILE --supervisor ID [flags]
+const instancesUsage = `usage: applistener instances put|delete|list --gateway URL[,URL...] --gateway-token-file FILE --supervisor ID [flags]
 
   put     install or replace one instance entry in the supervisor's configuration document:
           --file entry.json (- reads stdin); --workspace and --sandbox, when given, must be
@@ -54,7 +54,8 @@ type instancesOptions struct {
 
 func (o *instancesOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.gateway, "gateway", "", "gateway URL, https://gateway:8080, or a comma-separated list of its replicas (required)")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding an admin token of the gateway (required)")
+	fs.StringVar(&o.tokenFile, "gateway-token-file", "", "file holding an admin token of the gateway (required)")
+	deprecatedAlias(fs, "token-file", "gateway-token-file")
 	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty)")
 	fs.StringVar(&o.supervisor, "supervisor", "", "the supervisor id whose document is read or written (required)")
 	fs.StringVar(&o.workspace, "workspace", "", "the instance's workspace (delete: required; put: checked against the entry)")
@@ -65,7 +66,7 @@ func (o *instancesOptions) flags(fs *flag.FlagSet) {
 }
 
 func (o *instancesOptions) validate() error {
-	for _, f := range []struct{ name, v string }{{"--gateway", o.gateway}, {"--token-file", o.tokenFile}, {"--supervisor", o.supervisor}} {
+	for _, f := range []struct{ name, v string }{{"--gateway", o.gateway}, {"--gateway-token-file", o.tokenFile}, {"--supervisor", o.supervisor}} {
 		if f.v == "" {
 			return usagef("%s is required", f.name)
 		}
@@ -338,7 +339,7 @@ func adminRefusal(code int, body []byte, what string) error {
 		msg += ": " + reason
 	}
 	if code == http.StatusUnauthorized || code == http.StatusForbidden {
-		msg += " (an admin token is needed: check --token-file)"
+		msg += " (an admin token is needed: check --gateway-token-file)"
 	}
 	return errors.New(msg)
 }

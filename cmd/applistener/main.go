@@ -39,9 +39,12 @@ commands:
   dev        run a self-contained demo (certificate, app and route) on loopback
   validate   check serve's flags and files (validate gateway ...: the gateway's) without starting
   version    print the version, VCS revision and Go version
+  completion print a shell completion script: bash, zsh or fish
 
 Run 'applistener <command> -h' for the flags of a command; --version on any
-command prints the version.
+command prints the version. Every flag can also be set from the environment
+as APPLISTENER_<FLAG> (--app-domain: APPLISTENER_APP_DOMAIN); a flag on the
+command line wins. docs/cli.md lists every command's flags.
 `
 
 func main() {
@@ -49,6 +52,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	warnings, helpOut = stderr, stdout
 	if len(args) == 0 {
 		_, _ = fmt.Fprint(stderr, topUsage)
 		return 2
@@ -75,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = edgeCommand(args[1:], stderr)
 	case "instances":
 		err = instancesCommand(args[1:], os.Stdin, stdout, stderr)
+	case "completion":
+		err = completionCommand(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		_, _ = fmt.Fprint(stdout, topUsage)
 		return 0
@@ -118,21 +124,4 @@ func parseCommand(name string, args []string, o commandOptions) error {
 		return err
 	}
 	return o.validate()
-}
-
-// parseFlags parses fs and turns flag errors into one-line usage errors.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(os.Stdout)
-			fs.PrintDefaults()
-			return err
-		}
-		return usagef("%v (see -h)", err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (see -h)", fs.Arg(0))
-	}
-	return nil
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-const routesUsage = `usage: applistener routes get|watch --gateway URL[,URL...] --token-file FILE --workspace WS [flags]
-       applistener routes hostname --domain DOMAIN --workspace WS --sandbox SB [--service SVC]
+const routesUsage = `usage: applistener routes get|watch --gateway URL[,URL...] --gateway-token-file FILE --workspace WS [flags]
+       applistener routes hostname --app-domain DOMAIN --workspace WS --sandbox SB [--service SVC]
 
   get       print the published routes of a workspace (the gateway's discovery snapshot)
   watch     print the unexpired routes every time the set changes, including when a
@@ -41,16 +41,18 @@ type routesOptions struct {
 
 func (o *routesOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.gateway, "gateway", "", "gateway URL, https://gateway:8080, or a comma-separated list of its replicas (required)")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a workspace token of the gateway's tokens file (required)")
+	fs.StringVar(&o.tokenFile, "gateway-token-file", "", "file holding a workspace token of the gateway's tokens file (required)")
+	deprecatedAlias(fs, "token-file", "gateway-token-file")
 	fs.StringVar(&o.caFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.workspace, "workspace", "", "workspace to read (required)")
 	fs.StringVar(&o.output, "output", "table", "output format: table or json")
-	fs.DurationVar(&o.idle, "stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
+	fs.DurationVar(&o.idle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "watch: a stream silent this long is reopened")
+	deprecatedAlias(fs, "stream-timeout", "gateway-stream-timeout")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "level of the client's logs on stderr: debug, info, warn or error")
 }
 
 func (o *routesOptions) validate() error {
-	for _, f := range []struct{ name, v string }{{"--gateway", o.gateway}, {"--token-file", o.tokenFile}, {"--workspace", o.workspace}} {
+	for _, f := range []struct{ name, v string }{{"--gateway", o.gateway}, {"--gateway-token-file", o.tokenFile}, {"--workspace", o.workspace}} {
 		if f.v == "" {
 			return usagef("%s is required", f.name)
 		}
@@ -67,7 +69,7 @@ func (o *routesOptions) validate() error {
 		return usagef("--output must be table or json, not %q", o.output)
 	}
 	if o.idle < 100*time.Millisecond {
-		return usagef("--stream-timeout must be at least 100ms")
+		return usagef("--gateway-stream-timeout must be at least 100ms")
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
@@ -183,7 +185,8 @@ type hostnameOptions struct {
 }
 
 func (o *hostnameOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.domain, "domain", "", "application domain, as --app-domain (required)")
+	fs.StringVar(&o.domain, "app-domain", "", "application domain, as serve's --app-domain (required)")
+	deprecatedAlias(fs, "domain", "app-domain")
 	fs.StringVar(&o.workspace, "workspace", "", "workspace name (required)")
 	fs.StringVar(&o.sandbox, "sandbox", "", "sandbox name (required)")
 	fs.StringVar(&o.service, "service", "", "service name (empty: the unnamed service)")
@@ -191,10 +194,10 @@ func (o *hostnameOptions) flags(fs *flag.FlagSet) {
 
 func (o *hostnameOptions) validate() error {
 	if o.domain == "" {
-		return usagef("--domain is required")
+		return usagef("--app-domain is required")
 	}
 	if err := routes.ValidDomain(o.domain); err != nil {
-		return usagef("--domain: %v", err)
+		return usagef("--app-domain: %v", err)
 	}
 	for _, f := range []struct{ name, v string }{{"--workspace", o.workspace}, {"--sandbox", o.sandbox}, {"--service", o.service}} {
 		if f.v == "" && f.name == "--service" {

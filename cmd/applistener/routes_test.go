@@ -33,7 +33,7 @@ func TestRoutesHostnameCommand(t *testing.T) {
 		{"no sandbox", common, 2, "", "--sandbox: name is empty"},
 		{"bad service", append(common, "--sandbox", "demo", "--service", "a--b"), 2, "", `--service: name "a--b": must not contain "--"`},
 		{"name too long", append(common, "--sandbox", strings.Repeat("s", 64)), 2, "", "longer than 63"},
-		{"no domain", []string{"routes", "hostname", "--workspace", "team", "--sandbox", "demo"}, 2, "", "--domain is required"},
+		{"no domain", []string{"routes", "hostname", "--workspace", "team", "--sandbox", "demo"}, 2, "", "--app-domain is required"},
 		{"bad domain", []string{"routes", "hostname", "--domain", "Apps.example.com", "--workspace", "team", "--sandbox", "demo"}, 2, "", "--domain"},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -95,7 +95,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appAddress, "app-address", "0.0.0.0:8443", "address of the application listener")
 	fs.StringVar(&o.appTLSDir, "app-tls-dir", "", "directory with tls.crt and tls.key (a Kubernetes TLS Secret volume)")
 	fs.StringVar(&o.routesFile, "routes-file", "", "configuration document to read routes from")
-	fs.StringVar(&o.gatewayEndpoint, "gateway-endpoint", "", "gateway URL to hold the configuration session with (https://gateway:8080), or a comma-separated list of its replicas (one is used at a time; failover on connection errors and 5xx)")
+	fs.StringVar(&o.gatewayEndpoint, "gateway", "", "gateway URL to hold the configuration session with (https://gateway:8080), or a comma-separated list of its replicas (one is used at a time; failover on connection errors and 5xx)")
+	deprecatedAlias(fs, "gateway-endpoint", "gateway")
 	fs.StringVar(&o.gatewayTokenFile, "gateway-token-file", "", "file holding the bearer token for the gateway (re-read on every request)")
 	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
@@ -147,7 +148,7 @@ func (o *serveOptions) validate() error {
 	case "shared":
 		// A shared host serves many sandboxes: the platform must be able
 		// to see whether it is ready (seed 002: --mode=shared with
-		// --gateway-endpoint and --address). Either configuration source
+		// --gateway and --address). Either configuration source
 		// stays allowed (DESIGN.md): a routes file written by a local
 		// agent is a legitimate source for a shared host too.
 		if o.healthAddress == "" {
@@ -158,18 +159,18 @@ func (o *serveOptions) validate() error {
 	}
 	switch {
 	case o.routesFile == "" && o.gatewayEndpoint == "":
-		return usagef("a configuration source is required: --routes-file or --gateway-endpoint")
+		return usagef("a configuration source is required: --routes-file or --gateway")
 	case o.routesFile != "" && o.gatewayEndpoint != "":
-		return usagef("--routes-file and --gateway-endpoint are exclusive: choose one configuration source")
+		return usagef("--routes-file and --gateway are exclusive: choose one configuration source")
 	case o.gatewayEndpoint != "":
 		if _, err := api.ParseGatewayEndpoints(o.gatewayEndpoint, nil); err != nil {
-			return usagef("--gateway-endpoint: %v", err)
+			return usagef("--gateway: %v", err)
 		}
 		if o.supervisorID == "" {
 			// In Kubernetes the hostname is the Pod name.
 			h, err := os.Hostname()
 			if err != nil || h == "" {
-				return usagef("--gateway-endpoint requires --supervisor-id (the hostname is unknown)")
+				return usagef("--gateway requires --supervisor-id (the hostname is unknown)")
 			}
 			o.supervisorID = h
 		}
@@ -179,7 +180,7 @@ func (o *serveOptions) validate() error {
 	default:
 		for _, f := range []struct{ name, v string }{{"--gateway-token-file", o.gatewayTokenFile}, {"--gateway-ca-file", o.gatewayCAFile}, {"--supervisor-id", o.supervisorID}} {
 			if f.v != "" {
-				return usagef("%s requires --gateway-endpoint", f.name)
+				return usagef("%s requires --gateway", f.name)
 			}
 		}
 	}
@@ -270,9 +271,13 @@ func parsePrefixes(list string) ([]netip.Prefix, error) {
 	}
 	var ps []netip.Prefix
 	for _, s := range strings.Split(list, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, err
+			if a, aerr := netip.ParseAddr(s); aerr == nil {
+				return nil, fmt.Errorf("%s is an address, not a CIDR: write %s/%d for it alone", s, s, a.BitLen())
+			}
+			return nil, fmt.Errorf("%q is not a CIDR like 10.0.0.0/8 or fd00::/8", s)
 		}
 		ps = append(ps, p.Masked())
 	}

@@ -65,6 +65,11 @@ func wantsVersion(args []string) bool {
 
 func versionCommand(args []string, stdout io.Writer) error {
 	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			_, err := fmt.Fprint(stdout, "usage: applistener version\n\nPrints the version, module version, VCS revision and Go version (also --version after any command).\n")
+			return err
+		}
 		return usagef("unexpected argument %q", args[0])
 	}
 	_, err := fmt.Fprintln(stdout, readBuildInfo())
