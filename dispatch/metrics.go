@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/applistener/applistener/internal/buckets"
 )
 
 type metrics struct {
@@ -35,8 +37,8 @@ type metrics struct {
 }
 
 // latencyBuckets fit sub-millisecond proxy latencies as well as slow apps:
-// 100 µs to 30 s, exponential (19 buckets, factor ≈ 2).
-var latencyBuckets = prometheus.ExponentialBucketsRange(100e-6, 30, 19)
+// 100 µs to 50 s, the project's round bounds.
+var latencyBuckets = buckets.Latency
 
 // newMetrics creates the data plane's metrics; parked reports how many
 // WebSocket directions wait in the idle poller.

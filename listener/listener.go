@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
@@ -313,9 +314,9 @@ type metrics struct {
 	handshakeSeconds prometheus.Histogram
 }
 
-// handshakeBuckets: 100 µs to 10 s, exponential (16 buckets); a loopback
+// handshakeBuckets: 100 µs to 10 s, the project's round bounds; a loopback
 // handshake takes about a millisecond, HandshakeTimeout is 10 s.
-var handshakeBuckets = prometheus.ExponentialBucketsRange(100e-6, 10, 16)
+var handshakeBuckets = buckets.Handshake
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
 )
 
@@ -776,7 +777,7 @@ func newTableMetrics(reg prometheus.Registerer) *tableMetrics {
 		revocationSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "applistener_revocation_close_seconds",
 			Help:    "Time from a route change to the last of its revoked streams being closed.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+			Buckets: buckets.Revocation,
 		}),
 	}
 	if reg != nil {

@@ -23,11 +23,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/testutil"
 )
 
@@ -228,7 +230,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	defer gw.stop()
 	edgeAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	edge := start(t, dir, "edge", bin, "edge", "--address", "127.0.0.1:"+fmt.Sprint(freePort(t)), "--admin-address", edgeAdmin,
-		"--gateway", "http://"+gwAddr, "--token-file", teamToken, "--workspace", "team")
+		"--gateway", "http://"+gwAddr, "--gateway-token-file", teamToken, "--workspace", "team")
 	defer edge.stop()
 	waitMetric(t, gw, gwAdmin, "applistener_gateway_discovery_watchers 1")
 	waitMetric(t, edge, edgeAdmin, "applistener_edge_discovery_updates_total ")
@@ -541,5 +543,32 @@ plain 1
 	}
 	if _, ok := m.labelsOf("h_seconds"); ok {
 		t.Error("h_seconds has samples")
+	}
+}
+
+// Every histogram the binary exports (serve, gateway, edge) has the
+// project's round bucket bounds (internal/buckets: 1-2.5-5 progression),
+// so that dashboards and alerts can name them.
+func TestHistogramBucketsRound(t *testing.T) {
+	exported := exportedMetrics(t)
+	histograms := 0
+	for name := range exported.names {
+		if !strings.HasSuffix(name, "_bucket") {
+			continue
+		}
+		histograms++
+		labels, _ := exported.labelsOf(name)
+		for le := range labels["le"] {
+			if le == "+Inf" {
+				continue
+			}
+			v, err := strconv.ParseFloat(le, 64)
+			if err != nil || !buckets.IsRound(v) {
+				t.Errorf("%s: bucket bound le=%q is not one of the round values (0.0001, 0.00025, 0.0005, ... 10, 25, 50)", name, le)
+			}
+		}
+	}
+	if histograms < 5 {
+		t.Errorf("only %d histograms exported: the scrape missed some", histograms)
 	}
 }
