@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
@@ -484,8 +485,9 @@ func (e *Edge) serveConn(c net.Conn) {
 		_ = c.Close()
 		e.wg.Done()
 	}()
+	accepted := time.Now()
 	src := c.RemoteAddr().String()
-	_ = c.SetDeadline(time.Now().Add(e.cfg.HelloTimeout))
+	_ = c.SetDeadline(accepted.Add(e.cfg.HelloTimeout))
 	hello, err := tlshello.ReadClientHello(c, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
 		e.refuseHello(c, err)
@@ -557,17 +559,45 @@ func (e *Edge) serveConn(c net.Conn) {
 	}
 	_ = backend.SetWriteDeadline(time.Time{})
 	var wg sync.WaitGroup
-	wg.Go(func() { e.pipe(sp, backend, c) })
-	wg.Go(func() { e.pipe(sp, c, backend) })
+	wg.Go(func() { e.pipe(sp, backend, c, e.m.bytesUp, time.Time{}) })
+	wg.Go(func() { e.pipe(sp, c, backend, e.m.bytesDown, accepted) })
 	wg.Wait()
 	sp.close()
 }
 
-// pipe copies src to dst. At src's end of stream it half-closes dst and
+// pipe copies src to dst, counting the bytes in n when it ends. With
+// firstByteSince set, the first read is made here (src's first bytes: the
+// supervisor's ServerHello or alert) and the time since then observed as
+// the edge's time to first byte; the rest goes through io.Copy, which
+// splices socket to socket. At src's end of stream it half-closes dst and
 // gives the other direction HalfCloseTimeout to finish; on an error it
 // closes the splice.
-func (e *Edge) pipe(sp *splice, dst, src net.Conn) {
-	_, err := io.Copy(dst, src)
+func (e *Edge) pipe(sp *splice, dst, src net.Conn, n prometheus.Counter, firstByteSince time.Time) {
+	var first int64
+	var err error
+	if !firstByteSince.IsZero() {
+		buf := make([]byte, 4096)
+		var r int
+		r, err = src.Read(buf)
+		if r > 0 {
+			e.m.firstByte.Observe(time.Since(firstByteSince).Seconds())
+			w, werr := dst.Write(buf[:r])
+			first = int64(w)
+			if werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil // an empty stream: half-close below
+		} else if err == nil {
+			var copied int64
+			copied, err = io.Copy(dst, src)
+			first += copied
+		}
+	} else {
+		first, err = io.Copy(dst, src)
+	}
+	n.Add(float64(first))
 	if err != nil {
 		sp.close()
 		return
@@ -733,6 +763,13 @@ func (e *Edge) closeAllSplices() {
 }
 
 type metrics struct {
+	// firstByte is the time from accepting a client connection to the
+	// first byte the supervisor sends back through the splice.
+	firstByte prometheus.Histogram
+	// bytesUp and bytesDown are the bytes spliced from clients to
+	// supervisors and back, counted when each connection ends.
+	bytesUp, bytesDown prometheus.Counter
+
 	conns   *prometheus.CounterVec
 	active  prometheus.Gauge
 	routes  prometheus.Gauge
@@ -741,7 +778,17 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "applistener_edge_bytes_total", Help: "Bytes spliced, by direction (client_to_supervisor, supervisor_to_client), counted when each connection ends.",
+	}, []string{"direction"})
 	m := &metrics{
+		firstByte: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "applistener_edge_first_byte_seconds",
+			Help:    "Time from accepting a client connection to the owning supervisor's first byte (its ServerHello): ClientHello, lookup, dial and the supervisor's answer.",
+			Buckets: buckets.Latency,
+		}),
+		bytesUp:   bytes.WithLabelValues("client_to_supervisor"),
+		bytesDown: bytes.WithLabelValues("supervisor_to_client"),
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_edge_connections_total", Help: "Client connections accepted by the edge, by result.",
 		}, []string{"result"}),
@@ -762,7 +809,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.conns.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.conns, m.active, m.routes, m.revoked, m.updates)
+		reg.MustRegister(m.conns, m.active, m.routes, m.revoked, m.updates, m.firstByte, bytes)
 	}
 	return m
 }

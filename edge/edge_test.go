@@ -307,6 +307,21 @@ func (f *edgeFixture) metric(name string, labels ...string) float64 {
 	return 0
 }
 
+// histogramCount is the sample count of histogram name.
+func (f *edgeFixture) histogramCount(name string) uint64 {
+	f.t.Helper()
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
 // clientConn is a TLS connection through the edge, verified end to end.
 type clientConn struct {
 	*tls.Conn
@@ -786,4 +801,36 @@ func TestEdgeWithGateway(t *testing.T) {
 	})
 	f.expectOwner(hostA, sup2)
 	f.expectOwner(hostB, sup1)
+}
+
+// The edge's traffic metrics: one time-to-first-byte observation per
+// spliced connection (none for a refused one), and the bytes of both
+// directions once the connections end.
+func TestEdgeTrafficMetrics(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	f := newEdgeFixture(t, src, ca.Pool(), "team")
+	src.send(t, "team", routeTo(hostA, sup, 1, time.Now().Add(time.Minute)))
+	f.expectOwner(hostA, sup)
+	for range 2 {
+		c := f.mustDial(hostA)
+		_ = c.Close()
+	}
+	f.expectUnrecognized("team--nope.apps.test")
+
+	spliced := f.metric("applistener_edge_connections_total", "result", resultSpliced)
+	testutil.Eventually(t, 10*time.Second, "every splice ended and counted", func() bool {
+		return f.metric("applistener_edge_active_splices") == 0
+	})
+	if n := f.histogramCount("applistener_edge_first_byte_seconds"); n != uint64(spliced) || n < 3 {
+		t.Errorf("first-byte observations %d, spliced connections %v (want equal, at least 3)", n, spliced)
+	}
+	// A TLS handshake each way: a ClientHello up, a ServerHello and the
+	// certificate down.
+	up := f.metric("applistener_edge_bytes_total", "direction", "client_to_supervisor")
+	down := f.metric("applistener_edge_bytes_total", "direction", "supervisor_to_client")
+	if up < 200 || down < 500 {
+		t.Errorf("bytes up %v, down %v: want a handshake's worth each way", up, down)
+	}
 }
