@@ -10,6 +10,27 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
+// The forwarding rules are one set for every app protocol: HTTP/1.1
+// clients (conn.go, exchange.go), HTTP/2 clients of HTTP/1.1 apps
+// (h2stream.go) and of h2c apps (h2c.go) call the same functions, and
+// TestForwardingRuleTable checks each rule on the three paths.
+//
+//	rule                                                  where
+//	method a token; target visible ASCII, origin form     parseRequestHead (HTTP/1.1), h2TargetError (HTTP/2)
+//	field names tokens, values without control bytes      parseFields (HTTP/1.1), h2FieldError (HTTP/2)
+//	  (both the client's errors: 400, logged as denials)
+//	Host rewritten (or kept: PreserveHost)                forwardInfo.appendAppHost
+//	hop-by-hop fields, '_' names, untrusted forwarding    forwardClaims.keep
+//	  and identity claims, X-Applistener-* dropped
+//	X-Forwarded-For/-Proto/-Host and Forwarded set        forwardClaims.appendForwardedFor, appendForwarded
+//	request trailers: the same, and never a claim         forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none)
+//	response status 100–599, else 502 (logged as an       validStatus
+//	  invalid response from the app, with the status)
+//	hop-by-hop response fields dropped                    appendResponseHead, h2Stream.responseFields, h2cResponseFields
+//	cookie Domain wider than the host removed, in         scopeCookies
+//	  response heads and trailers
+//	redirects to the app's loopback origin made public    rewriteRedirects
+
 // hopByHop reports whether a header (any case) is removed in both directions
 // regardless of the Connection header: RFC 9110 §7.6.1 plus the framing
 // headers that the listener re-creates itself, and Proxy (httpoxy).
