@@ -18,6 +18,7 @@ FUZZ_TARGETS = \
 	./dispatch:FuzzCopyChunked \
 	./dispatch:FuzzParseResponseHead \
 	./dispatch:FuzzFramingAliases \
+	./dispatch:FuzzH2CResponse \
 	./dispatch/internal/h2engine:FuzzServeConn
 
 .PHONY: all build run test deps vet cross unit fuzz-brief fuzz bench bench-compare lint clean

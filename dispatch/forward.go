@@ -10,6 +10,27 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
+// The forwarding rules are one set for every app protocol: HTTP/1.1
+// clients (conn.go, exchange.go), HTTP/2 clients of HTTP/1.1 apps
+// (h2stream.go) and of h2c apps (h2c.go) call the same functions, and
+// TestForwardingRuleTable checks each rule on the three paths.
+//
+//	rule                                                  where
+//	method a token; target visible ASCII, origin form     parseRequestHead (HTTP/1.1), h2TargetError (HTTP/2)
+//	field names tokens, values without control bytes      parseFields (HTTP/1.1), h2FieldError (HTTP/2)
+//	  (both the client's errors: 400, logged as denials)
+//	Host rewritten (or kept: PreserveHost)                forwardInfo.appendAppHost
+//	hop-by-hop fields, '_' names, untrusted forwarding    forwardClaims.keep
+//	  and identity claims, X-Applistener-* dropped
+//	X-Forwarded-For/-Proto/-Host and Forwarded set        forwardClaims.appendForwardedFor, appendForwarded
+//	request trailers: the same, and never a claim         forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none)
+//	response status 100–599, else 502 (logged as an       validStatus
+//	  invalid response from the app, with the status)
+//	hop-by-hop response fields dropped                    appendResponseHead, h2Stream.responseFields, h2cResponseFields
+//	cookie Domain wider than the host removed, in         scopeCookies
+//	  response heads and trailers
+//	redirects to the app's loopback origin made public    rewriteRedirects
+
 // hopByHop reports whether a header (any case) is removed in both directions
 // regardless of the Connection header: RFC 9110 §7.6.1 plus the framing
 // headers that the listener re-creates itself, and Proxy (httpoxy).
@@ -173,43 +194,13 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	dst = append(dst, ' ')
 	dst = append(dst, r.path...)
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	switch {
-	case fi.preserve && len(r.host) > 0:
-		// The public Host exactly as the client sent it, port included.
-		dst = append(dst, r.host...)
-	case fi.preserve:
-		dst = append(dst, fi.publicHost...)
-	default:
-		dst = append(dst, fi.backendHost...)
-	}
+	dst = fi.appendAppHost(dst, r.host)
 	dst = append(dst, "\r\n"...)
-	var priorXFF, priorFwd []byte
-	var haveProto, haveXFHost bool
+	var claims forwardClaims
 	for i := range r.fields {
 		f := &r.fields[i]
-		if asciiEqualFold(f.name, "host") || hopByHop(f.name) || connectionNamed(f.name, r.connTokens) {
+		if connectionNamed(f.name, r.connTokens) || !claims.keep(fi, f.name, f.value) {
 			continue
-		}
-		if underscoreDropped(f.name, fi.allowUnderscore) {
-			fi.dropped++
-			continue
-		}
-		if forwardingHeader(f.name) {
-			if !fi.trusted {
-				continue
-			}
-			switch {
-			case equalFoldDash(f.name, "x-forwarded-for"):
-				priorXFF = joinList(priorXFF, f.value)
-				continue
-			case equalFoldDash(f.name, "forwarded"):
-				priorFwd = joinList(priorFwd, f.value)
-				continue
-			case equalFoldDash(f.name, "x-forwarded-proto"):
-				haveProto = true
-			case equalFoldDash(f.name, "x-forwarded-host"):
-				haveXFHost = true
-			}
 		}
 		dst = appendField(dst, f.name, f.value)
 	}
@@ -228,21 +219,86 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 		dst = append(dst, "Connection: Upgrade\r\nUpgrade: websocket\r\n"...)
 	}
 	dst = append(dst, "X-Forwarded-For: "...)
-	if len(priorXFF) > 0 {
-		dst = append(dst, priorXFF...)
-		dst = append(dst, ", "...)
-	}
-	dst = fi.client.AppendTo(dst)
-	if !haveProto {
+	dst = claims.appendForwardedFor(dst, fi)
+	if !claims.haveProto {
 		dst = append(dst, "\r\nX-Forwarded-Proto: https"...)
 	}
-	if !haveXFHost {
+	if !claims.haveHost {
 		dst = append(dst, "\r\nX-Forwarded-Host: "...)
 		dst = append(dst, fi.publicHost...)
 	}
 	dst = append(dst, "\r\nForwarded: "...)
-	if len(priorFwd) > 0 {
-		dst = append(dst, priorFwd...)
+	dst = claims.appendForwarded(dst, fi)
+	dst = append(dst, "\r\n\r\n"...)
+	return dst
+}
+
+// forwardClaims sanitises a client's request fields on their way to the
+// app (keep) and collects what the listener's own forwarding fields
+// depend on: a trusted peer's X-Forwarded-For and Forwarded values, which
+// go first in the listener's, and whether it sent X-Forwarded-Proto and
+// X-Forwarded-Host, which then pass instead of the listener's. Every app
+// protocol uses it (appendRequestHead for HTTP/1.1 apps, h2cRequestHeader
+// for h2c apps); what is protocol-specific stays with the caller: the
+// fields that Connection names (HTTP/1.1 only), and "TE: trailers", which
+// passes to h2c apps.
+type forwardClaims struct {
+	priorXFF, priorFwd []byte
+	haveProto          bool // a trusted X-Forwarded-Proto passes
+	haveHost           bool // a trusted X-Forwarded-Host passes
+}
+
+// keep reports whether the client's request field name: value goes to the
+// app as it is. Host and the hop-by-hop fields are the listener's to
+// write; a name with '_' is dropped (and counted in fi.dropped) unless
+// fi allows it and it is no alias of a field the listener owns; forwarding
+// and identity claims (X-Forwarded-*, Forwarded, X-Real-IP, client
+// certificates, X-Applistener-*) pass only from a trusted peer, whose
+// X-Forwarded-For and Forwarded are kept for the listener's own.
+func (c *forwardClaims) keep(fi *forwardInfo, name, value []byte) bool {
+	if asciiEqualFold(name, "host") || hopByHop(name) {
+		return false
+	}
+	if underscoreDropped(name, fi.allowUnderscore) {
+		fi.dropped++
+		return false
+	}
+	if !forwardingHeader(name) {
+		return true
+	}
+	if !fi.trusted {
+		return false
+	}
+	switch {
+	case equalFoldDash(name, "x-forwarded-for"):
+		c.priorXFF = joinList(c.priorXFF, value)
+		return false
+	case equalFoldDash(name, "forwarded"):
+		c.priorFwd = joinList(c.priorFwd, value)
+		return false
+	case equalFoldDash(name, "x-forwarded-proto"):
+		c.haveProto = true
+	case equalFoldDash(name, "x-forwarded-host"):
+		c.haveHost = true
+	}
+	return true
+}
+
+// appendForwardedFor appends the X-Forwarded-For value the app receives:
+// a trusted peer's values, then the client's address.
+func (c *forwardClaims) appendForwardedFor(dst []byte, fi *forwardInfo) []byte {
+	if len(c.priorXFF) > 0 {
+		dst = append(dst, c.priorXFF...)
+		dst = append(dst, ", "...)
+	}
+	return fi.client.AppendTo(dst)
+}
+
+// appendForwarded appends the Forwarded value the app receives (RFC
+// 7239): a trusted peer's elements, then the listener's.
+func (c *forwardClaims) appendForwarded(dst []byte, fi *forwardInfo) []byte {
+	if len(c.priorFwd) > 0 {
+		dst = append(dst, c.priorFwd...)
 		dst = append(dst, ", "...)
 	}
 	dst = append(dst, "for="...)
@@ -255,8 +311,30 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	}
 	dst = append(dst, ";host="...)
 	dst = append(dst, fi.publicHost...)
-	dst = append(dst, ";proto=https\r\n\r\n"...)
-	return dst
+	return append(dst, ";proto=https"...)
+}
+
+// trailerForwarded reports whether a client's request trailer field goes
+// to the app (h2c apps: HTTP/1.1 apps get no request trailers). The rules
+// are the header fields' (keep), except that forwarding and identity
+// claims never pass, even from a trusted peer: the listener's own are in
+// the head, and a trailer must not contradict them.
+func (fi *forwardInfo) trailerForwarded(name []byte) bool {
+	return !asciiEqualFold(name, "host") && !hopByHop(name) &&
+		!underscoreDropped(name, fi.allowUnderscore) && !forwardingHeader(name)
+}
+
+// appendAppHost appends the Host the app receives: the route's backend
+// host (127.0.0.1:PORT), or with PreserveHost the client's as it sent it
+// (port included; the public name when it sent none).
+func (fi *forwardInfo) appendAppHost(dst, clientHost []byte) []byte {
+	switch {
+	case fi.preserve && len(clientHost) > 0:
+		return append(dst, clientHost...)
+	case fi.preserve:
+		return append(dst, fi.publicHost...)
+	}
+	return append(dst, fi.backendHost...)
 }
 
 func joinList(prior, v []byte) []byte {

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -60,9 +61,19 @@ func (st *h2Stream) serveH2C() bool {
 		st.deny(denyMethod)
 		return false
 	}
+	if pe := h2TargetError(st.es.Method, st.es.Path); pe != nil {
+		st.deny(denyParse(pe))
+		return false
+	}
 	if len(st.es.Header) > st.s.cfg.MaxHeaderFields {
 		st.deny(denyParse(errHeadTooLarge))
 		return false
+	}
+	for _, f := range st.es.Header {
+		if pe := h2FieldError(f.Name, f.Value); pe != nil {
+			st.deny(denyParse(pe))
+			return false
+		}
 	}
 	inst := st.hc.route.Instance
 	if !inst.Acquire() {
@@ -89,7 +100,7 @@ func (st *h2Stream) proxyH2C() bool {
 	s.countDropped(&fi, hc.route)
 	authority := bp.hostHeader
 	if fi.preserve {
-		authority = fi.publicHost
+		authority = string(fi.appendAppHost(nil, []byte(st.host)))
 	}
 
 	// The app's stream is cancelled when the client's ends early (a
@@ -144,7 +155,8 @@ func (st *h2Stream) proxyH2C() bool {
 			out.Trailer = make(http.Header)
 			for _, list := range declared {
 				for k := range strings.SplitSeq(list, ",") {
-					if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" && h2cTrailerAllowed(k) {
+					k = http.CanonicalHeaderKey(strings.TrimSpace(k))
+					if k != "" && h2FieldError(k, "") == nil && fi.trailerForwarded([]byte(k)) {
 						out.Trailer[k] = nil
 					}
 				}
@@ -161,13 +173,19 @@ func (st *h2Stream) proxyH2C() bool {
 			st.rec.firstByte = time.Since(time.Unix(0, sent))
 		}
 	}
+	if err == nil && !validStatus(resp.StatusCode) {
+		// (1xx answers are interim: the transport reads past them.)
+		_ = resp.Body.Close()
+		err = &badResponseError{fmt.Errorf("status %d", resp.StatusCode)}
+	}
 	if err != nil {
 		return st.h2cFailed(err, context.Cause(ctx))
 	}
 	defer func() { _ = resp.Body.Close() }()
 
+	publicPort := hostPort([]byte(st.host))
 	h := make(http.Header, len(resp.Header))
-	s.h2cResponseHeader(h, resp.Header, hc.sni, hostPort([]byte(st.host)), bp)
+	s.h2cResponseFields(h, resp.Header, false, hc.sni, publicPort, bp)
 	rw := h2cResponse{st: st, status: resp.StatusCode, fields: h2Fields(h)}
 	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
 	s.m.request(resp.StatusCode)
@@ -211,12 +229,10 @@ func (st *h2Stream) proxyH2C() bool {
 		return true
 	}
 	var trailers []h2engine.HeaderField
-	for k, vv := range resp.Trailer {
-		if h2cTrailerAllowed(k) {
-			for _, v := range vv {
-				trailers = append(trailers, h2engine.HeaderField{Name: strings.ToLower(k), Value: v})
-			}
-		}
+	if len(resp.Trailer) > 0 {
+		th := make(http.Header, len(resp.Trailer))
+		s.h2cResponseFields(th, resp.Trailer, true, hc.sni, publicPort, bp)
+		trailers = h2Fields(th)
 	}
 	if err := rw.end(trailers); err != nil {
 		st.rec.outcome = outcomeAborted
@@ -385,14 +401,15 @@ func (w *h2cResponse) copyBody(src io.Reader) (n int64, rerr, werr error) {
 	}
 }
 
-// h2cFailed answers a request whose response head never came (cause is
-// the cancellation cause of the request's context); it reports whether the
-// stream must be reset instead.
+// h2cFailed answers a request whose response head never came, or came
+// invalid (cause is the cancellation cause of the request's context); it
+// reports whether the stream must be reset instead. What is not the
+// h2c path's own (the head timeout, the client's body, the route's pool
+// closed) is answered and logged as for every other app (exchange.failure).
 func (st *h2Stream) h2cFailed(err, cause error) bool {
 	s, route := st.s, st.hc.route
-	x := &exchange{s: s, route: route} // for the OCSF record
-	var de *dialError
-	var nl *notListeningError
+	x := &exchange{s: s, route: route} // for the logs and the OCSF record
+	var ce *h2ClientBodyError
 	switch {
 	case errors.Is(cause, errH2CHeadTimeout):
 		s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", cause)
@@ -404,31 +421,16 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 	case !route.Lease.Live() || errors.Is(err, errH2CPoolClosed) || errors.Is(err, errClientRevoked):
 		st.deny(denyRevoked)
 		return false
-	case errors.As(err, &nl):
-		if nl.waited == 0 {
-			x.logStartWait(startTimeout, 0, 1, nl)
-		}
-		x.ocsfAppFailed(nl)
-		st.deny(denyNotListening(nl.port))
-		return false
-	case errors.As(err, &de):
-		s.log.Warn("connector dial failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", de.err)
-		x.ocsfAppFailed(de.err)
-		if isTimeout(de.err) {
-			st.deny(denyDialTimeout)
-		} else {
-			st.deny(denyDialRefused)
-		}
-		return false
-	}
-	var ce *h2ClientBodyError
-	if errors.As(err, &ce) {
+	case errors.As(err, &ce):
 		// The client's body failed: the app's answer no longer matters.
+		// A body that stopped arriving is answered as on every path.
+		if ce.timeout {
+			st.deny(denyReqTimeout)
+			return false
+		}
 		return true
 	}
-	s.log.Warn("app connection failed", "class_uid", 4001, "host", route.Host, "port", route.Port, "err", err)
-	x.ocsfAppFailed(err)
-	st.deny(denyBadResponse)
+	st.deny(x.failure(err))
 	return false
 }
 
@@ -457,13 +459,13 @@ func (b *h2cBody) Read(p []byte) (int, error) {
 		}
 		for _, f := range b.st.es.Trailer {
 			k := http.CanonicalHeaderKey(f.Name)
-			if _, ok := b.trailer[k]; ok {
+			if _, ok := b.trailer[k]; ok && validFieldValue(f.Value) {
 				b.trailer[k] = append(b.trailer[k], f.Value)
 			}
 		}
 		b.onEnd()
 	case err != nil && err != io.EOF:
-		err = &h2ClientBodyError{err: err}
+		err = &h2ClientBodyError{err: err, timeout: errors.Is(err, h2engine.ErrReadTimeout)}
 	}
 	return n, err
 }
@@ -516,75 +518,44 @@ func h2cURL(hostPort, target string) *url.URL {
 }
 
 // h2cRequestHeader returns the fields sent to an h2c app: the client's,
-// sanitised as appendRequestHead sanitises an HTTP/1.1 head (hop-by-hop
-// fields, '_' names and untrusted forwarding claims dropped), except that
-// "TE: trailers" passes (gRPC servers may require it), plus the
-// listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host and
-// Forwarded.
+// sanitised by the rules every app protocol shares (forwardClaims.keep:
+// hop-by-hop fields, '_' names and untrusted forwarding claims dropped),
+// except that "TE: trailers" passes (gRPC servers may require it), plus
+// the listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host and
+// Forwarded, as appendRequestHead writes them for HTTP/1.1 apps.
 func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 	dst := make(http.Header, len(src)+4)
-	var priorXFF, priorFwd []string
-	var haveProto, haveXFHost bool
+	var claims forwardClaims
 	for name, vs := range src {
 		nb := []byte(name)
-		if asciiEqualFold(nb, "host") {
-			continue
-		}
-		if hopByHop(nb) {
-			if asciiEqualFold(nb, "te") && teTrailers(vs) {
+		if asciiEqualFold(nb, "te") {
+			if teTrailers(vs) {
 				dst["Te"] = []string{"trailers"}
 			}
 			continue
 		}
-		if underscoreDropped(nb, fi.allowUnderscore) {
-			fi.dropped += len(vs)
-			continue
+		// The verdict is the name's; each value is counted or collected.
+		pass := false
+		for _, v := range vs {
+			pass = claims.keep(fi, nb, []byte(v))
 		}
-		if forwardingHeader(nb) {
-			if !fi.trusted {
-				continue
-			}
-			switch {
-			case equalFoldDash(nb, "x-forwarded-for"):
-				priorXFF = append(priorXFF, vs...)
-				continue
-			case equalFoldDash(nb, "forwarded"):
-				priorFwd = append(priorFwd, vs...)
-				continue
-			case equalFoldDash(nb, "x-forwarded-proto"):
-				haveProto = true
-			case equalFoldDash(nb, "x-forwarded-host"):
-				haveXFHost = true
-			}
+		if pass {
+			dst[name] = vs
 		}
-		dst[name] = vs
 	}
 	if _, ok := dst["User-Agent"]; !ok {
 		// The transport would add its own.
 		dst["User-Agent"] = nil
 	}
-	client := fi.client.String()
-	dst["X-Forwarded-For"] = []string{joinPrior(priorXFF, client)}
-	if !haveProto {
+	dst["X-Forwarded-For"] = []string{string(claims.appendForwardedFor(nil, fi))}
+	if !claims.haveProto {
 		dst["X-Forwarded-Proto"] = []string{"https"}
 	}
-	if !haveXFHost {
+	if !claims.haveHost {
 		dst["X-Forwarded-Host"] = []string{fi.publicHost}
 	}
-	forwardedFor := client
-	if fi.client.Is6() {
-		forwardedFor = `"[` + client + `]"`
-	}
-	dst["Forwarded"] = []string{joinPrior(priorFwd, "for="+forwardedFor+";host="+fi.publicHost+";proto=https")}
+	dst["Forwarded"] = []string{string(claims.appendForwarded(nil, fi))}
 	return dst
-}
-
-// joinPrior appends v to the comma-separated list of prior values.
-func joinPrior(prior []string, v string) string {
-	if len(prior) == 0 {
-		return v
-	}
-	return strings.Join(prior, ", ") + ", " + v
 }
 
 // teTrailers reports whether TE names exactly "trailers", the only value
@@ -593,22 +564,23 @@ func teTrailers(vs []string) bool {
 	return len(vs) == 1 && strings.EqualFold(strings.TrimSpace(vs[0]), "trailers")
 }
 
-// h2cResponseHeader copies the app's response fields into h without the
-// hop-by-hop ones (Content-Length stays: HTTP/2 frames the body the same
-// way on both sides), with cookies made host-only and redirects to the
-// app's loopback origin made public, as for HTTP/1.1 apps. It reports
-// whether a Content-Type was copied.
-func (s *Server) h2cResponseHeader(h, src http.Header, host string, publicPort int, bp *backendPool) bool {
-	hasType := false
+// h2cResponseFields copies an h2c app's response header fields (or, with
+// trailer, its trailer fields) into h by the rules of every app protocol:
+// hop-by-hop fields dropped (Content-Length stays in the head: HTTP/2
+// frames the body the same way on both sides), cookies made host-only
+// (scopeCookies) and redirects to the app's loopback origin made public
+// (rewriteRedirects), in trailers as in the head.
+func (s *Server) h2cResponseFields(h, src http.Header, trailer bool, host string, publicPort int, bp *backendPool) {
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
 	for k, vv := range src {
 		kb := []byte(k)
-		if hopByHop(kb) && !asciiEqualFold(kb, "content-length") {
+		if hopByHop(kb) && (trailer || !asciiEqualFold(kb, "content-length")) {
+			continue
+		}
+		if trailer && asciiEqualFold(kb, "host") {
 			continue
 		}
 		switch k {
-		case "Content-Type":
-			hasType = true
 		case "Set-Cookie", "Location", "Content-Location", "Refresh":
 			for _, v := range vv {
 				adjust.fields = append(adjust.fields, headField{name: kb, value: []byte(v)})
@@ -625,14 +597,6 @@ func (s *Server) h2cResponseHeader(h, src http.Header, host string, publicPort i
 			h[k] = append(h[k], string(f.value))
 		}
 	}
-	return hasType
-}
-
-// h2cTrailerAllowed reports whether a trailer field may be relayed: not a
-// hop-by-hop or framing field.
-func h2cTrailerAllowed(k string) bool {
-	kb := []byte(k)
-	return !hopByHop(kb) && !asciiEqualFold(kb, "host")
 }
 
 // isGRPC reports whether a response head is a gRPC one.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -83,6 +84,9 @@ func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 			PingTimeout:     H2PingTimeout,
 			// An app that reads nothing for this long loses the connection.
 			WriteByteTimeout: s.cfg.BodyTimeout,
+			// What the app may send ahead of what the clients take.
+			MaxReceiveBufferPerStream:     h2cStreamWindow,
+			MaxReceiveBufferPerConnection: h2cConnWindow,
 		},
 	}
 	if !lease.Attach(p) {
@@ -197,6 +201,28 @@ func (p *h2cPool) remove(c *h2cClient) {
 		}
 	}
 }
+
+// The receive windows toward h2c apps, the same as the client side's
+// (h2engine.Config.InitialWindowSize and ConnWindowSize, which dispatch
+// leaves at their defaults). They bound what the listener buffers of an
+// app's responses: the transport keeps a stream's DATA until the stream's
+// copy (proxyH2C) takes it, which it does only as fast as the client
+// accepts it, and gives the app window back only for what was taken. An
+// app writing to a client who reads nothing is therefore stopped by flow
+// control after h2cStreamWindow bytes on that stream, and after
+// h2cConnWindow (plus the protocol's initial 64 KiB) on its connection
+// in all; net/http's defaults (4 MiB per stream, 1 GiB per connection)
+// let such an app make the listener hold megabytes per stream.
+//
+// The price is head-of-line blocking between the streams of one app
+// connection: streams whose clients read nothing hold their windows' worth
+// until they read or the engine resets them (Config.BodyTimeout without
+// window), and four such streams stop the connection's other streams
+// for that long. Only the route's own clients share its app connections.
+const (
+	h2cStreamWindow = h2engine.DefaultInitialWindowSize
+	h2cConnWindow   = h2engine.DefaultConnWindowSize
+)
 
 // h2cMaxResponseHeaderBytes bounds an app's response head (and trailers).
 const h2cMaxResponseHeaderBytes = 64 << 10

@@ -788,3 +788,27 @@ func TestH2CAppStarting(t *testing.T) {
 		t.Fatal("the call did not complete once the app listened")
 	}
 }
+
+// TestH2CStalledUpload: a request body that stops arriving before the h2c
+// app has answered is the client's error, answered 408 as on the other
+// paths (TestH2StalledUpload), and the stream's slot is released.
+func TestH2CStalledUpload(t *testing.T) {
+	e := newH2CEnv(t, 0, Config{BodyTimeout: 300 * time.Millisecond})
+	cc := e.dial(h2cPlainHost)
+	pr, pw := io.Pipe()
+	defer func() { _ = pw.Close() }()
+	go func() { _, _ = pw.Write([]byte("partial")) }()
+	req := h2Req(t, "POST", h2cPlainHost, "/upload", pr)
+	req.ContentLength = 1000
+	start := time.Now()
+	res := h2Do(cc, req)
+	if res.err != nil || res.status != 408 || !strings.Contains(res.body, reasonReqTimeout) {
+		t.Fatalf("stalled upload: %+v, want 408", res)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("408 after %v", d)
+	}
+	inst := e.table.Lookup(h2cPlainHost).Instance
+	testutil.Eventually(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
+	h2MustDo(t, cc, h2Req(t, "GET", h2cPlainHost, "/after", nil), 200)
+}

@@ -198,13 +198,8 @@ func (st *h2Stream) serve() bool {
 func (st *h2Stream) buildRequest(method, wsKey string) (*request, *parseError) {
 	es := st.es
 	target := es.Path
-	if !isTokenString(method) {
-		return nil, &parseError{400, "malformed request method"}
-	}
-	// Bytes that HTTP/2 allows in :path (a space, say) would break the
-	// HTTP/1.1 request line.
-	if target == "" || !validTargetString(target) || (target[0] != '/' && (target != "*" || method != "OPTIONS")) {
-		return nil, &parseError{400, "malformed request target"}
+	if pe := h2TargetError(method, target); pe != nil {
+		return nil, pe
 	}
 	n, size, cookies := 0, 0, 0
 	hasVersion := false

@@ -85,10 +85,11 @@ func isToken(p []byte) bool {
 	return true
 }
 
-// validFieldValue accepts HTAB, SP, VCHAR and obs-text; it rejects CTLs and DEL.
-func validFieldValue(p []byte) bool {
-	for _, c := range p {
-		if (c < 0x20 && c != '\t') || c == 0x7f {
+// validFieldValue accepts HTAB, SP, VCHAR and obs-text; it rejects CTLs and
+// DEL. HTTP/1.1 heads (bytes) and HTTP/2 fields (strings) share it.
+func validFieldValue[T ~string | ~[]byte](p T) bool {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; (c < 0x20 && c != '\t') || c == 0x7f {
 			return false
 		}
 	}

@@ -216,3 +216,42 @@ func hostMatchesBytes(a, b []byte) bool {
 	na, ok := routes.NormalizeHost(string(a))
 	return ok && routes.HostMatches(b, na)
 }
+
+// Answers to HTTP/2 requests that no app may receive (h2TargetError,
+// h2FieldError): the client's errors, 400.
+var (
+	errBadMethod     = &parseError{400, "malformed request method"}
+	errBadTarget     = &parseError{400, "malformed request target"}
+	errBadFieldName  = &parseError{400, "invalid header name"}
+	errBadFieldValue = &parseError{400, "invalid byte in header value"}
+)
+
+// h2TargetError checks an HTTP/2 request's method and :path as
+// parseRequestHead checks an HTTP/1.1 request line, whatever the app's
+// protocol (buildRequest for HTTP/1.1 apps, serveH2C for h2c apps): the
+// method a token; the target visible ASCII only (HTTP/2 lets a space or
+// a control byte through, which an HTTP/1.1 request line cannot carry and
+// no app should be handed) and in origin form, or "*" for OPTIONS.
+func h2TargetError(method, target string) *parseError {
+	if !isTokenString(method) {
+		return errBadMethod
+	}
+	if target == "" || !validTargetString(target) || (target[0] != '/' && (target != "*" || method != "OPTIONS")) {
+		return errBadTarget
+	}
+	return nil
+}
+
+// h2FieldError checks one field of an HTTP/2 request (header or trailer)
+// as parseFields checks an HTTP/1.1 one: a token name, and a value
+// without control bytes (HTTP/2 forbids only NUL, CR and LF; an HTTP/1.1
+// app could not be sent the others, and an h2c app is not either).
+func h2FieldError(name, value string) *parseError {
+	if !isTokenString(name) {
+		return errBadFieldName
+	}
+	if !validFieldValue(value) {
+		return errBadFieldValue
+	}
+	return nil
+}

@@ -35,10 +35,13 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 	}
 	http10 := line[7] == '0'
 	code := line[9:12]
-	if code[0] < '1' || code[0] > '5' || code[1] < '0' || code[1] > '9' || code[2] < '0' || code[2] > '9' {
+	if code[0] < '0' || code[0] > '9' || code[1] < '0' || code[1] > '9' || code[2] < '0' || code[2] > '9' {
 		return badRequest("malformed status code")
 	}
 	r.status = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
+	if !validStatus(r.status) {
+		return badRequest("malformed status code")
+	}
 	if len(line) > 12 {
 		if line[12] != ' ' || !validFieldValue(line[13:]) {
 			return badRequest("malformed status line")
@@ -103,6 +106,14 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 	r.upgradeWS = r.status == 101 && upgrade
 	return nil
 }
+
+// validStatus reports whether an app's status may be relayed: one of
+// RFC 9110's classes, 100 to 599. Every app protocol checks it: an
+// HTTP/1.1 app's status line (parseResponseHead), an h2c app's :status
+// (proxyH2C), which net/http's transport takes as any integer. Anything
+// else is the app's failure: 502, logged as an invalid response with the
+// status.
+func validStatus(code int) bool { return code >= 100 && code <= 599 }
 
 // appendResponseHead writes the response head sent to the client. bodyOut
 // is how the listener frames the body towards the client.
