@@ -96,31 +96,47 @@
 //
 // # Defences
 //
-//   - Malformed requests (RFC 9113 8.2, 8.3): uppercase or invalid names,
-//     NUL/CR/LF or surrounding whitespace in values, connection-specific
-//     fields, te other than trailers, unknown, duplicated, misplaced or
-//     missing pseudo-header fields, :protocol without
-//     EnableConnectProtocol, content-length against the DATA received:
-//     RST_STREAM PROTOCOL_ERROR. h2spec passes 145 of 145.
-//   - Header lists over MaxHeaderListSize are decoded (HPACK must stay in
-//     step) and answered 431 on their stream.
-//   - CONTINUATION flood: a header block is decoded as it arrives and
-//     bounded in frames (MaxHeaderBlockFrames) and compressed bytes (twice
-//     MaxHeaderListSize and a frame): GOAWAY ENHANCE_YOUR_CALM.
-//   - Slow heads: HeaderTimeout bounds a header block from its first byte
-//     (headClock follows frame headers in the bytes read and sets the read
-//     deadline only when a read ends inside a block).
-//   - Rapid reset (CVE-2023-44487): streams reset by the client, refused or
-//     rejected as malformed take a token from a bucket (MaxResetBurst,
-//     refilled at MaxResetRate per second); empty: GOAWAY
-//     ENHANCE_YOUR_CALM. Reset streams also keep their slot until their
-//     handler returns.
-//   - SETTINGS and PING floods: more than MaxControlFrames answers queued
-//     for a client that does not read them: GOAWAY ENHANCE_YOUR_CALM.
-//   - Zero-window stall and a client that reads nothing: WriteTimeout.
-//   - Idle connections: IdleTimeout (GOAWAY NO_ERROR); dead peers:
-//     PingInterval and PingTimeout.
-//   - More than MaxConcurrentStreams: REFUSED_STREAM.
+// Each defence, where it is enforced, and the test that shows it:
+//
+//	Defence                                        Enforced in                 Test
+//	Malformed requests (RFC 9113 8): RST_STREAM     headers.go, frames.go       TestProtocolErrors,
+//	  PROTOCOL_ERROR                                                             TestH2Spec (145/145)
+//	Header list over MaxHeaderListSize: decoded    onField, endBlock           TestHeaderListTooLarge
+//	  (HPACK in step), answered 431 on its stream
+//	CONTINUATION flood: a block bounded in frames  feedBlock                   TestContinuationFlood
+//	  (MaxHeaderBlockFrames) and compressed bytes
+//	  (twice MaxHeaderListSize and a frame): GOAWAY
+//	  ENHANCE_YOUR_CALM
+//	Slow heads: HeaderTimeout from a block's       headClock (clock.go)        TestHeaderTimeout
+//	  first byte
+//	Rapid reset (CVE-2023-44487): streams reset by  processRST, endBlock,       TestRapidReset
+//	  the client, refused or malformed take a token startStream (chargeReset)
+//	  from a bucket (MaxResetBurst, refilled at
+//	  MaxResetRate per second); empty: GOAWAY
+//	  ENHANCE_YOUR_CALM
+//	MadeYouReset (CVE-2025-8671): a stream the      clientStreamError           TestMadeYouReset (one case
+//	  engine resets because of the client's frames  (defences.go)               per kind of invalid frame)
+//	  takes a token from the same bucket; every
+//	  stream reset keeps its place among the
+//	  MaxConcurrentStreams until its handler has
+//	  returned (live, finishStream)
+//	Invalid frames: every stream error the client's clientStreamError          TestInvalidFrameBudget
+//	  frames cause, stream open or not, takes a
+//	  token from a second bucket
+//	  (MaxInvalidFrameBurst, MaxInvalidFrameRate);
+//	  empty: GOAWAY ENHANCE_YOUR_CALM
+//	More than MaxConcurrentStreams: REFUSED_STREAM startStream                 TestMaxConcurrentStreams
+//	SETTINGS and PING floods: more than            queueCtrl (write.go)        TestSettingsFlood,
+//	  MaxControlFrames answers queued for a client                               TestPingFlood
+//	  that does not read them: GOAWAY
+//	  ENHANCE_YOUR_CALM
+//	Zero-window stall: WriteTimeout resets the      reserve                     TestZeroWindowStall
+//	  stream (CANCEL)
+//	A client that reads nothing: WriteTimeout       write.go (write deadline)   TestWriteTimeout
+//	  closes the connection
+//	Idle connections: IdleTimeout (GOAWAY          clock.go                    TestIdleTimeout
+//	  NO_ERROR)
+//	Dead peers: PingInterval and PingTimeout       clock.go                    TestPing
 //
 // Every error the engine answers itself is reported to Config.OnError
 // (stream or connection, code, one-line reason) for logs and metrics.
