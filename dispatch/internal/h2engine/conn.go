@@ -31,6 +31,8 @@ type Conn struct {
 	hb    headerBlock
 	// sawSettings: the client's first frame (its SETTINGS) arrived.
 	sawSettings bool
+	// settingsAcked: the client acknowledged the server's SETTINGS.
+	settingsAcked bool
 	// resets bounds streams ended before their handler answered (rapid
 	// reset, MadeYouReset); invalid bounds the stream errors the client's
 	// frames cause (defences.go).

@@ -99,8 +99,8 @@
 // Each defence, where it is enforced, and the test that shows it:
 //
 //	Defence                                        Enforced in                 Test
-//	Malformed requests (RFC 9113 8): RST_STREAM     headers.go, frames.go       TestProtocolErrors,
-//	  PROTOCOL_ERROR                                                             TestH2Spec (145/145)
+//	Malformed requests (RFC 9113 8): RST_STREAM     headers.go, frames.go       TestRequestRules (the table
+//	  PROTOCOL_ERROR                                                             below), TestH2Spec (145/145)
 //	Header list over MaxHeaderListSize: decoded    onField, endBlock           TestHeaderListTooLarge
 //	  (HPACK in step), answered 431 on its stream
 //	CONTINUATION flood: a block bounded in frames  feedBlock                   TestContinuationFlood
@@ -140,6 +140,114 @@
 //
 // Every error the engine answers itself is reported to Config.OnError
 // (stream or connection, code, one-line reason) for logs and metrics.
+//
+// # Request rules
+//
+// The engine enforces every request rule of RFC 9113 section 8 and RFC
+// 8441 (extended CONNECT), and every check x/net's HTTP/2 server made on
+// requests (rows marked x/net; where it was stricter than the RFC, the
+// engine is too). A malformed request never reaches the handler: it is
+// answered RST_STREAM PROTOCOL_ERROR and charged to the reset and
+// invalid-frame buckets, and the connection goes on. Each row is a case of
+// TestRequestRules named after it (spaces as underscores); the last two
+// have tests of their own. Where the engine answers otherwise than x/net
+// did: a stream beyond the limit is refused (REFUSED_STREAM, which lets
+// the client retry it) where x/net sent PROTOCOL_ERROR; a HEADERS frame
+// after the trailers is a stream error (STREAM_CLOSED, RFC 9113 5.1) where
+// x/net closed the connection; a host field equal to :authority but for
+// ASCII case is accepted (RFC 9113 8.3.1 compares normalized values) where
+// x/net compared bytes; whitespace around a value is refused (RFC 9113
+// 8.2.1) where x/net accepted it. A CONNECT whose :authority has no port
+// (RFC 9113 8.5 asks for host and port) is left to the handler, as x/net
+// left it: dispatch answers every CONNECT 405, which says more than a
+// reset. x/net refused a SETTINGS frame listing a setting twice; RFC
+// 9113 6.5.3 has the values processed in order (h2spec 6.5.3/1), and so
+// does the engine.
+//
+//	Rule (case of TestRequestRules)                              Answer                         Enforced in
+//	8.1 trailers without END_STREAM                              RST_STREAM PROTOCOL_ERROR      processHeaders
+//	8.1 HEADERS after the trailers                               RST_STREAM STREAM_CLOSED       processHeaders
+//	8.1 trailers are served                                      served                         endTrailers
+//	8.1.1 DATA beyond content-length                             RST_STREAM PROTOCOL_ERROR      processData
+//	8.1.1 DATA short of content-length                           RST_STREAM PROTOCOL_ERROR      processData
+//	8.1.1 trailers short of content-length                       RST_STREAM PROTOCOL_ERROR      endTrailers
+//	8.1.1 content-length with END_STREAM on HEADERS              RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.1.1 invalid content-length                                 RST_STREAM PROTOCOL_ERROR      onField
+//	8.1.1 differing content-length fields                        RST_STREAM PROTOCOL_ERROR      onField
+//	8.1.1 content-length matching DATA is served                 served                         processData
+//	8.2 uppercase field name                                     RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 invalid byte in field name                             RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 empty field name                                       RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 NUL in a value                                         RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 CR in a value                                          RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 LF in a value                                          RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 other control byte in a value (x/net)                  RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 DEL in a value (x/net)                                 RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 leading whitespace in a value                          RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 trailing whitespace in a value                         RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.1 HTAB and obs-text inside a value are served            served                         checkField
+//	8.2.2 connection                                             RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 keep-alive                                             RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 proxy-connection                                       RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 transfer-encoding                                      RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 upgrade                                                RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 te other than trailers                                 RST_STREAM PROTOCOL_ERROR      checkField
+//	8.2.2 te trailers is served                                  served                         checkField
+//	8.3 unknown pseudo-header field                              RST_STREAM PROTOCOL_ERROR      pseudoField
+//	8.3 response pseudo-header field in a request                RST_STREAM PROTOCOL_ERROR      pseudoField
+//	8.3 duplicated pseudo-header field                           RST_STREAM PROTOCOL_ERROR      pseudoField
+//	8.3 pseudo-header field after a regular field                RST_STREAM PROTOCOL_ERROR      onField
+//	8.3 pseudo-header field in trailers                          RST_STREAM PROTOCOL_ERROR      onField
+//	8.3 invalid byte in a pseudo-header value (x/net)            RST_STREAM PROTOCOL_ERROR      onField
+//	8.3.1 missing :method                                        RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 empty :method                                          RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 missing :scheme                                        RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 :scheme other than http or https (x/net)               RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 missing :path                                          RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 empty :path                                            RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.3.1 :path neither absolute nor *                           RST_STREAM PROTOCOL_ERROR      checkPath
+//	8.3.1 :path * on GET                                         RST_STREAM PROTOCOL_ERROR      checkPath
+//	8.3.1 :path * on OPTIONS is served                           served                         checkPath
+//	8.3.1 invalid percent-encoding in :path (x/net)              RST_STREAM PROTOCOL_ERROR      checkPath
+//	8.3.1 host differing from :authority                         RST_STREAM PROTOCOL_ERROR      checkAuthority
+//	8.3.1 host equal to :authority is served                     served                         checkAuthority
+//	8.3.1 host without :authority is served                      served                         checkAuthority
+//	8.3.1 more than one host field (x/net)                       RST_STREAM PROTOCOL_ERROR      checkAuthority
+//	8.3.1 userinfo in :authority                                 RST_STREAM PROTOCOL_ERROR      checkAuthority
+//	8.3.1 invalid byte in :authority (x/net)                     RST_STREAM PROTOCOL_ERROR      checkAuthority
+//	8.3.1 invalid host field without :authority (x/net)          RST_STREAM PROTOCOL_ERROR      checkAuthority
+//	8.4 PUSH_PROMISE from a client                               GOAWAY PROTOCOL_ERROR          processFrame
+//	8.4 SETTINGS_ENABLE_PUSH other than 0 or 1                   GOAWAY PROTOCOL_ERROR          processSettings
+//	8.5 CONNECT with :scheme                                     RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.5 CONNECT with :path                                       RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.5 CONNECT without :authority                               RST_STREAM PROTOCOL_ERROR      checkRequest
+//	8.5 CONNECT host:port is served                              served                         checkRequest
+//	8.5 CONNECT without a port is served                         served                         checkRequest
+//	RFC 8441 :protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL  RST_STREAM PROTOCOL_ERROR      checkRequest
+//	RFC 8441 :protocol on a method other than CONNECT            RST_STREAM PROTOCOL_ERROR      checkRequest
+//	RFC 8441 extended CONNECT without :path                      RST_STREAM PROTOCOL_ERROR      checkRequest
+//	RFC 8441 extended CONNECT is served                          served                         checkRequest
+//	x/net HEADERS with an even stream id                         GOAWAY PROTOCOL_ERROR          processHeaders
+//	x/net stream id not above the previous ones                  GOAWAY PROTOCOL_ERROR          processHeaders
+//	x/net field not allowed in trailers                          RST_STREAM PROTOCOL_ERROR      onField
+//	x/net if- field in trailers                                  RST_STREAM PROTOCOL_ERROR      onField
+//	x/net PRIORITY on itself                                     RST_STREAM PROTOCOL_ERROR      processFrame
+//	x/net HEADERS priority on itself                             RST_STREAM PROTOCOL_ERROR      checkRequest
+//	x/net DATA on an idle stream                                 GOAWAY PROTOCOL_ERROR          processData
+//	x/net DATA on a closed stream                                RST_STREAM STREAM_CLOSED       processData
+//	x/net DATA beyond the stream window                          RST_STREAM FLOW_CONTROL_ERROR  processData
+//	x/net WINDOW_UPDATE on an idle stream                        GOAWAY PROTOCOL_ERROR          processWindowUpdate
+//	x/net WINDOW_UPDATE of 0 on a stream                         RST_STREAM PROTOCOL_ERROR      Framer, handleError
+//	x/net WINDOW_UPDATE of 0 on the connection                   GOAWAY PROTOCOL_ERROR          Framer, handleError
+//	x/net WINDOW_UPDATE overflowing a stream window              RST_STREAM FLOW_CONTROL_ERROR  processWindowUpdate
+//	x/net WINDOW_UPDATE overflowing the connection window        GOAWAY FLOW_CONTROL_ERROR      processWindowUpdate
+//	x/net RST_STREAM on an idle stream                           GOAWAY PROTOCOL_ERROR          processRST
+//	x/net PING on a stream                                       GOAWAY PROTOCOL_ERROR          Framer, handleError
+//	x/net first frame not SETTINGS                               GOAWAY PROTOCOL_ERROR          processFrame
+//	x/net SETTINGS acknowledgement for no SETTINGS               GOAWAY PROTOCOL_ERROR          processSettings
+//	x/net more than 100 settings                                 GOAWAY PROTOCOL_ERROR          processSettings
+//	x/net more streams than MaxConcurrentStreams                 RST_STREAM REFUSED_STREAM      startStream (TestMaxConcurrentStreams)
+//	x/net header list over MaxHeaderListSize                     431 on the stream              endBlock (TestHeaderListTooLarge)
 //
 // # Integration into dispatch
 //

@@ -47,7 +47,18 @@ func (c *Conn) processFrame(f http2.Frame) error {
 
 func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 	if f.IsAck() {
+		// The server sends one SETTINGS frame, in its preface.
+		if c.settingsAcked {
+			return connError{http2.ErrCodeProtocol, "SETTINGS acknowledgement for no SETTINGS"}
+		}
+		c.settingsAcked = true
 		return nil
+	}
+	if f.NumSettings() > 100 {
+		// As x/net's server: no client needs as many. (x/net refused
+		// duplicated settings too, which RFC 9113 6.5.3 has processed in
+		// order.)
+		return connError{http2.ErrCodeProtocol, "more than 100 settings"}
 	}
 	var err error
 	wake := false
