@@ -201,12 +201,12 @@ func (c *Conn) serve() error {
 		fh, err := c.fr.ReadFrameHeader()
 		switch {
 		case err != nil:
-		case fh.Type == http2.FrameHeaders && c.sawSettings && int(fh.Length) <= c.br.Size():
+		case fh.Type == http2.FrameHeaders:
 			err = c.readHeaders(fh)
 		default:
 			var f http2.Frame
 			f, err = c.fr.ReadFrameForHeader(fh)
-			if err != nil && (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && isStreamError(err) {
+			if err != nil && fh.Type == http2.FrameContinuation && isStreamError(err) {
 				// A header block that cannot be decoded leaves HPACK out
 				// of step: the connection cannot go on.
 				err = connError{http2.ErrCodeProtocol, "malformed " + fh.Type.String() + " frame"}

@@ -4,21 +4,23 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// processFrame acts on one frame read from the client. Errors are
+// errNoSettings: the client's first frame is not its SETTINGS.
+var errNoSettings = connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
+
+// processFrame acts on one frame read from the client (HEADERS frames
+// are read and parsed by readHeaders). Errors are
 // connError or streamError values (handleError answers them).
 func (c *Conn) processFrame(f http2.Frame) error {
 	if !c.sawSettings {
 		sf, ok := f.(*http2.SettingsFrame)
 		if !ok || sf.IsAck() {
-			return connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
+			return errNoSettings
 		}
 		c.sawSettings = true
 	}
 	switch f := f.(type) {
 	case *http2.DataFrame:
 		return c.processData(f)
-	case *http2.HeadersFrame:
-		return c.processHeadersFrame(f)
 	case *http2.ContinuationFrame:
 		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.SettingsFrame:

@@ -54,9 +54,21 @@ type headerBlock struct {
 // Framer's ReadFrameHeader has checked its size and place). The payload is
 // parsed where it lies in the read buffer and decoded before the buffer
 // moves on, which spares the HeadersFrame the Framer allocates for every
-// request; the checks are the Framer's (parseHeadersFrame).
+// request; the checks are the Framer's (parseHeadersFrame). A payload
+// larger than the read buffer, which only a MaxFrameSize above 16 KiB
+// lets in, is read into a buffer of its own and parsed the same way.
 func (c *Conn) readHeaders(fh http2.FrameHeader) error {
+	if !c.sawSettings {
+		return errNoSettings
+	}
 	n := int(fh.Length)
+	if n > c.br.Size() {
+		p := make([]byte, n)
+		if _, err := io.ReadFull(&c.br, p); err != nil {
+			return err // a read error (c.clock.err)
+		}
+		return c.parseHeaders(fh, p)
+	}
 	p, err := c.br.Peek(n)
 	if err != nil {
 		return err // a read error (c.clock.err)
@@ -96,11 +108,6 @@ func (c *Conn) parseHeaders(fh http2.FrameHeader, p []byte) error {
 // errShortHeaders: a HEADERS frame too short for its padding or priority
 // fields (the error the Framer's parsing gives, as handleError words it).
 var errShortHeaders = connError{http2.ErrCodeProtocol, "malformed frame: " + io.ErrUnexpectedEOF.Error()}
-
-// processHeadersFrame acts on a HEADERS frame the Framer parsed.
-func (c *Conn) processHeadersFrame(f *http2.HeadersFrame) error {
-	return c.processHeaders(f.StreamID, f.Flags, f.HasPriority() && f.Priority.StreamDep == f.StreamID, f.HeaderBlockFragment())
-}
 
 // processHeaders starts a header block: a new request, trailers, or one
 // decoded only to keep the HPACK state in step. selfDep: the frame's
