@@ -193,7 +193,7 @@ func (c *Config) setDefaults() {
 // Errors returned by Stream methods.
 var (
 	// ErrStreamReset: the stream was reset (by the client, by Reset, or
-	// by the engine); StreamResetError tells the code.
+	// by the engine); the error matching it tells the code.
 	ErrStreamReset = errors.New("h2engine: stream reset")
 	// ErrConnClosed: the connection has ended.
 	ErrConnClosed = errors.New("h2engine: connection closed")

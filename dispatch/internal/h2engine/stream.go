@@ -66,15 +66,9 @@ type Stream struct {
 	unflushed atomic.Uint64
 }
 
-// StreamResetError is the error of a stream that was reset; errors.Is
-// matches it with ErrStreamReset.
-type StreamResetError struct {
-	// Code is the RST_STREAM error code.
-	Code http2.ErrCode
-	// Remote: the client reset the stream.
-	Remote bool
-}
-
+// streamResetError is the error of a stream that was reset (errors.Is
+// matches it with ErrStreamReset): code, and whether the engine (or the
+// handler) reset it rather than the client.
 type streamResetError struct {
 	code http2.ErrCode
 	byUs bool
@@ -155,12 +149,6 @@ func (st *Stream) recycle() {
 		readWake: st.readWake, writeWake: st.writeWake}
 	streamPool.Put(st)
 }
-
-// ID returns the stream id.
-func (st *Stream) ID() uint32 { return st.id }
-
-// Conn returns the stream's connection.
-func (st *Stream) Conn() *Conn { return st.c }
 
 func (st *Stream) wakeReader() {
 	if st.readWaiting {
@@ -265,25 +253,14 @@ func (st *Stream) Done() <-chan struct{} {
 	return st.done
 }
 
-// Err returns why the stream was reset (a StreamResetError-like error
-// matching ErrStreamReset, or ErrConnClosed), nil while it is not.
+// Err returns why the stream was reset (an error matching ErrStreamReset
+// that tells the code and who reset it, or ErrConnClosed), nil while it
+// is not.
 func (st *Stream) Err() error {
 	c := st.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return st.resetErr
-}
-
-// ResetCode returns the code the stream was reset with and whether the
-// client reset it; ok is false while it is not reset.
-func (st *Stream) ResetCode() (code http2.ErrCode, remote, ok bool) {
-	c := st.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if re, isRe := st.resetErr.(streamResetError); isRe {
-		return re.code, !re.byUs, true
-	}
-	return http2.ErrCodeCancel, false, st.resetErr != nil
 }
 
 // AfterReset arranges for f to run once, on another goroutine's behalf,
