@@ -125,37 +125,6 @@ func (c *Conn) processPing(f *http2.PingFrame) error {
 	return c.queueCtrlFromReader(ctrlFrame{kind: ctrlPingAck, data: f.Data})
 }
 
-func (c *Conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
-	inc := int64(f.Increment)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if f.StreamID == 0 {
-		if c.sendWin+inc > maxWindow {
-			return connError{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
-		}
-		c.sendWin += inc
-		for i, st := range c.waiters {
-			st.wakeWriter()
-			c.waiters[i] = nil
-		}
-		c.waiters = c.waiters[:0]
-		return nil
-	}
-	st := c.lookup(f.StreamID)
-	if st == nil {
-		if f.StreamID > c.maxSeen {
-			return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE on an idle stream"}
-		}
-		return nil // closed: ignored
-	}
-	if st.sendWin+inc > maxWindow {
-		return streamError{f.StreamID, http2.ErrCodeFlowControl, "stream window above 2^31-1"}
-	}
-	st.sendWin += inc
-	st.wakeWriter()
-	return nil
-}
-
 func (c *Conn) processRST(f *http2.RSTStreamFrame) error {
 	c.mu.Lock()
 	st := c.lookup(f.StreamID)
@@ -250,15 +219,4 @@ func (c *Conn) processData(f *http2.DataFrame) error {
 	c.mu.Unlock()
 	c.kickCtrl()
 	return nil
-}
-
-// creditConnLocked gives n bytes of connection window back, by
-// WINDOW_UPDATE once half the window is owed (c.mu held).
-func (c *Conn) creditConnLocked(n int64) {
-	c.recvUnacked += n
-	if c.recvUnacked >= int64(c.cfg.ConnWindowSize)/2 {
-		c.queueCtrl(ctrlFrame{kind: ctrlWindowUpdate, val: uint32(c.recvUnacked)})
-		c.recvAvail += c.recvUnacked
-		c.recvUnacked = 0
-	}
 }

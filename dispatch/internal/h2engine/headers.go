@@ -555,34 +555,3 @@ func (c *Conn) endTrailers() error {
 	st.wakeReader()
 	return nil
 }
-
-// startStream opens st and runs its handler, or refuses it.
-func (c *Conn) startStream(st *Stream, endStream bool) error {
-	c.mu.Lock()
-	if c.closing || c.draining || c.live >= int(c.cfg.MaxConcurrentStreams) {
-		c.remember(st.id, true)
-		c.mu.Unlock()
-		id := st.id
-		st.recycle()
-		if !c.chargeReset() {
-			return errRapidReset
-		}
-		c.report(ErrorEvent{StreamID: id, Code: http2.ErrCodeRefusedStream, Reason: "too many concurrent streams"})
-		return c.queueCtrlFromReader(ctrlFrame{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
-	}
-	st.sendWin = c.peerInitWin
-	st.remoteClosed = endStream
-	if endStream && st.ContentLength < 0 {
-		st.ContentLength = 0 // no body: HEADERS ended the stream
-	}
-	c.streams = append(c.streams, st)
-	c.live++
-	c.mu.Unlock()
-	select {
-	case c.handoff <- st: // a goroutine that served a stream takes it
-	default:
-		c.wg.Add(1)
-		go c.runStreams(st)
-	}
-	return nil
-}
