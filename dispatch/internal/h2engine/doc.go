@@ -10,27 +10,29 @@
 //
 // # Structure
 //
-// One connection is a Conn. Serve runs its single reading goroutine: it
-// reads the client preface and then frames (Framer.ReadFrame over a
-// readBuf over headClock, which wraps the net.Conn), and acts on each
-// one (frames.go): SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, PRIORITY
-// (validated, otherwise ignored), GOAWAY, DATA, and header blocks
-// (headers.go), which it decodes incrementally, fragment by fragment,
-// straight into a pooled Stream: no intermediate field list, no map, and
-// fields that come from the HPACK tables cost no allocation. A HEADERS
-// frame that fits the read buffer is parsed where it lies (readHeaders)
-// rather than by the Framer, which allocates a HeadersFrame for each. A
-// complete, valid request starts Handler.ServeStream on a goroutine of its
-// own (handlers do blocking upstream I/O). When a handler returns while
-// other streams of the connection run, its goroutine waits to serve the
-// next new stream (runStreams, nextStream): its stack has already grown to
-// what a handler needs, which a new goroutine would grow again. Waiting
-// goroutines are at most MaxConcurrentStreams, end when no stream runs,
-// when the connection closes and at each tick of the connection timer
-// (IdleTimeout, PingInterval), so a connection that holds only a
-// WebSocket keeps none for long. The Stream carries Method, Scheme,
-// Authority, Path, Protocol (RFC 8441), Header (a reused slice) and
-// ContentLength, and Trailer once the body has been read.
+// One connection is a Conn (conn.go). Serve runs its single reading
+// goroutine: it reads the client preface and then frames (Framer frame
+// headers over a readBuf, readbuf.go, over headClock, clock.go, which
+// wraps the net.Conn), and acts on each one (frames.go): SETTINGS, PING,
+// WINDOW_UPDATE, RST_STREAM, PRIORITY (validated, otherwise ignored),
+// GOAWAY, DATA, and header blocks (headers.go), which it decodes
+// incrementally, fragment by fragment, straight into a pooled Stream
+// (stream.go): no intermediate field list, no map, and fields that come
+// from the HPACK tables cost no allocation. Every HEADERS frame is parsed
+// by the engine (readHeaders) rather than by the Framer, which allocates
+// a HeadersFrame for each: where it lies in the read buffer, or, when a
+// MaxFrameSize above 16 KiB lets in a larger one, in a buffer of its own.
+// A complete, valid request starts Handler.ServeStream on a goroutine of
+// its own (handlers do blocking upstream I/O; workers.go). When a handler
+// returns while other streams of the connection run, its goroutine waits
+// to serve the next new stream (runStreams, nextStream): its stack has
+// already grown to what a handler needs, which a new goroutine would grow
+// again. Waiting goroutines are at most MaxConcurrentStreams, end when no
+// stream runs, when the connection closes and at each tick of the
+// connection timer (IdleTimeout, PingInterval), so a connection that
+// holds only a WebSocket keeps none for long. The Stream carries Method,
+// Scheme, Authority, Path, Protocol (RFC 8441), Header (a reused slice)
+// and ContentLength, and Trailer once the body has been read.
 //
 // Stream state (RFC 9113 5.1) lives in the Stream under the connection's
 // mutex: idle (an id above the highest seen), open, half-closed (remote:
@@ -77,6 +79,8 @@
 // busy connection does not pay a timer update per write.
 //
 // # Flow control
+//
+// Flow control is in flow.go.
 //
 // Receiving: SETTINGS_INITIAL_WINDOW_SIZE (InitialWindowSize) per stream
 // and a connection window (ConnWindowSize, opened by a WINDOW_UPDATE after
@@ -249,49 +253,42 @@
 //	x/net more streams than MaxConcurrentStreams                 RST_STREAM REFUSED_STREAM      startStream (TestMaxConcurrentStreams)
 //	x/net header list over MaxHeaderListSize                     431 on the stream              endBlock (TestHeaderListTooLarge)
 //
-// # Integration into dispatch
+// # Use in dispatch
 //
-// dispatch's ServeH2 would call NewConn(h2NetConn, cfg, h2Conn) and Serve
-// instead of http2.Server.ServeConn; Conn.Shutdown replaces the
-// http.Server Shutdown hook (h2GoAway: draining), Conn.Close is
-// revocation (h2Conn.Revoke already closes the raw connection, which ends
-// Serve and resets every stream). h2heads.go's head clock is headClock
-// here; h2watchdog.go's write watchdog becomes WriteTimeout and its read
-// watchdog ReadTimeout (both per blocking call, as today). The handler,
-// h2Conn.ServeStream, keeps h2stream.go's checks, reading the Stream
-// instead of an http.Request:
+// dispatch's ServeH2 serves each HTTP/2 connection with NewConn and
+// Serve; its h2Conn is the Handler. The engine's settings come from the
+// listener's (h2Config): WriteTimeout and ReadTimeout are its body timeout,
+// HeaderTimeout its head timeout, IdleTimeout the instance's idle timeout,
+// EnableConnectProtocol unless HTTP/2 WebSockets are off, and OnError
+// feeds the denial counters and the "request denied" records (408 for a
+// head timeout, 431 from the engine) or a debug log. Draining calls
+// Shutdown (GOAWAY, the streams in flight finish); revocation closes the
+// raw TCP connection under the TLS one, which ends Serve and resets every
+// stream.
 //
-//   - 421 per stream: routes.HostMatches(st.Authority (or the host field
-//     when :authority is absent), sni), answered with WriteHeaders on that
-//     stream only.
-//   - Route usable, revoked, CONNECT/TRACE 405, the instance's
-//     Acquire/Release limit, method and target checks: unchanged, on
-//     st.Method and st.Path.
-//   - buildRequest copies st.Header into the HTTP/1.1 request fields
-//     directly (no http.Header map; cookie crumbs joined with "; "), and
-//     st.ContentLength chooses Content-Length or chunked framing.
-//   - The body copy reads st (Read, io.EOF at END_STREAM); the
-//     context.AfterFunc that closes the app connection when the client
-//     resets becomes st.AfterReset/StopAfterReset, and gone() is
-//     st.Err() != nil.
-//   - The response: WriteHeaders(status, fields, endStream) with the
-//     app's fields (lowercased, hop-by-hop dropped as copyResponseFields
-//     does), 103 relayed as a 1xx WriteHeaders, Write for the body and
-//     Flush where copyBody flushes today, WriteLast/End at its end; a
-//     failure after the headers returns without ending the response, which
-//     resets the stream (INTERNAL_ERROR), as the ErrAbortHandler panic
-//     does today. Draining adds no "Connection: close" (x/net's signal for
-//     GOAWAY): dispatch calls Conn.Shutdown.
-//   - Extended CONNECT WebSockets (h2websocket.go): st.Protocol ==
-//     "websocket" with EnableConnectProtocol set from
-//     !DisableHTTP2WebSockets (no SETTINGS rewriting needed); answer
-//     WriteHeaders(200, nil, false) and Flush, then the client-to-app
-//     direction Reads st while the app-to-client direction Writes and
-//     Flushes (Read and Write may run concurrently).
-//   - h2c/gRPC forwarding with trailers: request trailers arrive in
-//     st.Trailer after io.EOF; response trailers go out with
-//     WriteTrailers.
-//   - Access log and metrics: the same accessRecord per stream, and
-//     OnError feeding the denial counters and the "request denied" log
-//     records (408 for "request header timeout", 431 from the engine).
+// Each stream's handler (h2Stream) reads the Stream instead of an
+// http.Request:
+//
+//   - 421 when :authority (or the host field when it is absent) does not
+//     name the connection's SNI, on that stream only; a revoked or
+//     unusable route, CONNECT and TRACE (405), the instance's stream limit
+//     (503) and the method and target checks are answered on the stream
+//     likewise.
+//   - The request goes to the app as HTTP/1.1: the fields are copied from
+//     Stream.Header (cookie crumbs joined with "; "), and ContentLength
+//     chooses Content-Length or chunked framing. The body is copied from
+//     Read (io.EOF at END_STREAM); AfterReset closes the app connection
+//     when the client resets the stream, and Err tells a stream that has
+//     ended.
+//   - The response: WriteHeaders with the app's fields (lowercased,
+//     hop-by-hop ones dropped), 103 and an asked-for 100 relayed as 1xx,
+//     Write for the body and Flush when the app's bytes pause, WriteLast
+//     or End at its end. A failure after the headers returns without
+//     ending the response, which resets the stream (INTERNAL_ERROR).
+//   - Extended CONNECT WebSockets (RFC 8441): WriteHeaders(200) and Flush,
+//     then the client's direction Reads the stream while the app's
+//     Writes and Flushes (SetReadTimeout(0): an idle WebSocket is no
+//     stalled body; CloseRead ends the client's direction).
+//   - h2c (gRPC) routes: request trailers are in Stream.Trailer after
+//     io.EOF; response trailers go out with WriteTrailers.
 package h2engine
