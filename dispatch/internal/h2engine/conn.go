@@ -207,8 +207,8 @@ func (c *Conn) serve() error {
 			var f http2.Frame
 			f, err = c.fr.ReadFrameForHeader(fh)
 			if err != nil && fh.Type == http2.FrameContinuation && isStreamError(err) {
-				// A header block that cannot be decoded leaves HPACK out
-				// of step: the connection cannot go on.
+				// A CONTINUATION frame that cannot be parsed leaves HPACK
+				// out of step: the connection cannot go on.
 				err = connError{http2.ErrCodeProtocol, "malformed " + fh.Type.String() + " frame"}
 			}
 			if err == nil {

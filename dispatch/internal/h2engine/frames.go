@@ -8,8 +8,8 @@ import (
 var errNoSettings = connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
 
 // processFrame acts on one frame read from the client (HEADERS frames
-// are read and parsed by readHeaders). Errors are
-// connError or streamError values (handleError answers them).
+// are read and parsed by readHeaders). Errors are connError or
+// streamError values (handleError answers them).
 func (c *Conn) processFrame(f http2.Frame) error {
 	if !c.sawSettings {
 		sf, ok := f.(*http2.SettingsFrame)

@@ -465,7 +465,9 @@ func (c *Conn) checkRequest(hb *headerBlock) string {
 // checkAuthority checks :authority and the host field (RFC 9113 8.3.1):
 // at most one host field, equal to :authority when both are present
 // (ASCII case aside: host names are case-insensitive), no userinfo, and
-// only the bytes a host and port may hold (httpguts.ValidHostHeader).
+// only the bytes a host and port may hold (httpguts.ValidHostHeader). The
+// fold is ASCII's only, so a host field equal to a valid :authority is
+// valid too.
 func (c *Conn) checkAuthority(hb *headerBlock) string {
 	st := hb.st
 	authority := st.Authority
