@@ -120,8 +120,8 @@
 //	  ENHANCE_YOUR_CALM
 //	MadeYouReset (CVE-2025-8671): a stream the      clientStreamError           TestMadeYouReset (one case
 //	  engine resets because of the client's frames  (defences.go)               per kind of invalid frame)
-//	  takes a token from the same bucket; every
-//	  stream reset keeps its place among the
+//	  takes a token from the same bucket; every                                 and dispatch's
+//	  stream reset keeps its place among the                                    TestH2MadeYouReset
 //	  MaxConcurrentStreams until its handler has
 //	  returned (live, finishStream)
 //	Invalid frames: every stream error the client's clientStreamError          TestInvalidFrameBudget
