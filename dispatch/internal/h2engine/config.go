@@ -84,8 +84,19 @@ type Config struct {
 	// refilled at MaxResetRate per second (100); when it is empty the
 	// connection is closed with ENHANCE_YOUR_CALM (rapid reset,
 	// CVE-2023-44487).
+	// Streams the engine resets because of the client's frames count too
+	// (MadeYouReset, CVE-2025-8671).
 	MaxResetBurst int
 	MaxResetRate  float64
+	// MaxInvalidFrameBurst and MaxInvalidFrameRate bound the stream
+	// errors the client's frames cause (invalid frames, malformed
+	// requests and trailers: every RST_STREAM the engine sends because of
+	// the client), whether or not a stream was open: a token bucket of
+	// MaxInvalidFrameBurst (100) tokens refilled at MaxInvalidFrameRate
+	// per second (10); when it is empty the connection is closed with
+	// ENHANCE_YOUR_CALM.
+	MaxInvalidFrameBurst int
+	MaxInvalidFrameRate  float64
 	// MaxControlFrames bounds the control frames (SETTINGS and PING
 	// acknowledgements, RST_STREAM, WINDOW_UPDATE) queued for a peer that
 	// does not read them (1024); beyond it the connection is closed with
@@ -124,6 +135,8 @@ const (
 	DefaultMaxResetBurst        = 500
 	DefaultMaxResetRate         = 100
 	DefaultMaxControlFrames     = 1024
+	DefaultMaxInvalidFrameBurst = 100
+	DefaultMaxInvalidFrameRate  = 10
 
 	minFrameSize   = 1 << 14
 	maxFrameSize   = 1<<24 - 1
@@ -166,6 +179,12 @@ func (c *Config) setDefaults() {
 	if c.MaxResetRate <= 0 {
 		c.MaxResetRate = DefaultMaxResetRate
 	}
+	if c.MaxInvalidFrameBurst <= 0 {
+		c.MaxInvalidFrameBurst = DefaultMaxInvalidFrameBurst
+	}
+	if c.MaxInvalidFrameRate <= 0 {
+		c.MaxInvalidFrameRate = DefaultMaxInvalidFrameRate
+	}
 	if c.MaxControlFrames <= 0 {
 		c.MaxControlFrames = DefaultMaxControlFrames
 	}
@@ -174,7 +193,7 @@ func (c *Config) setDefaults() {
 // Errors returned by Stream methods.
 var (
 	// ErrStreamReset: the stream was reset (by the client, by Reset, or
-	// by the engine); StreamResetError tells the code.
+	// by the engine); the error matching it tells the code.
 	ErrStreamReset = errors.New("h2engine: stream reset")
 	// ErrConnClosed: the connection has ended.
 	ErrConnClosed = errors.New("h2engine: connection closed")

@@ -31,9 +31,12 @@ type Conn struct {
 	hb    headerBlock
 	// sawSettings: the client's first frame (its SETTINGS) arrived.
 	sawSettings bool
-	// resetTokens and resetAt are the rapid-reset bucket.
-	resetTokens float64
-	resetAt     time.Time
+	// settingsAcked: the client acknowledged the server's SETTINGS.
+	settingsAcked bool
+	// resets bounds streams ended before their handler answered (rapid
+	// reset, MadeYouReset); invalid bounds the stream errors the client's
+	// frames cause (defences.go).
+	resets, invalid tokenBucket
 
 	// Write side (write.go): wmu guards out, enc, hbuf and werr.
 	wmu       sync.Mutex
@@ -129,7 +132,8 @@ func NewConn(nc net.Conn, cfg Config, h Handler) *Conn {
 	c.sendWin = initialWindow
 	c.peerInitWin = initialWindow
 	c.recvAvail = int64(cfg.ConnWindowSize)
-	c.resetTokens = float64(cfg.MaxResetBurst)
+	c.resets.init(cfg.MaxResetBurst, cfg.MaxResetRate)
+	c.invalid.init(cfg.MaxInvalidFrameBurst, cfg.MaxInvalidFrameRate)
 	return c
 }
 
@@ -197,14 +201,14 @@ func (c *Conn) serve() error {
 		fh, err := c.fr.ReadFrameHeader()
 		switch {
 		case err != nil:
-		case fh.Type == http2.FrameHeaders && c.sawSettings && int(fh.Length) <= c.br.Size():
+		case fh.Type == http2.FrameHeaders:
 			err = c.readHeaders(fh)
 		default:
 			var f http2.Frame
 			f, err = c.fr.ReadFrameForHeader(fh)
-			if err != nil && (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && isStreamError(err) {
-				// A header block that cannot be decoded leaves HPACK out
-				// of step: the connection cannot go on.
+			if err != nil && fh.Type == http2.FrameContinuation && isStreamError(err) {
+				// A CONTINUATION frame that cannot be parsed leaves HPACK
+				// out of step: the connection cannot go on.
 				err = connError{http2.ErrCodeProtocol, "malformed " + fh.Type.String() + " frame"}
 			}
 			if err == nil {
@@ -260,8 +264,7 @@ func (c *Conn) handleError(err error) (done bool, _ error) {
 	var hce http2.ConnectionError
 	switch {
 	case errors.As(err, &se):
-		c.streamError(se.id, se.code, se.reason)
-		return false, nil
+		return c.clientStreamError(se.id, se.code, se.reason)
 	case errors.As(err, &ce):
 		return true, c.connError(ce.code, ce.reason)
 	case c.clock.err != nil:
@@ -271,8 +274,7 @@ func (c *Conn) handleError(err error) (done bool, _ error) {
 		if d := c.fr.ErrorDetail(); d != nil {
 			reason = d.Error()
 		}
-		c.streamError(hse.StreamID, hse.Code, reason)
-		return false, nil
+		return c.clientStreamError(hse.StreamID, hse.Code, reason)
 	case errors.As(err, &hce):
 		reason := "invalid frame"
 		if d := c.fr.ErrorDetail(); d != nil {
@@ -318,12 +320,15 @@ func (c *Conn) connError(code http2.ErrCode, reason string) error {
 	return fmt.Errorf("h2engine: connection error %v: %s", code, reason)
 }
 
-// streamError resets stream id with code (RST_STREAM), whatever its state.
-func (c *Conn) streamError(id uint32, code http2.ErrCode, reason string) {
+// streamError resets stream id with code (RST_STREAM), whatever its
+// state; wasOpen: the stream was open or half-closed (its handler, if
+// running, sees the reset).
+func (c *Conn) streamError(id uint32, code http2.ErrCode, reason string) (wasOpen bool) {
 	c.report(ErrorEvent{StreamID: id, Code: code, Reason: reason})
 	c.mu.Lock()
 	var f func()
 	if st := c.lookup(id); st != nil {
+		wasOpen = true
 		f = st.resetLocked(streamResetError{code: code, byUs: true})
 	} else {
 		c.remember(id, true)
@@ -334,6 +339,7 @@ func (c *Conn) streamError(id uint32, code http2.ErrCode, reason string) {
 	}
 	c.queueCtrl(ctrlFrame{kind: ctrlRST, id: id, val: uint32(code)})
 	c.kickCtrl()
+	return wasOpen
 }
 
 // lookup returns the open or half-closed stream id (c.mu held).
@@ -375,22 +381,6 @@ func (c *Conn) removeLocked(st *Stream) {
 		}
 	}
 }
-
-// chargeReset takes a token from the rapid-reset bucket; false when the
-// bucket is empty.
-func (c *Conn) chargeReset() bool {
-	now := time.Now()
-	if !c.resetAt.IsZero() {
-		c.resetTokens = min(float64(c.cfg.MaxResetBurst),
-			c.resetTokens+now.Sub(c.resetAt).Seconds()*c.cfg.MaxResetRate)
-	}
-	c.resetAt = now
-	c.resetTokens--
-	return c.resetTokens >= 0
-}
-
-// errRapidReset is the connection error for an empty reset bucket.
-var errRapidReset = connError{http2.ErrCodeEnhanceYourCalm, "too many streams reset or refused (rapid reset)"}
 
 // Shutdown starts a graceful close: GOAWAY with the last stream id
 // processed, no new streams, and the connection closes once its streams

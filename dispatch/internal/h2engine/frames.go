@@ -4,21 +4,23 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// processFrame acts on one frame read from the client. Errors are
-// connError or streamError values (handleError answers them).
+// errNoSettings: the client's first frame is not its SETTINGS.
+var errNoSettings = connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
+
+// processFrame acts on one frame read from the client (HEADERS frames
+// are read and parsed by readHeaders). Errors are connError or
+// streamError values (handleError answers them).
 func (c *Conn) processFrame(f http2.Frame) error {
 	if !c.sawSettings {
 		sf, ok := f.(*http2.SettingsFrame)
 		if !ok || sf.IsAck() {
-			return connError{http2.ErrCodeProtocol, "the client preface must be followed by SETTINGS"}
+			return errNoSettings
 		}
 		c.sawSettings = true
 	}
 	switch f := f.(type) {
 	case *http2.DataFrame:
 		return c.processData(f)
-	case *http2.HeadersFrame:
-		return c.processHeadersFrame(f)
 	case *http2.ContinuationFrame:
 		return c.feedBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.SettingsFrame:
@@ -47,7 +49,18 @@ func (c *Conn) processFrame(f http2.Frame) error {
 
 func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 	if f.IsAck() {
+		// The server sends one SETTINGS frame, in its preface.
+		if c.settingsAcked {
+			return connError{http2.ErrCodeProtocol, "SETTINGS acknowledgement for no SETTINGS"}
+		}
+		c.settingsAcked = true
 		return nil
+	}
+	if f.NumSettings() > 100 {
+		// As x/net's server: no client needs as many. (x/net refused
+		// duplicated settings too, which RFC 9113 6.5.3 has processed in
+		// order.)
+		return connError{http2.ErrCodeProtocol, "more than 100 settings"}
 	}
 	var err error
 	wake := false
@@ -110,37 +123,6 @@ func (c *Conn) processPing(f *http2.PingFrame) error {
 		return nil
 	}
 	return c.queueCtrlFromReader(ctrlFrame{kind: ctrlPingAck, data: f.Data})
-}
-
-func (c *Conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
-	inc := int64(f.Increment)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if f.StreamID == 0 {
-		if c.sendWin+inc > maxWindow {
-			return connError{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
-		}
-		c.sendWin += inc
-		for i, st := range c.waiters {
-			st.wakeWriter()
-			c.waiters[i] = nil
-		}
-		c.waiters = c.waiters[:0]
-		return nil
-	}
-	st := c.lookup(f.StreamID)
-	if st == nil {
-		if f.StreamID > c.maxSeen {
-			return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE on an idle stream"}
-		}
-		return nil // closed: ignored
-	}
-	if st.sendWin+inc > maxWindow {
-		return streamError{f.StreamID, http2.ErrCodeFlowControl, "stream window above 2^31-1"}
-	}
-	st.sendWin += inc
-	st.wakeWriter()
-	return nil
 }
 
 func (c *Conn) processRST(f *http2.RSTStreamFrame) error {
@@ -237,15 +219,4 @@ func (c *Conn) processData(f *http2.DataFrame) error {
 	c.mu.Unlock()
 	c.kickCtrl()
 	return nil
-}
-
-// creditConnLocked gives n bytes of connection window back, by
-// WINDOW_UPDATE once half the window is owed (c.mu held).
-func (c *Conn) creditConnLocked(n int64) {
-	c.recvUnacked += n
-	if c.recvUnacked >= int64(c.cfg.ConnWindowSize)/2 {
-		c.queueCtrl(ctrlFrame{kind: ctrlWindowUpdate, val: uint32(c.recvUnacked)})
-		c.recvAvail += c.recvUnacked
-		c.recvUnacked = 0
-	}
 }

@@ -3,7 +3,9 @@ package h2engine
 import (
 	"encoding/binary"
 	"io"
+	"strings"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -40,6 +42,8 @@ type headerBlock struct {
 	bad       string // why the request is malformed
 	regular   bool   // a regular field was decoded
 	pseudo    uint8
+	hosts     int    // host fields in the request
+	host      string // the first one's value
 	selfDep   bool
 	// err is the stream error to send once the block is decoded.
 	err      *streamError
@@ -50,9 +54,21 @@ type headerBlock struct {
 // Framer's ReadFrameHeader has checked its size and place). The payload is
 // parsed where it lies in the read buffer and decoded before the buffer
 // moves on, which spares the HeadersFrame the Framer allocates for every
-// request; the checks are the Framer's (parseHeadersFrame).
+// request; the checks are the Framer's (parseHeadersFrame). A payload
+// larger than the read buffer, which only a MaxFrameSize above 16 KiB
+// lets in, is read into a buffer of its own and parsed the same way.
 func (c *Conn) readHeaders(fh http2.FrameHeader) error {
+	if !c.sawSettings {
+		return errNoSettings
+	}
 	n := int(fh.Length)
+	if n > c.br.Size() {
+		p := make([]byte, n)
+		if _, err := io.ReadFull(&c.br, p); err != nil {
+			return err // a read error (c.clock.err)
+		}
+		return c.parseHeaders(fh, p)
+	}
 	p, err := c.br.Peek(n)
 	if err != nil {
 		return err // a read error (c.clock.err)
@@ -92,11 +108,6 @@ func (c *Conn) parseHeaders(fh http2.FrameHeader, p []byte) error {
 // errShortHeaders: a HEADERS frame too short for its padding or priority
 // fields (the error the Framer's parsing gives, as handleError words it).
 var errShortHeaders = connError{http2.ErrCodeProtocol, "malformed frame: " + io.ErrUnexpectedEOF.Error()}
-
-// processHeadersFrame acts on a HEADERS frame the Framer parsed.
-func (c *Conn) processHeadersFrame(f *http2.HeadersFrame) error {
-	return c.processHeaders(f.StreamID, f.Flags, f.HasPriority() && f.Priority.StreamDep == f.StreamID, f.HeaderBlockFragment())
-}
 
 // processHeaders starts a header block: a new request, trailers, or one
 // decoded only to keep the HPACK state in step. selfDep: the frame's
@@ -215,6 +226,10 @@ func (c *Conn) onField(f hpack.HeaderField) {
 			hb.bad = "pseudo-header field after a regular field"
 			return
 		}
+		if !validValueBytes(f.Value) {
+			hb.bad = "invalid byte in pseudo-header field value"
+			return
+		}
 		hb.bad = c.pseudoField(hb, f)
 		return
 	}
@@ -224,10 +239,20 @@ func (c *Conn) onField(f hpack.HeaderField) {
 		return
 	}
 	if hb.kind == blockTrailers {
+		if !validTrailerName(f.Name) {
+			hb.bad = "field not allowed in trailers: " + f.Name
+			return
+		}
 		hb.trailers = append(hb.trailers, HeaderField{Name: f.Name, Value: f.Value})
 		return
 	}
 	st := hb.st
+	if f.Name == "host" {
+		if hb.hosts == 0 {
+			hb.host = f.Value
+		}
+		hb.hosts++
+	}
 	if f.Name == "content-length" {
 		n, ok := parseLength(f.Value)
 		if !ok || (st.ContentLength >= 0 && st.ContentLength != n) {
@@ -268,8 +293,9 @@ func (c *Conn) pseudoField(hb *headerBlock, f hpack.HeaderField) string {
 }
 
 // checkField validates a regular field (RFC 9113 8.2): lowercase token
-// name, no NUL, CR or LF in the value and no whitespace around it, and no
-// connection-specific field.
+// name, no control byte but HTAB in the value (NUL, CR and LF by RFC 9113
+// 8.2.1, the others as x/net's server refused them) and no whitespace
+// around it, and no connection-specific field (8.2.2).
 func checkField(name, value string) string {
 	if name == "" {
 		return "empty header field name"
@@ -279,10 +305,8 @@ func checkField(name, value string) string {
 			return "invalid header field name"
 		}
 	}
-	for i := 0; i < len(value); i++ {
-		if b := value[i]; b == 0 || b == '\r' || b == '\n' {
-			return "invalid byte in header field value"
-		}
+	if !validValueBytes(value) {
+		return "invalid byte in header field value"
 	}
 	if n := len(value); n > 0 && (isSpace(value[0]) || isSpace(value[n-1])) {
 		return "whitespace around a header field value"
@@ -299,6 +323,33 @@ func checkField(name, value string) string {
 }
 
 func isSpace(b byte) bool { return b == ' ' || b == '\t' }
+
+// validValueBytes reports whether a field value is free of control bytes
+// other than HTAB (httpguts.ValidHeaderFieldValue).
+func validValueBytes(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validTrailerName reports whether a field may be sent as a trailer
+// (httpguts.ValidTrailerHeader, for a lowercase name): not one that
+// framing, routing, authentication, request modifiers or the response's
+// caching depend on (RFC 9110 6.5.1).
+func validTrailerName(name string) bool {
+	switch name {
+	case "authorization", "cache-control", "connection", "content-encoding",
+		"content-length", "content-range", "content-type", "expect", "host",
+		"keep-alive", "max-forwards", "pragma", "proxy-authenticate",
+		"proxy-authorization", "proxy-connection", "range", "realm", "te",
+		"trailer", "transfer-encoding", "www-authenticate":
+		return false
+	}
+	return !strings.HasPrefix(name, "if-")
+}
 
 // nameByte: the bytes of a field name, tchar without uppercase.
 var nameByte = func() (t [256]bool) {
@@ -396,11 +447,91 @@ func (c *Conn) checkRequest(hb *headerBlock) string {
 		if hb.pseudo&pseudoScheme == 0 {
 			return "missing :scheme"
 		}
+		if st.Scheme != "https" && st.Scheme != "http" {
+			return ":scheme other than http or https"
+		}
 		if hb.pseudo&pseudoPath == 0 || st.Path == "" {
 			return "missing or empty :path"
 		}
 	}
+	if st.Method != "CONNECT" || st.Protocol != "" {
+		if bad := checkPath(st.Method, st.Path); bad != "" {
+			return bad
+		}
+	}
+	return c.checkAuthority(hb)
+}
+
+// checkAuthority checks :authority and the host field (RFC 9113 8.3.1):
+// at most one host field, equal to :authority when both are present
+// (ASCII case aside: host names are case-insensitive), no userinfo, and
+// only the bytes a host and port may hold (httpguts.ValidHostHeader). The
+// fold is ASCII's only, so a host field equal to a valid :authority is
+// valid too.
+func (c *Conn) checkAuthority(hb *headerBlock) string {
+	st := hb.st
+	authority := st.Authority
+	switch {
+	case hb.hosts > 1:
+		return "more than one host field"
+	case hb.hosts == 1 && hb.pseudo&pseudoAuthority != 0 && !asciiEqualFold(hb.host, authority):
+		return "host field differs from :authority"
+	case hb.hosts == 1 && hb.pseudo&pseudoAuthority == 0:
+		authority = hb.host
+	}
+	if strings.IndexByte(authority, '@') >= 0 {
+		return "userinfo in :authority"
+	}
+	if !httpguts.ValidHostHeader(authority) {
+		return "invalid :authority"
+	}
 	return ""
+}
+
+// checkPath checks :path (RFC 9113 8.3.1, RFC 3986): an absolute path,
+// or "*" for OPTIONS, whose percent-encodings are complete (as
+// url.ParseRequestURI, which x/net's server used, requires).
+func checkPath(method, path string) string {
+	if path == "*" {
+		if method != "OPTIONS" {
+			return ":path * on a method other than OPTIONS"
+		}
+		return ""
+	}
+	if path[0] != '/' {
+		return ":path neither an absolute path nor *"
+	}
+	p, _, _ := strings.Cut(path, "?")
+	for i := 0; i < len(p); i++ {
+		if p[i] == '%' && (i+2 >= len(p) || !isHex(p[i+1]) || !isHex(p[i+2])) {
+			return "invalid percent-encoding in :path"
+		}
+	}
+	return ""
+}
+
+func isHex(b byte) bool {
+	return ('0' <= b && b <= '9') || ('a' <= b && b <= 'f') || ('A' <= b && b <= 'F')
+}
+
+// asciiEqualFold reports whether a and b are equal, ASCII case aside.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // endTrailers completes a request with its trailers.
@@ -424,36 +555,5 @@ func (c *Conn) endTrailers() error {
 	st.Trailer = append(st.Trailer[:0], hb.trailers...)
 	st.endRemoteLocked()
 	st.wakeReader()
-	return nil
-}
-
-// startStream opens st and runs its handler, or refuses it.
-func (c *Conn) startStream(st *Stream, endStream bool) error {
-	c.mu.Lock()
-	if c.closing || c.draining || c.live >= int(c.cfg.MaxConcurrentStreams) {
-		c.remember(st.id, true)
-		c.mu.Unlock()
-		id := st.id
-		st.recycle()
-		if !c.chargeReset() {
-			return errRapidReset
-		}
-		c.report(ErrorEvent{StreamID: id, Code: http2.ErrCodeRefusedStream, Reason: "too many concurrent streams"})
-		return c.queueCtrlFromReader(ctrlFrame{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
-	}
-	st.sendWin = c.peerInitWin
-	st.remoteClosed = endStream
-	if endStream && st.ContentLength < 0 {
-		st.ContentLength = 0 // no body: HEADERS ended the stream
-	}
-	c.streams = append(c.streams, st)
-	c.live++
-	c.mu.Unlock()
-	select {
-	case c.handoff <- st: // a goroutine that served a stream takes it
-	default:
-		c.wg.Add(1)
-		go c.runStreams(st)
-	}
 	return nil
 }

@@ -66,15 +66,9 @@ type Stream struct {
 	unflushed atomic.Uint64
 }
 
-// StreamResetError is the error of a stream that was reset; errors.Is
-// matches it with ErrStreamReset.
-type StreamResetError struct {
-	// Code is the RST_STREAM error code.
-	Code http2.ErrCode
-	// Remote: the client reset the stream.
-	Remote bool
-}
-
+// streamResetError is the error of a stream that was reset (errors.Is
+// matches it with ErrStreamReset): code, and whether the engine (or the
+// handler) reset it rather than the client.
 type streamResetError struct {
 	code http2.ErrCode
 	byUs bool
@@ -155,12 +149,6 @@ func (st *Stream) recycle() {
 		readWake: st.readWake, writeWake: st.writeWake}
 	streamPool.Put(st)
 }
-
-// ID returns the stream id.
-func (st *Stream) ID() uint32 { return st.id }
-
-// Conn returns the stream's connection.
-func (st *Stream) Conn() *Conn { return st.c }
 
 func (st *Stream) wakeReader() {
 	if st.readWaiting {
@@ -265,25 +253,14 @@ func (st *Stream) Done() <-chan struct{} {
 	return st.done
 }
 
-// Err returns why the stream was reset (a StreamResetError-like error
-// matching ErrStreamReset, or ErrConnClosed), nil while it is not.
+// Err returns why the stream was reset (an error matching ErrStreamReset
+// that tells the code and who reset it, or ErrConnClosed), nil while it
+// is not.
 func (st *Stream) Err() error {
 	c := st.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return st.resetErr
-}
-
-// ResetCode returns the code the stream was reset with and whether the
-// client reset it; ok is false while it is not reset.
-func (st *Stream) ResetCode() (code http2.ErrCode, remote, ok bool) {
-	c := st.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if re, isRe := st.resetErr.(streamResetError); isRe {
-		return re.code, !re.byUs, true
-	}
-	return http2.ErrCodeCancel, false, st.resetErr != nil
 }
 
 // AfterReset arranges for f to run once, on another goroutine's behalf,
@@ -382,22 +359,6 @@ func (st *Stream) Read(p []byte) (int, error) {
 			<-st.readWake
 		}
 		c.mu.Lock()
-	}
-}
-
-// creditLocked gives n consumed bytes of window back to the client, by
-// WINDOW_UPDATE once half a window is owed (c.mu held).
-func (st *Stream) creditLocked(n int64) {
-	c := st.c
-	c.creditConnLocked(n)
-	if st.remoteClosed {
-		return
-	}
-	st.recvUnacked += n
-	if st.recvUnacked >= int64(c.cfg.InitialWindowSize)/2 {
-		c.queueCtrl(ctrlFrame{kind: ctrlWindowUpdate, id: st.id, val: uint32(st.recvUnacked)})
-		st.recvAvail += st.recvUnacked
-		st.recvUnacked = 0
 	}
 }
 
@@ -552,82 +513,6 @@ func (st *Stream) writeData(p []byte, end bool) (int, error) {
 	return total, nil
 }
 
-// reserve takes up to want bytes (and at most a frame) of the stream's
-// and the connection's send windows, waiting for them.
-func (st *Stream) reserve(want int) (int, error) {
-	c := st.c
-	var timer *time.Timer
-	c.mu.Lock()
-	for {
-		if st.resetErr != nil || c.closing {
-			err := st.resetErr
-			if err == nil {
-				err = ErrConnClosed
-			}
-			c.mu.Unlock()
-			if timer != nil {
-				timer.Stop()
-			}
-			return 0, err
-		}
-		n := min(int64(want), int64(c.peerMaxFrame.Load()), st.sendWin, c.sendWin)
-		if n > 0 {
-			st.sendWin -= n
-			c.sendWin -= n
-			c.mu.Unlock()
-			if timer != nil {
-				timer.Stop()
-			}
-			return int(n), nil
-		}
-		st.writeWaiting = true
-		if c.sendWin <= 0 {
-			c.waiters = append(c.waiters, st)
-		}
-		c.mu.Unlock()
-		// What is buffered goes out before waiting: the client may wait
-		// for it before it gives window.
-		c.lockWrite()
-		_ = c.unlockWrite(true)
-		if timer == nil {
-			timer = time.NewTimer(c.cfg.WriteTimeout)
-		}
-		select {
-		case <-st.writeWake:
-			c.mu.Lock()
-		case <-timer.C:
-			c.mu.Lock()
-			st.writeWaiting = false
-			f := st.resetLocked(streamResetError{code: http2.ErrCodeCancel, byUs: true})
-			c.mu.Unlock()
-			if f != nil {
-				f()
-			}
-			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeCancel, Reason: "no flow-control window within the write timeout"})
-			c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(http2.ErrCodeCancel)})
-			c.lockWrite()
-			_ = c.unlockWrite(true)
-			return 0, ErrWriteTimeout
-		}
-	}
-}
-
-// giveBack returns n reserved bytes that were not sent.
-func (c *Conn) giveBack(st *Stream, n int) {
-	if n == 0 {
-		return
-	}
-	c.mu.Lock()
-	st.sendWin += int64(n)
-	c.sendWin += int64(n)
-	for i, w := range c.waiters {
-		w.wakeWriter()
-		c.waiters[i] = nil
-	}
-	c.waiters = c.waiters[:0]
-	c.mu.Unlock()
-}
-
 // WriteTrailers ends the response with trailers (fields without pseudo-
 // header fields); with none it just ends it.
 func (st *Stream) WriteTrailers(fields []HeaderField) error {
@@ -678,97 +563,4 @@ func (st *Stream) Reset(code http2.ErrCode) {
 	c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
 	c.lockWrite()
 	_ = c.unlockWrite(true)
-}
-
-// runStreams runs the handler of st, then finishes the stream; then,
-// while other streams of the connection run, it waits to serve the next
-// new stream (nextStream). A goroutine that served a request has grown
-// its stack to what a handler needs: reusing it spares the next stream
-// the goroutine's start and the stack growth.
-func (c *Conn) runStreams(st *Stream) {
-	defer c.wg.Done()
-	for st != nil {
-		c.runStream(st)
-		st = c.nextStream()
-	}
-}
-
-// runStream runs the handler of st, then finishes the stream.
-func (c *Conn) runStream(st *Stream) {
-	defer func() {
-		if r := recover(); r != nil {
-			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeInternal, Reason: fmt.Sprintf("handler panic: %v", r)})
-		}
-		c.finishStream(st)
-	}()
-	c.h.ServeStream(st)
-}
-
-// nextStream waits for a new stream to serve, handed over by startStream;
-// nil: the goroutine ends. It waits only while other streams of the
-// connection run (their peers are likely to open more), at most
-// MaxConcurrentStreams of them, and at most until the connection timer's
-// next tick: an idle connection, or one that holds only a long-lived
-// stream (a WebSocket), keeps no waiting goroutines.
-func (c *Conn) nextStream() *Stream {
-	c.mu.Lock()
-	if c.live == 0 || c.closing || c.idleWorkers.Load() >= int32(min(c.cfg.MaxConcurrentStreams, 1<<30)) {
-		c.mu.Unlock()
-		return nil
-	}
-	if c.workersQuit == nil {
-		c.workersQuit = make(chan struct{})
-	}
-	quit := c.workersQuit
-	c.idleWorkers.Add(1)
-	c.mu.Unlock()
-	defer c.idleWorkers.Add(-1)
-	select {
-	case st := <-c.handoff:
-		return st
-	case <-quit:
-		return nil
-	}
-}
-
-// releaseWorkersLocked ends the goroutines waiting in nextStream (c.mu
-// held).
-func (c *Conn) releaseWorkersLocked() {
-	if c.workersQuit != nil {
-		close(c.workersQuit)
-		c.workersQuit = nil
-	}
-}
-
-// finishStream closes st once its handler has returned: a response not
-// ended is reset (INTERNAL_ERROR); a request still being sent after a
-// complete response is stopped (NO_ERROR, RFC 9113 8.1).
-func (c *Conn) finishStream(st *Stream) {
-	c.mu.Lock()
-	var code http2.ErrCode
-	send := false
-	if !st.closed {
-		code, send = http2.ErrCodeInternal, true
-		if st.localClosed {
-			code = http2.ErrCodeNo
-		}
-		st.resetLocked(streamResetError{code: code, byUs: true})
-	}
-	c.live--
-	idle := c.live == 0
-	if idle {
-		c.idleSince = c.now()
-		c.releaseWorkersLocked()
-	}
-	drained := idle && c.draining
-	c.mu.Unlock()
-	if send {
-		c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
-		c.lockWrite()
-		_ = c.unlockWrite(true)
-	}
-	st.recycle()
-	if drained {
-		c.closeNow()
-	}
 }

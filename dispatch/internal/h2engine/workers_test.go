@@ -92,31 +92,3 @@ func TestStreamGoroutineReleasedOnTick(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-// TestHeadersPaddedWithPriority: a request whose HEADERS frame carries
-// padding and a priority is served (the engine parses HEADERS payloads
-// itself).
-func TestHeadersPaddedWithPriority(t *testing.T) {
-	testutil.VerifyNone(t)
-	s := newTestServer(t, false, Config{}, HandlerFunc(testHandler))
-	c := dialRaw(t, s)
-	err := c.fr.WriteHeaders(http2.HeadersFrameParam{
-		StreamID: 1, BlockFragment: c.block("/"), EndStream: true, EndHeaders: true,
-		PadLength: 9, Priority: http2.PriorityParam{StreamDep: 0, Weight: 200, Exclusive: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := c.waitFor(10*time.Second, "the response", func(f http2.Frame) bool {
-		return f.Header().StreamID == 1 && f.Header().Type == http2.FrameHeaders
-	}).(*http2.MetaHeadersFrame)
-	if st := f.PseudoValue("status"); st != "200" {
-		t.Fatalf(":status %q", st)
-	}
-	c.waitEnd(1)
-	// Padding longer than the payload: a connection error.
-	if err := c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded|http2.FlagHeadersEndHeaders, 3, []byte{5, 0x82}); err != nil {
-		t.Fatal(err)
-	}
-	c.waitGoAway(http2.ErrCodeProtocol)
-}

@@ -1,0 +1,137 @@
+package h2engine
+
+import (
+	"fmt"
+
+	"golang.org/x/net/http2"
+)
+
+// The goroutines that run handlers: startStream starts a stream's
+// handler on a goroutine that served an earlier stream (handed over by
+// nextStream) or on a new one; when the handler has returned,
+// finishStream closes the stream and gives its place among the
+// MaxConcurrentStreams back.
+
+// startStream opens st and runs its handler, or refuses it.
+func (c *Conn) startStream(st *Stream, endStream bool) error {
+	c.mu.Lock()
+	if c.closing || c.draining || c.live >= int(c.cfg.MaxConcurrentStreams) {
+		c.remember(st.id, true)
+		c.mu.Unlock()
+		id := st.id
+		st.recycle()
+		if !c.chargeReset() {
+			return errRapidReset
+		}
+		c.report(ErrorEvent{StreamID: id, Code: http2.ErrCodeRefusedStream, Reason: "too many concurrent streams"})
+		return c.queueCtrlFromReader(ctrlFrame{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+	}
+	st.sendWin = c.peerInitWin
+	st.remoteClosed = endStream
+	if endStream && st.ContentLength < 0 {
+		st.ContentLength = 0 // no body: HEADERS ended the stream
+	}
+	c.streams = append(c.streams, st)
+	c.live++
+	c.mu.Unlock()
+	select {
+	case c.handoff <- st: // a goroutine that served a stream takes it
+	default:
+		c.wg.Add(1)
+		go c.runStreams(st)
+	}
+	return nil
+}
+
+// runStreams runs the handler of st, then finishes the stream; then,
+// while other streams of the connection run, it waits to serve the next
+// new stream (nextStream). A goroutine that served a request has grown
+// its stack to what a handler needs: reusing it spares the next stream
+// the goroutine's start and the stack growth.
+func (c *Conn) runStreams(st *Stream) {
+	defer c.wg.Done()
+	for st != nil {
+		c.runStream(st)
+		st = c.nextStream()
+	}
+}
+
+// runStream runs the handler of st, then finishes the stream.
+func (c *Conn) runStream(st *Stream) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeInternal, Reason: fmt.Sprintf("handler panic: %v", r)})
+		}
+		c.finishStream(st)
+	}()
+	c.h.ServeStream(st)
+}
+
+// nextStream waits for a new stream to serve, handed over by startStream;
+// nil: the goroutine ends. It waits only while other streams of the
+// connection run (their peers are likely to open more), at most
+// MaxConcurrentStreams of them, and at most until the connection timer's
+// next tick: an idle connection, or one that holds only a long-lived
+// stream (a WebSocket), keeps no waiting goroutines.
+func (c *Conn) nextStream() *Stream {
+	c.mu.Lock()
+	if c.live == 0 || c.closing || c.idleWorkers.Load() >= int32(min(c.cfg.MaxConcurrentStreams, 1<<30)) {
+		c.mu.Unlock()
+		return nil
+	}
+	if c.workersQuit == nil {
+		c.workersQuit = make(chan struct{})
+	}
+	quit := c.workersQuit
+	c.idleWorkers.Add(1)
+	c.mu.Unlock()
+	defer c.idleWorkers.Add(-1)
+	select {
+	case st := <-c.handoff:
+		return st
+	case <-quit:
+		return nil
+	}
+}
+
+// releaseWorkersLocked ends the goroutines waiting in nextStream (c.mu
+// held).
+func (c *Conn) releaseWorkersLocked() {
+	if c.workersQuit != nil {
+		close(c.workersQuit)
+		c.workersQuit = nil
+	}
+}
+
+// finishStream closes st once its handler has returned: a response not
+// ended is reset (INTERNAL_ERROR); a request still being sent after a
+// complete response is stopped (NO_ERROR, RFC 9113 8.1).
+func (c *Conn) finishStream(st *Stream) {
+	c.mu.Lock()
+	var code http2.ErrCode
+	send := false
+	if !st.closed {
+		code, send = http2.ErrCodeInternal, true
+		if st.localClosed {
+			code = http2.ErrCodeNo
+		}
+		st.resetLocked(streamResetError{code: code, byUs: true})
+	}
+	c.live--
+	idle := c.live == 0
+	if idle {
+		c.idleSince = c.now()
+		c.releaseWorkersLocked()
+	}
+	drained := idle && c.draining
+	c.mu.Unlock()
+	if send {
+		c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
+		c.lockWrite()
+		_ = c.unlockWrite(true)
+	}
+	st.recycle()
+	if drained {
+		c.closeNow()
+	}
+}
