@@ -155,7 +155,7 @@ func BenchmarkCopyChunked(b *testing.B) {
 }
 
 // BenchmarkIdleProbe is the cost the stale-connection probe adds to each
-// reuse of a pooled app connection (one recv(MSG_PEEK|MSG_DONTWAIT) on
+// reuse of a pooled app connection (one poll(2) with a zero timeout on
 // Linux), on a real loopback TCP connection.
 func BenchmarkIdleProbe(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,9 +1,8 @@
-//go:build !linux || 386
+//go:build !linux
 
 package dispatch
 
-// idleProbe is a no-op outside Linux (and on 386, which has no recvfrom
-// system call of its own): idle app connections are retired by
+// idleProbe is a no-op outside Linux: idle app connections are retired by
 // the pool's idle timeout only, and one closed by the app meanwhile fails
 // the request that reuses it (502), never replays it.
 type idleProbe struct{}

@@ -1,23 +1,30 @@
-//go:build linux && !386
+//go:build linux
 
 package dispatch
 
 import (
 	"syscall"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // idleProbe tells whether an idle app connection is still usable before a
-// request is written on it: one non-blocking recv(MSG_PEEK) that reports
+// request is written on it: one poll(2) with a zero timeout that reports
 // whether the app has closed it (EOF or reset) or sent bytes nobody asked
-// for. It is prepared once per connection, so a probe allocates nothing.
+// for, without reading them. It is prepared once per connection and polls
+// through a descriptor set it owns, so a probe allocates nothing.
 type idleProbe struct {
-	raw  syscall.RawConn
-	fn   func(fd uintptr) bool
-	buf  [1]byte
-	n    uintptr
-	errn syscall.Errno
+	raw syscall.RawConn
+	fn  func(fd uintptr) bool
+	fds [1]unix.PollFd
+	n   int
+	err error
 }
+
+// probeEvents are what make an idle connection unusable: bytes or EOF to
+// read (POLLIN), the app's FIN (POLLRDHUP), a reset or error (POLLHUP,
+// POLLERR; reported whether asked for or not).
+const probeEvents = unix.POLLIN | unix.POLLRDHUP | unix.POLLHUP | unix.POLLERR
 
 // init prepares the probe for conn; conns that do not expose their socket
 // (tests' in-memory pipes) are never probed.
@@ -27,8 +34,8 @@ func (p *idleProbe) init(conn any) {
 		return
 	}
 	p.fn = func(fd uintptr) bool {
-		p.n, _, p.errn = syscall.Syscall6(syscall.SYS_RECVFROM, fd,
-			uintptr(unsafe.Pointer(&p.buf[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		p.fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}
+		p.n, p.err = unix.Poll(p.fds[:], 0)
 		return true
 	}
 }
@@ -44,13 +51,13 @@ func (p *idleProbe) usable() bool {
 	if err := p.raw.Read(p.fn); err != nil {
 		return false // closed locally
 	}
-	switch p.errn {
-	case syscall.EAGAIN:
-		return true // nothing to read: open and quiet
-	case syscall.EINTR:
+	switch {
+	case p.err == unix.EINTR:
 		return true // inconclusive; the request's own errors still count
+	case p.err != nil:
+		return false
 	}
-	// n == 0 with no error is EOF; n > 0 is unsolicited bytes; any other
-	// error (ECONNRESET) is a dead connection.
-	return false
+	// No event: open and quiet. Otherwise EOF, unsolicited bytes or a
+	// reset (ECONNRESET): a dead connection.
+	return p.n == 0 || p.fds[0].Revents&probeEvents == 0
 }
