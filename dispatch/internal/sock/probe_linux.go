@@ -1,6 +1,6 @@
 //go:build linux
 
-package dispatch
+package sock
 
 import (
 	"syscall"
@@ -8,12 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// idleProbe tells whether an idle app connection is still usable before a
+// IdleProbe tells whether an idle connection is still usable before a
 // request is written on it: one poll(2) with a zero timeout that reports
-// whether the app has closed it (EOF or reset) or sent bytes nobody asked
+// whether the peer has closed it (EOF or reset) or sent bytes nobody asked
 // for, without reading them. It is prepared once per connection and polls
-// through a descriptor set it owns, so a probe allocates nothing.
-type idleProbe struct {
+// through a descriptor set it owns, so a probe allocates nothing. The zero
+// IdleProbe reports every connection usable.
+type IdleProbe struct {
 	raw syscall.RawConn
 	fn  func(fd uintptr) bool
 	fds [1]unix.PollFd
@@ -22,14 +23,14 @@ type idleProbe struct {
 }
 
 // probeEvents are what make an idle connection unusable: bytes or EOF to
-// read (POLLIN), the app's FIN (POLLRDHUP), a reset or error (POLLHUP,
+// read (POLLIN), the peer's FIN (POLLRDHUP), a reset or error (POLLHUP,
 // POLLERR; reported whether asked for or not).
 const probeEvents = unix.POLLIN | unix.POLLRDHUP | unix.POLLHUP | unix.POLLERR
 
-// init prepares the probe for conn; conns that do not expose their socket
+// Init prepares the probe for conn; conns that do not expose their socket
 // (tests' in-memory pipes) are never probed.
-func (p *idleProbe) init(conn any) {
-	p.raw = rawConnOf(conn)
+func (p *IdleProbe) Init(conn any) {
+	p.raw = Raw(conn)
 	if p.raw == nil {
 		return
 	}
@@ -40,11 +41,12 @@ func (p *idleProbe) init(conn any) {
 	}
 }
 
-// usable reports false when the app closed the connection while it was
-// idle (EOF, reset) or sent unsolicited bytes: writing a request on it
-// would be lost. Nothing has been written when it says so, so the request
-// can go to another connection without being a retry.
-func (p *idleProbe) usable() bool {
+// Usable reports false when the peer closed the connection while it was
+// idle (EOF, reset) or sent unsolicited bytes, or when it was closed here:
+// writing a request on it would be lost. Nothing has been written when it
+// says so, so the request can go to another connection without being a
+// retry.
+func (p *IdleProbe) Usable() bool {
 	if p.raw == nil {
 		return true
 	}
