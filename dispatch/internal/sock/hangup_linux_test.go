@@ -3,30 +3,16 @@
 package sock
 
 import (
-	"net"
 	"testing"
 	"time"
 
 	"github.com/applistener/applistener/internal/testutil"
 )
 
-// TestPeerHungUp: an HTTP/1.1 client's hang-up is seen without reading,
+// TestPeerHungUp: a peer's hang-up (an HTTP/1.1 client's) is seen without reading,
 // also when bytes it sent are still unread.
 func TestPeerHungUp(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	cl, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = srv.Close() }()
+	cl, srv := tcpPair(t)
 	if PeerHungUp(srv) {
 		t.Fatal("hung up before anything happened")
 	}

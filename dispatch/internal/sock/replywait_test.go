@@ -19,20 +19,7 @@ import (
 // prepared for WriteAwait) and the app's side.
 func replyWaitPair(t *testing.T) (c net.Conn, w *ReplyWait, app net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	c, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	app, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(); _ = app.Close() })
+	c, app = tcpPair(t)
 	w = &ReplyWait{}
 	w.Init(c)
 	return c, w, app
