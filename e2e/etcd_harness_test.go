@@ -1005,19 +1005,10 @@ func edgeGet(edgeAddr, host string) (string, error) {
 
 // edgeWS opens a WebSocket to host through the edge.
 func edgeWS(edgeAddr, host string) (*websocket.Conn, error) {
-	d := websocket.Dialer{
-		NetDialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var nd net.Dialer
-			return nd.DialContext(ctx, "tcp", edgeAddr)
-		},
-		TLSClientConfig:  tlsConfig(host),
-		HandshakeTimeout: 5 * time.Second,
-	}
-	c, resp, err := d.Dial("wss://"+host+"/ws", nil)
-	if resp != nil && resp.Body != nil {
-		_ = resp.Body.Close()
-	}
-	return c, err
+	return wsDialVia(func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var nd net.Dialer
+		return nd.DialContext(ctx, "tcp", edgeAddr)
+	}, host)
 }
 
 // metricOrNegative reads a metric of a process's admin endpoint (0 when absent).

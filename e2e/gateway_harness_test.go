@@ -469,9 +469,13 @@ func expect200(c *http.Client, host, backendName string) error {
 }
 
 // wsTryDial opens a WebSocket through p without failing the test.
-func (p *proc) wsTryDial(sni string) (*websocket.Conn, error) {
+func (p *proc) wsTryDial(sni string) (*websocket.Conn, error) { return wsDialVia(p.dial, sni) }
+
+// wsDialVia opens a WebSocket to sni over a connection from dial (a 5 s
+// handshake) without failing the test.
+func wsDialVia(dial func(ctx context.Context, network, addr string) (net.Conn, error), sni string) (*websocket.Conn, error) {
 	d := websocket.Dialer{
-		NetDialContext:   p.dial,
+		NetDialContext:   dial,
 		TLSClientConfig:  tlsConfig(sni),
 		HandshakeTimeout: 5 * time.Second,
 	}
