@@ -1,6 +1,10 @@
 package dispatch
 
-import "net"
+import (
+	"net"
+
+	"github.com/applistener/applistener/dispatch/internal/sock"
+)
 
 // appSource is what an app connection's input buffer reads from: the
 // connection itself, except that when one response needs a second read the
@@ -17,12 +21,12 @@ import "net"
 type appSource struct {
 	conn  net.Conn
 	reads int // reads of the current response
-	ack   quickAck
+	ack   sock.QuickAck
 }
 
 func (s *appSource) init(conn net.Conn) {
 	s.conn = conn
-	s.ack.init(conn)
+	s.ack.Init(conn)
 }
 
 // Read reads from the connection, acknowledging first when this is the
@@ -30,7 +34,7 @@ func (s *appSource) init(conn net.Conn) {
 func (s *appSource) Read(p []byte) (int, error) {
 	s.reads++
 	if s.reads == 2 {
-		s.ack.now()
+		s.ack.Now()
 	}
 	return s.conn.Read(p)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/dispatch/internal/sock"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -18,9 +19,9 @@ type backendConn struct {
 	in        inbuf
 	idleSince time.Time
 	reused    bool
-	probe     idleProbe
-	wait      appWait   // writing a request and waiting for its answer (appwait.go)
-	src       appSource // what in reads from: conn, acknowledging early (appack.go)
+	probe     sock.IdleProbe
+	wait      sock.ReplyWait // writing a request and waiting for its answer
+	src       appSource      // what in reads from: conn, acknowledging early (appack.go)
 }
 
 func (b *backendConn) close() {
@@ -92,7 +93,7 @@ func (p *backendPool) limit() int {
 
 // get returns an idle connection that the app has not closed, or nil.
 // Connections the app closed while they were idle are discarded here,
-// before any request byte is written on them (see idleProbe), so that the
+// before any request byte is written on them (see sock.IdleProbe), so that the
 // request goes to a new connection exactly once.
 func (p *backendPool) get() *backendConn {
 	for {
@@ -101,7 +102,7 @@ func (p *backendPool) get() *backendConn {
 		if bc == nil {
 			return nil
 		}
-		if now.Sub(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
+		if now.Sub(bc.idleSince) < probeIdleAfter || bc.probe.Usable() {
 			bc.reused = true
 			bc.src.reads = 0
 			return bc
@@ -154,8 +155,8 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	bc := &backendConn{conn: conn}
 	bc.src.init(conn)
 	bc.in = inbuf{src: &bc.src, pool: p.bufPool}
-	bc.probe.init(conn)
-	bc.wait.init(conn)
+	bc.probe.Init(conn)
+	bc.wait.Init(conn)
 	return bc, nil
 }
 

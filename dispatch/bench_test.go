@@ -3,7 +3,6 @@ package dispatch
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -151,34 +150,5 @@ func BenchmarkCopyChunked(b *testing.B) {
 			b.Fatal(err)
 		}
 		in.release()
-	}
-}
-
-// BenchmarkIdleProbe is the cost the stale-connection probe adds to each
-// reuse of a pooled app connection (one recv(MSG_PEEK|MSG_DONTWAIT) on
-// Linux), on a real loopback TCP connection.
-func BenchmarkIdleProbe(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	peer, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = peer.Close() }()
-	var p idleProbe
-	p.init(c)
-	b.ReportAllocs()
-	for b.Loop() {
-		if !p.usable() {
-			b.Fatal("an open, quiet connection probed unusable")
-		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/applistener/applistener/dispatch/internal/sock"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
@@ -469,7 +470,7 @@ func (c *clientConn) proxy() bool {
 	if inline {
 		c.bodyIn.Store(req.length)
 		// The answer is read next: connect waits for it without a read
-		// that finds nothing (appwait.go); awaitResponse takes it from there.
+		// that finds nothing (sock.ReplyWait); awaitResponse takes it from there.
 		x.awaitFor = min(c.s.cfg.ResponseHeaderTimeout, watchAfter)
 	}
 	if err := x.connect(context.Background(), c.out, inline); err != nil {
@@ -606,9 +607,9 @@ func (c *clientConn) detach(*backendConn) bool {
 }
 
 // gone reports whether the connection was revoked or the client hung up
-// (peerHungUp: bytes it sent meanwhile are neither read nor lost).
+// (sock.PeerHungUp: bytes it sent meanwhile are neither read nor lost).
 func (c *clientConn) gone() bool {
-	return c.revokedErr() != nil || peerHungUp(c.raw)
+	return c.revokedErr() != nil || sock.PeerHungUp(c.raw)
 }
 
 // watchAfter is how long a response may take before the client connection

@@ -155,7 +155,7 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		var err error
 		if x.awaitFor > 0 {
 			_ = bc.conn.SetReadDeadline(now.Add(x.awaitFor))
-			n, now, err = bc.wait.writeAwait(head)
+			n, now, err = bc.wait.WriteAwait(head)
 		} else {
 			n, err = bc.conn.Write(head)
 			now = time.Now()

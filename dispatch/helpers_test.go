@@ -187,7 +187,7 @@ func waitIdleStale(t *testing.T, pool *backendPool) {
 			return false
 		}
 		for _, bc := range pool.idle {
-			if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
+			if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.Usable() {
 				return false
 			}
 		}

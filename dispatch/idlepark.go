@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/applistener/applistener/dispatch/internal/sock"
+)
 
 // An HTTP/1.1 keep-alive connection between requests first waits in place
 // for parkAfter (a busy client's next request arrives well within it, at
@@ -50,7 +54,7 @@ func (c *clientConn) waitIdle(idle time.Duration) (n int, parked bool) {
 // not (no descriptor or poller, or the connection is being closed) and
 // the caller waits in place.
 func (c *clientConn) park(deadline time.Time) bool {
-	fd, ok := socketFD(c.raw)
+	fd, ok := sock.FD(c.raw)
 	if !ok {
 		return false
 	}

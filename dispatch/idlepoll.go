@@ -1,8 +1,9 @@
 package dispatch
 
 import (
-	"os"
 	"sync"
+
+	"github.com/applistener/applistener/dispatch/internal/sock"
 )
 
 // idlePoller waits for idle WebSocket directions to become readable without
@@ -12,25 +13,24 @@ import (
 // WebSocket therefore holds no goroutine stack and no buffer, only its
 // connection state.
 //
-// The epoll instance is itself waited on through the runtime's network
-// poller (it is readable while events are pending), so the poller's
-// goroutine is parked like any other, not blocked in a system call. It runs
-// only while something is registered: it is started by the first wait and
-// ends, closing the epoll instance, when the last registration is gone.
+// The epoll instance (sock.Epoll) is itself waited on through the runtime's
+// network poller, so the poller's goroutine is parked like any other, not
+// blocked in a system call. It runs only while something is registered: it
+// is started by the first wait and ends, closing the epoll instance, when
+// the last registration is gone.
 //
 // A socket is removed from the epoll instance (EPOLL_CTL_DEL) under mu
 // before anyone may close it: when its event is delivered, or by cancel,
 // which the owner calls before closing. A file descriptor number reused
 // after a close can therefore never be removed by mistake.
 //
-// The epoll code is Linux-only (idlepoll_linux.go). Elsewhere wait always
-// fails (idlepoll_other.go), so an idle direction keeps its goroutine and
-// waits in place for its socket to become readable, as it does on Linux
-// when no epoll instance can be created.
+// Epoll is Linux-only. Elsewhere wait always fails (sock.OpenEpoll does),
+// so an idle direction keeps its goroutine and waits in place for its
+// socket to become readable, as it does on Linux when no epoll instance can
+// be created.
 type idlePoller struct {
 	mu      sync.Mutex
-	ep      *os.File // the current epoll instance; nil while nothing waits
-	epfd    int
+	ep      *sock.Epoll // the current epoll instance; nil while nothing waits
 	next    uint64
 	waiting map[uint64]idleWait
 }
@@ -45,4 +45,99 @@ func (p *idlePoller) waiters() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.waiting)
+}
+
+// wait registers fd; wake then runs in a new goroutine once fd is readable,
+// has hung up or failed. It returns the registration's id for cancel.
+func (p *idlePoller) wait(fd int, wake func()) (uint64, error) {
+	p.mu.Lock()
+	if p.ep == nil {
+		ep, err := sock.OpenEpoll()
+		if err != nil {
+			p.mu.Unlock()
+			return 0, err
+		}
+		p.ep = ep
+		if p.waiting == nil {
+			p.waiting = make(map[uint64]idleWait)
+		}
+		go p.run(p.ep)
+	}
+	p.next++
+	id := p.next
+	if err := p.ep.Add(fd, id); err != nil {
+		ep := p.closeIfEmptyLocked()
+		p.mu.Unlock()
+		if ep != nil {
+			_ = ep.Close()
+		}
+		return 0, err
+	}
+	p.waiting[id] = idleWait{fd: fd, wake: wake}
+	p.mu.Unlock()
+	return id, nil
+}
+
+// cancel removes registration id before its socket is closed. It reports
+// whether it was still waiting: if not, its wake has run or is starting.
+func (p *idlePoller) cancel(id uint64) bool {
+	p.mu.Lock()
+	w, ok := p.waiting[id]
+	if ok {
+		delete(p.waiting, id)
+		p.ep.Remove(w.fd)
+	}
+	ep := p.closeIfEmptyLocked()
+	p.mu.Unlock()
+	if ep != nil {
+		_ = ep.Close() // outside mu: run may be waiting for mu with ep in use
+	}
+	return ok
+}
+
+// closeIfEmptyLocked retires the epoll instance when nothing waits and
+// returns it for the caller to close after unlocking.
+func (p *idlePoller) closeIfEmptyLocked() *sock.Epoll {
+	if p.ep == nil || len(p.waiting) > 0 {
+		return nil
+	}
+	ep := p.ep
+	p.ep = nil
+	return ep
+}
+
+// run delivers the events of epoll instance ep until it is closed.
+func (p *idlePoller) run(ep *sock.Epoll) {
+	var woke []func()
+	deliver := func(ids []uint64) {
+		p.mu.Lock()
+		for _, id := range ids {
+			if w, ok := p.waiting[id]; ok {
+				delete(p.waiting, id)
+				ep.Remove(w.fd)
+				woke = append(woke, w.wake)
+			}
+		}
+		p.mu.Unlock()
+	}
+	for {
+		woke = woke[:0]
+		err := ep.Wait(deliver)
+		for _, wake := range woke {
+			go wake()
+		}
+		if err != nil {
+			return // ep was closed
+		}
+		p.mu.Lock()
+		var retired *sock.Epoll
+		if p.ep == ep {
+			retired = p.closeIfEmptyLocked()
+		}
+		p.mu.Unlock()
+		if retired != nil {
+			_ = retired.Close()
+			return
+		}
+	}
 }

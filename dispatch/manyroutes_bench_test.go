@@ -101,7 +101,7 @@ func benchManyRoutes(b *testing.B, spread int) {
 	b.SetParallelism(sharedBenchParallelism)
 	dials0 := app.accepted.Load()
 	writes0 := processWrites()
-	cpu0 := sharedBenchCPU(b)
+	cpu0 := time.Duration(processCPU())
 	b.ResetTimer()
 	cpu := runSharedBenchClients(b, sets, cpu0)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")

@@ -18,7 +18,7 @@ package dispatch
 //
 // An app connection that the app closed while it was idle is not a
 // failure at all: backendPool.get finds it closed before anything is
-// written (idleProbe) and the request takes another connection. Once a
+// written (sock.IdleProbe) and the request takes another connection. Once a
 // byte of the request may have been read by the app, an EOF or reset is
 // answered with 502 and never replayed, whatever the method: the app may
 // have acted on it.

@@ -18,17 +18,14 @@
 //	h2c_pool.go    the per-route pool of HTTP/2 app connections (h2c)
 //	exchange.go    one request forwarded to the app, shared by both
 //	headwait.go    the response-head timeout, started once the body is sent
-//	appwait*.go    a request written inside the read that waits for its answer
 //	retry.go       when a request may be sent to the app again
 //	appstart.go    waiting for an app that is not listening yet
-//	hangup_*.go    telling that an HTTP/1.1 client hung up, without reading
 //	backend.go     the per-route pool of app connections (as many as the
 //	               route's concurrency needs, LIFO, idle timeout)
-//	stale_*.go     probing idle app connections before reuse
 //	request.go     parsing an HTTP/1.1 request head
 //	lexer.go       the HTTP/1.1 field and token grammar
 //	inbuf.go       the pooled input buffer
-//	appack*.go     an app connection's reads: early ACK when a response needs a second read
+//	appack.go      an app connection's reads: early ACK when a response needs a second read
 //	forward.go     the request head sent to the app (sanitising)
 //	response.go    the app's response head, parsed and relayed
 //	reqbody.go     streaming an HTTP/1.1 request body to the app
@@ -41,11 +38,17 @@
 //	ocsf.go        the OCSF records: HTTP Activity per request, failed app connections
 //	upgrade.go     the handoff of an accepted WebSocket upgrade
 //	websocket.go   the WebSocket splice and its revocation
-//	websocket_raw_*.go  the app's side of a WebSocket read as an event loop would
-//	park*.go, idlepoll*.go  idle WebSockets without goroutine or buffer
+//	websocket_raw.go   the app's side of a WebSocket read as an event loop would
+//	park.go, idlepoll.go  idle WebSockets without goroutine or buffer
 //	idlepark.go    idle HTTP/1.1 keep-alive connections without goroutine
 //	keepalive.go   the yield before the next request of a keep-alive connection
 //	metrics.go     the data plane's metrics
+//
+// The system calls on sockets (a conn's raw socket, the early ACK, a hang-up
+// seen without reading, the idle probe, the readable wait, a request written
+// inside the read that waits for its answer, event-loop reads, the epoll
+// instance of the idle pollers) are in internal/sock, one file per platform;
+// this package keeps when and why they are made.
 package dispatch
 
 import (

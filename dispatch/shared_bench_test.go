@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,15 +173,6 @@ func (c *sharedBenchClient) do() error {
 	return err
 }
 
-// sharedBenchCPU returns the user and system CPU time of this process.
-func sharedBenchCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 func benchSharedListener(b *testing.B, instances int) {
 	apps := make([]*sharedBenchApp, sharedBenchApps)
 	for i := range apps {
@@ -239,7 +229,7 @@ func benchSharedListener(b *testing.B, instances int) {
 
 	b.ReportAllocs()
 	b.SetParallelism(sharedBenchParallelism)
-	cpu0 := sharedBenchCPU(b)
+	cpu0 := time.Duration(processCPU())
 	b.ResetTimer()
 	cpu := runSharedBenchClients(b, sets, cpu0)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
@@ -373,7 +363,7 @@ func runSharedBenchClients(b *testing.B, sets chan []*sharedBenchClient, cpu0 ti
 		}
 	})
 	b.StopTimer()
-	cpu := sharedBenchCPU(b) - cpu0
+	cpu := time.Duration(processCPU()) - cpu0
 	if failure != nil {
 		b.Fatalf("request failed: %v", failure)
 	}

@@ -1,4 +1,4 @@
-//go:build linux && !386
+//go:build linux
 
 package dispatch
 
@@ -94,7 +94,7 @@ func poolState(pool *backendPool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d idle", len(pool.idle))
 	for _, bc := range pool.idle {
-		fmt.Fprintf(&b, "; idle %v, usable %v", time.Since(bc.idleSince).Round(time.Microsecond), bc.probe.usable())
+		fmt.Fprintf(&b, "; idle %v, usable %v", time.Since(bc.idleSince).Round(time.Microsecond), bc.probe.Usable())
 	}
 	return b.String()
 }
@@ -108,7 +108,7 @@ func poolAllStale(pool *backendPool) bool {
 		return false
 	}
 	for _, bc := range pool.idle {
-		if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.usable() {
+		if time.Since(bc.idleSince) < probeIdleAfter || bc.probe.Usable() {
 			return false
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/applistener/applistener/dispatch/internal/sock"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -393,7 +394,7 @@ func (p *wsPump) copy() error {
 			if p.park() {
 				return errParked
 			}
-			if err := waitReadable(src.raw); err != nil {
+			if err := sock.WaitReadable(src.raw); err != nil {
 				return err
 			}
 			continue
@@ -434,7 +435,7 @@ func (p *wsPump) park() bool {
 	if p.poller == nil {
 		return false
 	}
-	fd, ok := socketFD(p.src.raw)
+	fd, ok := sock.FD(p.src.raw)
 	if !ok {
 		return false
 	}

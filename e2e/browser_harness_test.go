@@ -31,7 +31,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -679,7 +678,7 @@ func (b *browser) Close() {
 			_ = b.conn.Close() // ends readLoop
 		}
 		if b.cmd.Process != nil {
-			_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+			killProcessGroup(b.cmd.Process)
 		}
 		close(b.release)
 		select {

@@ -129,12 +129,12 @@ func caClosed(t *testing.T, src, to string, pool *x509.CertPool, host string, pr
 // connection, and a connection from the edge's address without one is
 // closed; both refusals are counted.
 func TestClientAddressThroughEdge(t *testing.T) {
-	pki := discNewPKI(t)
+	pki := newSupervisorPKI(t)
 	app := newBackend(t, "web")
-	gw := discStartGateway(t, map[string][]discInst{"sup-1": {{"demo", map[string]int{"web": app.port}}}})
-	sup := discStartSup(t, gw, pki, "sup-1", 101, "--require-proxy-protocol", "127.0.0.1/32")
-	testutil.Eventually(t, waitTimeout, "the route in discovery", func() bool { return discGet(t, gw).route(discHostDemo) != nil })
-	edge := discStartEdge(t, gw)
+	gw := newDiscoveryGateway(t, map[string][]discoveryInstance{"sup-1": {{"demo", map[string]int{"web": app.port}}}})
+	sup := gw.startSupervisor(t, pki, "sup-1", 101, "--require-proxy-protocol", "127.0.0.1/32")
+	testutil.Eventually(t, waitTimeout, "the route in discovery", func() bool { return gw.snapshot(t).route(demoHost) != nil })
+	edge := gw.startEdge(t)
 
 	check := func(uri, want string) {
 		t.Helper()
@@ -147,18 +147,18 @@ func TestClientAddressThroughEdge(t *testing.T) {
 		}
 	}
 	for _, proto := range []string{"h1", "h2"} {
-		caGet(t, caEdgeClient, edge.appAddr, pki.pool, discHostDemo, "/edge-"+proto, proto)
+		caGet(t, caEdgeClient, edge.appAddr, pki.pool, demoHost, "/edge-"+proto, proto)
 		check("/edge-"+proto, caEdgeClient)
 	}
-	caWS(t, caEdgeClient, edge.appAddr, pki.pool, discHostDemo)
+	caWS(t, caEdgeClient, edge.appAddr, pki.pool, demoHost)
 	check("/ws", caEdgeClient)
 
 	// Direct clients are unaffected.
 	for _, proto := range []string{"h1", "h2"} {
-		caGet(t, caDirectClient, sup.appAddr, pki.pool, discHostDemo, "/direct-"+proto, proto)
+		caGet(t, caDirectClient, sup.appAddr, pki.pool, demoHost, "/direct-"+proto, proto)
 		check("/direct-"+proto, caDirectClient)
 	}
-	caWS(t, caDirectClient, sup.appAddr, pki.pool, discHostDemo)
+	caWS(t, caDirectClient, sup.appAddr, pki.pool, demoHost)
 	check("/ws", caDirectClient)
 
 	// A PROXY header from a direct client, and none from the edge's
@@ -168,8 +168,8 @@ func TestClientAddressThroughEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	caClosed(t, caDirectClient, sup.appAddr, pki.pool, discHostDemo, spoof)
-	caClosed(t, "127.0.0.1", sup.appAddr, pki.pool, discHostDemo, nil)
+	caClosed(t, caDirectClient, sup.appAddr, pki.pool, demoHost, spoof)
+	caClosed(t, "127.0.0.1", sup.appAddr, pki.pool, demoHost, nil)
 	for _, reason := range []string{"proxy_untrusted", "proxy_required"} {
 		name := `applistener_handshake_rejections_total{reason="` + reason + `"}`
 		testutil.Eventually(t, waitTimeout, name+" counted", func() bool { return sup.metric(t, name) == 1 })

@@ -25,19 +25,20 @@ import (
 	"github.com/applistener/applistener/internal/testutil"
 )
 
+// The control-plane tests serve demoHost (discovery_test.go).
+
 const (
-	cpHostDemo = "team--demo--web.apps.test"
-	// cpSessionTTL is the gateways' --session-ttl in these tests (at least
+	// sessionTTL is the gateways' --session-ttl in these tests (at least
 	// twice the keepalive, which push streams renew their session with).
-	cpSessionTTL = 4 * time.Second
+	sessionTTL = 4 * time.Second
 )
 
-// cpFast are the gateway flags of most tests: a short session TTL and the
+// fastSession are the gateway flags of most tests: a short session TTL and the
 // keepalive it allows (supervisors ask for freshness/3, 1 s, anyway).
-var cpFast = []string{"--keepalive", "1s", "--session-ttl", cpSessionTTL.String()}
+var fastSession = []string{"--keepalive", "1s", "--session-ttl", sessionTTL.String()}
 
-// cpLogf logs a measured figure in a form that is easy to grep for.
-func cpLogf(t testing.TB, format string, args ...any) {
+// logFigure logs a measured figure in a form that is easy to grep for.
+func logFigure(t testing.TB, format string, args ...any) {
 	t.Helper()
 	t.Logf("FIGURE "+format, args...)
 }
@@ -52,107 +53,105 @@ func cpLogf(t testing.TB, format string, args ...any) {
 // accepted by replica 1 until a discovery watch on replica 2 shows it.
 func TestControlPlaneCrossReplica(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1")}, fastSession...)
 	web := newBackend(t, "web1")
 
 	// The supervisor's document exists (another instance) so that its
 	// session is accepted before the route is written.
-	g.put(t, 1, "sup-1", cpInst("idle", map[string]int{"web": web.port}))
-	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.url(0)})
-	edge := cpStartEdge(t, g.url(1))
+	g.put(t, 1, "sup-1", newStoredInstance("idle", map[string]int{"web": web.port}))
+	sup := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", gateways: g.url(0)})
+	edge := startEdgeOn(t, g.url(1))
 	testutil.Eventually(t, waitTimeout, "the supervisor's push session on replica 1", func() bool {
-		v, _, err := gwMetric(g.replicas[0].adminAddr, "applistener_gateway_watchers", nil)
+		v, _, err := scrapeMetric(g.replicas[0].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
 
 	start := time.Now()
-	g.put(t, 1, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
-	r := g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	cpLogf(t, "write on replica 2 -> supervisor on replica 1 -> route in discovery on replica 2: %v", time.Since(start).Round(time.Millisecond))
-	if r.Endpoint.Host != "127.0.0.1" || r.Endpoint.Port != discPort(sup.appAddr) {
+	g.put(t, 1, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
+	r := g.waitRoute(t, 1, demoHost, "sup-1", false)
+	logFigure(t, "write on replica 2 -> supervisor on replica 1 -> route in discovery on replica 2: %v", time.Since(start).Round(time.Millisecond))
+	if r.Endpoint.Host != "127.0.0.1" || r.Endpoint.Port != portOf(sup.appAddr) {
 		t.Fatalf("published endpoint %+v, want the supervisor's listener %s", r.Endpoint, sup.appAddr)
 	}
 	var body string
 	testutil.Eventually(t, waitTimeout, "GET through the edge (discovery from replica 2)", func() bool {
 		var err error
-		body, err = cpEdgeGet(edge.appAddr, cpHostDemo)
+		body, err = edgeGet(edge.appAddr, demoHost)
 		return err == nil
 	})
 	if body != "hello from web1" {
 		t.Fatalf("through the edge: %q", body)
 	}
 	// One WebSocket through the edge, one straight to the supervisor.
-	ws, err := cpEdgeWS(edge.appAddr, cpHostDemo)
+	ws, err := edgeWS(edge.appAddr, demoHost)
 	if err != nil {
 		t.Fatalf("WebSocket through the edge: %v", err)
 	}
 	defer func() { _ = ws.Close() }()
-	if err := gwEcho(ws, "before"); err != nil {
-		t.Fatal(err)
-	}
-	direct := sup.wsDial(t, cpHostDemo)
-	wsEcho(t, direct, websocket.TextMessage, []byte("before"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("before")))
+	direct := sup.wsDial(t, demoHost)
+	must(t, wsEcho(direct, websocket.TextMessage, []byte("before")))
 
 	// Withdrawn through the other replica: the supervisor closes the
 	// route's WebSockets with 1008, and the edge, told by discovery at the
 	// same moment, leaves the splice to the supervisor for its withdrawal
 	// grace, so the close frame reaches the client through the edge too.
-	closedDirect := gwWatchClose(direct, waitTimeout)
-	closedEdge := gwWatchClose(ws, waitTimeout)
+	closedDirect := watchClose(direct, waitTimeout)
+	closedEdge := watchClose(ws, waitTimeout)
 	t0 := time.Now()
 	g.del(t, 0, "sup-1", "demo")
-	res := gwAwaitClose(t, "WebSocket to the supervisor after the withdrawal on replica 1", closedDirect)
-	gwExpectClose(t, "WebSocket to the supervisor", res.err, websocket.ClosePolicyViolation)
-	resEdge := gwAwaitClose(t, "WebSocket through the edge after the withdrawal on replica 1", closedEdge)
-	gwExpectClose(t, "WebSocket through the edge", resEdge.err, websocket.ClosePolicyViolation)
+	res := awaitClose(t, "WebSocket to the supervisor after the withdrawal on replica 1", closedDirect)
+	expectCloseCode(t, "WebSocket to the supervisor", res.err, websocket.ClosePolicyViolation)
+	resEdge := awaitClose(t, "WebSocket through the edge after the withdrawal on replica 1", closedEdge)
+	expectCloseCode(t, "WebSocket through the edge", resEdge.err, websocket.ClosePolicyViolation)
 	t.Logf("withdrawal on replica 1: WebSocket to the supervisor closed with 1008 after %v; through the edge after %v",
 		res.at.Sub(t0).Round(time.Millisecond), resEdge.at.Sub(t0).Round(time.Millisecond))
-	g.waitRoute(t, 1, cpHostDemo, "", true)
+	g.waitRoute(t, 1, demoHost, "", true)
 	testutil.Eventually(t, waitTimeout, "the edge to refuse the withdrawn name", func() bool {
-		return gwUnrecognized(discHandshakeErr(edge.appAddr, caPool, cpHostDemo))
+		return isUnrecognizedName(edgeHandshakeErr(edge.appAddr, caPool, demoHost))
 	})
 
 	// Cross-replica discovery latency: writes on replica 1, a watch on
 	// replica 2. A withdrawal is a document change (the grant goes away at
 	// once); a publication also includes the supervisor's round trip
 	// (push, install, advertisement through replica 1).
-	w := cpStartWatch(t, g, 1)
+	w := g.startWatch(t, 1)
 	const rounds = 100
 	var pub, unpub []time.Duration
 	idx := 0
 	for range rounds {
 		t0 := time.Now()
-		g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
-		i, at := w.waitFor(t, idx, waitTimeout, cpHostDemo+" published", func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+		g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
+		i, at := w.waitFor(t, idx, waitTimeout, demoHost+" published", func(s *discoverySnapshot) bool { return s.route(demoHost) != nil })
 		pub = append(pub, at.Sub(t0))
 		t1 := time.Now()
 		g.del(t, 0, "sup-1", "demo")
-		i, at = w.waitFor(t, i+1, waitTimeout, cpHostDemo+" withdrawn", func(s *discSnapshot) bool { return s.route(cpHostDemo) == nil })
+		i, at = w.waitFor(t, i+1, waitTimeout, demoHost+" withdrawn", func(s *discoverySnapshot) bool { return s.route(demoHost) == nil })
 		unpub = append(unpub, at.Sub(t1))
 		idx = i + 1
 	}
-	cpLogf(t, "cross-replica discovery change (write on replica 1 -> watch on replica 2), withdrawal: p50 %v p99 %v max %v (n=%d)",
-		cpPercentile(unpub, 50), cpPercentile(unpub, 99), cpPercentile(unpub, 100), len(unpub))
-	cpLogf(t, "cross-replica discovery change, publication incl. the supervisor's round trip: p50 %v p99 %v max %v (n=%d)",
-		cpPercentile(pub, 50), cpPercentile(pub, 99), cpPercentile(pub, 100), len(pub))
-	if p := cpPercentile(unpub, 50); p > time.Second {
+	logFigure(t, "cross-replica discovery change (write on replica 1 -> watch on replica 2), withdrawal: p50 %v p99 %v max %v (n=%d)",
+		percentile(unpub, 50), percentile(unpub, 99), percentile(unpub, 100), len(unpub))
+	logFigure(t, "cross-replica discovery change, publication incl. the supervisor's round trip: p50 %v p99 %v max %v (n=%d)",
+		percentile(pub, 50), percentile(pub, 99), percentile(pub, 100), len(pub))
+	if p := percentile(unpub, 50); p > time.Second {
 		t.Errorf("median withdrawal latency across replicas %v; want well under a second", p)
 	}
 }
 
-// discPort is the port of a host:port address.
-func discPort(addr string) int {
+// portOf is the port of a host:port address.
+func portOf(addr string) int {
 	_, p, _ := net.SplitHostPort(addr)
 	var n int
 	_, _ = fmt.Sscan(p, &n)
 	return n
 }
 
-// cpDiscoveryProbe polls replica i's discovery every interval until stop is
+// discoveryProbe polls replica i's discovery every interval until stop is
 // closed and records every answer that is a 200 without host (empty or
 // partial), or anything but 200 or a refused connection (a replica that is
 // down); transport errors count separately.
-type cpDiscoveryProbe struct {
+type discoveryProbe struct {
 	mu       sync.Mutex
 	ok       int
 	down     int
@@ -161,15 +160,15 @@ type cpDiscoveryProbe struct {
 	finished chan struct{}
 }
 
-func cpProbeDiscovery(g *cpGateways, i int, host string, every time.Duration) *cpDiscoveryProbe {
-	p := &cpDiscoveryProbe{stop: make(chan struct{}), finished: make(chan struct{})}
+func (g *etcdGateways) probeDiscovery(i int, host string, every time.Duration) *discoveryProbe {
+	p := &discoveryProbe{stop: make(chan struct{}), finished: make(chan struct{})}
 	start := time.Now()
 	go func() {
 		defer close(p.finished)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			code, s, err := g.discovery(i, cpTeamToken, "team")
+			code, s, err := g.discovery(i, teamToken, "team")
 			p.mu.Lock()
 			switch {
 			case code == http.StatusOK && s != nil && s.route(host) != nil:
@@ -192,10 +191,10 @@ func cpProbeDiscovery(g *cpGateways, i int, host string, every time.Duration) *c
 	return p
 }
 
-// cpBackground runs check every interval in the background until the
+// inBackground runs check every interval in the background until the
 // returned function is called; that function fails the test if any run of
 // check failed, with the first failures.
-func cpBackground(t testing.TB, name string, every time.Duration, check func() error) func() {
+func inBackground(t testing.TB, name string, every time.Duration, check func() error) func() {
 	stop, done := make(chan struct{}), make(chan struct{})
 	var runs int
 	var fails []string
@@ -226,14 +225,14 @@ func cpBackground(t testing.TB, name string, every time.Duration, check func() e
 }
 
 // okCount is the number of answers with the route so far.
-func (p *cpDiscoveryProbe) okCount() int {
+func (p *discoveryProbe) okCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ok
 }
 
 // end stops the probe and fails the test if any answer lacked the route.
-func (p *cpDiscoveryProbe) end(t testing.TB, what string) {
+func (p *discoveryProbe) end(t testing.TB, what string) {
 	t.Helper()
 	close(p.stop)
 	<-p.finished
@@ -256,15 +255,15 @@ func (p *cpDiscoveryProbe) end(t testing.TB, what string) {
 // 1 is started again and replica 2 killed: the same, the other way round.
 func TestControlPlaneReplicaFailover(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1")}, fastSession...)
 	web := newBackend(t, "web1")
-	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
 	const freshness = 2 * time.Second
-	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.urls(0, 1), freshness: freshness})
-	edge := cpStartEdge(t, g.urls(0, 1))
-	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
-	ws, err := cpEdgeWS(edge.appAddr, cpHostDemo)
+	sup := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", gateways: g.urls(0, 1), freshness: freshness})
+	edge := startEdgeOn(t, g.urls(0, 1))
+	g.waitRoute(t, 1, demoHost, "sup-1", false)
+	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := edgeGet(edge.appAddr, demoHost); return err == nil })
+	ws, err := edgeWS(edge.appAddr, demoHost)
 	if err != nil {
 		t.Fatalf("WebSocket through the edge: %v", err)
 	}
@@ -279,14 +278,14 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 			"applistener_gateway_discovery_watchers": "the edge's discovery watch",
 		} {
 			testutil.Eventually(t, waitTimeout, fmt.Sprintf("%s on replica %d", what, dead+1), func() bool {
-				v, _, err := gwMetric(g.replicas[dead].adminAddr, metric, nil)
+				v, _, err := scrapeMetric(g.replicas[dead].adminAddr, metric, nil)
 				return err == nil && v == 1
 			})
 		}
-		pushes := cpMetric(sup.proc, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"})
-		probe := cpProbeDiscovery(g, alive, cpHostDemo, 50*time.Millisecond)
-		edgeRoutes := cpBackground(t, name+": the edge's discovery cache holds the route", 20*time.Millisecond, func() error {
-			if v := cpMetric(edge, "applistener_edge_routes", nil); v != 1 {
+		pushes := sup.proc.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"})
+		probe := g.probeDiscovery(alive, demoHost, 50*time.Millisecond)
+		edgeRoutes := inBackground(t, name+": the edge's discovery cache holds the route", 20*time.Millisecond, func() error {
+			if v := edge.metricOrNegative("applistener_edge_routes", nil); v != 1 {
 				return fmt.Errorf("applistener_edge_routes %v", v)
 			}
 			return nil
@@ -296,7 +295,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 		var wsWG sync.WaitGroup
 		wsWG.Go(func() {
 			for n := 0; ; n++ {
-				if err := gwEcho(ws, fmt.Sprintf("%s %d", name, n)); err != nil {
+				if err := wsEcho(ws, websocket.TextMessage, []byte(fmt.Sprintf("%s %d", name, n))); err != nil {
 					wsErr.Store(err)
 					return
 				}
@@ -313,11 +312,11 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 		var supAt, edgeAt time.Duration
 		deadline := time.Now().Add(waitTimeout)
 		for (supAt == 0 || edgeAt == 0) && time.Now().Before(deadline) {
-			if supAt == 0 && cpMetric(sup.proc, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}) > pushes {
+			if supAt == 0 && sup.proc.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}) > pushes {
 				supAt = time.Since(t0)
 			}
 			if edgeAt == 0 {
-				if v, _, err := gwMetric(g.replicas[alive].adminAddr, "applistener_gateway_discovery_watchers", nil); err == nil && v == 1 {
+				if v, _, err := scrapeMetric(g.replicas[alive].adminAddr, "applistener_gateway_discovery_watchers", nil); err == nil && v == 1 {
 					edgeAt = time.Since(t0)
 				}
 			}
@@ -326,20 +325,20 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 		if supAt == 0 || edgeAt == 0 {
 			t.Fatalf("%s: after %v the supervisor's new session delivered: %v, the edge's watch on replica %d: %v", name, waitTimeout, supAt, alive+1, edgeAt)
 		}
-		cpLogf(t, "%s: supervisor session failover (first document of a push session on replica %d) %v", name, alive+1, supAt.Round(time.Millisecond))
-		cpLogf(t, "%s: discovery watch failover (edge's watch open on replica %d) %v", name, alive+1, edgeAt.Round(time.Millisecond))
+		logFigure(t, "%s: supervisor session failover (first document of a push session on replica %d) %v", name, alive+1, supAt.Round(time.Millisecond))
+		logFigure(t, "%s: discovery watch failover (edge's watch open on replica %d) %v", name, alive+1, edgeAt.Round(time.Millisecond))
 
 		// Routes keep being renewed through the new replica: watch past
 		// the freshness window.
-		gwWatch(t, freshness+500*time.Millisecond,
-			&gwCheck{name: name + ": GET through the edge", every: 300 * time.Millisecond, fn: func() error {
-				body, err := cpEdgeGet(edge.appAddr, cpHostDemo)
+		holdsFor(t, freshness+500*time.Millisecond,
+			&periodicCheck{name: name + ": GET through the edge", every: 300 * time.Millisecond, fn: func() error {
+				body, err := edgeGet(edge.appAddr, demoHost)
 				if err == nil && body != "hello from web1" {
 					err = fmt.Errorf("body %q", body)
 				}
 				return err
 			}},
-			&gwCheck{name: name + ": supervisor ready", every: 200 * time.Millisecond, fn: func() error {
+			&periodicCheck{name: name + ": supervisor ready", every: 200 * time.Millisecond, fn: func() error {
 				if code := sup.readyz(); code != http.StatusOK {
 					return fmt.Errorf("/readyz %d", code)
 				}
@@ -356,7 +355,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 
 		// The dead replica comes back on its port: from its first 200 on,
 		// it publishes the route (loaded from etcd, never an empty set).
-		restart := cpProbeDiscovery(g, dead, cpHostDemo, 20*time.Millisecond)
+		restart := g.probeDiscovery(dead, demoHost, 20*time.Millisecond)
 		g.start(t, dead)
 		base := restart.okCount()
 		testutil.Eventually(t, waitTimeout, "a few answers of the restarted replica", func() bool { return restart.okCount() >= base+3 })
@@ -372,49 +371,49 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 // everything recovers by itself.
 func TestControlPlaneEtcdQuorum(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1")}, fastSession...)
 	web := newBackend(t, "web1")
-	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
+	g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
 	const freshness = 5 * time.Second
-	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", freshness: freshness})
-	g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
-	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	edge := cpStartEdge(t, g.urls(1, 0))
-	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
-	watches := []*cpWatch{cpStartWatch(t, g, 0), cpStartWatch(t, g, 1)}
+	sup := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", freshness: freshness})
+	g.waitRoute(t, 0, demoHost, "sup-1", false)
+	g.waitRoute(t, 1, demoHost, "sup-1", false)
+	edge := startEdgeOn(t, g.urls(1, 0))
+	testutil.Eventually(t, waitTimeout, "GET through the edge", func() bool { _, err := edgeGet(edge.appAddr, demoHost); return err == nil })
+	watches := []*discoveryWatch{g.startWatch(t, 0), g.startWatch(t, 1)}
 
 	// One member (the leader) stops: nothing changes.
 	leader := -1
 	testutil.Eventually(t, waitTimeout, "an etcd leader", func() bool { leader = c.leader(); return leader >= 0 })
 	c.stop(t, leader)
 	n := 0
-	gwWatch(t, 3*time.Second,
-		&gwCheck{name: "one member down: discovery on both replicas", every: 100 * time.Millisecond, fn: func() error {
+	holdsFor(t, 3*time.Second,
+		&periodicCheck{name: "one member down: discovery on both replicas", every: 100 * time.Millisecond, fn: func() error {
 			for i := range 2 {
-				_, s, err := g.discovery(i, cpTeamToken, "team")
+				_, s, err := g.discovery(i, teamToken, "team")
 				if err != nil {
 					return err
 				}
-				if s.route(cpHostDemo) == nil {
-					return fmt.Errorf("replica %d: no %s", i+1, cpHostDemo)
+				if s.route(demoHost) == nil {
+					return fmt.Errorf("replica %d: no %s", i+1, demoHost)
 				}
 			}
 			return nil
 		}},
-		&gwCheck{name: "one member down: writes", every: 500 * time.Millisecond, fn: func() error {
+		&periodicCheck{name: "one member down: writes", every: 500 * time.Millisecond, fn: func() error {
 			n++
 			b := []byte(fmt.Sprintf(`{"workspace":"team","sandbox":"probe","generation":"%d","connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":%d,"revision":1}]}`, n, web.port))
-			code, body, err := g.do(n%2, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", cpAdminToken, b)
+			code, body, err := g.do(n%2, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", adminToken, b)
 			if err == nil && code != http.StatusOK {
 				err = fmt.Errorf("PUT on replica %d: %d %s", n%2+1, code, body)
 			}
 			return err
 		}},
-		&gwCheck{name: "one member down: supervisor ready, GET through the edge", every: 250 * time.Millisecond, fn: func() error {
+		&periodicCheck{name: "one member down: supervisor ready, GET through the edge", every: 250 * time.Millisecond, fn: func() error {
 			if code := sup.readyz(); code != http.StatusOK {
 				return fmt.Errorf("/readyz %d", code)
 			}
-			_, err := cpEdgeGet(edge.appAddr, cpHostDemo)
+			_, err := edgeGet(edge.appAddr, demoHost)
 			return err
 		}},
 	)
@@ -430,15 +429,15 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	t0 := time.Now()
 	for i := range 2 {
 		testutil.Eventually(t, waitTimeout, fmt.Sprintf("replica %d to answer 503 to discovery", i+1), func() bool {
-			code, _, _ := g.discovery(i, cpTeamToken, "team")
+			code, _, _ := g.discovery(i, teamToken, "team")
 			return code == http.StatusServiceUnavailable
 		})
 	}
 	refusedAt := time.Since(t0)
-	cpLogf(t, "quorum lost -> both replicas answer 503 to discovery: %v", refusedAt.Round(time.Millisecond))
+	logFigure(t, "quorum lost -> both replicas answer 503 to discovery: %v", refusedAt.Round(time.Millisecond))
 	// The supervisor still serves: its routes are fresh for a while.
 	if refusedAt < freshness-time.Second {
-		if !gwHandshakeOK(sup.proc, cpHostDemo) {
+		if !sup.proc.handshakeOK(demoHost) {
 			t.Fatalf("%v after quorum loss (freshness %v) the supervisor no longer serves its route", refusedAt, freshness)
 		}
 	} else {
@@ -451,13 +450,13 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 		})
 		// It ended without ever sending a set without the route.
 		for _, ev := range w.snapshots() {
-			if ev.snap.route(cpHostDemo) == nil {
-				t.Errorf("replica %d's watch sent a snapshot without %s at %v", i+1, cpHostDemo, ev.at.Sub(t0))
+			if ev.snap.route(demoHost) == nil {
+				t.Errorf("replica %d's watch sent a snapshot without %s at %v", i+1, demoHost, ev.at.Sub(t0))
 			}
 		}
 	}
 	for i := range 2 {
-		code, body, _ := g.do(i, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", cpAdminToken,
+		code, body, _ := g.do(i, http.MethodPut, "/v1/supervisors/sup-1/instances/team/probe", adminToken,
 			[]byte(`{"workspace":"team","sandbox":"probe","generation":"x","connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":8080,"revision":1}]}`))
 		if code != http.StatusServiceUnavailable {
 			t.Errorf("write on replica %d without quorum: %d %s; want 503", i+1, code, body)
@@ -468,11 +467,11 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 		}
 	}
 	// Without renewals the route expires at the supervisor on time.
-	testutil.Eventually(t, freshness+gwMargin, "the route to expire at the supervisor", func() bool {
-		return gwUnrecognized(sup.handshakeErr(cpHostDemo))
+	testutil.Eventually(t, freshness+deadlineMargin, "the route to expire at the supervisor", func() bool {
+		return isUnrecognizedName(sup.handshakeErr(demoHost))
 	})
 	expiredAt := time.Since(t0)
-	cpLogf(t, "quorum lost -> route expired at the supervisor: %v (freshness %v)", expiredAt.Round(time.Millisecond), freshness)
+	logFigure(t, "quorum lost -> route expired at the supervisor: %v (freshness %v)", expiredAt.Round(time.Millisecond), freshness)
 	if expiredAt < freshness-2*time.Second {
 		t.Errorf("the route expired %v after quorum loss; the supervisor should keep it about its freshness (%v)", expiredAt, freshness)
 	}
@@ -482,13 +481,13 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	c.start(t, second)
 	c.start(t, leader)
 	for i := range 2 {
-		g.waitRoute(t, i, cpHostDemo, "sup-1", false)
+		g.waitRoute(t, i, demoHost, "sup-1", false)
 	}
-	testutil.Eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return gwHandshakeOK(sup.proc, cpHostDemo) })
-	testutil.Eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := cpEdgeGet(edge.appAddr, cpHostDemo); return err == nil })
-	cpLogf(t, "members restarted -> route served through the edge again: %v", time.Since(t1).Round(time.Millisecond))
-	w := cpStartWatch(t, g, 0)
-	w.waitFor(t, 0, waitTimeout, cpHostDemo, func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+	testutil.Eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return sup.proc.handshakeOK(demoHost) })
+	testutil.Eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := edgeGet(edge.appAddr, demoHost); return err == nil })
+	logFigure(t, "members restarted -> route served through the edge again: %v", time.Since(t1).Round(time.Millisecond))
+	w := g.startWatch(t, 0)
+	w.waitFor(t, 0, waitTimeout, demoHost, func(s *discoverySnapshot) bool { return s.route(demoHost) != nil })
 }
 
 // TestControlPlanePools: three supervisors with generated ids share one
@@ -497,19 +496,19 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 // neither read nor advertise for those ids.
 func TestControlPlanePools(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("other-sup")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("other-sup")}, fastSession...)
 	var ids []string
-	var sups []*cpSup
+	var sups []*etcdSupervisor
 	var apps []*backend
 	for i := range 3 {
 		id := fmt.Sprintf("host-%s", randomHex(t, 4))
 		ids = append(ids, id)
 		apps = append(apps, newBackend(t, id))
 		// Ready means its session was accepted: the empty document.
-		sups = append(sups, cpStartSup(t, g, cpSupConfig{id: id, token: cpPoolToken, gateways: g.urls(i%2, 1-i%2)}))
+		sups = append(sups, g.startSupervisor(t, etcdSupervisorConfig{id: id, token: poolToken, gateways: g.urls(i%2, 1-i%2)}))
 	}
 	// The members list shows the three live sessions.
-	code, body, err := g.do(1, http.MethodGet, "/v1/pools/"+cpPool+"/members", cpAdminToken, nil)
+	code, body, err := g.do(1, http.MethodGet, "/v1/pools/"+hostsPool+"/members", adminToken, nil)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("pool members: %d %s %v", code, body, err)
 	}
@@ -522,19 +521,19 @@ func TestControlPlanePools(t *testing.T) {
 	hosts := map[string]string{}
 	for i, id := range ids {
 		sb := fmt.Sprintf("sb%d", i+1)
-		g.put(t, i%2, id, cpInst(sb, map[string]int{"web": apps[i].port}))
-		hosts[id] = gwHost("team", sb, "web")
+		g.put(t, i%2, id, newStoredInstance(sb, map[string]int{"web": apps[i].port}))
+		hosts[id] = serviceHost("team", sb, "web")
 	}
 	for i, id := range ids {
 		g.waitRoute(t, 0, hosts[id], id, false)
 		for j, other := range ids {
-			ok := gwHandshakeOK(sups[i].proc, hosts[other])
+			ok := sups[i].proc.handshakeOK(hosts[other])
 			if ok != (i == j) {
 				t.Errorf("supervisor %s serves %s: %v", id, hosts[other], ok)
 			}
 		}
 		cl, _ := sups[i].client(t, hosts[id])
-		if err := gwExpect200(cl, hosts[id], id); err != nil {
+		if err := expect200(cl, hosts[id], id); err != nil {
 			t.Error(err)
 		}
 	}
@@ -543,14 +542,14 @@ func TestControlPlanePools(t *testing.T) {
 	// these ids: no document, no advertisement, no withdrawal.
 	ad := []byte(fmt.Sprintf(`{"installations":[{"hostname":%q,"workspace":"team","sandbox":"sb1","name":"web","installation_version":1,"declaration_revision":1,"expires_at":%q,"endpoint":{"host":"127.0.0.1","port":1},"generation":"1"}],"session":"%032x"}`,
 		hosts[ids[0]], time.Now().Add(time.Minute).UTC().Format(time.RFC3339Nano), 1))
-	for _, tok := range []string{cpPool2Token, "cp-sup-other-sup"} {
+	for _, tok := range []string{pool2Token, "cp-sup-other-sup"} {
 		for _, req := range []struct{ method, path string }{
 			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/config"},
 			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/config?watch=1&session=" + strings.Repeat("ab", 16)},
 			{http.MethodPut, "/v1/supervisors/" + ids[0] + "/installations"},
 			{http.MethodDelete, "/v1/supervisors/" + ids[0] + "/installations?session=" + strings.Repeat("ab", 16)},
 			{http.MethodGet, "/v1/supervisors/" + ids[0] + "/instances"},
-			{http.MethodGet, "/v1/pools/" + cpPool + "/members"},
+			{http.MethodGet, "/v1/pools/" + hostsPool + "/members"},
 		} {
 			var b []byte
 			if req.method == http.MethodPut {
@@ -564,18 +563,18 @@ func TestControlPlanePools(t *testing.T) {
 	}
 	// The other pool binds an id of its own; then pool A cannot have it.
 	fresh := "host-" + randomHex(t, 4)
-	code, body, _ = g.do(1, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("cd", 16), cpPool2Token, nil)
+	code, body, _ = g.do(1, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("cd", 16), pool2Token, nil)
 	if code != http.StatusOK {
-		t.Fatalf("pool %s's first session for %s: %d %s", cpPool2, fresh, code, body)
+		t.Fatalf("pool %s's first session for %s: %d %s", pool2, fresh, code, body)
 	}
-	code, body, _ = g.do(0, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("ef", 16), cpPoolToken, nil)
+	code, body, _ = g.do(0, http.MethodGet, "/v1/supervisors/"+fresh+"/config?session="+strings.Repeat("ef", 16), poolToken, nil)
 	if code != http.StatusForbidden {
-		t.Errorf("pool %s's token for %s (bound to %s): %d %s; want 403", cpPool, fresh, cpPool2, code, body)
+		t.Errorf("pool %s's token for %s (bound to %s): %d %s; want 403", hostsPool, fresh, pool2, code, body)
 	}
 	// Nothing changed in discovery.
 	s := g.snapshot(t, 1)
 	for _, id := range ids {
-		if r := s.route(hosts[id]); r == nil || r.Supervisor != id || r.Endpoint.Port != discPort(sups[indexOf(ids, id)].appAddr) {
+		if r := s.route(hosts[id]); r == nil || r.Supervisor != id || r.Endpoint.Port != portOf(sups[indexOf(ids, id)].appAddr) {
 			t.Errorf("after the refused requests, %s in discovery: %+v", hosts[id], r)
 		}
 	}
@@ -605,14 +604,14 @@ func indexOf(list []string, s string) int {
 // listener refuses connections, discovery no longer has its names.
 func TestControlPlaneSigtermWithdrawsFirst(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1")}, fastSession...)
 	web := newBackend(t, "web1")
-	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
-	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", gateways: g.url(0)})
-	g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
-	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	w := cpStartWatch(t, g, 1)
-	w.waitFor(t, 0, waitTimeout, cpHostDemo, func(s *discSnapshot) bool { return s.route(cpHostDemo) != nil })
+	g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
+	sup := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", gateways: g.url(0)})
+	g.waitRoute(t, 0, demoHost, "sup-1", false)
+	g.waitRoute(t, 1, demoHost, "sup-1", false)
+	w := g.startWatch(t, 1)
+	w.waitFor(t, 0, waitTimeout, demoHost, func(s *discoverySnapshot) bool { return s.route(demoHost) != nil })
 
 	// Connect in a tight loop until the listener refuses.
 	closedAt := make(chan time.Time, 1)
@@ -626,7 +625,7 @@ func TestControlPlaneSigtermWithdrawsFirst(t *testing.T) {
 				time.Sleep(time.Millisecond)
 				continue
 			}
-			if gwRefused(err) {
+			if isRefused(err) {
 				closedAt <- time.Now()
 				return
 			}
@@ -644,16 +643,16 @@ func TestControlPlaneSigtermWithdrawsFirst(t *testing.T) {
 	}
 	// At that moment the replica that took the withdrawal no longer
 	// publishes the name.
-	code, s, err := g.discovery(0, cpTeamToken, "team")
+	code, s, err := g.discovery(0, teamToken, "team")
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("discovery right after the listener closed: %d %v", code, err)
 	}
-	if s.route(cpHostDemo) != nil {
-		t.Errorf("the listener closed %v after SIGTERM while replica 1 still published %s", closed.Sub(t0), cpHostDemo)
+	if s.route(demoHost) != nil {
+		t.Errorf("the listener closed %v after SIGTERM while replica 1 still published %s", closed.Sub(t0), demoHost)
 	}
 	dialWG.Wait()
-	_, gone := w.waitFor(t, 0, waitTimeout, cpHostDemo+" withdrawn", func(s *discSnapshot) bool { return s.route(cpHostDemo) == nil })
-	cpLogf(t, "SIGTERM -> name gone from the watch on replica 2: %v; SIGTERM -> app listener closed: %v",
+	_, gone := w.waitFor(t, 0, waitTimeout, demoHost+" withdrawn", func(s *discoverySnapshot) bool { return s.route(demoHost) == nil })
+	logFigure(t, "SIGTERM -> name gone from the watch on replica 2: %v; SIGTERM -> app listener closed: %v",
 		gone.Sub(t0).Round(time.Millisecond), closed.Sub(t0).Round(time.Millisecond))
 	select {
 	case <-sup.done:
@@ -674,24 +673,24 @@ func TestControlPlaneSigtermWithdrawsFirst(t *testing.T) {
 // freshness), the other's advertisement is published.
 func TestControlPlaneTakeover(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-a"), cpSupToken("sup-b")}, cpFast...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-a"), supervisorTokenOf("sup-b")}, fastSession...)
 	appA, appB := newBackend(t, "app-a"), newBackend(t, "app-b")
-	g.put(t, 0, "sup-a", cpInst("demo", map[string]int{"web": appA.port}))
-	g.put(t, 1, "sup-b", cpInst("demo", map[string]int{"web": appB.port}))
+	g.put(t, 0, "sup-a", newStoredInstance("demo", map[string]int{"web": appA.port}))
+	g.put(t, 1, "sup-b", newStoredInstance("demo", map[string]int{"web": appB.port}))
 	const freshness = 3 * time.Second
-	a := cpStartSup(t, g, cpSupConfig{id: "sup-a", freshness: freshness})
-	g.waitRoute(t, 1, cpHostDemo, "sup-a", false)
-	b := cpStartSup(t, g, cpSupConfig{id: "sup-b", freshness: freshness, gateways: g.urls(1, 0)})
-	w := cpStartWatch(t, g, 1)
+	a := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-a", freshness: freshness})
+	g.waitRoute(t, 1, demoHost, "sup-a", false)
+	b := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-b", freshness: freshness, gateways: g.urls(1, 0)})
+	w := g.startWatch(t, 1)
 	// The incumbent keeps the name while B advertises it too.
-	gwWatch(t, time.Second, &gwCheck{name: "incumbent keeps the name", every: 100 * time.Millisecond, fn: func() error {
+	holdsFor(t, time.Second, &periodicCheck{name: "incumbent keeps the name", every: 100 * time.Millisecond, fn: func() error {
 		s := g.snapshot(t, 0)
-		if r := s.route(cpHostDemo); r == nil || r.Supervisor != "sup-a" {
+		if r := s.route(demoHost); r == nil || r.Supervisor != "sup-a" {
 			return fmt.Errorf("owner %+v", r)
 		}
 		return nil
 	}})
-	if !gwHandshakeOK(b.proc, cpHostDemo) {
+	if !b.proc.handshakeOK(demoHost) {
 		t.Fatal("supervisor B has not installed the route")
 	}
 
@@ -699,15 +698,15 @@ func TestControlPlaneTakeover(t *testing.T) {
 	from := len(w.snapshots())
 	t0 := time.Now()
 	a.signalAndWait(t, syscall.SIGTERM, waitTimeout)
-	_, at := w.waitFor(t, from, waitTimeout, "sup-b owning "+cpHostDemo, func(s *discSnapshot) bool {
-		r := s.route(cpHostDemo)
+	_, at := w.waitFor(t, from, waitTimeout, "sup-b owning "+demoHost, func(s *discoverySnapshot) bool {
+		r := s.route(demoHost)
 		return r != nil && r.Supervisor == "sup-b"
 	})
 	graceful := at.Sub(t0)
-	cpLogf(t, "takeover after SIGTERM of the owner (withdrawal) -> new owner in discovery on replica 2: %v", graceful.Round(time.Millisecond))
+	logFigure(t, "takeover after SIGTERM of the owner (withdrawal) -> new owner in discovery on replica 2: %v", graceful.Round(time.Millisecond))
 	for _, ev := range w.snapshots()[from:] {
-		if ev.snap.route(cpHostDemo) == nil {
-			t.Errorf("during the graceful takeover discovery had no owner for %s at %v", cpHostDemo, ev.at.Sub(t0))
+		if ev.snap.route(demoHost) == nil {
+			t.Errorf("during the graceful takeover discovery had no owner for %s at %v", demoHost, ev.at.Sub(t0))
 		}
 	}
 	if graceful > 2*time.Second {
@@ -716,10 +715,10 @@ func TestControlPlaneTakeover(t *testing.T) {
 
 	// A comes back (a new session) and advertises too, B keeps the name;
 	// then B dies without a word.
-	a2 := cpStartSup(t, g, cpSupConfig{id: "sup-a", freshness: freshness})
-	testutil.Eventually(t, waitTimeout, "the new A to install the route", func() bool { return gwHandshakeOK(a2.proc, cpHostDemo) })
-	gwWatch(t, time.Second, &gwCheck{name: "B keeps the name while the new A advertises it", every: 100 * time.Millisecond, fn: func() error {
-		if r := g.snapshot(t, 1).route(cpHostDemo); r == nil || r.Supervisor != "sup-b" {
+	a2 := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-a", freshness: freshness})
+	testutil.Eventually(t, waitTimeout, "the new A to install the route", func() bool { return a2.proc.handshakeOK(demoHost) })
+	holdsFor(t, time.Second, &periodicCheck{name: "B keeps the name while the new A advertises it", every: 100 * time.Millisecond, fn: func() error {
+		if r := g.snapshot(t, 1).route(demoHost); r == nil || r.Supervisor != "sup-b" {
 			return fmt.Errorf("owner %+v", r)
 		}
 		return nil
@@ -727,19 +726,19 @@ func TestControlPlaneTakeover(t *testing.T) {
 	from = len(w.snapshots())
 	t1 := time.Now()
 	b.kill()
-	_, at = w.waitFor(t, from, freshness+cpSessionTTL+gwMargin, "sup-a owning "+cpHostDemo, func(s *discSnapshot) bool {
-		r := s.route(cpHostDemo)
+	_, at = w.waitFor(t, from, freshness+sessionTTL+deadlineMargin, "sup-a owning "+demoHost, func(s *discoverySnapshot) bool {
+		r := s.route(demoHost)
 		return r != nil && r.Supervisor == "sup-a"
 	})
 	abrupt := at.Sub(t1)
-	cpLogf(t, "takeover after SIGKILL of the owner -> new owner in discovery on replica 2: %v (freshness %v, session TTL %v)",
-		abrupt.Round(time.Millisecond), freshness, cpSessionTTL)
-	if abrupt > freshness+gwMargin {
+	logFigure(t, "takeover after SIGKILL of the owner -> new owner in discovery on replica 2: %v (freshness %v, session TTL %v)",
+		abrupt.Round(time.Millisecond), freshness, sessionTTL)
+	if abrupt > freshness+deadlineMargin {
 		t.Errorf("abrupt takeover took %v; the dead owner's advertisement expires within its freshness (%v)", abrupt, freshness)
 	}
 	body, err := func() (string, error) {
-		cl, _ := a2.client(t, cpHostDemo)
-		_, body, err := gwGet(cl, "https://"+cpHostDemo+"/", 5*time.Second)
+		cl, _ := a2.client(t, demoHost)
+		_, body, err := getWithin(cl, "https://"+demoHost+"/", 5*time.Second)
 		return strings.TrimSpace(body), err
 	}()
 	if err != nil || body != "hello from app-a" {
@@ -752,22 +751,21 @@ func TestControlPlaneTakeover(t *testing.T) {
 // (logged, never published); one from its own address is published.
 func TestControlPlaneEndpointPolicySource(t *testing.T) {
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("good"), cpSupToken("bad")},
-		append(cpFast, "--endpoint-policy", "source")...)
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("good"), supervisorTokenOf("bad")}, append(fastSession, "--endpoint-policy", "source")...)
 	appGood, appBad := newBackend(t, "good"), newBackend(t, "bad")
-	g.put(t, 0, "good", cpInst("good", map[string]int{"web": appGood.port}))
-	g.put(t, 0, "bad", cpInst("bad", map[string]int{"web": appBad.port}))
-	hostGood, hostBad := gwHost("team", "good", "web"), gwHost("team", "bad", "web")
+	g.put(t, 0, "good", newStoredInstance("good", map[string]int{"web": appGood.port}))
+	g.put(t, 0, "bad", newStoredInstance("bad", map[string]int{"web": appBad.port}))
+	hostGood, hostBad := serviceHost("team", "good", "web"), serviceHost("team", "bad", "web")
 	// Both connect from 127.0.0.1; bad advertises another loopback address.
-	good := cpStartSup(t, g, cpSupConfig{id: "good"})
-	bad := cpStartSup(t, g, cpSupConfig{id: "bad", advertise: "127.0.0.2"})
+	good := g.startSupervisor(t, etcdSupervisorConfig{id: "good"})
+	bad := g.startSupervisor(t, etcdSupervisorConfig{id: "bad", advertise: "127.0.0.2"})
 	g.waitRoute(t, 1, hostGood, "good", false)
-	if !gwHandshakeOK(bad.proc, hostBad) || !gwHandshakeOK(good.proc, hostGood) {
+	if !bad.proc.handshakeOK(hostBad) || !good.proc.handshakeOK(hostGood) {
 		t.Fatal("the supervisors have not installed their routes")
 	}
 	testutil.Eventually(t, waitTimeout, "a replica to count and log the refused endpoint", func() bool {
 		for _, r := range g.replicas {
-			v, _, _ := gwMetric(r.adminAddr, "applistener_gateway_endpoint_policy_refused_total", nil)
+			v, _, _ := scrapeMetric(r.adminAddr, "applistener_gateway_endpoint_policy_refused_total", nil)
 			if v == 0 {
 				continue
 			}
@@ -780,7 +778,7 @@ func TestControlPlaneEndpointPolicySource(t *testing.T) {
 		return false
 	})
 	// Several advertisement rounds later it is still not published.
-	gwWatch(t, 2*time.Second, &gwCheck{name: "refused endpoint never published", every: 100 * time.Millisecond, fn: func() error {
+	holdsFor(t, 2*time.Second, &periodicCheck{name: "refused endpoint never published", every: 100 * time.Millisecond, fn: func() error {
 		for i := range 2 {
 			s := g.snapshot(t, i)
 			if r := s.route(hostBad); r != nil {
@@ -801,14 +799,14 @@ func TestControlPlaneEndpointPolicySource(t *testing.T) {
 func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 	t.Parallel()
 	c := etcdStartCluster(t)
-	g := cpStartGateways(t, c, []cpToken{cpSupToken("sup-1")}) // default keepalive and session TTL
+	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1")}) // default keepalive and session TTL
 	web := newBackend(t, "web1")
-	g.put(t, 0, "sup-1", cpInst("demo", map[string]int{"web": web.port}))
-	sup := cpStartSup(t, g, cpSupConfig{id: "sup-1", freshness: 2 * time.Second})
-	r0 := g.waitRoute(t, 0, cpHostDemo, "sup-1", false)
-	g.waitRoute(t, 1, cpHostDemo, "sup-1", false)
-	ws := sup.wsDial(t, cpHostDemo)
-	wsEcho(t, ws, websocket.TextMessage, []byte("before"))
+	g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
+	sup := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", freshness: 2 * time.Second})
+	r0 := g.waitRoute(t, 0, demoHost, "sup-1", false)
+	g.waitRoute(t, 1, demoHost, "sup-1", false)
+	ws := sup.wsDial(t, demoHost)
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("before")))
 	_ = ws.SetReadDeadline(time.Time{})
 	// A reader that reports every message and how the socket ended.
 	msgs := make(chan string, 8)
@@ -829,22 +827,22 @@ func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	quietStart := time.Now()
-	gwWatch(t, 20*time.Second,
-		&gwCheck{name: "route installed and unchanged", every: time.Second, fn: func() error {
-			if !gwHandshakeOK(sup.proc, cpHostDemo) {
+	holdsFor(t, 20*time.Second,
+		&periodicCheck{name: "route installed and unchanged", every: time.Second, fn: func() error {
+			if !sup.proc.handshakeOK(demoHost) {
 				return fmt.Errorf("handshake refused")
 			}
-			_, s, err := g.discovery(1, cpTeamToken, "team")
+			_, s, err := g.discovery(1, teamToken, "team")
 			if err != nil {
 				return err
 			}
-			r := s.route(cpHostDemo)
+			r := s.route(demoHost)
 			if r == nil || r.InstallationVersion != r0.InstallationVersion {
 				return fmt.Errorf("discovery %+v, want installation %d", r, r0.InstallationVersion)
 			}
 			return nil
 		}},
-		&gwCheck{name: "WebSocket open", every: time.Second, fn: func() error {
+		&periodicCheck{name: "WebSocket open", every: time.Second, fn: func() error {
 			select {
 			case err := <-ended:
 				ended <- err
@@ -854,7 +852,7 @@ func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 			}
 		}},
 	)
-	if v := gwMetricT(t, sup.adminAddr, "applistener_route_revocations_total", nil); v != 0 {
+	if v := metricAt(t, sup.adminAddr, "applistener_route_revocations_total", nil); v != 0 {
 		t.Errorf("%v route revocations during the quiet period", v)
 	}
 	// What one quiet supervisor costs etcd (for the sizing advice).
@@ -864,7 +862,7 @@ func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 		for _, kv := range kvs {
 			size += len(kv.Key) + len(kv.Value)
 		}
-		cpLogf(t, "one quiet supervisor (freshness 2s, 1 route): %.2f etcd writes/s; %d keys, %d bytes under the prefix",
+		logFigure(t, "one quiet supervisor (freshness 2s, 1 route): %.2f etcd writes/s; %d keys, %d bytes under the prefix",
 			float64(rev1-rev0)/time.Since(quietStart).Seconds(), len(kvs), size)
 	}
 	// Still alive after the quiet period: an echo goes through.

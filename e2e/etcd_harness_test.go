@@ -4,10 +4,12 @@ package e2e
 // three-member etcd cluster on loopback (Debian's etcd-server, /usr/bin/etcd,
 // installed by scripts/test-deps.sh) whose members can be stopped, killed and
 // started again one by one, and two `applistener gateway --store etcd`
-// replicas sharing it. The replicas are gwGateway processes
-// (gw_harness_test.go: the same launcher, restartable on the same port), the
-// supervisors, the edge and `routes watch` are started with discStart and
-// discRun (disc_harness_test.go). Everything here is prefixed etcd or cp.
+// replicas sharing it. The replicas are memGateway processes
+// (gateway_harness_test.go: the same launcher, restartable on the same port), the
+// supervisors, the edge and `routes watch` are started with launchReady and
+// runCommand (discovery_harness_test.go). The fixtures are typed: an
+// etcdCluster starts its gateways (startGateways), and etcdGateways start
+// supervisors, watches and discovery probes on themselves.
 //
 // The cluster is inspected through etcd's own JSON gateway (/v3/kv/range,
 // /health), so the tests need no etcd client library and see exactly what
@@ -526,72 +528,74 @@ func (c *etcdCluster) leader() int {
 // ---------------------------------------------------------------------------
 // gateway replicas on the cluster
 
-// Tokens of the replicas' tokens file (cpStartGateways).
+// Tokens of the replicas' tokens file (startGateways).
 const (
-	cpAdminToken = "cp-admin"  // {"admin": true}: the write API
-	cpTeamToken  = "cp-team"   // {"workspaces": ["team"]}: discovery of team
-	cpPoolToken  = "cp-pool-a" // {"pool": "hosts"}
-	cpPool2Token = "cp-pool-b" // {"pool": "others"}
-	cpPool       = "hosts"
-	cpPool2      = "others"
+	adminToken = "cp-admin"  // {"admin": true}: the write API
+	teamToken  = "cp-team"   // {"workspaces": ["team"]}: discovery of team
+	poolToken  = "cp-pool-a" // {"pool": "hosts"}
+	pool2Token = "cp-pool-b" // {"pool": "others"}
+	hostsPool  = "hosts"
+	pool2      = "others"
 )
 
-// cpGateways is two `applistener gateway --store etcd` replicas sharing one
+// etcdGateways is two `applistener gateway --store etcd` replicas sharing one
 // etcd prefix, one tokens file and one (empty) configuration file: every
 // document is written through the admin API.
-type cpGateways struct {
+type etcdGateways struct {
 	cluster    *etcdCluster
 	prefix     string
 	tokensPath string
 	configPath string
-	replicas   []*gwGateway
+	replicas   []*memGateway
 }
 
-// cpToken is one entry of the tokens file.
-type cpToken map[string]any
+// gatewayToken is one entry of the tokens file.
+type gatewayToken map[string]any
 
-// cpDefaultTokens are the tokens every replica set starts with; tests add
-// supervisor tokens with cpSupToken.
-func cpDefaultTokens() []cpToken {
-	return []cpToken{
-		{"token": cpAdminToken, "admin": true},
-		{"token": cpTeamToken, "workspaces": []string{"team"}},
-		{"token": cpPoolToken, "pool": cpPool},
-		{"token": cpPool2Token, "pool": cpPool2},
+// defaultTokens are the tokens every replica set starts with; tests add
+// supervisor tokens with supervisorTokenOf.
+func defaultTokens() []gatewayToken {
+	return []gatewayToken{
+		{"token": adminToken, "admin": true},
+		{"token": teamToken, "workspaces": []string{"team"}},
+		{"token": poolToken, "pool": hostsPool},
+		{"token": pool2Token, "pool": pool2},
 	}
 }
 
-// cpSupToken is a token granting exactly supervisor id.
-func cpSupToken(id string) cpToken { return cpToken{"token": "cp-sup-" + id, "supervisor": id} }
+// supervisorTokenOf is a token granting exactly supervisor id.
+func supervisorTokenOf(id string) gatewayToken {
+	return gatewayToken{"token": "cp-sup-" + id, "supervisor": id}
+}
 
-var cpPrefixSeq struct {
+var etcdPrefixSeq struct {
 	sync.Mutex
 	n int
 }
 
-// cpStartGateways starts two replicas on c with the default tokens plus
+// startGateways starts two replicas on c with the default tokens plus
 // extraTokens, and waits until each has loaded the store (a discovery GET
 // answers 200). extra flags are appended to both (e.g. --session-ttl,
 // --endpoint-policy, --keepalive). They are stopped on cleanup and their
 // output is logged if the test failed.
-func cpStartGateways(t testing.TB, c *etcdCluster, extraTokens []cpToken, extra ...string) *cpGateways {
+func (c *etcdCluster) startGateways(t testing.TB, extraTokens []gatewayToken, extra ...string) *etcdGateways {
 	t.Helper()
 	dir := t.TempDir()
-	cpPrefixSeq.Lock()
-	cpPrefixSeq.n++
-	n := cpPrefixSeq.n
-	cpPrefixSeq.Unlock()
-	g := &cpGateways{
+	etcdPrefixSeq.Lock()
+	etcdPrefixSeq.n++
+	n := etcdPrefixSeq.n
+	etcdPrefixSeq.Unlock()
+	g := &etcdGateways{
 		cluster:    c,
 		prefix:     fmt.Sprintf("/e2e-%d/", n),
 		tokensPath: filepath.Join(dir, "tokens.json"),
 		configPath: filepath.Join(dir, "gateway.json"),
 	}
 	writeAtomic(t, g.configPath, []byte(`{"supervisors": {}}`))
-	g.writeTokens(t, append(cpDefaultTokens(), extraTokens...))
+	g.writeTokens(t, append(defaultTokens(), extraTokens...))
 	args := append([]string{"--store", "etcd", "--etcd-endpoints", c.endpoints(), "--etcd-prefix", g.prefix}, extra...)
 	for i := range 2 {
-		r := &gwGateway{
+		r := &memGateway{
 			addr:       freeAddr(t),
 			adminAddr:  freeAddr(t),
 			configPath: g.configPath,
@@ -614,7 +618,7 @@ func cpStartGateways(t testing.TB, c *etcdCluster, extraTokens []cpToken, extra 
 }
 
 // writeTokens replaces the shared tokens file.
-func (g *cpGateways) writeTokens(t testing.TB, tokens []cpToken) {
+func (g *etcdGateways) writeTokens(t testing.TB, tokens []gatewayToken) {
 	t.Helper()
 	b, err := json.Marshal(map[string]any{"tokens": tokens})
 	if err != nil {
@@ -625,24 +629,24 @@ func (g *cpGateways) writeTokens(t testing.TB, tokens []cpToken) {
 
 // start starts replica i (again, on its port) and waits until it serves
 // discovery from the store.
-func (g *cpGateways) start(t testing.TB, i int) {
+func (g *etcdGateways) start(t testing.TB, i int) {
 	t.Helper()
 	r := g.replicas[i]
 	r.start(t)
 	testutil.Eventually(t, waitTimeout, fmt.Sprintf("replica %d to serve discovery", i+1), func() bool {
-		code, _, _ := g.discovery(i, cpTeamToken, "team")
+		code, _, _ := g.discovery(i, teamToken, "team")
 		return code == http.StatusOK
 	})
 }
 
 // kill ends replica i with SIGKILL.
-func (g *cpGateways) kill(t testing.TB, i int) { t.Helper(); g.replicas[i].kill(t) }
+func (g *etcdGateways) kill(t testing.TB, i int) { t.Helper(); g.replicas[i].kill(t) }
 
 // url is replica i's base URL.
-func (g *cpGateways) url(i int) string { return g.replicas[i].endpoint() }
+func (g *etcdGateways) url(i int) string { return g.replicas[i].endpoint() }
 
 // urls is the comma-separated list of the replicas' URLs, in this order.
-func (g *cpGateways) urls(order ...int) string {
+func (g *etcdGateways) urls(order ...int) string {
 	if len(order) == 0 {
 		order = []int{0, 1}
 	}
@@ -653,11 +657,11 @@ func (g *cpGateways) urls(order ...int) string {
 	return strings.Join(out, ",")
 }
 
-var cpHTTP = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+var gatewayHTTP = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 
 // do sends one request with a bearer token to replica i and returns the
 // status and body (0 and the error on a transport failure).
-func (g *cpGateways) do(i int, method, path, token string, body []byte) (int, []byte, error) {
+func (g *etcdGateways) do(i int, method, path, token string, body []byte) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -672,7 +676,7 @@ func (g *cpGateways) do(i int, method, path, token string, body []byte) (int, []
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := cpHTTP.Do(req)
+	resp, err := gatewayHTTP.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -681,9 +685,9 @@ func (g *cpGateways) do(i int, method, path, token string, body []byte) (int, []
 	return resp.StatusCode, b, err
 }
 
-// cpInstance is one instance entry of a configuration document (workspace
+// storedInstance is one instance entry of a configuration document (workspace
 // team, tcp connector on loopback).
-type cpInstance struct {
+type storedInstance struct {
 	Workspace  string            `json:"workspace"`
 	Sandbox    string            `json:"sandbox"`
 	Generation string            `json:"generation"`
@@ -691,10 +695,10 @@ type cpInstance struct {
 	Services   []service         `json:"services"`
 }
 
-// cpInst is the instance team/sandbox, generation 1, with services by name
+// newStoredInstance is the instance team/sandbox, generation 1, with services by name
 // ("" is the unnamed one) on the given app ports.
-func cpInst(sandbox string, services map[string]int) cpInstance {
-	in := cpInstance{Workspace: "team", Sandbox: sandbox, Generation: "1",
+func newStoredInstance(sandbox string, services map[string]int) storedInstance {
+	in := storedInstance{Workspace: "team", Sandbox: sandbox, Generation: "1",
 		Connector: map[string]string{"type": "tcp", "host": "127.0.0.1"}, Services: []service{}}
 	for name, port := range services {
 		in.Services = append(in.Services, service{Name: name, Port: port, Revision: 1})
@@ -703,29 +707,29 @@ func cpInst(sandbox string, services map[string]int) cpInstance {
 }
 
 // put writes instance in of supervisor sup through replica i's admin API.
-func (g *cpGateways) put(t testing.TB, i int, sup string, in cpInstance) {
+func (g *etcdGateways) put(t testing.TB, i int, sup string, in storedInstance) {
 	t.Helper()
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body, err := g.do(i, http.MethodPut, "/v1/supervisors/"+sup+"/instances/"+in.Workspace+"/"+in.Sandbox, cpAdminToken, b)
+	code, body, err := g.do(i, http.MethodPut, "/v1/supervisors/"+sup+"/instances/"+in.Workspace+"/"+in.Sandbox, adminToken, b)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("PUT instance %s/%s of %s on replica %d: %d %s %v", in.Workspace, in.Sandbox, sup, i+1, code, body, err)
 	}
 }
 
 // del removes instance team/sandbox of supervisor sup through replica i.
-func (g *cpGateways) del(t testing.TB, i int, sup, sandbox string) {
+func (g *etcdGateways) del(t testing.TB, i int, sup, sandbox string) {
 	t.Helper()
-	code, body, err := g.do(i, http.MethodDelete, "/v1/supervisors/"+sup+"/instances/team/"+sandbox, cpAdminToken, nil)
+	code, body, err := g.do(i, http.MethodDelete, "/v1/supervisors/"+sup+"/instances/team/"+sandbox, adminToken, nil)
 	if err != nil || code != http.StatusNoContent {
 		t.Fatalf("DELETE instance team/%s of %s on replica %d: %d %s %v", sandbox, sup, i+1, code, body, err)
 	}
 }
 
 // discovery reads workspace ws's discovery snapshot from replica i.
-func (g *cpGateways) discovery(i int, token, ws string) (int, *discSnapshot, error) {
+func (g *etcdGateways) discovery(i int, token, ws string) (int, *discoverySnapshot, error) {
 	code, body, err := g.do(i, http.MethodGet, "/v1/workspaces/"+ws+"/service-routes", token, nil)
 	if err != nil || code != http.StatusOK {
 		if err == nil {
@@ -733,7 +737,7 @@ func (g *cpGateways) discovery(i int, token, ws string) (int, *discSnapshot, err
 		}
 		return code, nil, err
 	}
-	var s discSnapshot
+	var s discoverySnapshot
 	if err := json.Unmarshal(body, &s); err != nil {
 		return code, nil, fmt.Errorf("discovery snapshot %s: %v", body, err)
 	}
@@ -742,9 +746,9 @@ func (g *cpGateways) discovery(i int, token, ws string) (int, *discSnapshot, err
 
 // snapshot reads team's snapshot from replica i, failing the test on an
 // error.
-func (g *cpGateways) snapshot(t testing.TB, i int) *discSnapshot {
+func (g *etcdGateways) snapshot(t testing.TB, i int) *discoverySnapshot {
 	t.Helper()
-	_, s, err := g.discovery(i, cpTeamToken, "team")
+	_, s, err := g.discovery(i, teamToken, "team")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -753,15 +757,15 @@ func (g *cpGateways) snapshot(t testing.TB, i int) *discSnapshot {
 
 // waitRoute waits until replica i publishes host owned by supervisor sup
 // ("" for any owner; absent=true: until host is not published).
-func (g *cpGateways) waitRoute(t testing.TB, i int, host, sup string, absent bool) *discRoute {
+func (g *etcdGateways) waitRoute(t testing.TB, i int, host, sup string, absent bool) *discoveryRoute {
 	t.Helper()
-	var r *discRoute
+	var r *discoveryRoute
 	what := fmt.Sprintf("%s owned by %q in discovery on replica %d", host, sup, i+1)
 	if absent {
 		what = fmt.Sprintf("%s gone from discovery on replica %d", host, i+1)
 	}
 	testutil.Eventually(t, waitTimeout, what, func() bool {
-		_, s, err := g.discovery(i, cpTeamToken, "team")
+		_, s, err := g.discovery(i, teamToken, "team")
 		if err != nil {
 			return false
 		}
@@ -777,29 +781,29 @@ func (g *cpGateways) waitRoute(t testing.TB, i int, host, sup string, absent boo
 // ---------------------------------------------------------------------------
 // a raw discovery watch
 
-// cpEvent is one line of a discovery watch: a snapshot, when it arrived.
-type cpEvent struct {
+// watchEvent is one line of a discovery watch: a snapshot, when it arrived.
+type watchEvent struct {
 	at   time.Time
-	snap *discSnapshot
+	snap *discoverySnapshot
 }
 
-// cpWatch is GET /v1/workspaces/team/service-routes?watch=1 on one replica,
+// discoveryWatch is GET /v1/workspaces/team/service-routes?watch=1 on one replica,
 // read in the background: every snapshot line is kept with its arrival
 // time (keepalives are dropped).
-type cpWatch struct {
+type discoveryWatch struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu     sync.Mutex
-	events []cpEvent
+	events []watchEvent
 	err    error // why the stream ended
 	endAt  time.Time
 	notify chan struct{}
 }
 
-// cpStartWatch opens the watch on replica i; it fails the test unless the
+// startWatch opens the watch on replica i; it fails the test unless the
 // gateway answers 200.
-func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
+func (g *etcdGateways) startWatch(t testing.TB, i int) *discoveryWatch {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.url(i)+"/v1/workspaces/team/service-routes?watch=1", nil)
@@ -807,7 +811,7 @@ func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
 		cancel()
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+cpTeamToken)
+	req.Header.Set("Authorization", "Bearer "+teamToken)
 	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	if err != nil {
 		cancel()
@@ -819,7 +823,7 @@ func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
 		cancel()
 		t.Fatalf("discovery watch on replica %d: %d %s", i+1, resp.StatusCode, b)
 	}
-	w := &cpWatch{cancel: cancel, done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	w := &discoveryWatch{cancel: cancel, done: make(chan struct{}), notify: make(chan struct{}, 1)}
 	go func() {
 		defer close(w.done)
 		defer func() { _ = resp.Body.Close() }()
@@ -842,7 +846,7 @@ func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
 			if json.Unmarshal(raw, &probe) == nil && probe.Keepalive && probe.Routes == nil {
 				continue
 			}
-			var s discSnapshot
+			var s discoverySnapshot
 			if err := json.Unmarshal(raw, &s); err != nil {
 				w.mu.Lock()
 				w.err, w.endAt = fmt.Errorf("watch line %s: %v", raw, err), now
@@ -851,7 +855,7 @@ func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
 				return
 			}
 			w.mu.Lock()
-			w.events = append(w.events, cpEvent{at: now, snap: &s})
+			w.events = append(w.events, watchEvent{at: now, snap: &s})
 			w.mu.Unlock()
 			w.signal()
 		}
@@ -860,35 +864,35 @@ func cpStartWatch(t testing.TB, g *cpGateways, i int) *cpWatch {
 	return w
 }
 
-func (w *cpWatch) signal() {
+func (w *discoveryWatch) signal() {
 	select {
 	case w.notify <- struct{}{}:
 	default:
 	}
 }
 
-func (w *cpWatch) close() {
+func (w *discoveryWatch) close() {
 	w.cancel()
 	<-w.done
 }
 
 // ended reports whether the stream ended, and when.
-func (w *cpWatch) ended() (bool, time.Time, error) {
+func (w *discoveryWatch) ended() (bool, time.Time, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return !w.endAt.IsZero(), w.endAt, w.err
 }
 
 // snapshots returns the snapshots received so far.
-func (w *cpWatch) snapshots() []cpEvent {
+func (w *discoveryWatch) snapshots() []watchEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return append([]cpEvent(nil), w.events...)
+	return append([]watchEvent(nil), w.events...)
 }
 
 // waitFor waits for the first snapshot from index from on that satisfies
 // cond and returns its index and arrival time.
-func (w *cpWatch) waitFor(t testing.TB, from int, timeout time.Duration, what string, cond func(*discSnapshot) bool) (int, time.Time) {
+func (w *discoveryWatch) waitFor(t testing.TB, from int, timeout time.Duration, what string, cond func(*discoverySnapshot) bool) (int, time.Time) {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -918,19 +922,19 @@ func (w *cpWatch) waitFor(t testing.TB, from int, timeout time.Duration, what st
 // ---------------------------------------------------------------------------
 // supervisors, the edge
 
-// cpSup is a shared-mode supervisor with a gateway session.
-type cpSup struct {
+// etcdSupervisor is a shared-mode supervisor with a gateway session.
+type etcdSupervisor struct {
 	*proc
 	id        string
 	tokenFile string
 }
 
-// cpSupConfig tunes cpStartSup.
-type cpSupConfig struct {
+// etcdSupervisorConfig tunes startSupervisor.
+type etcdSupervisorConfig struct {
 	id        string
 	token     string        // bearer token (cp-sup-<id> when empty)
 	gateways  string        // --gateway-endpoint (both replicas, replica 1 first, when empty)
-	freshness time.Duration // --route-freshness (discFreshness when 0)
+	freshness time.Duration // --route-freshness (discoveryFreshness when 0)
 	advertise string        // --advertise-address (127.0.0.1 when empty)
 	extra     []string
 	// noWait: return once the admin endpoint answers, without waiting for
@@ -938,10 +942,10 @@ type cpSupConfig struct {
 	noWait bool
 }
 
-// cpStartSup starts `applistener serve --mode shared` against the
+// startSupervisor starts `applistener serve --mode shared` against the
 // replicas and waits until it is ready (an accepted configuration). It is
 // stopped with SIGTERM on cleanup.
-func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
+func (g *etcdGateways) startSupervisor(t testing.TB, cfg etcdSupervisorConfig) *etcdSupervisor {
 	t.Helper()
 	tok := cfg.token
 	if tok == "" {
@@ -957,7 +961,7 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 	}
 	fresh := cfg.freshness
 	if fresh == 0 {
-		fresh = discFreshness
+		fresh = discoveryFreshness
 	}
 	adv := cfg.advertise
 	if adv == "" {
@@ -967,7 +971,7 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 	if cfg.noWait {
 		ready = func(p *proc) bool { return p.readyz() != 0 }
 	}
-	p := discStart(t, "supervisor "+cfg.id, func(addr, admin string) []string {
+	p := launchReady(t, "supervisor "+cfg.id, func(addr, admin string) []string {
 		return append([]string{"serve", "--mode", "shared",
 			"--gateway-endpoint", gws, "--supervisor-id", cfg.id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
@@ -976,57 +980,48 @@ func cpStartSup(t testing.TB, g *cpGateways, cfg cpSupConfig) *cpSup {
 			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", fresh.String(),
 			"--drain-timeout", "1s", "--log-format", "json"}, cfg.extra...)
 	}, ready)
-	return &cpSup{proc: p, id: cfg.id, tokenFile: tokenFile}
+	return &etcdSupervisor{proc: p, id: cfg.id, tokenFile: tokenFile}
 }
 
-// cpStartEdge starts `applistener edge` for workspace team reading
+// startEdgeOn starts `applistener edge` for workspace team reading
 // discovery from gateways (a URL list) and waits until it has a snapshot.
-func cpStartEdge(t testing.TB, gateways string) *proc {
+func startEdgeOn(t testing.TB, gateways string) *proc {
 	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	writeAtomic(t, tokenFile, []byte(cpTeamToken+"\n"))
-	return discStart(t, "edge", func(addr, admin string) []string {
+	writeAtomic(t, tokenFile, []byte(teamToken+"\n"))
+	return launchReady(t, "edge", func(addr, admin string) []string {
 		return []string{"edge", "--address", addr, "--gateway", gateways, "--token-file", tokenFile,
 			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
 			"--drain-timeout", "1s", "--log-format", "json"}
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 }
 
-// cpEdgeGet does one GET https://host/ through the edge on a new
+// edgeGet does one GET https://host/ through the edge on a new
 // connection and returns the body (the backend's greeting).
-func cpEdgeGet(edgeAddr, host string) (string, error) {
-	body, _, err := discThroughEdge(edgeAddr, caPool, host)
+func edgeGet(edgeAddr, host string) (string, error) {
+	body, _, err := getThroughEdge(edgeAddr, caPool, host)
 	return body, err
 }
 
-// cpEdgeWS opens a WebSocket to host through the edge.
-func cpEdgeWS(edgeAddr, host string) (*websocket.Conn, error) {
-	d := websocket.Dialer{
-		NetDialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var nd net.Dialer
-			return nd.DialContext(ctx, "tcp", edgeAddr)
-		},
-		TLSClientConfig:  tlsConfig(host),
-		HandshakeTimeout: 5 * time.Second,
-	}
-	c, resp, err := d.Dial("wss://"+host+"/ws", nil)
-	if resp != nil && resp.Body != nil {
-		_ = resp.Body.Close()
-	}
-	return c, err
+// edgeWS opens a WebSocket to host through the edge.
+func edgeWS(edgeAddr, host string) (*websocket.Conn, error) {
+	return wsDialVia(func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var nd net.Dialer
+		return nd.DialContext(ctx, "tcp", edgeAddr)
+	}, host)
 }
 
-// cpMetric reads a metric of a process's admin endpoint (0 when absent).
-func cpMetric(p *proc, name string, labels map[string]string) float64 {
-	v, _, err := gwMetric(p.adminAddr, name, labels)
+// metricOrNegative reads a metric of a process's admin endpoint (0 when absent).
+func (p *proc) metricOrNegative(name string, labels map[string]string) float64 {
+	v, _, err := scrapeMetric(p.adminAddr, name, labels)
 	if err != nil {
 		return -1
 	}
 	return v
 }
 
-// cpPercentile returns the p-th percentile (nearest rank) of ds.
-func cpPercentile(ds []time.Duration, p float64) time.Duration {
+// percentile returns the p-th percentile (nearest rank) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}

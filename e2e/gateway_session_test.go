@@ -2,7 +2,7 @@ package e2e
 
 // End-to-end tests of the gateway session and the supervisor process
 // lifecycle: the reference gateway and a shared-mode supervisor as real
-// processes (see gw_harness_test.go).
+// processes (see gateway_harness_test.go).
 
 import (
 	"bufio"
@@ -25,40 +25,33 @@ import (
 	"github.com/applistener/applistener/internal/testutil"
 )
 
-// gwEnv is a gateway serving web and api of team/demo to one supervisor.
-type gwEnv struct {
-	gw       *gwGateway
-	sup      *gwSup
-	web, api *backend
+// gatewayEnv is a gateway serving web and api of team/demo to one supervisor.
+type gatewayEnv struct {
+	gw  *memGateway
+	sup *gatewaySupervisor
+	demoBackends
 }
 
-func gwNewEnv(t *testing.T, gwExtra []string, cfg gwSupConfig) *gwEnv {
+func newGatewayEnv(t *testing.T, gatewayFlags []string, cfg supervisorConfig) *gatewayEnv {
 	t.Helper()
-	e := &gwEnv{web: newBackend(t, "web"), api: newBackend(t, "api")}
-	e.gw = gwNewGateway(t, e.doc(true, true), gwExtra...)
+	e := &gatewayEnv{demoBackends: newDemoBackends(t)}
+	e.gw = newMemGateway(t, e.doc(true, true), gatewayFlags...)
 	e.gw.start(t)
-	e.sup = gwStartSup(t, e.gw, cfg)
+	e.sup = e.gw.startSupervisor(t, cfg)
 	return e
 }
 
 // doc is sup-1's document with the chosen services of team/demo.
-func (e *gwEnv) doc(web, api bool) []byte {
-	var s []service
-	if web {
-		s = append(s, service{Name: "web", Port: e.web.port, Revision: 1})
-	}
-	if api {
-		s = append(s, service{Name: "api", Port: e.api.port, Revision: 1})
-	}
-	return gwDoc(gwInst{"team", "demo", s})
+func (e *gatewayEnv) doc(web, api bool) []byte {
+	return routesDocument(docEntry{sandbox: "demo", services: e.services(web, api)})
 }
 
 // expectServed checks one GET on each host through fresh connections.
-func (e *gwEnv) expectServed(t *testing.T, what string) {
+func (e *gatewayEnv) expectServed(t *testing.T, what string) {
 	t.Helper()
 	for _, h := range []struct{ host, name string }{{hostWeb, "web"}, {hostAPI, "api"}} {
 		c, _ := e.sup.client(t, h.host)
-		if err := gwExpect200(c, h.host, h.name); err != nil {
+		if err := expect200(c, h.host, h.name); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 		c.Transport.(*http.Transport).CloseIdleConnections()
@@ -71,24 +64,24 @@ func (e *gwEnv) expectServed(t *testing.T, what string) {
 // WebSocket with 1008, and leaves the other service's WebSocket echoing.
 func TestGatewayPushWithdrawal(t *testing.T) {
 	t.Parallel()
-	e := gwNewEnv(t, nil, gwSupConfig{})
+	e := newGatewayEnv(t, nil, supervisorConfig{})
 	p := e.sup
 	e.expectServed(t, "routes from the gateway")
 
 	wsWeb := p.wsDial(t, hostWeb)
-	wsEcho(t, wsWeb, websocket.TextMessage, []byte("web before"))
+	must(t, wsEcho(wsWeb, websocket.TextMessage, []byte("web before")))
 	wsAPI := p.wsDial(t, hostAPI)
-	wsEcho(t, wsAPI, websocket.TextMessage, []byte("api before"))
-	if v := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}); v < 1 {
+	must(t, wsEcho(wsAPI, websocket.TextMessage, []byte("api before")))
+	if v := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}); v < 1 {
 		t.Fatalf("precondition: no document applied from the push session (deliveries{push,applied} = %v)", v)
 	}
 
-	wsDone := gwWatchClose(wsWeb, 5*time.Second)
+	wsDone := watchClose(wsWeb, 5*time.Second)
 	start := time.Now()
 	e.gw.writeDoc(t, e.doc(false, true))
 	var latency time.Duration
 	testutil.Eventually(t, 5*time.Second, "new handshakes for the withdrawn web route to be refused", func() bool {
-		if gwUnrecognized(p.handshakeErr(hostWeb)) {
+		if isUnrecognizedName(p.handshakeErr(hostWeb)) {
 			latency = time.Since(start)
 			return true
 		}
@@ -100,18 +93,18 @@ func TestGatewayPushWithdrawal(t *testing.T) {
 	}
 	p.handshakeRefused(t, tlsConfig(hostWeb))
 
-	wc := gwAwaitClose(t, "withdrawn web WebSocket", wsDone)
+	wc := awaitClose(t, "withdrawn web WebSocket", wsDone)
 	t.Logf("withdrawn WebSocket closed %v after the file was renamed: %v", wc.at.Sub(start), wc.err)
-	gwExpectClose(t, "withdrawn web WebSocket", wc.err, websocket.ClosePolicyViolation)
+	expectCloseCode(t, "withdrawn web WebSocket", wc.err, websocket.ClosePolicyViolation)
 
-	wsEcho(t, wsAPI, websocket.TextMessage, []byte("api after"))
-	wsEcho(t, wsAPI, websocket.BinaryMessage, []byte{0, 1, 2})
+	must(t, wsEcho(wsAPI, websocket.TextMessage, []byte("api after")))
+	must(t, wsEcho(wsAPI, websocket.BinaryMessage, []byte{0, 1, 2}))
 	c, _ := p.client(t, hostAPI)
-	if err := gwExpect200(c, hostAPI, "api"); err != nil {
+	if err := expect200(c, hostAPI, "api"); err != nil {
 		t.Fatalf("api after web was withdrawn: %v", err)
 	}
 	// The change came over the healthy push session: nothing was polled.
-	if v := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"}); v != 0 {
+	if v := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"}); v != 0 {
 		t.Errorf("the supervisor polled (%v deliveries): the push session was interrupted", v)
 	}
 }
@@ -121,39 +114,39 @@ func TestGatewayPushWithdrawal(t *testing.T) {
 // the health port and an open WebSocket are never disturbed.
 func TestSessionQuietPush(t *testing.T) {
 	t.Parallel()
-	e := gwNewEnv(t, []string{"--keepalive", "200ms"}, gwSupConfig{})
+	e := newGatewayEnv(t, []string{"--keepalive", "200ms"}, supervisorConfig{})
 	p := e.sup
 	c, dials := p.client(t, hostWeb)
-	if err := gwExpect200(c, hostWeb, "web"); err != nil {
+	if err := expect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
 	ws := p.wsDial(t, hostWeb)
-	wsEcho(t, ws, websocket.TextMessage, []byte("quiet start"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("quiet start")))
 	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
-	renewed0 := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "renewed"})
+	renewed0 := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "renewed"})
 
-	gwWatch(t, 3*freshness,
-		&gwCheck{name: "keep-alive request every 250ms", every: 250 * time.Millisecond, fn: func() error {
-			return gwExpect200(c, hostWeb, "web")
+	holdsFor(t, 3*freshness,
+		&periodicCheck{name: "keep-alive request every 250ms", every: 250 * time.Millisecond, fn: func() error {
+			return expect200(c, hostWeb, "web")
 		}},
-		&gwCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
-			if code, body := gwReadyz(p.adminAddr); code != http.StatusOK {
+		&periodicCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
+			if code, body := readyzAt(p.adminAddr); code != http.StatusOK {
 				return fmt.Errorf("/readyz %d %q", code, body)
 			}
 			return nil
 		}},
-		&gwCheck{name: "health port open", every: 100 * time.Millisecond, fn: func() error {
-			return gwDialHealth(p.healthAddr)
+		&periodicCheck{name: "health port open", every: 100 * time.Millisecond, fn: func() error {
+			return dialHealth(p.healthAddr)
 		}},
 	)
-	wsEcho(t, ws, websocket.TextMessage, []byte("quiet end"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("quiet end")))
 	if n := dials.Load(); n != 1 {
 		t.Errorf("the keep-alive client dialed %d times; want 1 (renewals must not touch connections)", n)
 	}
-	renewed := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "renewed"}) - renewed0
-	polls := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"})
+	renewed := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push", "result": "renewed"}) - renewed0
+	polls := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"})
 	t.Logf("keepalive renewals during %v: %v; polls: %v", 3*freshness, renewed, polls)
 	if renewed < 5 {
 		t.Errorf("only %v keepalive renewals in %v with --keepalive 200ms", renewed, 3*freshness)
@@ -168,27 +161,27 @@ func TestSessionQuietPush(t *testing.T) {
 // is picked up by the next poll.
 func TestPollOnlyGateway(t *testing.T) {
 	t.Parallel()
-	e := gwNewEnv(t, []string{"--no-push"}, gwSupConfig{})
+	e := newGatewayEnv(t, []string{"--no-push"}, supervisorConfig{})
 	p := e.sup
 	e.expectServed(t, "routes from a polled gateway")
 	c, _ := p.client(t, hostWeb)
 
-	gwWatch(t, 3*freshness,
-		&gwCheck{name: "request every 250ms", every: 250 * time.Millisecond, fn: func() error {
-			return gwExpect200(c, hostWeb, "web")
+	holdsFor(t, 3*freshness,
+		&periodicCheck{name: "request every 250ms", every: 250 * time.Millisecond, fn: func() error {
+			return expect200(c, hostWeb, "web")
 		}},
-		&gwCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
-			if code, body := gwReadyz(p.adminAddr); code != http.StatusOK {
+		&periodicCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
+			if code, body := readyzAt(p.adminAddr); code != http.StatusOK {
 				return fmt.Errorf("/readyz %d %q", code, body)
 			}
 			return nil
 		}},
 	)
-	renewed := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll", "result": "renewed"})
-	applied := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll", "result": "applied"})
-	pushed := gwMetricT(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push"})
-	got304 := gwMetricT(t, e.gw.adminAddr, "applistener_gateway_requests_total", map[string]string{"endpoint": "config", "code": "304"})
-	refused := gwMetricT(t, e.gw.adminAddr, "applistener_gateway_requests_total", map[string]string{"endpoint": "watch", "code": "501"})
+	renewed := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll", "result": "renewed"})
+	applied := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll", "result": "applied"})
+	pushed := metricAt(t, p.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "push"})
+	got304 := metricAt(t, e.gw.adminAddr, "applistener_gateway_requests_total", map[string]string{"endpoint": "config", "code": "304"})
+	refused := metricAt(t, e.gw.adminAddr, "applistener_gateway_requests_total", map[string]string{"endpoint": "watch", "code": "501"})
 	t.Logf("supervisor: poll renewed (304) %v, poll applied (200) %v, push %v; gateway: 304 answers %v, watch refused (501) %v",
 		renewed, applied, pushed, got304, refused)
 	if renewed <= 0 {
@@ -209,17 +202,17 @@ func TestPollOnlyGateway(t *testing.T) {
 	e.gw.writeDoc(t, e.doc(true, false))
 	var latency time.Duration
 	testutil.Eventually(t, waitTimeout, "the withdrawn api route to be refused", func() bool {
-		if gwUnrecognized(p.handshakeErr(hostAPI)) {
+		if isUnrecognizedName(p.handshakeErr(hostAPI)) {
 			latency = time.Since(start)
 			return true
 		}
 		return false
 	})
 	t.Logf("poll withdrawal latency (file renamed -> handshake refused): %v", latency)
-	if limit := gwPollInterval + 250*time.Millisecond + time.Second; latency > limit {
-		t.Errorf("a change took %v to arrive by polling every %v; want < %v", latency, gwPollInterval, limit)
+	if limit := gatewayPollInterval + 250*time.Millisecond + time.Second; latency > limit {
+		t.Errorf("a change took %v to arrive by polling every %v; want < %v", latency, gatewayPollInterval, limit)
 	}
-	if err := gwExpect200(c, hostWeb, "web"); err != nil {
+	if err := expect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -232,28 +225,28 @@ func TestPollOnlyGateway(t *testing.T) {
 func TestGatewayOutage(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name    string
-		gwExtra []string
+		name         string
+		gatewayFlags []string
 	}{
 		{"Push", nil},
 		{"PollOnly", []string{"--no-push"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			gwTestOutage(t, tc.gwExtra)
+			testGatewayOutage(t, tc.gatewayFlags)
 		})
 	}
 }
 
-func gwTestOutage(t *testing.T, gwExtra []string) {
-	e := gwNewEnv(t, gwExtra, gwSupConfig{})
+func testGatewayOutage(t *testing.T, gatewayFlags []string) {
+	e := newGatewayEnv(t, gatewayFlags, supervisorConfig{})
 	p := e.sup
 	pid := p.cmd.Process.Pid
 	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
 	ws := p.wsDial(t, hostWeb)
-	wsEcho(t, ws, websocket.TextMessage, []byte("before the outage"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("before the outage")))
 	ka := p.raw(t, hostAPI)
 	if resp, body := ka.roundTrip(t, "GET /before HTTP/1.1\r\nHost: "+hostAPI+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("keep-alive request: %d %q", resp.StatusCode, body)
@@ -261,8 +254,8 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 
 	start := time.Now()
 	e.gw.kill(t)
-	limit := start.Add(freshness + gwMargin)
-	wsDone := gwWatchClose(ws, until(limit))
+	limit := start.Add(freshness + deadlineMargin)
+	wsDone := watchClose(ws, until(limit))
 
 	// Readiness and the health port drop as soon as the session is
 	// noticed lost, at the latest when the routes expire.
@@ -271,14 +264,14 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 		if notReady == 0 && p.readyz() == http.StatusServiceUnavailable {
 			notReady = time.Since(start)
 		}
-		if healthClosed == 0 && gwRefused(gwDialHealth(p.healthAddr)) {
+		if healthClosed == 0 && isRefused(dialHealth(p.healthAddr)) {
 			healthClosed = time.Since(start)
 		}
 		return notReady != 0 && healthClosed != 0
 	})
-	wc := gwAwaitClose(t, "WebSocket of an expiring route", wsDone)
+	wc := awaitClose(t, "WebSocket of an expiring route", wsDone)
 	err, wsClosed := wc.err, wc.at.Sub(start)
-	gwExpectClose(t, "WebSocket of an expired route", err, websocket.ClosePolicyViolation)
+	expectCloseCode(t, "WebSocket of an expired route", err, websocket.ClosePolicyViolation)
 	// The last renewal was at most one keepalive or poll before the kill:
 	// the routes keep their deadline (a lost session is not a withdrawal).
 	if wsClosed < freshness/2 {
@@ -287,7 +280,7 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	ka.expectClosed(t, until(limit))
 	for _, sni := range []string{hostWeb, hostAPI} {
 		testutil.Eventually(t, until(limit), "handshakes for "+sni+" to be refused", func() bool {
-			return gwUnrecognized(p.handshakeErr(sni))
+			return isUnrecognizedName(p.handshakeErr(sni))
 		})
 	}
 	p.handshakeRefused(t, tlsConfig(hostWeb))
@@ -296,7 +289,7 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 	if code := p.readyz(); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz %d during the outage; want 503", code)
 	}
-	if err := gwDialHealth(p.healthAddr); !gwRefused(err) {
+	if err := dialHealth(p.healthAddr); !isRefused(err) {
 		t.Errorf("health port during the outage: %v; want connection refused", err)
 	}
 
@@ -311,17 +304,17 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 		return false
 	})
 	testutil.Eventually(t, waitTimeout, "the health port to accept connections again", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
 	for _, sni := range []string{hostWeb, hostAPI} {
 		testutil.Eventually(t, waitTimeout, "handshakes for "+sni+" to succeed again", func() bool {
-			return gwHandshakeOK(p.proc, sni)
+			return p.proc.handshakeOK(sni)
 		})
 	}
 	t.Logf("gateway restarted: /readyz 200 after %v, routes after %v", back, time.Since(restart))
 	e.expectServed(t, "after the gateway came back")
 	ws2 := p.wsDial(t, hostWeb)
-	wsEcho(t, ws2, websocket.TextMessage, []byte("after the outage"))
+	must(t, wsEcho(ws2, websocket.TextMessage, []byte("after the outage")))
 	if p.exited() || p.cmd.Process.Pid != pid {
 		t.Fatal("the supervisor was restarted")
 	}
@@ -333,54 +326,54 @@ func gwTestOutage(t *testing.T, gwExtra []string) {
 func TestGatewayInvalidInstance(t *testing.T) {
 	t.Parallel()
 	a, b := newBackend(t, "alpha"), newBackend(t, "beta")
-	hostA, hostB := gwHost("team", "alpha", "web"), gwHost("team", "beta", "web")
+	hostA, hostB := serviceHost("team", "alpha", "web"), serviceHost("team", "beta", "web")
 	doc := func(bPort int) []byte {
-		return gwDoc(
-			gwInst{"team", "alpha", []service{{Name: "web", Port: a.port, Revision: 1}}},
-			gwInst{"team", "beta", []service{{Name: "web", Port: bPort, Revision: 1}}},
+		return routesDocument(
+			docEntry{sandbox: "alpha", services: []service{{Name: "web", Port: a.port, Revision: 1}}},
+			docEntry{sandbox: "beta", services: []service{{Name: "web", Port: bPort, Revision: 1}}},
 		)
 	}
-	gw := gwNewGateway(t, doc(b.port))
+	gw := newMemGateway(t, doc(b.port))
 	gw.start(t)
-	p := gwStartSup(t, gw, gwSupConfig{})
+	p := gw.startSupervisor(t, supervisorConfig{})
 
 	cA, dialsA := p.client(t, hostA)
 	cB, _ := p.client(t, hostB)
-	if err := gwExpect200(cA, hostA, "alpha"); err != nil {
+	if err := expect200(cA, hostA, "alpha"); err != nil {
 		t.Fatal(err)
 	}
-	if err := gwExpect200(cB, hostB, "beta"); err != nil {
+	if err := expect200(cB, hostB, "beta"); err != nil {
 		t.Fatal(err)
 	}
 	wsA := p.wsDial(t, hostA)
-	wsEcho(t, wsA, websocket.TextMessage, []byte("alpha before"))
+	must(t, wsEcho(wsA, websocket.TextMessage, []byte("alpha before")))
 	wsB := p.wsDial(t, hostB)
-	wsEcho(t, wsB, websocket.TextMessage, []byte("beta before"))
-	rejected0 := gwMetricT(t, p.adminAddr, "applistener_config_rejected_instances_total", nil)
+	must(t, wsEcho(wsB, websocket.TextMessage, []byte("beta before")))
+	rejected0 := metricAt(t, p.adminAddr, "applistener_config_rejected_instances_total", nil)
 
-	wsDone := gwWatchClose(wsB, 5*time.Second)
+	wsDone := watchClose(wsB, 5*time.Second)
 	start := time.Now()
 	gw.writeDoc(t, doc(70000))
-	wc := gwAwaitClose(t, "WebSocket of the rejected instance", wsDone)
+	wc := awaitClose(t, "WebSocket of the rejected instance", wsDone)
 	t.Logf("beta's WebSocket closed %v after its entry became invalid: %v", wc.at.Sub(start), wc.err)
-	gwExpectClose(t, "WebSocket of the rejected instance", wc.err, websocket.ClosePolicyViolation)
+	expectCloseCode(t, "WebSocket of the rejected instance", wc.err, websocket.ClosePolicyViolation)
 	testutil.Eventually(t, waitTimeout, "the rejected instance's hostname to be refused", func() bool {
-		return gwUnrecognized(p.handshakeErr(hostB))
+		return isUnrecognizedName(p.handshakeErr(hostB))
 	})
 	p.handshakeRefused(t, tlsConfig(hostB))
 	testutil.Eventually(t, waitTimeout, "beta's app connections (pooled and WebSocket) to close", func() bool {
 		return b.open.Load() == 0
 	})
 
-	wsEcho(t, wsA, websocket.TextMessage, []byte("alpha after"))
-	wsEcho(t, wsA, websocket.BinaryMessage, []byte{1, 2, 3})
-	if err := gwExpect200(cA, hostA, "alpha"); err != nil {
+	must(t, wsEcho(wsA, websocket.TextMessage, []byte("alpha after")))
+	must(t, wsEcho(wsA, websocket.BinaryMessage, []byte{1, 2, 3}))
+	if err := expect200(cA, hostA, "alpha"); err != nil {
 		t.Fatalf("the valid instance after the other was rejected: %v", err)
 	}
 	if n := dialsA.Load(); n != 1 {
 		t.Errorf("alpha's keep-alive client dialed %d times; want 1 (its connection must not be touched)", n)
 	}
-	if r := gwMetricT(t, p.adminAddr, "applistener_config_rejected_instances_total", nil); r <= rejected0 {
+	if r := metricAt(t, p.adminAddr, "applistener_config_rejected_instances_total", nil); r <= rejected0 {
 		t.Errorf("applistener_config_rejected_instances_total stayed at %v", r)
 	}
 }
@@ -392,18 +385,18 @@ func TestGatewayInvalidInstance(t *testing.T) {
 func TestHealthListenerLifecycle(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	gw := gwNewGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}))
-	p := gwStartSup(t, gw, gwSupConfig{noWait: true}) // the gateway is not running yet
+	gw := newMemGateway(t, routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}}))
+	p := gw.startSupervisor(t, supervisorConfig{noWait: true}) // the gateway is not running yet
 
-	gwWatch(t, time.Second,
-		&gwCheck{name: "health port refused before any configuration", every: 100 * time.Millisecond, fn: func() error {
-			if err := gwDialHealth(p.healthAddr); !gwRefused(err) {
+	holdsFor(t, time.Second,
+		&periodicCheck{name: "health port refused before any configuration", every: 100 * time.Millisecond, fn: func() error {
+			if err := dialHealth(p.healthAddr); !isRefused(err) {
 				return fmt.Errorf("health dial: %v; want connection refused", err)
 			}
 			return nil
 		}},
-		&gwCheck{name: "/readyz 503 before any configuration", every: 100 * time.Millisecond, fn: func() error {
-			if code, body := gwReadyz(p.adminAddr); code != http.StatusServiceUnavailable {
+		&periodicCheck{name: "/readyz 503 before any configuration", every: 100 * time.Millisecond, fn: func() error {
+			if code, body := readyzAt(p.adminAddr); code != http.StatusServiceUnavailable {
 				return fmt.Errorf("/readyz %d %q", code, body)
 			}
 			return nil
@@ -413,7 +406,7 @@ func TestHealthListenerLifecycle(t *testing.T) {
 	start := time.Now()
 	gw.start(t)
 	testutil.Eventually(t, waitTimeout, "the health port to open once the gateway delivers", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
 	opened := time.Since(start)
 	if code := p.readyz(); code != http.StatusOK {
@@ -422,15 +415,15 @@ func TestHealthListenerLifecycle(t *testing.T) {
 
 	lost := time.Now()
 	gw.kill(t)
-	testutil.Eventually(t, freshness+gwMargin, "the health port to close after the gateway died", func() bool {
-		return gwRefused(gwDialHealth(p.healthAddr))
+	testutil.Eventually(t, freshness+deadlineMargin, "the health port to close after the gateway died", func() bool {
+		return isRefused(dialHealth(p.healthAddr))
 	})
 	closed := time.Since(lost)
 
 	back := time.Now()
 	gw.start(t)
 	testutil.Eventually(t, waitTimeout, "the health port to reopen when the gateway returns", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
 	t.Logf("health port: opened %v after the gateway started, closed %v after it died, reopened %v after it returned",
 		opened, closed, time.Since(back))
@@ -447,10 +440,10 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		// The request takes 1.5 s of the drain: 5 s leave a loaded machine
 		// time to relay it; the supervisor exits once it is done.
 		const drain = 5 * time.Second
-		e := gwNewEnv(t, nil, gwSupConfig{extra: []string{"--drain-timeout", drain.String()}})
+		e := newGatewayEnv(t, nil, supervisorConfig{extra: []string{"--drain-timeout", drain.String()}})
 		p := e.sup
 		testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
-			return gwDialHealth(p.healthAddr) == nil
+			return dialHealth(p.healthAddr) == nil
 		})
 		c, _ := p.client(t, hostWeb)
 		type result struct {
@@ -461,7 +454,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			code, body, err := gwGet(c, "https://"+hostWeb+"/slow?ms=1500", 10*time.Second)
+			code, body, err := getWithin(c, "https://"+hostWeb+"/slow?ms=1500", 10*time.Second)
 			done <- result{code, body, err, time.Now()}
 		}()
 		testutil.Eventually(t, waitTimeout, "the slow request to reach the app", func() bool {
@@ -489,7 +482,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 			return false
 		})
 		testutil.Eventually(t, waitTimeout, "the health port to close", func() bool {
-			if gwRefused(gwDialHealth(p.healthAddr)) {
+			if isRefused(dialHealth(p.healthAddr)) {
 				healthClosed = time.Since(sig)
 				return true
 			}
@@ -510,7 +503,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		}
 		select {
 		case <-p.done:
-		case <-time.After(until(sig.Add(drain + gwMargin))):
+		case <-time.After(until(sig.Add(drain + deadlineMargin))):
 			t.Fatalf("the supervisor was still running %v after SIGTERM with --drain-timeout %v", time.Since(sig), drain)
 		}
 		exited := time.Since(sig)
@@ -524,19 +517,19 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	t.Run("WebSocket", func(t *testing.T) {
 		t.Parallel()
 		const drain = time.Second
-		e := gwNewEnv(t, nil, gwSupConfig{extra: []string{"--drain-timeout", drain.String()}})
+		e := newGatewayEnv(t, nil, supervisorConfig{extra: []string{"--drain-timeout", drain.String()}})
 		p := e.sup
 		ws := p.wsDial(t, hostWeb)
-		wsEcho(t, ws, websocket.TextMessage, []byte("before SIGTERM"))
+		must(t, wsEcho(ws, websocket.TextMessage, []byte("before SIGTERM")))
 
 		sig := time.Now()
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		limit := sig.Add(drain + gwMargin)
+		limit := sig.Add(drain + deadlineMargin)
 		err := wsExpectClosed(t, ws, until(limit))
 		wsClosed := time.Since(sig)
-		gwExpectClose(t, "WebSocket at shutdown", err, websocket.CloseGoingAway)
+		expectCloseCode(t, "WebSocket at shutdown", err, websocket.CloseGoingAway)
 		select {
 		case <-p.done:
 		case <-time.After(until(limit)):
@@ -554,7 +547,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 func TestParentLivenessStdin(t *testing.T) {
 	t.Parallel()
 	var stdin io.WriteCloser
-	e := gwNewEnv(t, nil, gwSupConfig{
+	e := newGatewayEnv(t, nil, supervisorConfig{
 		extra: []string{"--parent-liveness-stdin"},
 		setup: func(cmd *exec.Cmd) {
 			var err error
@@ -565,7 +558,7 @@ func TestParentLivenessStdin(t *testing.T) {
 	})
 	p := e.sup
 	// The supervisor keeps running while the pipe is open.
-	gwWatch(t, 300*time.Millisecond, &gwCheck{name: "running with stdin open", every: 50 * time.Millisecond, fn: func() error {
+	holdsFor(t, 300*time.Millisecond, &periodicCheck{name: "running with stdin open", every: 50 * time.Millisecond, fn: func() error {
 		if p.exited() {
 			return fmt.Errorf("exited with %d", p.exitCode)
 		}
@@ -597,12 +590,12 @@ func TestParentLivenessStdin(t *testing.T) {
 func TestStderrStalled(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	doc := gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}})
-	gw := gwNewGateway(t, doc)
+	doc := routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}})
+	gw := newMemGateway(t, doc)
 	gw.start(t)
 	// The drained supervisor has a gateway of its own: both use the same
 	// supervisor id, and a newer session of an id supersedes the older.
-	gw2 := gwNewGateway(t, doc)
+	gw2 := newMemGateway(t, doc)
 	gw2.start(t)
 
 	r, w, err := os.Pipe()
@@ -613,15 +606,15 @@ func TestStderrStalled(t *testing.T) {
 	// supervisor has exited: the read end stays open (and unread) for the
 	// whole life of the process.
 	t.Cleanup(func() { _ = r.Close() })
-	stalled := gwStartSup(t, gw, gwSupConfig{setup: func(cmd *exec.Cmd) {
+	stalled := gw.startSupervisor(t, supervisorConfig{setup: func(cmd *exec.Cmd) {
 		cmd.Stdout = nil
 		cmd.Stderr = w
 	}})
 	_ = w.Close()
-	drained := gwStartSup(t, gw2, gwSupConfig{})
+	drained := gw2.startSupervisor(t, supervisorConfig{})
 
 	const measured = 300
-	run := func(name string, p *gwSup) []time.Duration {
+	run := func(name string, p *gatewaySupervisor) []time.Duration {
 		// Flood: requests whose Host is not the SNI are denied (421) and
 		// logged, one line each.
 		const flooders, perFlooder = 4, 1000
@@ -654,7 +647,7 @@ func TestStderrStalled(t *testing.T) {
 		slow := 0
 		for i := range measured {
 			t0 := time.Now()
-			if err := gwExpect200(c, hostWeb, "web"); err != nil {
+			if err := expect200(c, hostWeb, "web"); err != nil {
 				t.Errorf("%s: request %d: %v", name, i, err)
 				break
 			}
@@ -686,14 +679,14 @@ func TestStderrStalled(t *testing.T) {
 	latStalled := run("stalled stderr", stalled)
 	tookStalled := time.Since(start)
 	testutil.Eventually(t, waitTimeout, "applistener_log_lines_dropped_total to rise above 0", func() bool {
-		return gwMetricT(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil) > 0
+		return metricAt(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil) > 0
 	})
-	droppedStalled := gwMetricT(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil)
+	droppedStalled := metricAt(t, stalled.adminAddr, "applistener_log_lines_dropped_total", nil)
 
 	start = time.Now()
 	latDrained := run("drained stderr", drained)
 	tookDrained := time.Since(start)
-	droppedDrained := gwMetricT(t, drained.adminAddr, "applistener_log_lines_dropped_total", nil)
+	droppedDrained := metricAt(t, drained.adminAddr, "applistener_log_lines_dropped_total", nil)
 
 	ms, xs := median(latStalled)
 	md, xd := median(latDrained)
@@ -714,16 +707,16 @@ func TestStderrStalled(t *testing.T) {
 func TestGatewayTokenWrong(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	gw := gwNewGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}))
+	gw := newMemGateway(t, routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}}))
 	gw.start(t)
-	p := gwStartSup(t, gw, gwSupConfig{noWait: true, token: "wrong-token"})
+	p := gw.startSupervisor(t, supervisorConfig{noWait: true, token: "wrong-token"})
 	pid := p.cmd.Process.Pid
 
 	testutil.Eventually(t, waitTimeout, "stderr to explain the 401 and name --gateway-token-file", func() bool {
 		s := p.stderr.String()
 		return strings.Contains(s, "401") && strings.Contains(s, "--gateway-token-file")
 	})
-	code, body := gwReadyz(p.adminAddr)
+	code, body := readyzAt(p.adminAddr)
 	t.Logf("/readyz with a wrong token: %d %q", code, body)
 	if code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz %d with a wrong token; want 503", code)
@@ -731,7 +724,7 @@ func TestGatewayTokenWrong(t *testing.T) {
 	if !strings.Contains(strings.ToLower(body), "gateway") {
 		t.Errorf("/readyz reason %q does not mention the gateway (the operator cannot tell that the gateway refuses the token)", body)
 	}
-	if err := gwDialHealth(p.healthAddr); !gwRefused(err) {
+	if err := dialHealth(p.healthAddr); !isRefused(err) {
 		t.Errorf("health port with a wrong token: %v; want connection refused", err)
 	}
 
@@ -740,14 +733,14 @@ func TestGatewayTokenWrong(t *testing.T) {
 		if endpoint != "" {
 			want["endpoint"] = endpoint
 		}
-		return gwMetricT(t, gw.adminAddr, "applistener_gateway_requests_total", want)
+		return metricAt(t, gw.adminAddr, "applistener_gateway_requests_total", want)
 	}
 	base, baseWatch := count401(""), count401("watch")
 	last, lastAt := base, time.Now()
 	lastWatch, lastWatchAt := baseWatch, time.Now()
 	var gaps, watchGaps []time.Duration
-	gwWatch(t, 3*time.Second,
-		&gwCheck{name: "401 counter sampling", every: 50 * time.Millisecond, fn: func() error {
+	holdsFor(t, 3*time.Second,
+		&periodicCheck{name: "401 counter sampling", every: 50 * time.Millisecond, fn: func() error {
 			now := time.Now()
 			if v := count401(""); v > last {
 				gaps = append(gaps, now.Sub(lastAt).Round(10*time.Millisecond))
@@ -759,7 +752,7 @@ func TestGatewayTokenWrong(t *testing.T) {
 			}
 			return nil
 		}},
-		&gwCheck{name: "/readyz 503 with a wrong token", every: 100 * time.Millisecond, fn: func() error {
+		&periodicCheck{name: "/readyz 503 with a wrong token", every: 100 * time.Millisecond, fn: func() error {
 			if code := p.readyz(); code != http.StatusServiceUnavailable {
 				return fmt.Errorf("/readyz %d", code)
 			}
@@ -777,17 +770,17 @@ func TestGatewayTokenWrong(t *testing.T) {
 	}
 
 	fixed := time.Now()
-	writeAtomic(t, p.tokenFile, []byte(gwToken+"\n"))
+	writeAtomic(t, p.tokenFile, []byte(supervisorToken+"\n"))
 	testutil.Eventually(t, waitTimeout, "the supervisor to become ready with the fixed token", func() bool {
 		return p.readyz() == http.StatusOK
 	})
 	t.Logf("ready %v after the token file was fixed", time.Since(fixed))
 	c, _ := p.client(t, hostWeb)
-	if err := gwExpect200(c, hostWeb, "web"); err != nil {
+	if err := expect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, waitTimeout, "the health port to open", func() bool {
-		return gwDialHealth(p.healthAddr) == nil
+		return dialHealth(p.healthAddr) == nil
 	})
 	if p.exited() || p.cmd.Process.Pid != pid {
 		t.Fatal("the supervisor was restarted")

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -66,7 +67,7 @@ func (r runner) Run() int {
 
 func TestMain(m *testing.M) {
 	if os.Getenv("APPLISTENER_E2E_NS_HELPER") != "" {
-		// A backend helper process (see ns_harness_test.go): it needs no
+		// A backend helper process (see netns_harness_test.go): it needs no
 		// binary and must start fast.
 		os.Exit(m.Run())
 	}
@@ -284,20 +285,44 @@ type service struct {
 var revCounter atomic.Int64
 
 func routesDoc(svcs ...service) []byte {
-	if svcs == nil {
-		svcs = []service{}
-	}
-	doc := map[string]any{
-		"revision": fmt.Sprintf("r%d", revCounter.Add(1)),
-		"instances": []any{map[string]any{
-			"workspace":  "team",
-			"sandbox":    "demo",
+	return routesDocument(docEntry{sandbox: "demo", services: svcs})
+}
+
+// docEntry is one instance of a routes (or gateway configuration) document.
+type docEntry struct {
+	workspace string // "": team
+	sandbox   string
+	connector map[string]any // nil: TCP to 127.0.0.1
+	limits    map[string]any // nil: none
+	services  []service      // nil: none
+}
+
+// routesDocument is a document of entries under a fresh revision.
+func routesDocument(entries ...docEntry) []byte {
+	list := []any{}
+	for _, in := range entries {
+		e := map[string]any{
+			"workspace":  cmp.Or(in.workspace, "team"),
+			"sandbox":    in.sandbox,
 			"generation": "1",
-			"connector":  map[string]any{"type": "tcp", "host": "127.0.0.1"},
-			"services":   svcs,
-		}},
+			"connector":  in.connector,
+			"services":   in.services,
+		}
+		if in.connector == nil {
+			e["connector"] = map[string]any{"type": "tcp", "host": "127.0.0.1"}
+		}
+		if in.services == nil {
+			e["services"] = []service{}
+		}
+		if in.limits != nil {
+			e["limits"] = in.limits
+		}
+		list = append(list, e)
 	}
-	b, err := json.Marshal(doc)
+	b, err := json.Marshal(map[string]any{
+		"revision":  fmt.Sprintf("r%d", revCounter.Add(1)),
+		"instances": list,
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -819,21 +844,54 @@ func (p *proc) wsDial(t testing.TB, sni string) *websocket.Conn {
 	return c
 }
 
-// wsEcho sends msg and expects it back.
-func wsEcho(t testing.TB, c *websocket.Conn, typ int, msg []byte) {
-	t.Helper()
+// wsEcho sends msg as a message of type typ on c and expects it back, each
+// way within waitTimeout. It returns the failure instead of ending the test,
+// so that it serves off the test goroutine too (the harnesses' periodic
+// checks, goroutines holding a WebSocket).
+func wsEcho(c *websocket.Conn, typ int, msg []byte) error {
 	_ = c.SetWriteDeadline(time.Now().Add(waitTimeout))
 	if err := c.WriteMessage(typ, msg); err != nil {
-		t.Fatalf("WebSocket write: %v", err)
+		return fmt.Errorf("WebSocket write of %s: %w", wsMessage(typ, msg), err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
 	gotTyp, got, err := c.ReadMessage()
 	if err != nil {
-		t.Fatalf("WebSocket read: %v", err)
+		return fmt.Errorf("WebSocket read of the echo of %s: %w", wsMessage(typ, msg), err)
 	}
 	if gotTyp != typ || !bytes.Equal(got, msg) {
-		t.Fatalf("WebSocket echo: got type %d, %d bytes; want type %d, %d bytes (equal=%v)",
-			gotTyp, len(got), typ, len(msg), bytes.Equal(got, msg))
+		return fmt.Errorf("WebSocket echo: got %s; want %s", wsMessage(gotTyp, got), wsMessage(typ, msg))
+	}
+	return nil
+}
+
+// must ends the test with err, if there is one.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wsMessage describes a message for a failure: short text as it is,
+// anything else by type and size.
+func wsMessage(typ int, msg []byte) string {
+	if typ == websocket.TextMessage && len(msg) <= 64 {
+		return fmt.Sprintf("text %q", msg)
+	}
+	return fmt.Sprintf("type %d, %d bytes", typ, len(msg))
+}
+
+// expectCloseCode checks that a WebSocket read ended with err, a close
+// frame carrying code.
+func expectCloseCode(t testing.TB, what string, err error, code int) {
+	t.Helper()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) {
+		t.Errorf("%s: the WebSocket ended with %v; want a close frame %d first", what, err, code)
+		return
+	}
+	if ce.Code != code {
+		t.Errorf("%s: close code %d (%q); want %d", what, ce.Code, ce.Text, code)
 	}
 }
 
@@ -887,30 +945,43 @@ func (p *proc) handshakeErr(sni string) error {
 	return err
 }
 
+// demoBackends are the two backends of team/demo, web and api, that the
+// test environments (env, gatewayEnv) route to.
+type demoBackends struct {
+	web, api *backend
+}
+
+func newDemoBackends(t testing.TB) demoBackends {
+	return demoBackends{web: newBackend(t, "web"), api: newBackend(t, "api")}
+}
+
+// services returns the chosen services, each on its backend's port.
+func (b demoBackends) services(web, api bool) []service {
+	var s []service
+	if web {
+		s = append(s, service{Name: "web", Port: b.web.port, Revision: 1})
+	}
+	if api {
+		s = append(s, service{Name: "api", Port: b.api.port, Revision: 1})
+	}
+	return s
+}
+
 // env is one applistener process routing web and api to two backends.
 type env struct {
-	p        *proc
-	web, api *backend
+	p *proc
+	demoBackends
 }
 
 func newEnv(t testing.TB, extra ...string) *env {
 	t.Helper()
-	e := &env{web: newBackend(t, "web"), api: newBackend(t, "api")}
+	e := &env{demoBackends: newDemoBackends(t)}
 	e.p = startProc(t, e.doc(true, true), extra...)
 	return e
 }
 
 // doc is the routes document with the chosen services.
-func (e *env) doc(web, api bool) []byte {
-	var s []service
-	if web {
-		s = append(s, service{Name: "web", Port: e.web.port, Revision: 1})
-	}
-	if api {
-		s = append(s, service{Name: "api", Port: e.api.port, Revision: 1})
-	}
-	return routesDoc(s...)
-}
+func (e *env) doc(web, api bool) []byte { return routesDoc(e.services(web, api)...) }
 
 func get(t testing.TB, c *http.Client, url string) (*http.Response, []byte) {
 	t.Helper()

@@ -4,8 +4,8 @@ package e2e
 // (serve, gateway, edge, dev, routes, instances): launch starts one with its
 // output collected, waits until it is ready, starts again after a lost port
 // race, and on cleanup stops it (SIGTERM, then SIGKILL) and prints its
-// output if the test failed. The harnesses (startProc, gwStartSup,
-// discStart, ...) wrap it with their flags and readiness rules.
+// output if the test failed. The harnesses (startProc, startSupervisor,
+// launchReady, ...) wrap it with their flags and readiness rules.
 
 import (
 	"bytes"

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"errors"
 	"net/http"
 	"os"
 	"strings"
@@ -13,21 +12,6 @@ import (
 	"github.com/applistener/applistener/internal/testutil"
 )
 
-// expectPolicyClose checks the error a WebSocket read returned when the
-// listener revoked its route: a close frame with 1008 (the connection was
-// idle, so it was at a frame boundary).
-func expectPolicyClose(t testing.TB, what string, err error) {
-	t.Helper()
-	var ce *websocket.CloseError
-	if !errors.As(err, &ce) {
-		t.Errorf("%s: the connection ended with %v; want a close frame 1008 first", what, err)
-		return
-	}
-	if ce.Code != websocket.ClosePolicyViolation {
-		t.Errorf("%s: close code %d (%q); want 1008", what, ce.Code, ce.Text)
-	}
-}
-
 // TestWithdrawal removes one service from the routes file: its streams close
 // at once, the other service's streams keep working, and its SNI is refused.
 func TestWithdrawal(t *testing.T) {
@@ -36,9 +20,9 @@ func TestWithdrawal(t *testing.T) {
 	p := e.p
 
 	wsWeb := p.wsDial(t, hostWeb)
-	wsEcho(t, wsWeb, websocket.TextMessage, []byte("web before"))
+	must(t, wsEcho(wsWeb, websocket.TextMessage, []byte("web before")))
 	wsAPI := p.wsDial(t, hostAPI)
-	wsEcho(t, wsAPI, websocket.TextMessage, []byte("api before"))
+	must(t, wsEcho(wsAPI, websocket.TextMessage, []byte("api before")))
 	ka := p.raw(t, hostWeb)
 	if resp, body := ka.roundTrip(t, "GET /before HTTP/1.1\r\nHost: "+hostWeb+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("keep-alive request: %d %q", resp.StatusCode, body)
@@ -53,15 +37,15 @@ func TestWithdrawal(t *testing.T) {
 
 	err := wsExpectClosed(t, wsWeb, until(limit))
 	t.Logf("web WebSocket closed %v after the routes file was rewritten: %v", time.Since(start), err)
-	expectPolicyClose(t, "withdrawn web WebSocket", err)
+	expectCloseCode(t, "withdrawn web WebSocket", err, websocket.ClosePolicyViolation)
 	ka.expectClosed(t, until(limit))
 	testutil.Eventually(t, until(limit), "the web app's connections (pooled and WebSocket) to close", func() bool {
 		return e.web.open.Load() == 0
 	})
 
 	// The other service of the same instance is untouched.
-	wsEcho(t, wsAPI, websocket.TextMessage, []byte("api after"))
-	wsEcho(t, wsAPI, websocket.BinaryMessage, []byte{1, 2, 3})
+	must(t, wsEcho(wsAPI, websocket.TextMessage, []byte("api after")))
+	must(t, wsEcho(wsAPI, websocket.BinaryMessage, []byte{1, 2, 3}))
 	c, _ := p.client(t, hostAPI)
 	if resp, body := get(t, c, "https://"+hostAPI+"/after-withdrawal"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("api after web was withdrawn: %d %q", resp.StatusCode, body)
@@ -75,7 +59,7 @@ func TestWithdrawal(t *testing.T) {
 		return p.handshakeErr(hostWeb) == nil
 	})
 	ws := p.wsDial(t, hostWeb)
-	wsEcho(t, ws, websocket.TextMessage, []byte("web again"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("web again")))
 }
 
 // TestStaleness deletes the routes file: the routes go stale on time, their
@@ -86,7 +70,7 @@ func TestStaleness(t *testing.T) {
 	p := e.p
 
 	ws := p.wsDial(t, hostWeb)
-	wsEcho(t, ws, websocket.TextMessage, []byte("before"))
+	must(t, wsEcho(ws, websocket.TextMessage, []byte("before")))
 	ka := p.raw(t, hostAPI)
 	if resp, body := ka.roundTrip(t, "GET /before HTTP/1.1\r\nHost: "+hostAPI+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("keep-alive request: %d %q", resp.StatusCode, body)
@@ -101,7 +85,7 @@ func TestStaleness(t *testing.T) {
 	err := wsExpectClosed(t, ws, until(limit))
 	elapsed := time.Since(start)
 	t.Logf("WebSocket closed %v after the routes file was deleted: %v", elapsed, err)
-	expectPolicyClose(t, "stale web WebSocket", err)
+	expectCloseCode(t, "stale web WebSocket", err, websocket.ClosePolicyViolation)
 	// The file is renewed every freshness/3, so the routes had at least
 	// ~1.3 s left: a missing file is not a renewal, and not a withdrawal.
 	if elapsed < freshness/2 {
@@ -131,5 +115,5 @@ func TestStaleness(t *testing.T) {
 		t.Fatalf("api after restore: %d %q", resp.StatusCode, body)
 	}
 	ws2 := p.wsDial(t, hostWeb)
-	wsEcho(t, ws2, websocket.TextMessage, []byte("after restore"))
+	must(t, wsEcho(ws2, websocket.TextMessage, []byte("after restore")))
 }

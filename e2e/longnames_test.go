@@ -63,17 +63,17 @@ func longGet(addr string, pool *x509.CertPool, sni, host string, h2 bool) (int, 
 }
 
 func TestLongSandboxIDEndToEnd(t *testing.T) {
-	pki := discNewPKI(t)
+	pki := newSupervisorPKI(t)
 	notebook, web := newBackend(t, "notebook"), newBackend(t, "web")
-	gw := discStartGateway(t, map[string][]discInst{
+	gw := newDiscoveryGateway(t, map[string][]discoveryInstance{
 		"sup-1": {{longUUID, map[string]int{longService: notebook.port, "web": web.port}}},
 	})
-	sup := discStartSup(t, gw, pki, "sup-1", 101)
+	sup := gw.startSupervisor(t, pki, "sup-1", 101)
 
 	// Discovery publishes the hashed hostname beside the readable names.
-	var snap *discSnapshot
+	var snap *discoverySnapshot
 	testutil.Eventually(t, waitTimeout, "the UUID sandbox's routes in discovery", func() bool {
-		snap = discGet(t, gw)
+		snap = gw.snapshot(t)
 		return snap.route(longHashed) != nil && snap.route(longWeb) != nil
 	})
 	if r := snap.route(longHashed); r.Workspace != "team" || r.Sandbox != longUUID || r.Name != longService || r.Supervisor != "sup-1" {
@@ -84,17 +84,17 @@ func TestLongSandboxIDEndToEnd(t *testing.T) {
 	}
 	// `routes get` lists it with its sandbox and service; `routes hostname`
 	// computes the same name from the names.
-	out, errOut, code := discRunOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", discTokenFile(t), "--workspace", "team")
+	out, errOut, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team")
 	if code != 0 || !strings.Contains(out, longHashed+"  ") || !strings.Contains(out, longUUID) || !strings.Contains(out, longService) {
 		t.Fatalf("routes get: exit %d\n%s\n%s", code, out, errOut)
 	}
 	t.Logf("routes get:\n%s", out)
-	out, errOut, code = discRunOnce(t, "routes", "hostname", "--domain", domain, "--workspace", "team", "--sandbox", longUUID, "--service", longService)
+	out, errOut, code = runCommandOnce(t, "routes", "hostname", "--domain", domain, "--workspace", "team", "--sandbox", longUUID, "--service", longService)
 	if code != 0 || out != longHashed+"\n" {
 		t.Fatalf("routes hostname: exit %d %q %q", code, out, errOut)
 	}
 
-	edge := discStartEdge(t, gw)
+	edge := gw.startEdge(t)
 	for _, via := range []struct{ name, addr string }{{"listener", sup.appAddr}, {"edge", edge.appAddr}} {
 		for _, h2 := range []bool{false, true} {
 			proto := map[bool]string{false: "HTTP/1.1", true: "HTTP/2.0"}[h2]

@@ -1,6 +1,9 @@
 package e2e
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
 // browserProcAttr puts the browser in its own process group, so that Close
 // can kill the renderers and helpers with it, and has it killed if the
@@ -9,3 +12,6 @@ import "syscall"
 func browserProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
+
+// killProcessGroup kills p with the process group browserProcAttr gave it.
+func killProcessGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGKILL) }

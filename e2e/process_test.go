@@ -84,7 +84,7 @@ func TestShutdown(t *testing.T) {
 		const drain = time.Second
 		e := newEnv(t, "--drain-timeout", drain.String())
 		ws := e.p.wsDial(t, hostWeb)
-		wsEcho(t, ws, websocket.TextMessage, []byte("before SIGTERM"))
+		must(t, wsEcho(ws, websocket.TextMessage, []byte("before SIGTERM")))
 
 		start := time.Now()
 		if err := e.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {

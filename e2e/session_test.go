@@ -34,9 +34,9 @@ import (
 // comma-separated list) with the token t1, advertising 127.0.0.1, and waits
 // until /readyz answers 200. setup runs before Start (a stdin pipe). It is
 // stopped with SIGTERM on cleanup.
-func sessSup(t *testing.T, endpoints string, setup func(*exec.Cmd), extra ...string) *gwSup {
+func sessSup(t *testing.T, endpoints string, setup func(*exec.Cmd), extra ...string) *gatewaySupervisor {
 	t.Helper()
-	return gwLaunchSup(t, endpoints, gwSupConfig{
+	return launchSupervisor(t, endpoints, supervisorConfig{
 		extra: append([]string{"--advertise-address", "127.0.0.1"}, extra...),
 		setup: setup,
 	})
@@ -85,12 +85,12 @@ func newSessFakeGateway(t *testing.T, doc []byte) *sessFakeGateway {
 }
 
 func (g *sessFakeGateway) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer "+gwToken {
+	if r.Header.Get("Authorization") != "Bearer "+supervisorToken {
 		http.Error(w, "401 Unauthorized", http.StatusUnauthorized)
 		return
 	}
 	q := r.URL.Query()
-	base := "/v1/supervisors/" + gwSupervisorID
+	base := "/v1/supervisors/" + supervisorID
 	kind := r.Method + " " + strings.TrimPrefix(r.URL.Path, base)
 	if q.Get("watch") == "1" {
 		kind += " watch"
@@ -167,7 +167,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 		t.Run(strings.ReplaceAll(how, " ", "_"), func(t *testing.T) {
 			t.Parallel()
 			web := newBackend(t, "web")
-			g := newSessFakeGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}))
+			g := newSessFakeGateway(t, routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}}))
 			var stdin io.WriteCloser
 			var extra []string
 			var setup func(*exec.Cmd)
@@ -183,7 +183,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 			sup := sessSup(t, g.srv.URL, setup, extra...)
 			g.mu.Lock()
 			g.probe = func() error {
-				if !gwHandshakeOK(sup.proc, hostWeb) {
+				if !sup.proc.handshakeOK(hostWeb) {
 					return fmt.Errorf("no TLS handshake for %s", hostWeb)
 				}
 				return nil
@@ -221,7 +221,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 			if w.probeErr != nil {
 				t.Errorf("during the withdrawal the app listener no longer served the route: %v", w.probeErr)
 			}
-			if gwHandshakeOK(sup.proc, hostWeb) {
+			if sup.proc.handshakeOK(hostWeb) {
 				t.Error("the app listener still accepts after exit")
 			}
 			out := sup.stderr.String()
@@ -249,8 +249,8 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 
 // sessTokens writes the tokens file of g: t1 for sup-1, t2 reading
 // workspace team, ta an admin token.
-func sessTokens(t *testing.T, g *gwGateway) {
-	writeAtomic(t, g.tokensPath, []byte(`{"tokens":[{"token":"`+gwToken+`","supervisor":"`+gwSupervisorID+`"},`+
+func sessTokens(t *testing.T, g *memGateway) {
+	writeAtomic(t, g.tokensPath, []byte(`{"tokens":[{"token":"`+supervisorToken+`","supervisor":"`+supervisorID+`"},`+
 		`{"token":"t2","workspaces":["team"]},{"token":"ta","admin":true}]}`))
 }
 
@@ -280,37 +280,37 @@ func sessDeadEndpoint(t *testing.T) string {
 func TestSessionLongKeepaliveGrant(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	g := gwNewGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}),
+	g := newMemGateway(t, routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}}),
 		"--keepalive", "5s", "--keepalive-min", "5s")
 	sessTokens(t, g)
 	g.start(t)
 	sup := sessSup(t, g.endpoint(), nil)
 	c, dials := sup.client(t, hostWeb)
-	if err := gwExpect200(c, hostWeb, "web"); err != nil {
+	if err := expect200(c, hostWeb, "web"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, waitTimeout, "the health port to accept connections", func() bool {
-		return gwDialHealth(sup.healthAddr) == nil
+		return dialHealth(sup.healthAddr) == nil
 	})
-	gwWatch(t, 4*freshness,
-		&gwCheck{name: "keep-alive request every 250ms", every: 250 * time.Millisecond, fn: func() error {
-			return gwExpect200(c, hostWeb, "web")
+	holdsFor(t, 4*freshness,
+		&periodicCheck{name: "keep-alive request every 250ms", every: 250 * time.Millisecond, fn: func() error {
+			return expect200(c, hostWeb, "web")
 		}},
-		&gwCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
-			if code, body := gwReadyz(sup.adminAddr); code != http.StatusOK {
+		&periodicCheck{name: "/readyz 200", every: 100 * time.Millisecond, fn: func() error {
+			if code, body := readyzAt(sup.adminAddr); code != http.StatusOK {
 				return fmt.Errorf("/readyz %d %q", code, body)
 			}
 			return nil
 		}},
-		&gwCheck{name: "health port open", every: 100 * time.Millisecond, fn: func() error {
-			return gwDialHealth(sup.healthAddr)
+		&periodicCheck{name: "health port open", every: 100 * time.Millisecond, fn: func() error {
+			return dialHealth(sup.healthAddr)
 		}},
 	)
 	if n := dials.Load(); n != 1 {
 		t.Errorf("the keep-alive client dialed %d times; want 1", n)
 	}
-	fallback := gwMetricT(t, sup.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "fallback-poll"})
-	polls := gwMetricT(t, sup.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"})
+	fallback := metricAt(t, sup.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "fallback-poll"})
+	polls := metricAt(t, sup.adminAddr, "applistener_config_deliveries_total", map[string]string{"source": "poll"})
 	out := sup.stderr.String()
 	t.Logf("polls beside the push session in %v: %v; polls with push down: %v", 4*freshness, fallback, polls)
 	if fallback < 6 {
@@ -332,10 +332,10 @@ func TestSessionLongKeepaliveGrant(t *testing.T) {
 func TestSessionGatewayFailover(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
-	doc := gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}})
-	var gws []*gwGateway
+	doc := routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}})
+	var gws []*memGateway
 	for range 2 {
-		g := gwNewGateway(t, doc, "--keepalive", "250ms", "--keepalive-min", "250ms")
+		g := newMemGateway(t, doc, "--keepalive", "250ms", "--keepalive-min", "250ms")
 		sessTokens(t, g)
 		g.start(t)
 		gws = append(gws, g)
@@ -344,31 +344,31 @@ func TestSessionGatewayFailover(t *testing.T) {
 	list := dead + "," + gws[0].endpoint() + "," + gws[1].endpoint()
 	sup := sessSup(t, list, nil)
 	testutil.Eventually(t, waitTimeout, "the push session at the first live gateway", func() bool {
-		v, _, err := gwMetric(gws[0].adminAddr, "applistener_gateway_watchers", nil)
+		v, _, err := scrapeMetric(gws[0].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
 	tok := sessTokenFile(t, "t2")
 	testutil.Eventually(t, waitTimeout, "the route in discovery through the list", func() bool {
-		out, _, code := discRunOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
+		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
 
 	c, _ := sup.client(t, hostWeb)
 	gws[0].kill(t)
-	gwWatch(t, 2*freshness,
-		&gwCheck{name: "request every 100ms", every: 100 * time.Millisecond, fn: func() error {
-			return gwExpect200(c, hostWeb, "web")
+	holdsFor(t, 2*freshness,
+		&periodicCheck{name: "request every 100ms", every: 100 * time.Millisecond, fn: func() error {
+			return expect200(c, hostWeb, "web")
 		}},
 	)
 	testutil.Eventually(t, waitTimeout, "the push session at the second gateway", func() bool {
-		v, _, err := gwMetric(gws[1].adminAddr, "applistener_gateway_watchers", nil)
+		v, _, err := scrapeMetric(gws[1].adminAddr, "applistener_gateway_watchers", nil)
 		return err == nil && v == 1
 	})
-	if code, body := gwReadyz(sup.adminAddr); code != http.StatusOK {
+	if code, body := readyzAt(sup.adminAddr); code != http.StatusOK {
 		t.Errorf("/readyz %d %q after the failover", code, body)
 	}
 	testutil.Eventually(t, waitTimeout, "the route in discovery at the survivor", func() bool {
-		out, _, code := discRunOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
+		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
 	t.Logf("failover: the route was served throughout the %v after the kill; discovery finds it at the survivor", 2*freshness)
@@ -381,7 +381,7 @@ func TestSessionGatewayFailover(t *testing.T) {
 func TestSessionInstancesCommand(t *testing.T) {
 	t.Parallel()
 	web, other := newBackend(t, "web"), newBackend(t, "other")
-	g := gwNewGateway(t, gwDoc(gwInst{"team", "demo", []service{{Name: "web", Port: web.port, Revision: 1}}}),
+	g := newMemGateway(t, routesDocument(docEntry{sandbox: "demo", services: []service{{Name: "web", Port: web.port, Revision: 1}}}),
 		"--keepalive", "250ms", "--keepalive-min", "250ms")
 	sessTokens(t, g)
 	g.start(t)
@@ -392,7 +392,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Helper()
 		return runBin(t, stdin, append([]string{"instances"}, args...)...)
 	}
-	common := []string{"--gateway", endpoints, "--token-file", admin, "--supervisor", gwSupervisorID}
+	common := []string{"--gateway", endpoints, "--token-file", admin, "--supervisor", supervisorID}
 	const hostOther = "team--other--web." + domain
 	entry := fmt.Sprintf(`{"workspace":"team","sandbox":"other","generation":"1","connector":{"type":"tcp","host":"127.0.0.1"},`+
 		`"services":[{"name":"web","port":%d,"revision":1}]}`, other.port)
@@ -407,11 +407,11 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Fatalf("put: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	testutil.Eventually(t, waitTimeout, "the new instance served by the supervisor", func() bool {
-		return gwHandshakeOK(sup.proc, hostOther)
+		return sup.proc.handshakeOK(hostOther)
 	})
 	t.Logf("instances put -> served by the supervisor: %v", time.Since(start).Round(time.Millisecond))
 	c, _ := sup.client(t, hostOther)
-	if err := gwExpect200(c, hostOther, "other"); err != nil {
+	if err := expect200(c, hostOther, "other"); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code = cli("", append([]string{"list"}, common...)...)
@@ -432,8 +432,8 @@ func TestSessionInstancesCommand(t *testing.T) {
 	if _, errOut, code := cli(bad, append([]string{"put", "--file", "-"}, common...)...); code != 1 || !strings.Contains(errOut, "400") {
 		t.Errorf("put of a bad entry: exit %d, stderr %q", code, errOut)
 	}
-	supTok := sessTokenFile(t, gwToken)
-	if _, errOut, code := cli("", "list", "--gateway", g.endpoint(), "--token-file", supTok, "--supervisor", gwSupervisorID); code != 1 || !strings.Contains(errOut, "403") {
+	supTok := sessTokenFile(t, supervisorToken)
+	if _, errOut, code := cli("", "list", "--gateway", g.endpoint(), "--token-file", supTok, "--supervisor", supervisorID); code != 1 || !strings.Contains(errOut, "403") {
 		t.Errorf("list with a supervisor token: exit %d, stderr %q", code, errOut)
 	}
 	if _, errOut, code := cli(entry, append([]string{"put", "--file", "-", "--sandbox", "demo"}, common...)...); code != 2 {
@@ -445,13 +445,13 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Fatalf("delete: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	testutil.Eventually(t, waitTimeout, "the deleted instance refused by the supervisor", func() bool {
-		return gwUnrecognized(sup.handshakeErr(hostOther))
+		return isUnrecognizedName(sup.handshakeErr(hostOther))
 	})
 	t.Logf("instances delete -> refused by the supervisor: %v", time.Since(start).Round(time.Millisecond))
 	if _, errOut, code := cli("", append([]string{"delete", "--workspace", "team", "--sandbox", "other"}, common...)...); code != 1 || !strings.Contains(errOut, "404") {
 		t.Errorf("delete of an absent instance: exit %d, stderr %q", code, errOut)
 	}
-	if !gwHandshakeOK(sup.proc, hostWeb) {
+	if !sup.proc.handshakeOK(hostWeb) {
 		t.Error("the file's instance was disturbed")
 	}
 }

@@ -28,12 +28,12 @@ import (
 // sharedEnv is a shared-mode supervisor in front of sandboxes a and b of
 // workspace team, each a network namespace with its own app.
 type sharedEnv struct {
-	p            *proc
-	nsA, nsB     *nsNamespace
-	appA, appB   *nsApp
-	hostA, hostB string
-	nameA, nameB string // what each app answers
-	limitsA      map[string]any
+	p              *proc
+	netnsA, netnsB *netNamespace
+	appA, appB     *namespaceApp
+	hostA, hostB   string
+	nameA, nameB   string // what each app answers
+	limitsA        map[string]any
 }
 
 // newSharedEnv creates namespaces A and B, starts an app in each, and a
@@ -42,13 +42,13 @@ type sharedEnv struct {
 func newSharedEnv(t *testing.T, limitsA map[string]any, extra ...string) *sharedEnv {
 	t.Helper()
 	e := &sharedEnv{
-		nsA: nsCreate(t), nsB: nsCreate(t),
-		hostA: nsHostname("a", "web"), hostB: nsHostname("b", "web"),
+		netnsA: newNetNamespace(t), netnsB: newNetNamespace(t),
+		hostA: sandboxHost("a", "web"), hostB: sandboxHost("b", "web"),
 		limitsA: limitsA,
 	}
-	e.nameA, e.nameB = "sandbox a in "+e.nsA.name, "sandbox b in "+e.nsB.name
-	e.appA = nsLaunch(t, e.nsA, e.nameA)
-	e.appB = nsLaunch(t, e.nsB, e.nameB)
+	e.nameA, e.nameB = "sandbox a in "+e.netnsA.name, "sandbox b in "+e.netnsB.name
+	e.appA = e.netnsA.launch(t, e.nameA)
+	e.appB = e.netnsB.launch(t, e.nameB)
 	e.appA.waitReady(t)
 	e.appB.waitReady(t)
 	e.p = startProc(t, e.doc(true, true), append([]string{"--mode", "shared"}, extra...)...)
@@ -57,15 +57,15 @@ func newSharedEnv(t *testing.T, limitsA map[string]any, extra ...string) *shared
 
 // doc routes the chosen sandboxes.
 func (e *sharedEnv) doc(a, b bool) []byte {
-	var insts []nsInstance
-	web := []service{{Name: "web", Port: nsAppPort, Revision: 1}}
+	var insts []docEntry
+	web := []service{{Name: "web", Port: namespaceAppPort, Revision: 1}}
 	if a {
-		insts = append(insts, nsInstance{sandbox: "a", connector: nsNetns(e.nsA), limits: e.limitsA, services: web})
+		insts = append(insts, docEntry{sandbox: "a", connector: e.netnsA.connector(), limits: e.limitsA, services: web})
 	}
 	if b {
-		insts = append(insts, nsInstance{sandbox: "b", connector: nsNetns(e.nsB), services: web})
+		insts = append(insts, docEntry{sandbox: "b", connector: e.netnsB.connector(), services: web})
 	}
-	return nsDoc(insts...)
+	return routesDocument(insts...)
 }
 
 // TestSharedHostIsolation: each sandbox's hostname reaches only its own app,
@@ -77,10 +77,10 @@ func TestSharedHostIsolation(t *testing.T) {
 
 	t.Run("Fresh", func(t *testing.T) {
 		for i := range 4 {
-			resp, body := nsFreshGet(t, p, e.hostA, "/?fresh="+strconv.Itoa(i))
-			nsExpectApp(t, "fresh connection to A", resp, body, e.nameA)
-			resp, body = nsFreshGet(t, p, e.hostB, "/?fresh="+strconv.Itoa(i))
-			nsExpectApp(t, "fresh connection to B", resp, body, e.nameB)
+			resp, body := p.freshGet(t, e.hostA, "/?fresh="+strconv.Itoa(i))
+			expectApp(t, "fresh connection to A", resp, body, e.nameA)
+			resp, body = p.freshGet(t, e.hostB, "/?fresh="+strconv.Itoa(i))
+			expectApp(t, "fresh connection to B", resp, body, e.nameB)
 		}
 	})
 
@@ -89,7 +89,7 @@ func TestSharedHostIsolation(t *testing.T) {
 			c, dials := p.client(t, tc.host)
 			for i := range 5 {
 				resp, body := get(t, c, "https://"+tc.host+"/?keepalive="+strconv.Itoa(i))
-				nsExpectApp(t, "kept-alive connection to "+tc.host, resp, body, tc.want)
+				expectApp(t, "kept-alive connection to "+tc.host, resp, body, tc.want)
 			}
 			if n := dials.Load(); n != 1 {
 				t.Errorf("%s: 5 requests used %d connections; want 1 (kept alive)", tc.host, n)
@@ -101,9 +101,9 @@ func TestSharedHostIsolation(t *testing.T) {
 		ra, rb := p.raw(t, e.hostA), p.raw(t, e.hostB)
 		for i := range 5 {
 			resp, body := ra.roundTrip(t, "GET /?i="+strconv.Itoa(i)+" HTTP/1.1\r\nHost: "+e.hostA+"\r\n\r\n")
-			nsExpectApp(t, "A's connection", resp, body, e.nameA)
+			expectApp(t, "A's connection", resp, body, e.nameA)
 			resp, body = rb.roundTrip(t, "GET /?i="+strconv.Itoa(i)+" HTTP/1.1\r\nHost: "+e.hostB+"\r\n\r\n")
-			nsExpectApp(t, "B's connection", resp, body, e.nameB)
+			expectApp(t, "B's connection", resp, body, e.nameB)
 		}
 		// A's connection cannot be pointed at B: 421, and it still reaches A.
 		resp, body := ra.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+e.hostB+"\r\n\r\n")
@@ -111,14 +111,14 @@ func TestSharedHostIsolation(t *testing.T) {
 			t.Fatalf("B's Host on A's connection: %d %q; want 421", resp.StatusCode, body)
 		}
 		resp, body = ra.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+e.hostA+"\r\n\r\n")
-		nsExpectApp(t, "A's connection after the 421", resp, body, e.nameA)
+		expectApp(t, "A's connection after the 421", resp, body, e.nameA)
 	})
 
 	t.Run("WebSocket", func(t *testing.T) {
 		wa, wb := p.wsDial(t, e.hostA), p.wsDial(t, e.hostB)
 		for i := range 3 {
-			wsEcho(t, wa, websocket.TextMessage, fmt.Appendf(nil, "to a %d", i))
-			wsEcho(t, wb, websocket.TextMessage, fmt.Appendf(nil, "to b %d", i))
+			must(t, wsEcho(wa, websocket.TextMessage, fmt.Appendf(nil, "to a %d", i)))
+			must(t, wsEcho(wb, websocket.TextMessage, fmt.Appendf(nil, "to b %d", i)))
 		}
 	})
 }
@@ -134,11 +134,11 @@ func TestSharedHostWithdraw(t *testing.T) {
 	wsA1, wsA2 := p.wsDial(t, e.hostA), p.wsDial(t, e.hostA)
 	wsB := p.wsDial(t, e.hostB)
 	for _, c := range []*websocket.Conn{wsA1, wsA2, wsB} {
-		wsEcho(t, c, websocket.TextMessage, []byte("before"))
+		must(t, wsEcho(c, websocket.TextMessage, []byte("before")))
 	}
 	ka := p.raw(t, e.hostA)
 	resp, body := ka.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+e.hostA+"\r\n\r\n")
-	nsExpectApp(t, "A before the withdrawal", resp, body, e.nameA)
+	expectApp(t, "A before the withdrawal", resp, body, e.nameA)
 
 	start := time.Now()
 	p.writeRoutes(t, e.doc(false, true))
@@ -146,22 +146,22 @@ func TestSharedHostWithdraw(t *testing.T) {
 	for i, c := range []*websocket.Conn{wsA1, wsA2} {
 		err := wsExpectClosed(t, c, until(limit))
 		t.Logf("A's WebSocket %d closed %v after the routes file was rewritten: %v", i+1, time.Since(start), err)
-		nsExpectClose(t, fmt.Sprintf("A's WebSocket %d", i+1), err, websocket.ClosePolicyViolation)
+		expectCloseCode(t, fmt.Sprintf("A's WebSocket %d", i+1), err, websocket.ClosePolicyViolation)
 	}
 	ka.expectClosed(t, until(limit))
 
 	// B: the same WebSocket, no reconnect.
 	for i := range 5 {
-		wsEcho(t, wsB, websocket.TextMessage, fmt.Appendf(nil, "after %d", i))
+		must(t, wsEcho(wsB, websocket.TextMessage, fmt.Appendf(nil, "after %d", i)))
 		time.Sleep(20 * time.Millisecond)
 	}
-	resp, body = nsFreshGet(t, p, e.hostB, "/")
-	nsExpectApp(t, "B after A's withdrawal", resp, body, e.nameB)
+	resp, body = p.freshGet(t, e.hostB, "/")
+	expectApp(t, "B after A's withdrawal", resp, body, e.nameB)
 	p.handshakeRefused(t, tlsConfig(e.hostA))
 	// The fresh request's slot is released just after its response is
 	// written: poll until only the WebSocket holds one.
 	testutil.Eventually(t, waitTimeout, "B's streams_active to be 1 (its WebSocket)", func() bool {
-		v, _ := nsMetric(t, p, "applistener_instance_streams_active", nsInstanceLabels("b"))
+		v, _ := p.metricWhere(t, "applistener_instance_streams_active", instanceLabels("b"))
 		return v == 1
 	})
 }
@@ -185,18 +185,18 @@ func TestSharedHostLimits(t *testing.T) {
 	t.Parallel()
 	e := newSharedEnv(t, map[string]any{"max_streams": 2})
 	p := e.p
-	la, lb := nsInstanceLabels("a"), nsInstanceLabels("b")
+	la, lb := instanceLabels("a"), instanceLabels("b")
 
 	// Instances that have seen no traffic have no series yet.
-	if v, ok := nsMetric(t, p, "applistener_instance_max_streams", la); ok {
+	if v, ok := p.metricWhere(t, "applistener_instance_max_streams", la); ok {
 		t.Errorf("applistener_instance_max_streams for a before any request = %v; want no series", v)
 	}
 	slow1, slow2 := sendSlow(t, p, e.hostA), sendSlow(t, p, e.hostA)
 	testutil.Eventually(t, waitTimeout, "two streams in flight for a", func() bool {
-		v, _ := nsMetric(t, p, "applistener_instance_streams_active", la)
+		v, _ := p.metricWhere(t, "applistener_instance_streams_active", la)
 		return v == 2
 	})
-	if v := nsMetricMust(t, p, "applistener_instance_max_streams", la); v != 2 {
+	if v := p.metricMust(t, "applistener_instance_max_streams", la); v != 2 {
 		t.Errorf("applistener_instance_max_streams for a = %v; want 2", v)
 	}
 
@@ -227,15 +227,15 @@ func TestSharedHostLimits(t *testing.T) {
 	if bErr != nil {
 		t.Fatalf("request to B while A is at its limit: %v", bErr)
 	}
-	nsExpectApp(t, "B while A is at its limit", bResp, bBody, e.nameB)
+	expectApp(t, "B while A is at its limit", bResp, bBody, e.nameB)
 
-	if v := nsMetricMust(t, p, "applistener_instance_limit_rejections_total", la); v < 1 {
+	if v := p.metricMust(t, "applistener_instance_limit_rejections_total", la); v < 1 {
 		t.Errorf("applistener_instance_limit_rejections_total{sandbox=a} = %v; want ≥ 1", v)
 	}
-	if v := nsMetricMust(t, p, "applistener_instance_limit_rejections_total", lb); v != 0 {
+	if v := p.metricMust(t, "applistener_instance_limit_rejections_total", lb); v != 0 {
 		t.Errorf("applistener_instance_limit_rejections_total{sandbox=b} = %v; want 0", v)
 	}
-	if v := nsMetricMust(t, p, "applistener_instance_streams_active", la); v != 2 {
+	if v := p.metricMust(t, "applistener_instance_streams_active", la); v != 2 {
 		t.Errorf("applistener_instance_streams_active{sandbox=a} = %v; want 2", v)
 	}
 
@@ -244,7 +244,7 @@ func TestSharedHostLimits(t *testing.T) {
 		sendSlow(t, p, e.hostB)
 	}
 	testutil.Eventually(t, waitTimeout, "three streams in flight for b", func() bool {
-		v, _ := nsMetric(t, p, "applistener_instance_streams_active", lb)
+		v, _ := p.metricWhere(t, "applistener_instance_streams_active", lb)
 		return v == 3
 	})
 
@@ -258,20 +258,20 @@ func TestSharedHostLimits(t *testing.T) {
 		_ = slow2.Close()
 		ok := false
 		for time.Since(start) < 5*time.Second {
-			if v, _ := nsMetric(t, p, "applistener_instance_streams_active", la); v == 0 {
+			if v, _ := p.metricWhere(t, "applistener_instance_streams_active", la); v == 0 {
 				ok = true
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		if !ok {
-			v, _ := nsMetric(t, p, "applistener_instance_streams_active", la)
+			v, _ := p.metricWhere(t, "applistener_instance_streams_active", la)
 			t.Fatalf("5s after both clients of A's slow requests closed their connections, streams_active{sandbox=a} = %v; want 0 (the slots stay taken until the app answers or --app-response-header-timeout)", v)
 		}
 		t.Logf("A's slots were released %v after the clients left", time.Since(start))
 		// The connection that got the 503 was kept; now it is served.
 		resp, body := third.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+e.hostA+"\r\n\r\n")
-		nsExpectApp(t, "A once its slots are free", resp, body, e.nameA)
+		expectApp(t, "A once its slots are free", resp, body, e.nameA)
 	})
 }
 
@@ -285,21 +285,21 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 	p := e.p
 
 	wsB := p.wsDial(t, e.hostB)
-	wsEcho(t, wsB, websocket.TextMessage, []byte("b before"))
+	must(t, wsEcho(wsB, websocket.TextMessage, []byte("b before")))
 	// The baseline: B's WebSocket open, nothing of A's.
 	time.Sleep(200 * time.Millisecond)
 	g0, fd0 := p.metric(t, "go_goroutines"), p.metric(t, "process_open_fds")
 
 	wsA := p.wsDial(t, e.hostA)
-	wsEcho(t, wsA, websocket.TextMessage, []byte("a before"))
+	must(t, wsEcho(wsA, websocket.TextMessage, []byte("a before")))
 	ka := p.raw(t, e.hostA)
 	resp, body := ka.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+e.hostA+"\r\n\r\n")
-	nsExpectApp(t, "A's kept-alive connection", resp, body, e.nameA)
+	expectApp(t, "A's kept-alive connection", resp, body, e.nameA)
 	g1, fd1 := p.metric(t, "go_goroutines"), p.metric(t, "process_open_fds")
 	t.Logf("supervisor: %v goroutines, %v fds before A's streams; %v and %v with them", g0, fd0, g1, fd1)
 
 	start := time.Now()
-	e.nsA.del(t)
+	e.netnsA.del(t)
 	limit := start.Add(5 * time.Second)
 	err := wsExpectClosed(t, wsA, until(limit))
 	t.Logf("A's WebSocket closed %v after ip netns del: %v", time.Since(start), err)
@@ -307,7 +307,7 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 	t.Logf("A's kept-alive connection closed %v after ip netns del", time.Since(start))
 
 	// New requests for A: 502, on fresh and on kept-alive connections.
-	resp, body = nsFreshGet(t, p, e.hostA, "/")
+	resp, body = p.freshGet(t, e.hostA, "/")
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("fresh request for A after its namespace is gone: %d %q; want 502", resp.StatusCode, body)
 	}
@@ -320,16 +320,16 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 	}
 	_ = again.Close()
 	testutil.Eventually(t, waitTimeout, "A's streams_active to drop to 0", func() bool {
-		v, _ := nsMetric(t, p, "applistener_instance_streams_active", nsInstanceLabels("a"))
+		v, _ := p.metricWhere(t, "applistener_instance_streams_active", instanceLabels("a"))
 		return v == 0
 	})
 
 	// B is untouched: the same WebSocket, and new requests.
 	for i := range 5 {
-		wsEcho(t, wsB, websocket.TextMessage, fmt.Appendf(nil, "b after %d", i))
+		must(t, wsEcho(wsB, websocket.TextMessage, fmt.Appendf(nil, "b after %d", i)))
 	}
-	resp, body = nsFreshGet(t, p, e.hostB, "/")
-	nsExpectApp(t, "B after A's namespace is gone", resp, body, e.nameB)
+	resp, body = p.freshGet(t, e.hostB, "/")
+	expectApp(t, "B after A's namespace is gone", resp, body, e.nameB)
 
 	// No leaks in the supervisor once A's streams are closed.
 	_ = wsA.Close()
@@ -349,7 +349,7 @@ func TestSharedHostNamespaceGone(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("supervisor back to %v goroutines, %v fds", g2, fd2)
-	wsEcho(t, wsB, websocket.TextMessage, []byte("b at the end"))
+	must(t, wsEcho(wsB, websocket.TextMessage, []byte("b at the end")))
 }
 
 // newUnixBackend is a harness backend (recording, answering "hello from
@@ -377,7 +377,7 @@ func TestSharedHostUnix(t *testing.T) {
 	dir := t.TempDir()
 	app := newUnixBackend(t, "unix-app", filepath.Join(dir, "8080.sock"))
 	other := newBackend(t, "tcp-app")
-	unixInst := nsInstance{
+	unixInst := docEntry{
 		sandbox:   "u",
 		connector: map[string]any{"type": "unix", "path": filepath.Join(dir, "{port}.sock")},
 		services: []service{
@@ -385,23 +385,23 @@ func TestSharedHostUnix(t *testing.T) {
 			{Name: "down", Port: 8081, Revision: 1}, // no socket
 		},
 	}
-	tcpInst := nsInstance{
+	tcpInst := docEntry{
 		sandbox:   "t",
 		connector: map[string]any{"type": "tcp", "host": "127.0.0.1"},
 		services:  []service{{Name: "web", Port: other.port, Revision: 1}},
 	}
-	p := startProc(t, nsDoc(unixInst, tcpInst), "--mode", "shared")
-	host, down, tcpHost := nsHostname("u", "web"), nsHostname("u", "down"), nsHostname("t", "web")
+	p := startProc(t, routesDocument(unixInst, tcpInst), "--mode", "shared")
+	host, down, tcpHost := sandboxHost("u", "web"), sandboxHost("u", "down"), sandboxHost("t", "web")
 	const want = "hello from unix-app\n"
 
 	for i := range 3 {
-		resp, body := nsFreshGet(t, p, host, "/fresh?i="+strconv.Itoa(i))
-		nsExpectApp(t, "fresh request over the unix connector", resp, body, want)
+		resp, body := p.freshGet(t, host, "/fresh?i="+strconv.Itoa(i))
+		expectApp(t, "fresh request over the unix connector", resp, body, want)
 	}
 	c, dials := p.client(t, host)
 	for i := range 5 {
 		resp, body := get(t, c, "https://"+host+"/keepalive?i="+strconv.Itoa(i))
-		nsExpectApp(t, "kept-alive request over the unix connector", resp, body, want)
+		expectApp(t, "kept-alive request over the unix connector", resp, body, want)
 	}
 	if n := dials.Load(); n != 1 {
 		t.Errorf("5 kept-alive requests used %d client connections; want 1", n)
@@ -419,16 +419,16 @@ func TestSharedHostUnix(t *testing.T) {
 
 	ws := p.wsDial(t, host)
 	for i := range 3 {
-		wsEcho(t, ws, websocket.TextMessage, fmt.Appendf(nil, "unix %d", i))
+		must(t, wsEcho(ws, websocket.TextMessage, fmt.Appendf(nil, "unix %d", i)))
 	}
-	wsEcho(t, ws, websocket.BinaryMessage, bigBody(1<<20))
+	must(t, wsEcho(ws, websocket.BinaryMessage, bigBody(1<<20)))
 	rec = app.last(t, "/ws")
 	if rec.Host != "127.0.0.1:8080" || rec.Header.Get("Upgrade") != "websocket" {
 		t.Errorf("upgrade request: Host %q, Upgrade %q; want 127.0.0.1:8080, websocket", rec.Host, rec.Header.Get("Upgrade"))
 	}
 
 	// A port without a socket: 502.
-	resp, body := nsFreshGet(t, p, down, "/")
+	resp, body := p.freshGet(t, down, "/")
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("service without a socket: %d %q; want 502", resp.StatusCode, body)
 	}
@@ -436,11 +436,11 @@ func TestSharedHostUnix(t *testing.T) {
 	// Withdrawing the unix instance closes its WebSocket; the tcp instance
 	// is untouched.
 	wsT := p.wsDial(t, tcpHost)
-	wsEcho(t, wsT, websocket.TextMessage, []byte("tcp before"))
-	p.writeRoutes(t, nsDoc(tcpInst))
+	must(t, wsEcho(wsT, websocket.TextMessage, []byte("tcp before")))
+	p.writeRoutes(t, routesDocument(tcpInst))
 	err := wsExpectClosed(t, ws, 5*time.Second)
-	nsExpectClose(t, "the unix instance's WebSocket", err, websocket.ClosePolicyViolation)
-	wsEcho(t, wsT, websocket.TextMessage, []byte("tcp after"))
+	expectCloseCode(t, "the unix instance's WebSocket", err, websocket.ClosePolicyViolation)
+	must(t, wsEcho(wsT, websocket.TextMessage, []byte("tcp after")))
 	testutil.Eventually(t, waitTimeout, "the unix app's connections to close", func() bool {
 		return app.open.Load() == 0
 	})
@@ -454,20 +454,20 @@ func TestSharedHostIdleTimeout(t *testing.T) {
 	t.Parallel()
 	appA, appB := newBackend(t, "idle-a"), newBackend(t, "idle-b")
 	tcp := map[string]any{"type": "tcp", "host": "127.0.0.1"}
-	p := startProc(t, nsDoc(
-		nsInstance{sandbox: "a", connector: tcp, limits: map[string]any{"idle_timeout_seconds": 1},
+	p := startProc(t, routesDocument(
+		docEntry{sandbox: "a", connector: tcp, limits: map[string]any{"idle_timeout_seconds": 1},
 			services: []service{{Name: "web", Port: appA.port, Revision: 1}}},
-		nsInstance{sandbox: "b", connector: tcp,
+		docEntry{sandbox: "b", connector: tcp,
 			services: []service{{Name: "web", Port: appB.port, Revision: 1}}},
 	), "--mode", "shared")
-	hostA, hostB := nsHostname("a", "web"), nsHostname("b", "web")
+	hostA, hostB := sandboxHost("a", "web"), sandboxHost("b", "web")
 	const timeout = time.Second
 	const margin = 1500 * time.Millisecond // CI is a noisy 2-core machine
 
 	idle := p.wsDial(t, hostA)
 	active := p.wsDial(t, hostA)
 	idleB := p.wsDial(t, hostB)
-	wsEcho(t, idleB, websocket.TextMessage, []byte("b"))
+	must(t, wsEcho(idleB, websocket.TextMessage, []byte("b")))
 	kaA, kaB := p.raw(t, hostA), p.raw(t, hostB)
 	if resp, body := kaB.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+hostB+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("b: %d %q", resp.StatusCode, body)
@@ -478,7 +478,7 @@ func TestSharedHostIdleTimeout(t *testing.T) {
 	go func() {
 		end := time.Now().Add(3 * time.Second)
 		for i := 0; time.Now().Before(end); i++ {
-			if err := nsEcho(active, "tick "+strconv.Itoa(i)); err != nil {
+			if err := wsEcho(active, websocket.TextMessage, []byte("tick "+strconv.Itoa(i))); err != nil {
 				activeErr <- err
 				return
 			}
@@ -487,7 +487,7 @@ func TestSharedHostIdleTimeout(t *testing.T) {
 		activeErr <- nil
 	}()
 
-	wsEcho(t, idle, websocket.TextMessage, []byte("last words"))
+	must(t, wsEcho(idle, websocket.TextMessage, []byte("last words")))
 	idleSince := time.Now()
 	if resp, body := kaA.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+hostA+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("a: %d %q", resp.StatusCode, body)
@@ -497,7 +497,7 @@ func TestSharedHostIdleTimeout(t *testing.T) {
 	err := wsExpectClosed(t, idle, timeout+margin)
 	idleFor := time.Since(idleSince)
 	t.Logf("a's idle WebSocket closed after %v idle: %v", idleFor, err)
-	nsExpectClose(t, "a's idle WebSocket", err, websocket.CloseGoingAway)
+	expectCloseCode(t, "a's idle WebSocket", err, websocket.CloseGoingAway)
 	if idleFor < timeout-100*time.Millisecond {
 		t.Errorf("a's idle WebSocket closed after %v; want no earlier than the 1 s idle timeout", idleFor)
 	}
@@ -512,10 +512,10 @@ func TestSharedHostIdleTimeout(t *testing.T) {
 	if err := <-activeErr; err != nil {
 		t.Errorf("a's active WebSocket (a message every 200 ms) failed within 3 s: %v", err)
 	}
-	wsEcho(t, active, websocket.TextMessage, []byte("still here"))
+	must(t, wsEcho(active, websocket.TextMessage, []byte("still here")))
 
 	// b has no idle timeout: its streams, idle for over 3 s, are open.
-	wsEcho(t, idleB, websocket.TextMessage, []byte("b after 3s idle"))
+	must(t, wsEcho(idleB, websocket.TextMessage, []byte("b after 3s idle")))
 	if resp, body := kaB.roundTrip(t, "GET / HTTP/1.1\r\nHost: "+hostB+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("b's kept-alive connection after 3 s idle: %d %q", resp.StatusCode, body)
 	}

@@ -38,7 +38,7 @@ func TestSoak(t *testing.T) {
 	}
 	const churnEvery = 2 * time.Second
 
-	web, api, churn := gwNewSoakBackend(t, "web"), gwNewSoakBackend(t, "api"), gwNewSoakBackend(t, "churn")
+	web, api, churn := newSoakBackend(t, "web"), newSoakBackend(t, "api"), newSoakBackend(t, "churn")
 	churnNames := []string{"c1", "c2", "c3"}
 	var stateMu sync.Mutex
 	active := map[string]bool{"c1": true}
@@ -49,16 +49,16 @@ func TestSoak(t *testing.T) {
 				s = append(s, service{Name: n, Port: churn.port, Revision: 1})
 			}
 		}
-		return gwDoc(gwInst{"team", "demo", s})
+		return routesDocument(docEntry{sandbox: "demo", services: s})
 	}
 	stateMu.Lock()
 	first := doc()
 	stateMu.Unlock()
-	gw := gwNewGateway(t, first)
+	gw := newMemGateway(t, first)
 	gw.start(t)
-	p := gwStartSup(t, gw, gwSupConfig{})
+	p := gw.startSupervisor(t, supervisorConfig{})
 
-	metric := func(name string) float64 { return gwMetricT(t, p.adminAddr, name, nil) }
+	metric := func(name string) float64 { return metricAt(t, p.adminAddr, name, nil) }
 	g0, rss0 := metric("go_goroutines"), metric("process_resident_memory_bytes")
 	t.Logf("start: goroutines %v, RSS %.1f MiB; running %v", g0, rss0/(1<<20), dur)
 
@@ -97,10 +97,10 @@ func TestSoak(t *testing.T) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				stableReqs.Add(1)
-				if err := gwExpect200(c, h.host, h.name); err != nil && ctx.Err() == nil {
+				if err := expect200(c, h.host, h.name); err != nil && ctx.Err() == nil {
 					stableErr("%v", err)
 				}
-				gwSleepCtx(ctx, 5*time.Millisecond)
+				sleepCtx(ctx, 5*time.Millisecond)
 			}
 		})
 	}
@@ -115,18 +115,18 @@ func TestSoak(t *testing.T) {
 			}()
 			for n := 0; ctx.Err() == nil; n++ {
 				if ws == nil {
-					c, err := gwWSDial(p.proc, host)
+					c, err := p.proc.wsTryDial(host)
 					if err != nil {
 						if ctx.Err() == nil {
 							wsErrs.Add(1)
 							stableErr("WebSocket dial %s: %v", host, err)
 						}
-						gwSleepCtx(ctx, 100*time.Millisecond)
+						sleepCtx(ctx, 100*time.Millisecond)
 						continue
 					}
 					ws = c
 				}
-				if err := gwEcho(ws, fmt.Sprintf("soak %d/%d", i, n)); err != nil {
+				if err := wsEcho(ws, websocket.TextMessage, []byte(fmt.Sprintf("soak %d/%d", i, n))); err != nil {
 					if ctx.Err() == nil {
 						wsErrs.Add(1)
 						stableErr("WebSocket %s: %v", host, err)
@@ -136,53 +136,53 @@ func TestSoak(t *testing.T) {
 					continue
 				}
 				wsEchoes.Add(1)
-				gwSleepCtx(ctx, 20*time.Millisecond)
+				sleepCtx(ctx, 20*time.Millisecond)
 			}
 		})
 	}
 	// Traffic on the churning services: errors are expected there.
 	churnClients := map[string]*http.Client{}
 	for _, n := range churnNames {
-		churnClients[n] = newClient(gwHost("team", "demo", n))
+		churnClients[n] = newClient(serviceHost("team", "demo", n))
 	}
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			n := churnNames[rand.IntN(len(churnNames))]
-			if err := gwExpect200(churnClients[n], gwHost("team", "demo", n), "churn"); err != nil {
+			if err := expect200(churnClients[n], serviceHost("team", "demo", n), "churn"); err != nil {
 				churnRefused.Add(1)
 			} else {
 				churnOK.Add(1)
 			}
-			gwSleepCtx(ctx, 10*time.Millisecond)
+			sleepCtx(ctx, 10*time.Millisecond)
 		}
 	})
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			n := churnNames[rand.IntN(len(churnNames))]
-			ws, err := gwWSDial(p.proc, gwHost("team", "demo", n))
+			ws, err := p.proc.wsTryDial(serviceHost("team", "demo", n))
 			if err != nil {
-				gwSleepCtx(ctx, 100*time.Millisecond)
+				sleepCtx(ctx, 100*time.Millisecond)
 				continue
 			}
 			for ctx.Err() == nil {
-				if gwEcho(ws, "churn") != nil {
+				if wsEcho(ws, websocket.TextMessage, []byte("churn")) != nil {
 					churnWSClosed.Add(1)
 					break
 				}
-				gwSleepCtx(ctx, 50*time.Millisecond)
+				sleepCtx(ctx, 50*time.Millisecond)
 			}
 			_ = ws.Close()
 		}
 	})
 	// Configuration churn.
 	wg.Go(func() {
-		for gwSleepCtx(ctx, churnEvery) {
+		for sleepCtx(ctx, churnEvery) {
 			stateMu.Lock()
 			n := churnNames[rand.IntN(len(churnNames))]
 			active[n] = !active[n]
 			d := doc()
 			stateMu.Unlock()
-			if err := gwWriteAtomic(gw.configPath, d); err != nil {
+			if err := writeFileAtomic(gw.configPath, d); err != nil {
 				stableErr("writing the gateway config: %v", err)
 				continue
 			}
@@ -192,9 +192,9 @@ func TestSoak(t *testing.T) {
 	// Progress.
 	every := max(min(dur/10, time.Minute), 5*time.Second)
 	var gPeak, rssPeak float64
-	for gwSleepCtx(ctx, every) {
-		g, _, _ := gwMetric(p.adminAddr, "go_goroutines", nil)
-		r, _, _ := gwMetric(p.adminAddr, "process_resident_memory_bytes", nil)
+	for sleepCtx(ctx, every) {
+		g, _, _ := scrapeMetric(p.adminAddr, "go_goroutines", nil)
+		r, _, _ := scrapeMetric(p.adminAddr, "process_resident_memory_bytes", nil)
 		gPeak, rssPeak = max(gPeak, g), max(rssPeak, r)
 		t.Logf("%v: stable requests %d (errors %d), WebSocket echoes %d (errors %d), churn ok/refused %d/%d, churn WebSockets closed %d, edits %d; goroutines %v, RSS %.1f MiB",
 			time.Since(begin).Round(time.Second), stableReqs.Load(), stableErrs.Load(), wsEchoes.Load(), wsErrs.Load(),
@@ -233,7 +233,7 @@ func TestSoak(t *testing.T) {
 	}
 }
 
-func gwSleepCtx(ctx context.Context, d time.Duration) bool {
+func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -244,9 +244,9 @@ func gwSleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// gwWriteAtomic replaces path by rename, reporting errors (for goroutines).
-func gwWriteAtomic(path string, doc []byte) error {
-	data := append([]byte(`{"supervisors":{"`+gwSupervisorID+`":`), doc...)
+// writeFileAtomic replaces path by rename, reporting errors (for goroutines).
+func writeFileAtomic(path string, doc []byte) error {
+	data := append([]byte(`{"supervisors":{"`+supervisorID+`":`), doc...)
 	data = append(data, "}}\n"...)
 	tmp := path + ".soak-tmp"
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
@@ -255,10 +255,10 @@ func gwWriteAtomic(path string, doc []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// gwSoakBackend is an app that answers "hello from NAME" and echoes
+// soakBackend is an app that answers "hello from NAME" and echoes
 // WebSockets on /ws without recording anything (a soak sends millions of
 // requests).
-type gwSoakBackend struct {
+type soakBackend struct {
 	name string
 	srv  *httptest.Server
 	port int
@@ -266,9 +266,9 @@ type gwSoakBackend struct {
 	ws wsEchoes
 }
 
-func gwNewSoakBackend(t testing.TB, name string) *gwSoakBackend {
+func newSoakBackend(t testing.TB, name string) *soakBackend {
 	t.Helper()
-	b := &gwSoakBackend{name: name}
+	b := &soakBackend{name: name}
 	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
 	b.port = b.srv.Listener.Addr().(*net.TCPAddr).Port
 	t.Cleanup(func() {
@@ -279,7 +279,7 @@ func gwNewSoakBackend(t testing.TB, name string) *gwSoakBackend {
 	return b
 }
 
-func (b *gwSoakBackend) serve(w http.ResponseWriter, r *http.Request) {
+func (b *soakBackend) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/ws" {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = fmt.Fprintf(w, "hello from %s\n", b.name)

@@ -24,11 +24,11 @@ func TestWebSocket(t *testing.T) {
 		t.Run(tc.b.name, func(t *testing.T) {
 			c := e.p.wsDial(t, tc.sni)
 			for i := range 5 {
-				wsEcho(t, c, websocket.TextMessage, fmt.Appendf(nil, "hello %d to %s", i, tc.b.name))
-				wsEcho(t, c, websocket.BinaryMessage, []byte{0, 1, 2, 0xff, byte(i)})
+				must(t, wsEcho(c, websocket.TextMessage, fmt.Appendf(nil, "hello %d to %s", i, tc.b.name)))
+				must(t, wsEcho(c, websocket.BinaryMessage, []byte{0, 1, 2, 0xff, byte(i)}))
 			}
-			wsEcho(t, c, websocket.BinaryMessage, bigBody(1<<20))
-			wsEcho(t, c, websocket.TextMessage, []byte("after the big one"))
+			must(t, wsEcho(c, websocket.BinaryMessage, bigBody(1<<20)))
+			must(t, wsEcho(c, websocket.TextMessage, []byte("after the big one")))
 
 			rec := tc.b.last(t, "/ws")
 			if rec.Host != tc.b.hostPort() {
@@ -67,21 +67,21 @@ func TestWebSocketsHoldConnectionSlots(t *testing.T) {
 	conns := make([]*websocket.Conn, 3)
 	for i := range conns {
 		conns[i] = p.wsDial(t, hostWeb)
-		wsEcho(t, conns[i], websocket.TextMessage, fmt.Appendf(nil, "hello %d", i))
+		must(t, wsEcho(conns[i], websocket.TextMessage, fmt.Appendf(nil, "hello %d", i)))
 	}
 	testutil.Eventually(t, waitTimeout, "all six directions idle", func() bool {
-		v, _ := nsMetric(t, p, "applistener_websocket_directions_idle", nil)
+		v, _ := p.metricWhere(t, "applistener_websocket_directions_idle", nil)
 		return v == 6
 	})
 	if tc, err := p.dialTLS(tlsConfig(hostWeb)); err == nil {
 		_ = tc.Close()
 		t.Fatal("a fourth connection was accepted with three WebSockets open and --app-max-connections 3")
 	}
-	if v, _ := nsMetric(t, p, "applistener_handshake_rejections_total", map[string]string{"reason": "max_connections"}); v < 1 {
+	if v, _ := p.metricWhere(t, "applistener_handshake_rejections_total", map[string]string{"reason": "max_connections"}); v < 1 {
 		t.Errorf("max_connections rejections = %v; want >= 1", v)
 	}
 	// The WebSockets still work, and closing one frees its slot.
-	wsEcho(t, conns[1], websocket.TextMessage, []byte("still here"))
+	must(t, wsEcho(conns[1], websocket.TextMessage, []byte("still here")))
 	_ = conns[0].Close()
 	testutil.Eventually(t, waitTimeout, "a new connection once a WebSocket closed", func() bool {
 		tc, err := p.dialTLS(tlsConfig(hostWeb))

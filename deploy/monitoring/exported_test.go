@@ -29,6 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/testutil"
 )
@@ -503,12 +505,15 @@ func moduleRoot(t *testing.T) string {
 	}
 }
 
+// TestMain fails the tests if a goroutine they started (the waits of the
+// launched binary) is still running at the end, then removes the binary.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+		os.Exit(code)
+	}))
 }
 
 func TestParseExposition(t *testing.T) {

@@ -1,22 +1,22 @@
 //go:build linux
 
-package dispatch
+package sock
 
 import "syscall"
 
-// quickAck sends the pending ACK of a socket at once (setsockopt
+// QuickAck sends the pending ACK of a socket at once (setsockopt
 // TCP_QUICKACK 1, which also leaves delayed-ACK pingpong mode until the
 // next request is written). It is prepared once per connection, so it
-// allocates nothing.
-type quickAck struct {
+// allocates nothing. The zero QuickAck does nothing.
+type QuickAck struct {
 	raw syscall.RawConn
 	fn  func(fd uintptr)
 }
 
-// init prepares q for conn; conns that do not expose their socket (tests'
+// Init prepares q for conn; conns that do not expose their socket (tests'
 // in-memory pipes) are left alone.
-func (q *quickAck) init(conn any) {
-	q.raw = rawConnOf(conn)
+func (q *QuickAck) Init(conn any) {
+	q.raw = Raw(conn)
 	if q.raw == nil {
 		return
 	}
@@ -25,9 +25,9 @@ func (q *quickAck) init(conn any) {
 	}
 }
 
-// now acknowledges what has been received (best effort: an error leaves
+// Now acknowledges what has been received (best effort: an error leaves
 // the ACK to the kernel's timer).
-func (q *quickAck) now() {
+func (q *QuickAck) Now() {
 	if q.raw != nil {
 		_ = q.raw.Control(q.fn)
 	}

@@ -1,4 +1,4 @@
-package dispatch
+package sock
 
 import (
 	"net"
@@ -6,17 +6,17 @@ import (
 	"time"
 )
 
-// appWait writes a request on an app connection and waits for the
-// answer's first bytes to be readable, without the read(2) that Go's own
-// Read would try first and that finds nothing in almost every case (the
-// app has not answered yet): the write is made inside a
-// syscall.RawConn.Read whose function then asks the runtime poller to
-// wait. Writing inside the read is what makes the wait safe: the read
-// forgets earlier readiness notifications before it calls the function, so
-// bytes that arrived before the write could be missed, but the answer to
-// the request can only arrive after it. A connection without a socket
-// (tests' pipes) is written to as usual.
-type appWait struct {
+// ReplyWait writes a request on a connection and waits for the answer's
+// first bytes to be readable, without the read(2) that Go's own Read would
+// try first and that finds nothing in almost every case (the peer has not
+// answered yet): the write is made inside a syscall.RawConn.Read whose
+// function then asks the runtime poller to wait. Writing inside the read is
+// what makes the wait safe: the read forgets earlier readiness notifications
+// before it calls the function, so bytes that arrived before the write
+// could be missed, but the answer to the request can only arrive after it.
+// A connection without a socket (tests' pipes), or one outside Unix, is
+// written to as usual.
+type ReplyWait struct {
 	conn  net.Conn
 	raw   syscall.RawConn
 	fn    func(fd uintptr) bool
@@ -27,14 +27,14 @@ type appWait struct {
 	at    time.Time
 }
 
-// init prepares the wait for conn, once per connection (nothing is
+// Init prepares the wait for conn, once per connection (nothing is
 // allocated per request).
-func (w *appWait) init(conn net.Conn) {
+func (w *ReplyWait) Init(conn net.Conn) {
 	w.conn = conn
 	if !rawReadWait {
 		return
 	}
-	w.raw = rawConnOf(conn)
+	w.raw = Raw(conn)
 	if w.raw == nil {
 		return
 	}
@@ -49,11 +49,11 @@ func (w *appWait) init(conn net.Conn) {
 	}
 }
 
-// writeAwait writes head and then waits until the app's answer can be
+// WriteAwait writes head and then waits until the peer's answer can be
 // read, the connection's read deadline passes, or it fails; a wait that
 // ends without bytes is left to the read that follows. It returns the
 // write's outcome and when it ended.
-func (w *appWait) writeAwait(head []byte) (int, time.Time, error) {
+func (w *ReplyWait) WriteAwait(head []byte) (int, time.Time, error) {
 	if w.raw == nil {
 		n, err := w.conn.Write(head)
 		return n, time.Now(), err

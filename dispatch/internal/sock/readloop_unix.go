@@ -1,6 +1,6 @@
 //go:build unix
 
-package dispatch
+package sock
 
 import (
 	"io"
@@ -8,25 +8,20 @@ import (
 	"syscall"
 )
 
-// rawSource returns the socket of a direction whose source is a plain
-// socket (the app's side), for copyRaw; nil otherwise.
-func (p *wsPump) rawSource() syscall.RawConn {
-	if p.src.raw == nil || p.src.r != p.src.raw {
-		return nil
-	}
-	return rawConnOf(p.src.raw)
-}
+// ReadLoopAvailable reports whether ReadLoop can be used here.
+const ReadLoopAvailable = true
 
-// copyRaw forwards what arrives on rc (through buf) inside one
+// ReadLoop hands what arrives on rc (through buf) to deliver inside one
 // syscall.RawConn.Read, the way an event loop does: after a read that
 // drained the socket (fewer bytes than buf holds) it lets the runtime
 // poller wait for the next ones, instead of a read(2) that would fail with
-// EAGAIN first, as Go's Read does at every call. Within one RawConn.Read
-// no readiness notification is lost, so the wait cannot miss bytes that
+// EAGAIN first, as Go's Read does at every call. Within one RawConn.Read no
+// readiness notification is lost, so the wait cannot miss bytes that
 // arrived meanwhile; the first read of each call is a real one. It returns
-// when the destination finished or failed (stop, with the write's error),
-// or with the read's error: io.EOF, a deadline, a closed connection.
-func (p *wsPump) copyRaw(rc syscall.RawConn, buf []byte) (stop bool, werr, rerr error) {
+// when deliver reports the destination finished or failed (stop, with
+// deliver's error), or with the read's error: io.EOF, a deadline, a closed
+// connection.
+func ReadLoop(rc syscall.RawConn, buf []byte, deliver func([]byte) (bool, error)) (stop bool, werr, rerr error) {
 	var readErr error
 	err := rc.Read(func(fd uintptr) bool {
 		for {
@@ -43,7 +38,7 @@ func (p *wsPump) copyRaw(rc syscall.RawConn, buf []byte) (stop bool, werr, rerr 
 				readErr = io.EOF
 				return true
 			}
-			finished, e := p.forward(buf[:n])
+			finished, e := deliver(buf[:n])
 			if finished || e != nil {
 				stop, werr = true, e
 				return true

@@ -5,8 +5,10 @@ package e2e
 // --gateway-endpoint`) as child processes, started with launch
 // (launch_test.go). It builds on harness_test.go: the binary, the
 // certificates, the backends and the *proc type (a supervisor started here
-// is a *proc with extra fields, so its client helpers apply). Everything
-// here is prefixed gw.
+// is a *proc with extra fields, so its client helpers apply). The fixtures
+// are typed: a memGateway starts its supervisors (startSupervisor), and a
+// gatewayEnv (gateway_session_test.go) is one gateway, one supervisor and
+// two backends, in the shape of Tailscale's tstest/integration NewTestEnv.
 
 import (
 	"bufio"
@@ -23,7 +25,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -32,56 +33,22 @@ import (
 )
 
 const (
-	gwSupervisorID = "sup-1"
-	gwToken        = "t1"
-	// gwKeepalive is the gateway's keepalive interval in these tests: well
+	supervisorID    = "sup-1"
+	supervisorToken = "t1"
+	// gatewayKeepalive is the gateway's keepalive interval in these tests: well
 	// under the supervisor's --gateway-stream-timeout (1s).
-	gwKeepalive = 200 * time.Millisecond
-	// gwPollInterval is the supervisor's --gateway-poll-interval.
-	gwPollInterval = 300 * time.Millisecond
-	// gwMargin is the slack on top of a contractual deadline (loaded CI).
-	gwMargin = 3 * time.Second
+	gatewayKeepalive = 200 * time.Millisecond
+	// gatewayPollInterval is the supervisor's --gateway-poll-interval.
+	gatewayPollInterval = 300 * time.Millisecond
+	// deadlineMargin is the slack on top of a contractual deadline (loaded CI).
+	deadlineMargin = 3 * time.Second
 )
 
 // ---------------------------------------------------------------------------
 // documents
 
-// gwInst is one instance entry of a configuration document.
-type gwInst struct {
-	ws, sb string
-	svcs   []service
-}
-
-var gwRev atomic.Int64
-
-// gwDoc builds a configuration document with a fresh revision.
-func gwDoc(insts ...gwInst) []byte {
-	list := []any{}
-	for _, in := range insts {
-		svcs := in.svcs
-		if svcs == nil {
-			svcs = []service{}
-		}
-		list = append(list, map[string]any{
-			"workspace":  in.ws,
-			"sandbox":    in.sb,
-			"generation": "1",
-			"connector":  map[string]any{"type": "tcp", "host": "127.0.0.1"},
-			"services":   svcs,
-		})
-	}
-	b, err := json.Marshal(map[string]any{
-		"revision":  fmt.Sprintf("gw%d", gwRev.Add(1)),
-		"instances": list,
-	})
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
-// gwHost is the hostname of service svc of workspace ws, sandbox sb.
-func gwHost(ws, sb, svc string) string {
+// serviceHost is the hostname of service svc of workspace ws, sandbox sb.
+func serviceHost(ws, sb, svc string) string {
 	if svc == "" {
 		return ws + "--" + sb + "." + domain
 	}
@@ -91,9 +58,9 @@ func gwHost(ws, sb, svc string) string {
 // ---------------------------------------------------------------------------
 // the gateway process
 
-// gwGateway is the reference gateway. It is created with its files but not
+// memGateway is the reference gateway. It is created with its files but not
 // started; start may be called again after kill or stop, on the same port.
-type gwGateway struct {
+type memGateway struct {
 	addr       string
 	adminAddr  string
 	configPath string
@@ -107,17 +74,17 @@ type gwGateway struct {
 	pinned bool
 }
 
-// gwNewGateway writes the gateway's files (doc is sup-1's document; the
+// newMemGateway writes the gateway's files (doc is sup-1's document; the
 // token t1 grants sup-1) and returns the gateway, not started. Without
-// --keepalive in extra, the keepalive is gwKeepalive. It is stopped on
+// --keepalive in extra, the keepalive is gatewayKeepalive. It is stopped on
 // cleanup and its stderr printed if the test failed.
-func gwNewGateway(t testing.TB, doc []byte, extra ...string) *gwGateway {
+func newMemGateway(t testing.TB, doc []byte, extra ...string) *memGateway {
 	t.Helper()
 	dir := t.TempDir()
 	if !containsFlag(extra, "--keepalive") {
-		extra = append([]string{"--keepalive", gwKeepalive.String()}, extra...)
+		extra = append([]string{"--keepalive", gatewayKeepalive.String()}, extra...)
 	}
-	g := &gwGateway{
+	g := &memGateway{
 		addr:       freeAddr(t),
 		adminAddr:  freeAddr(t),
 		configPath: filepath.Join(dir, "gateway.json"),
@@ -126,7 +93,7 @@ func gwNewGateway(t testing.TB, doc []byte, extra ...string) *gwGateway {
 		stderr:     &syncBuffer{},
 	}
 	g.writeDoc(t, doc)
-	g.writeTokens(t, gwToken)
+	g.writeTokens(t, supervisorToken)
 	t.Cleanup(func() {
 		g.stop(t)
 		if t.Failed() {
@@ -136,18 +103,18 @@ func gwNewGateway(t testing.TB, doc []byte, extra ...string) *gwGateway {
 	return g
 }
 
-func (g *gwGateway) endpoint() string { return "http://" + g.addr }
+func (g *memGateway) endpoint() string { return "http://" + g.addr }
 
 // writeDoc replaces sup-1's document (atomic rename).
-func (g *gwGateway) writeDoc(t testing.TB, doc []byte) {
+func (g *memGateway) writeDoc(t testing.TB, doc []byte) {
 	t.Helper()
-	data := append([]byte(`{"supervisors":{"`+gwSupervisorID+`":`), doc...)
+	data := append([]byte(`{"supervisors":{"`+supervisorID+`":`), doc...)
 	data = append(data, "}}\n"...)
 	writeAtomic(t, g.configPath, data)
 }
 
 // writeTokens grants each token sup-1.
-func (g *gwGateway) writeTokens(t testing.TB, tokens ...string) {
+func (g *memGateway) writeTokens(t testing.TB, tokens ...string) {
 	t.Helper()
 	type entry struct {
 		Token      string `json:"token"`
@@ -155,7 +122,7 @@ func (g *gwGateway) writeTokens(t testing.TB, tokens ...string) {
 	}
 	var list []entry
 	for _, tok := range tokens {
-		list = append(list, entry{tok, gwSupervisorID})
+		list = append(list, entry{tok, supervisorID})
 	}
 	b, err := json.Marshal(map[string]any{"tokens": list})
 	if err != nil {
@@ -165,20 +132,20 @@ func (g *gwGateway) writeTokens(t testing.TB, tokens ...string) {
 }
 
 // current is the current (or last) run, nil before the first start.
-func (g *gwGateway) current() *process {
+func (g *memGateway) current() *process {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.run
 }
 
-func (g *gwGateway) running() bool {
+func (g *memGateway) running() bool {
 	p := g.current()
 	return p != nil && !p.exited()
 }
 
 // start runs the gateway and waits until it answers HTTP. Before any
 // supervisor knows its address, a lost port race picks new ports.
-func (g *gwGateway) start(t testing.TB) {
+func (g *memGateway) start(t testing.TB) {
 	t.Helper()
 	if g.running() {
 		t.Fatal("gateway already running")
@@ -207,7 +174,7 @@ func (g *gwGateway) start(t testing.TB) {
 		ready:         func(*process) bool { return g.answers() },
 		retryPortRace: !pinned,
 		exit:          exitAny,
-		noCleanup:     true, // gwNewGateway's cleanup stops every run
+		noCleanup:     true, // newMemGateway's cleanup stops every run
 	})
 	g.mu.Lock()
 	g.run = p
@@ -216,7 +183,7 @@ func (g *gwGateway) start(t testing.TB) {
 
 // answers reports whether the gateway (and not something else on its port)
 // answers an unknown path with its one-line 404.
-func (g *gwGateway) answers() bool {
+func (g *memGateway) answers() bool {
 	resp, err := adminClient.Get(g.endpoint() + "/e2e-probe")
 	if err != nil {
 		return false
@@ -227,7 +194,7 @@ func (g *gwGateway) answers() bool {
 }
 
 // kill ends the gateway with SIGKILL (no goodbye to its sessions).
-func (g *gwGateway) kill(t testing.TB) {
+func (g *memGateway) kill(t testing.TB) {
 	t.Helper()
 	p := g.current()
 	if p == nil {
@@ -240,7 +207,7 @@ func (g *gwGateway) kill(t testing.TB) {
 }
 
 // stop ends the gateway with SIGTERM (kill after a while).
-func (g *gwGateway) stop(t testing.TB) {
+func (g *memGateway) stop(t testing.TB) {
 	if p := g.current(); p != nil {
 		p.stop(t)
 	}
@@ -249,48 +216,48 @@ func (g *gwGateway) stop(t testing.TB) {
 // ---------------------------------------------------------------------------
 // the supervisor process
 
-// gwSup is a supervisor holding a session with a gateway.
-type gwSup struct {
+// gatewaySupervisor is a supervisor holding a session with a gateway.
+type gatewaySupervisor struct {
 	*proc
 	healthAddr string
 	tokenFile  string
 }
 
-// gwSupConfig tunes gwStartSup.
-type gwSupConfig struct {
+// supervisorConfig tunes startSupervisor.
+type supervisorConfig struct {
 	extra []string // appended flags; --drain-timeout defaults to 2s
 	// noWait: wait only until the admin endpoint answers, not for /readyz 200.
 	noWait bool
-	token  string // content of the token file (gwToken when empty)
+	token  string // content of the token file (supervisorToken when empty)
 	// setup runs on every attempt before Start (stdin pipe, stderr).
 	setup func(cmd *exec.Cmd)
 }
 
-// gwStartSup starts `applistener serve --mode shared` against g and waits
+// startSupervisor starts `applistener serve --mode shared` against g and waits
 // until it is ready (or, with noWait, until its admin endpoint answers).
 // It is stopped with SIGTERM on cleanup (exit 0 expected) and its stderr
 // printed if the test failed.
-func gwStartSup(t testing.TB, g *gwGateway, cfg gwSupConfig) *gwSup {
+func (g *memGateway) startSupervisor(t testing.TB, cfg supervisorConfig) *gatewaySupervisor {
 	t.Helper()
 	g.mu.Lock()
 	g.pinned = true
 	g.mu.Unlock()
-	return gwLaunchSup(t, g.endpoint(), cfg)
+	return launchSupervisor(t, g.endpoint(), cfg)
 }
 
-// gwLaunchSup is gwStartSup against endpoints (a comma-separated list).
-func gwLaunchSup(t testing.TB, endpoints string, cfg gwSupConfig) *gwSup {
+// launchSupervisor is startSupervisor against endpoints (a comma-separated list).
+func launchSupervisor(t testing.TB, endpoints string, cfg supervisorConfig) *gatewaySupervisor {
 	t.Helper()
 	dir := t.TempDir()
 	tlsDir := writeTLSDir(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	tok := cfg.token
 	if tok == "" {
-		tok = gwToken
+		tok = supervisorToken
 	}
 	writeAtomic(t, tokenFile, []byte(tok+"\n"))
 
-	s := &gwSup{proc: &proc{dir: dir}, tokenFile: tokenFile}
+	s := &gatewaySupervisor{proc: &proc{dir: dir}, tokenFile: tokenFile}
 	ready := func(*process) bool { return s.readyz() == http.StatusOK }
 	if cfg.noWait {
 		ready = func(*process) bool { return s.readyz() != 0 }
@@ -302,7 +269,7 @@ func gwLaunchSup(t testing.TB, endpoints string, cfg gwSupConfig) *gwSup {
 			args := []string{"serve",
 				"--mode", "shared",
 				"--gateway-endpoint", endpoints,
-				"--supervisor-id", gwSupervisorID,
+				"--supervisor-id", supervisorID,
 				"--gateway-token-file", tokenFile,
 				"--address", s.healthAddr,
 				"--app-listener",
@@ -311,7 +278,7 @@ func gwLaunchSup(t testing.TB, endpoints string, cfg gwSupConfig) *gwSup {
 				"--app-tls-dir", tlsDir,
 				"--admin-address", s.adminAddr,
 				"--route-freshness", freshness.String(),
-				"--gateway-poll-interval", gwPollInterval.String(),
+				"--gateway-poll-interval", gatewayPollInterval.String(),
 				"--gateway-stream-timeout", "1s",
 				"--log-format", "json",
 			}
@@ -324,14 +291,14 @@ func gwLaunchSup(t testing.TB, endpoints string, cfg gwSupConfig) *gwSup {
 		setup:         cfg.setup,
 		ready:         ready,
 		retryPortRace: true,
-		detail:        func(*process) string { return "/readyz " + gwReadyzString(s.adminAddr) },
+		detail:        func(*process) string { return "/readyz " + readyzString(s.adminAddr) },
 	})
 	return s
 }
 
-// gwReadyz returns the status and body of GET /readyz (0 on a transport
+// readyzAt returns the status and body of GET /readyz (0 on a transport
 // error).
-func gwReadyz(adminAddr string) (int, string) {
+func readyzAt(adminAddr string) (int, string) {
 	resp, err := adminClient.Get("http://" + adminAddr + "/readyz")
 	if err != nil {
 		return 0, err.Error()
@@ -341,13 +308,13 @@ func gwReadyz(adminAddr string) (int, string) {
 	return resp.StatusCode, strings.TrimSpace(string(body))
 }
 
-func gwReadyzString(adminAddr string) string {
-	code, body := gwReadyz(adminAddr)
+func readyzString(adminAddr string) string {
+	code, body := readyzAt(adminAddr)
 	return fmt.Sprintf("%d %q", code, body)
 }
 
-// gwDialHealth connects to the health listener: nil when it accepted.
-func gwDialHealth(addr string) error {
+// dialHealth connects to the health listener: nil when it accepted.
+func dialHealth(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err == nil {
 		_ = c.Close()
@@ -355,20 +322,20 @@ func gwDialHealth(addr string) error {
 	return err
 }
 
-// gwRefused reports whether err is a refused connection.
-func gwRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// isRefused reports whether err is a refused connection.
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
-// gwUnrecognized reports whether err is the TLS alert unrecognized_name.
-func gwUnrecognized(err error) bool {
+// isUnrecognizedName reports whether err is the TLS alert unrecognized_name.
+func isUnrecognizedName(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "unrecognized name")
 }
 
 // ---------------------------------------------------------------------------
 // metrics
 
-// gwMetric sums the samples of metric name whose labels include want.
+// scrapeMetric sums the samples of metric name whose labels include want.
 // found reports whether any sample matched.
-func gwMetric(adminAddr, name string, want map[string]string) (sum float64, found bool, err error) {
+func scrapeMetric(adminAddr, name string, want map[string]string) (sum float64, found bool, err error) {
 	resp, err := adminClient.Get("http://" + adminAddr + "/metrics")
 	if err != nil {
 		return 0, false, err
@@ -392,7 +359,7 @@ func gwMetric(adminAddr, name string, want map[string]string) (sum float64, foun
 			if end < 0 {
 				return 0, false, fmt.Errorf("metric line %q: no closing brace", line)
 			}
-			labels, err = gwParseLabels(rest[1:end])
+			labels, err = parseLabels(rest[1:end])
 			if err != nil {
 				return 0, false, fmt.Errorf("metric line %q: %v", line, err)
 			}
@@ -425,8 +392,8 @@ func gwMetric(adminAddr, name string, want map[string]string) (sum float64, foun
 	return sum, found, sc.Err()
 }
 
-// gwParseLabels parses `a="x",b="y"` (with Prometheus escapes).
-func gwParseLabels(s string) (map[string]string, error) {
+// parseLabels parses `a="x",b="y"` (with Prometheus escapes).
+func parseLabels(s string) (map[string]string, error) {
 	out := map[string]string{}
 	for len(s) > 0 {
 		eq := strings.IndexByte(s, '=')
@@ -458,11 +425,11 @@ func gwParseLabels(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// gwMetricT is gwMetric that fails the test on a scrape error; a metric
+// metricAt is scrapeMetric that fails the test on a scrape error; a metric
 // with no matching sample is 0.
-func gwMetricT(t testing.TB, adminAddr, name string, want map[string]string) float64 {
+func metricAt(t testing.TB, adminAddr, name string, want map[string]string) float64 {
 	t.Helper()
-	v, _, err := gwMetric(adminAddr, name, want)
+	v, _, err := scrapeMetric(adminAddr, name, want)
 	if err != nil {
 		t.Fatalf("metric %s%v: %v", name, want, err)
 	}
@@ -472,8 +439,8 @@ func gwMetricT(t testing.TB, adminAddr, name string, want map[string]string) flo
 // ---------------------------------------------------------------------------
 // clients that report instead of failing (for loops and goroutines)
 
-// gwGet does one GET with a timeout and returns the status and body.
-func gwGet(c *http.Client, url string, timeout time.Duration) (int, string, error) {
+// getWithin does one GET with a timeout and returns the status and body.
+func getWithin(c *http.Client, url string, timeout time.Duration) (int, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -489,9 +456,9 @@ func gwGet(c *http.Client, url string, timeout time.Duration) (int, string, erro
 	return resp.StatusCode, string(b), err
 }
 
-// gwExpect200 checks one GET answers 200 with the backend's greeting.
-func gwExpect200(c *http.Client, host, backendName string) error {
-	code, body, err := gwGet(c, "https://"+host+"/gw", 5*time.Second)
+// expect200 checks one GET answers 200 with the backend's greeting.
+func expect200(c *http.Client, host, backendName string) error {
+	code, body, err := getWithin(c, "https://"+host+"/gw", 5*time.Second)
 	if err != nil {
 		return fmt.Errorf("GET %s: %v", host, err)
 	}
@@ -501,10 +468,14 @@ func gwExpect200(c *http.Client, host, backendName string) error {
 	return nil
 }
 
-// gwWSDial opens a WebSocket through p without failing the test.
-func gwWSDial(p *proc, sni string) (*websocket.Conn, error) {
+// wsTryDial opens a WebSocket through p without failing the test.
+func (p *proc) wsTryDial(sni string) (*websocket.Conn, error) { return wsDialVia(p.dial, sni) }
+
+// wsDialVia opens a WebSocket to sni over a connection from dial (a 5 s
+// handshake) without failing the test.
+func wsDialVia(dial func(ctx context.Context, network, addr string) (net.Conn, error), sni string) (*websocket.Conn, error) {
 	d := websocket.Dialer{
-		NetDialContext:   p.dial,
+		NetDialContext:   dial,
 		TLSClientConfig:  tlsConfig(sni),
 		HandshakeTimeout: 5 * time.Second,
 	}
@@ -515,38 +486,8 @@ func gwWSDial(p *proc, sni string) (*websocket.Conn, error) {
 	return c, err
 }
 
-// gwEcho sends msg on c and expects it back.
-func gwEcho(c *websocket.Conn, msg string) error {
-	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if err := c.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
-		return fmt.Errorf("WebSocket write: %w", err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	typ, got, err := c.ReadMessage()
-	if err != nil {
-		return fmt.Errorf("WebSocket read: %w", err)
-	}
-	if typ != websocket.TextMessage || string(got) != msg {
-		return fmt.Errorf("WebSocket echo: got %d %q; want %q", typ, got, msg)
-	}
-	return nil
-}
-
-// gwExpectClose checks that a WebSocket ended with a close frame of code.
-func gwExpectClose(t testing.TB, what string, err error, code int) {
-	t.Helper()
-	var ce *websocket.CloseError
-	if !errors.As(err, &ce) {
-		t.Errorf("%s: the connection ended with %v; want a close frame %d first", what, err, code)
-		return
-	}
-	if ce.Code != code {
-		t.Errorf("%s: close code %d (%q); want %d", what, ce.Code, ce.Text, code)
-	}
-}
-
-// gwHandshakeOK reports whether a TLS handshake with sni succeeds.
-func gwHandshakeOK(p *proc, sni string) bool {
+// handshakeOK reports whether a TLS handshake with sni succeeds.
+func (p *proc) handshakeOK(sni string) bool {
 	d := &net.Dialer{Timeout: 2 * time.Second}
 	c, err := tls.DialWithDialer(d, "tcp", p.appAddr, tlsConfig(sni))
 	if err != nil {
@@ -559,8 +500,8 @@ func gwHandshakeOK(p *proc, sni string) bool {
 // ---------------------------------------------------------------------------
 // watching that something stays true
 
-// gwCheck is one periodic check of gwWatch.
-type gwCheck struct {
+// periodicCheck is one periodic check of holdsFor.
+type periodicCheck struct {
 	name  string
 	every time.Duration
 	fn    func() error
@@ -571,10 +512,10 @@ type gwCheck struct {
 	first    []string
 }
 
-// gwWatch runs every check at its interval for d and fails the test
+// holdsFor runs every check at its interval for d and fails the test
 // (Errorf) for each check that ever failed, with its first failures. It
 // returns the number of runs of each check.
-func gwWatch(t testing.TB, d time.Duration, checks ...*gwCheck) {
+func holdsFor(t testing.TB, d time.Duration, checks ...*periodicCheck) {
 	t.Helper()
 	start := time.Now()
 	for _, c := range checks {
@@ -614,22 +555,22 @@ func gwWatch(t testing.TB, d time.Duration, checks ...*gwCheck) {
 	}
 }
 
-// gwClosed is how and when a WebSocket ended.
-type gwClosed struct {
+// wsEnded is how and when a WebSocket ended.
+type wsEnded struct {
 	err error
 	at  time.Time
 }
 
-// gwWatchClose reads c in the background (discarding messages) until it
+// watchClose reads c in the background (discarding messages) until it
 // ends or timeout passes, and reports how and when it ended. The caller must
 // not read c meanwhile.
-func gwWatchClose(c *websocket.Conn, timeout time.Duration) <-chan gwClosed {
-	ch := make(chan gwClosed, 1)
+func watchClose(c *websocket.Conn, timeout time.Duration) <-chan wsEnded {
+	ch := make(chan wsEnded, 1)
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	go func() {
 		for {
 			if _, _, err := c.ReadMessage(); err != nil {
-				ch <- gwClosed{err, time.Now()}
+				ch <- wsEnded{err, time.Now()}
 				return
 			}
 		}
@@ -637,9 +578,9 @@ func gwWatchClose(c *websocket.Conn, timeout time.Duration) <-chan gwClosed {
 	return ch
 }
 
-// gwAwaitClose waits for a gwWatchClose report; a read timeout fails the
+// awaitClose waits for a watchClose report; a read timeout fails the
 // test.
-func gwAwaitClose(t testing.TB, what string, ch <-chan gwClosed) gwClosed {
+func awaitClose(t testing.TB, what string, ch <-chan wsEnded) wsEnded {
 	t.Helper()
 	r := <-ch
 	var ne net.Error

@@ -30,24 +30,24 @@ import (
 )
 
 const (
-	discEdgeToken = "disc-edge-token"
-	// discKeepalive is the gateway's keepalive: supervisors renew (and
+	edgeToken = "disc-edge-token"
+	// discoveryKeepalive is the gateway's keepalive: supervisors renew (and
 	// advertise) at each one.
-	discKeepalive = 500 * time.Millisecond
-	// discFreshness is the supervisors' route freshness: the advertised
+	discoveryKeepalive = 500 * time.Millisecond
+	// discoveryFreshness is the supervisors' route freshness: the advertised
 	// expires_at is at most this far ahead.
-	discFreshness = 3 * time.Second
+	discoveryFreshness = 3 * time.Second
 )
 
-// discPKI is a CA and one leaf certificate for *.apps.test per supervisor,
+// supervisorPKI is a CA and one leaf certificate for *.apps.test per supervisor,
 // each with its own key and serial number.
-type discPKI struct {
+type supervisorPKI struct {
 	pool   *x509.CertPool
 	caCert *x509.Certificate
 	caKey  *ecdsa.PrivateKey
 }
 
-func discNewPKI(t testing.TB) *discPKI {
+func newSupervisorPKI(t testing.TB) *supervisorPKI {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -72,12 +72,12 @@ func discNewPKI(t testing.TB) *discPKI {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &discPKI{pool: pool, caCert: cert, caKey: key}
+	return &supervisorPKI{pool: pool, caCert: cert, caKey: key}
 }
 
 // tlsDir writes a TLS Secret directory with a new *.apps.test leaf of the
 // given serial number.
-func (p *discPKI) tlsDir(t testing.TB, serial int64) string {
+func (p *supervisorPKI) tlsDir(t testing.TB, serial int64) string {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -113,11 +113,11 @@ func (p *discPKI) tlsDir(t testing.TB, serial int64) string {
 	return dir
 }
 
-// discStart starts the binary with the args mk returns for fresh addresses
+// launchReady starts the binary with the args mk returns for fresh addresses
 // (retrying a lost port race) and waits until ready reports true. The
 // process is stopped with SIGTERM on cleanup; its output is logged if the
 // test failed.
-func discStart(t testing.TB, name string, mk func(addr, admin string) []string, ready func(p *proc) bool) *proc {
+func launchReady(t testing.TB, name string, mk func(addr, admin string) []string, ready func(p *proc) bool) *proc {
 	t.Helper()
 	p := &proc{}
 	p.process = launch(t, launchSpec{
@@ -136,24 +136,24 @@ func discStart(t testing.TB, name string, mk func(addr, admin string) []string, 
 	return p
 }
 
-// discInst is an instance of a supervisor's section: services by name
+// discoveryInstance is an instance of a supervisor's section: services by name
 // ("" is the unnamed one) with their app ports.
-type discInst struct {
+type discoveryInstance struct {
 	sandbox  string
 	services map[string]int
 }
 
-// discGateway is the reference gateway process with its files.
-type discGateway struct {
+// discoveryGateway is the reference gateway process with its files.
+type discoveryGateway struct {
 	*proc
 	configPath, tokensPath string
 }
 
-func (g *discGateway) url() string { return "http://" + g.appAddr }
+func (g *discoveryGateway) url() string { return "http://" + g.appAddr }
 
 // writeConfig replaces the configuration: sections by supervisor id, all
 // in workspace team.
-func (g *discGateway) writeConfig(t testing.TB, sections map[string][]discInst) {
+func (g *discoveryGateway) writeConfig(t testing.TB, sections map[string][]discoveryInstance) {
 	t.Helper()
 	sups := map[string]any{}
 	for sup, insts := range sections {
@@ -175,73 +175,73 @@ func (g *discGateway) writeConfig(t testing.TB, sections map[string][]discInst) 
 	writeAtomic(t, g.configPath, b)
 }
 
-// discStartGateway starts `applistener gateway` with tokens for sup-1,
-// sup-2 and the workspace token discEdgeToken (team).
-func discStartGateway(t testing.TB, sections map[string][]discInst, extra ...string) *discGateway {
+// newDiscoveryGateway starts `applistener gateway` with tokens for sup-1,
+// sup-2 and the workspace token edgeToken (team).
+func newDiscoveryGateway(t testing.TB, sections map[string][]discoveryInstance, extra ...string) *discoveryGateway {
 	t.Helper()
 	dir := t.TempDir()
-	g := &discGateway{configPath: filepath.Join(dir, "gateway.json"), tokensPath: filepath.Join(dir, "tokens.json")}
+	g := &discoveryGateway{configPath: filepath.Join(dir, "gateway.json"), tokensPath: filepath.Join(dir, "tokens.json")}
 	g.writeConfig(t, sections)
 	writeAtomic(t, g.tokensPath, []byte(`{"tokens": [
 		{"token": "disc-sup-1", "supervisor": "sup-1"},
 		{"token": "disc-sup-2", "supervisor": "sup-2"},
-		{"token": "`+discEdgeToken+`", "workspaces": ["team"]}]}`))
-	g.proc = discStart(t, "gateway", func(addr, admin string) []string {
+		{"token": "`+edgeToken+`", "workspaces": ["team"]}]}`))
+	g.proc = launchReady(t, "gateway", func(addr, admin string) []string {
 		return append([]string{"gateway", "--address", addr, "--config", g.configPath, "--tokens", g.tokensPath,
-			"--admin-address", admin, "--keepalive", discKeepalive.String(), "--log-format", "json"}, extra...)
+			"--admin-address", admin, "--keepalive", discoveryKeepalive.String(), "--log-format", "json"}, extra...)
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 	return g
 }
 
-// discSup is a supervisor process advertising to the gateway.
-type discSup struct {
+// discoverySupervisor is a supervisor process advertising to the gateway.
+type discoverySupervisor struct {
 	*proc
 	id     string
 	serial string
 }
 
-// discStartSup starts `applistener serve` with the gateway session, its
+// startSupervisor starts `applistener serve` with the gateway session, its
 // own certificate (serial), --advertise-address 127.0.0.1 and the edge's
 // address (127.0.0.1) in --trusted-proxies (its PROXY headers), plus
 // extra flags, and waits until it is ready.
-func discStartSup(t testing.TB, g *discGateway, pki *discPKI, id string, serial int64, extra ...string) *discSup {
+func (g *discoveryGateway) startSupervisor(t testing.TB, pki *supervisorPKI, id string, serial int64, extra ...string) *discoverySupervisor {
 	t.Helper()
 	tlsDir := pki.tlsDir(t, serial)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeAtomic(t, tokenFile, []byte("disc-"+id+"\n"))
-	p := discStart(t, id, func(addr, admin string) []string {
+	p := launchReady(t, id, func(addr, admin string) []string {
 		return append([]string{"serve", "--mode", "shared",
 			"--gateway-endpoint", g.url(), "--supervisor-id", id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
 			"--advertise-address", "127.0.0.1", "--trusted-proxies", "127.0.0.1/32",
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
-			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", discFreshness.String(),
+			"--admin-address", admin, "--address", freeAddr(t), "--route-freshness", discoveryFreshness.String(),
 			"--drain-timeout", "1s", "--log-format", "json"}, extra...)
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
-	return &discSup{proc: p, id: id, serial: strconv.FormatInt(serial, 10)}
+	return &discoverySupervisor{proc: p, id: id, serial: strconv.FormatInt(serial, 10)}
 }
 
-func (s *discSup) port() int {
+func (s *discoverySupervisor) port() int {
 	_, port, _ := net.SplitHostPort(s.appAddr)
 	n, _ := strconv.Atoi(port)
 	return n
 }
 
-// discStartEdge starts `applistener edge` for workspace team and waits
+// startEdge starts `applistener edge` for workspace team and waits
 // until it has a snapshot (/readyz 200).
-func discStartEdge(t testing.TB, g *discGateway) *proc {
+func (g *discoveryGateway) startEdge(t testing.TB) *proc {
 	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	writeAtomic(t, tokenFile, []byte(discEdgeToken+"\n"))
-	return discStart(t, "edge", func(addr, admin string) []string {
+	writeAtomic(t, tokenFile, []byte(edgeToken+"\n"))
+	return launchReady(t, "edge", func(addr, admin string) []string {
 		return []string{"edge", "--address", addr, "--gateway", g.url(), "--token-file", tokenFile,
 			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
 			"--drain-timeout", "1s", "--log-format", "json"}
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 }
 
-// discRoute and discSnapshot are the discovery wire format.
-type discRoute struct {
+// discoveryRoute and discoverySnapshot are the discovery wire format.
+type discoveryRoute struct {
 	Hostname            string    `json:"hostname"`
 	Workspace           string    `json:"workspace"`
 	Sandbox             string    `json:"sandbox"`
@@ -256,13 +256,13 @@ type discRoute struct {
 	} `json:"endpoint"`
 }
 
-type discSnapshot struct {
-	Workspace string      `json:"workspace"`
-	Revision  string      `json:"revision"`
-	Routes    []discRoute `json:"routes"`
+type discoverySnapshot struct {
+	Workspace string           `json:"workspace"`
+	Revision  string           `json:"revision"`
+	Routes    []discoveryRoute `json:"routes"`
 }
 
-func (s *discSnapshot) route(host string) *discRoute {
+func (s *discoverySnapshot) route(host string) *discoveryRoute {
 	for i := range s.Routes {
 		if s.Routes[i].Hostname == host {
 			return &s.Routes[i]
@@ -271,14 +271,14 @@ func (s *discSnapshot) route(host string) *discRoute {
 	return nil
 }
 
-// discGet reads the discovery snapshot of team with the edge's token.
-func discGet(t testing.TB, g *discGateway) *discSnapshot {
+// snapshot reads the discovery snapshot of team with the edge's token.
+func (g *discoveryGateway) snapshot(t testing.TB) *discoverySnapshot {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, g.url()+"/v1/workspaces/team/service-routes", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+discEdgeToken)
+	req.Header.Set("Authorization", "Bearer "+edgeToken)
 	resp, err := adminClient.Do(req)
 	if err != nil {
 		t.Fatalf("discovery GET: %v", err)
@@ -288,17 +288,17 @@ func discGet(t testing.TB, g *discGateway) *discSnapshot {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("discovery GET: %d %s", resp.StatusCode, body)
 	}
-	var s discSnapshot
+	var s discoverySnapshot
 	if err := json.Unmarshal(body, &s); err != nil {
 		t.Fatalf("discovery snapshot %s: %v", body, err)
 	}
 	return &s
 }
 
-// discThroughEdge does one GET https://host/ through the edge on a new
+// getThroughEdge does one GET https://host/ through the edge on a new
 // connection, verifying the certificate against the PKI, and returns the
 // body and the serial of the certificate the supervisor presented.
-func discThroughEdge(edgeAddr string, pool *x509.CertPool, host string) (body, serial string, err error) {
+func getThroughEdge(edgeAddr string, pool *x509.CertPool, host string) (body, serial string, err error) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -324,8 +324,8 @@ func discThroughEdge(edgeAddr string, pool *x509.CertPool, host string) (body, s
 	return strings.TrimSpace(string(b)), resp.TLS.PeerCertificates[0].SerialNumber.String(), nil
 }
 
-// discEdgeConn opens a TLS connection through the edge and keeps it.
-func discEdgeConn(t testing.TB, edgeAddr string, pool *x509.CertPool, host string) *rawConn {
+// edgeConn opens a TLS connection through the edge and keeps it.
+func edgeConn(t testing.TB, edgeAddr string, pool *x509.CertPool, host string) *rawConn {
 	t.Helper()
 	raw, err := net.DialTimeout("tcp", edgeAddr, 5*time.Second)
 	if err != nil {
@@ -342,8 +342,8 @@ func discEdgeConn(t testing.TB, edgeAddr string, pool *x509.CertPool, host strin
 	return &rawConn{Conn: tc, br: bufio.NewReader(tc)}
 }
 
-// discHandshakeErr is the error of a TLS handshake through the edge.
-func discHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
+// edgeHandshakeErr is the error of a TLS handshake through the edge.
+func edgeHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
 	raw, err := net.DialTimeout("tcp", edgeAddr, 5*time.Second)
 	if err != nil {
 		return err
@@ -354,17 +354,17 @@ func discHandshakeErr(edgeAddr string, pool *x509.CertPool, host string) error {
 	return tc.Handshake()
 }
 
-// discLines runs a command and delivers its stdout lines.
-type discLines struct {
+// outputLines runs a command and delivers its stdout lines.
+type outputLines struct {
 	*process // its output is stderr's
 	lines    chan string
 }
 
-// discRun starts the binary with args, its stdout read line by line. It is
+// runCommand starts the binary with args, its stdout read line by line. It is
 // stopped with SIGTERM on cleanup (exit 0 expected).
-func discRun(t testing.TB, args ...string) *discLines {
+func runCommand(t testing.TB, args ...string) *outputLines {
 	t.Helper()
-	l := &discLines{lines: make(chan string, 4096)}
+	l := &outputLines{lines: make(chan string, 4096)}
 	w := &lineWriter{lines: l.lines}
 	l.process = launch(t, launchSpec{
 		name:  fmt.Sprintf("%q", args),
@@ -383,7 +383,7 @@ func discRun(t testing.TB, args ...string) *discLines {
 
 // next returns the next stdout line that satisfies match, failing after
 // within.
-func (l *discLines) next(t testing.TB, within time.Duration, what string, match func(string) bool) string {
+func (l *outputLines) next(t testing.TB, within time.Duration, what string, match func(string) bool) string {
 	t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -402,9 +402,9 @@ func (l *discLines) next(t testing.TB, within time.Duration, what string, match 
 	}
 }
 
-// discRunOnce runs the binary to completion and returns stdout, stderr and
+// runCommandOnce runs the binary to completion and returns stdout, stderr and
 // the exit code.
-func discRunOnce(t testing.TB, args ...string) (stdout, stderr string, code int) {
+func runCommandOnce(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	return runBin(t, "", args...)
 }

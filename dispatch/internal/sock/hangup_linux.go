@@ -1,6 +1,6 @@
 //go:build linux
 
-package dispatch
+package sock
 
 import (
 	"net"
@@ -9,13 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerHungUp reports, without blocking or reading, whether the peer of raw
-// has closed its side of the connection (FIN or reset): a client that went
-// away while its request waits for the app. Bytes the client sent and
-// nobody has read yet do not hide a hang-up (POLLRDHUP), and are left in
+// PeerHungUp reports, without blocking or reading, whether the peer of conn
+// has closed its side of the connection (FIN or reset). Bytes the peer sent
+// and nobody has read yet do not hide a hang-up (POLLRDHUP), and are left in
 // place. A connection closed here counts as hung up.
-func peerHungUp(raw net.Conn) bool {
-	sc, ok := raw.(syscall.Conn)
+func PeerHungUp(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return false
 	}

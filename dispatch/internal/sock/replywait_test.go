@@ -1,6 +1,6 @@
 //go:build unix
 
-package dispatch
+package sock
 
 import (
 	"bufio"
@@ -15,26 +15,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// appWaitPair is a real loopback TCP connection: c (the listener's side,
-// prepared for writeAwait) and the app's side.
-func appWaitPair(t *testing.T) (c net.Conn, w *appWait, app net.Conn) {
+// replyWaitPair is a real loopback TCP connection: c (the listener's side,
+// prepared for WriteAwait) and the app's side.
+func replyWaitPair(t *testing.T) (c net.Conn, w *ReplyWait, app net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	c, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	app, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(); _ = app.Close() })
-	w = &appWait{}
-	w.init(c)
+	c, app = tcpPair(t)
+	w = &ReplyWait{}
+	w.Init(c)
 	return c, w, app
 }
 
@@ -53,12 +40,12 @@ func readable(t *testing.T, c net.Conn) bool {
 	return n > 0
 }
 
-// TestAppWaitReturnsOnceAnswered: writeAwait writes the request and
+// TestReplyWaitReturnsOnceAnswered: WriteAwait writes the request and
 // returns only once the app's answer can be read (so that the read that
 // follows finds it, instead of failing with EAGAIN first), and the answer
 // is read whole afterwards.
-func TestAppWaitReturnsOnceAnswered(t *testing.T) {
-	c, w, app := appWaitPair(t)
+func TestReplyWaitReturnsOnceAnswered(t *testing.T) {
+	c, w, app := replyWaitPair(t)
 	go func() {
 		br := bufio.NewReader(app)
 		for {
@@ -70,7 +57,7 @@ func TestAppWaitReturnsOnceAnswered(t *testing.T) {
 	}()
 	for i := range 50 {
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		n, at, err := w.writeAwait([]byte("request\n"))
+		n, at, err := w.WriteAwait([]byte("request\n"))
 		if err != nil || n != len("request\n") {
 			t.Fatalf("request %d: wrote %d bytes: %v", i, n, err)
 		}
@@ -78,7 +65,7 @@ func TestAppWaitReturnsOnceAnswered(t *testing.T) {
 			t.Fatalf("request %d: write time %v", i, at)
 		}
 		if !readable(t, c) {
-			t.Fatalf("request %d: writeAwait returned before the answer was readable", i)
+			t.Fatalf("request %d: WriteAwait returned before the answer was readable", i)
 		}
 		buf := make([]byte, 7)
 		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "answer\n" {
@@ -87,13 +74,13 @@ func TestAppWaitReturnsOnceAnswered(t *testing.T) {
 	}
 }
 
-// TestAppWaitDeadline: an app that does not answer holds writeAwait until
+// TestReplyWaitDeadline: an app that does not answer holds WriteAwait until
 // the read deadline only; the request was written, and the read that
 // follows reports the timeout.
-func TestAppWaitDeadline(t *testing.T) {
-	c, w, app := appWaitPair(t)
+func TestReplyWaitDeadline(t *testing.T) {
+	c, w, app := replyWaitPair(t)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	n, _, err := w.writeAwait([]byte("request\n"))
+	n, _, err := w.WriteAwait([]byte("request\n"))
 	if err != nil || n != len("request\n") {
 		t.Fatalf("wrote %d bytes: %v", n, err)
 	}
@@ -107,26 +94,26 @@ func TestAppWaitDeadline(t *testing.T) {
 	}
 }
 
-// TestAppWaitClosed: on a connection closed locally the request is not
+// TestReplyWaitClosed: on a connection closed locally the request is not
 // written and the write's error is returned.
-func TestAppWaitClosed(t *testing.T) {
-	c, w, _ := appWaitPair(t)
+func TestReplyWaitClosed(t *testing.T) {
+	c, w, _ := replyWaitPair(t)
 	_ = c.Close()
-	if n, _, err := w.writeAwait([]byte("request\n")); err == nil || n != 0 {
+	if n, _, err := w.WriteAwait([]byte("request\n")); err == nil || n != 0 {
 		t.Fatalf("wrote %d bytes on a closed connection: %v", n, err)
 	}
 }
 
-// TestAppWaitAppHangsUp: an app that closes its side after reading the
+// TestReplyWaitAppHangsUp: an app that closes its side after reading the
 // request ends the wait (the read that follows sees EOF).
-func TestAppWaitAppHangsUp(t *testing.T) {
-	c, w, app := appWaitPair(t)
+func TestReplyWaitAppHangsUp(t *testing.T) {
+	c, w, app := replyWaitPair(t)
 	go func() {
 		_, _ = bufio.NewReader(app).ReadString('\n')
 		_ = app.Close()
 	}()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, _, err := w.writeAwait([]byte("request\n")); err != nil {
+	if _, _, err := w.WriteAwait([]byte("request\n")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {

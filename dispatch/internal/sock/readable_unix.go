@@ -1,6 +1,6 @@
 //go:build unix
 
-package dispatch
+package sock
 
 import (
 	"errors"
@@ -10,12 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// waitReadable blocks, without a buffer, until raw has bytes to read (or
+// WaitReadable blocks, without a buffer, until conn has bytes to read (or
 // has reached EOF or failed). It peeks at one byte with MSG_PEEK and lets
-// the runtime's poller wait when there is none; read deadlines set on raw
+// the runtime's poller wait when there is none; read deadlines set on conn
 // apply. Connections without a file descriptor return at once.
-func waitReadable(raw net.Conn) error {
-	sc, ok := raw.(syscall.Conn)
+func WaitReadable(conn net.Conn) error {
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil
 	}

@@ -1,6 +1,0 @@
-//go:build unix
-
-package dispatch
-
-// rawReadWait: the runtime poller waits inside syscall.RawConn.Read (appwait.go).
-const rawReadWait = true

@@ -1,0 +1,68 @@
+//go:build linux
+
+package sock
+
+import (
+	"net"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestEpoll: of three registered sockets only the one whose peer wrote is
+// delivered, with its id (above 32 bits, both halves kept); a removed one is
+// never delivered, a quiet one not before it has bytes; closing the instance
+// ends a Wait in progress with an error.
+func TestEpoll(t *testing.T) {
+	ep, err := OpenEpoll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(c net.Conn, id uint64) {
+		t.Helper()
+		fd, ok := FD(c)
+		if !ok {
+			t.Fatal("no descriptor")
+		}
+		if err := ep.Add(fd, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet, _ := tcpPair(t)
+	busy, busyPeer := tcpPair(t)
+	removed, removedPeer := tcpPair(t)
+	const quietID, busyID, removedID = 1, 1<<40 | 7, 3
+	add(quiet, quietID)
+	add(busy, busyID)
+	add(removed, removedID)
+	fd, _ := FD(removed)
+	ep.Remove(fd)
+	if _, err := removedPeer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := busyPeer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+
+	var got []uint64
+	if err := ep.Wait(func(ids []uint64) { got = append(got, ids...) }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []uint64{busyID}) {
+		t.Fatalf("delivered %v, want [%d]", got, uint64(busyID))
+	}
+	fd, _ = FD(busy)
+	ep.Remove(fd) // one-shot: taken, as the idle poller does
+
+	done := make(chan error, 1)
+	go func() { done <- ep.Wait(func(ids []uint64) { got = append(got, ids...) }) }()
+	_ = ep.Close() // whether Wait has parked yet or not, it ends
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("Wait on a closed instance returned nil (delivered %v)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the Wait")
+	}
+}

@@ -1,0 +1,6 @@
+//go:build !unix
+
+package sock
+
+// rawReadWait: outside Unix a request is written as usual (replywait.go).
+const rawReadWait = false
