@@ -407,7 +407,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	s.countDropped(&fi, st.hc.route)
 	if !hasBody {
 		// The answer is read next, with nothing to do meanwhile: connect
-		// waits for it without a read that finds nothing (appwait.go).
+		// waits for it without a read that finds nothing (sock.ReplyWait).
 		x.awaitFor = s.cfg.ResponseHeaderTimeout
 	}
 	if err := x.connect(context.Background(), st.head, !hasBody); err != nil {

@@ -124,7 +124,9 @@ func commandSetup(stderr io.Writer, format, level string, files logFiles) (ctx c
 	// SIGUSR1 is caught whether or not there are files: its default action
 	// would end the process.
 	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
+	if len(reopenSignals) > 0 { // Notify without signals would relay every one
+		signal.Notify(usr1, reopenSignals...)
+	}
 	stopReopen := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
