@@ -211,7 +211,7 @@ func (g *discoveryGateway) startSupervisor(t testing.TB, pki *supervisorPKI, id 
 	writeAtomic(t, tokenFile, []byte("disc-"+id+"\n"))
 	p := launchReady(t, id, func(addr, admin string) []string {
 		return append([]string{"serve", "--mode", "shared",
-			"--gateway-endpoint", g.url(), "--supervisor-id", id, "--gateway-token-file", tokenFile,
+			"--gateway", g.url(), "--supervisor-id", id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
 			"--advertise-address", "127.0.0.1", "--trusted-proxies", "127.0.0.1/32",
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
@@ -234,7 +234,7 @@ func (g *discoveryGateway) startEdge(t testing.TB) *proc {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeAtomic(t, tokenFile, []byte(edgeToken+"\n"))
 	return launchReady(t, "edge", func(addr, admin string) []string {
-		return []string{"edge", "--address", addr, "--gateway", g.url(), "--token-file", tokenFile,
+		return []string{"edge", "--address", addr, "--gateway", g.url(), "--gateway-token-file", tokenFile,
 			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
 			"--drain-timeout", "1s", "--log-format", "json"}
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })

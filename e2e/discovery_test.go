@@ -73,17 +73,22 @@ func TestDiscoveryEdgeEndToEnd(t *testing.T) {
 	}
 
 	// `routes get` prints the snapshot, as a table and as JSON.
-	out, errOut, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team")
+	out, errOut, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team")
 	if code != 0 || !strings.HasPrefix(out, "HOSTNAME") || !strings.Contains(out, demoHost) || !strings.Contains(out, "sup-2") {
 		t.Fatalf("routes get: exit %d\n%s\n%s", code, out, errOut)
 	}
 	t.Logf("routes get:\n%s", out)
-	out, _, code = runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team", "--output", "json")
+	// The deprecated --token-file still works, with a warning on stderr.
+	aliasOut, aliasErr, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team")
+	if code != 0 || !strings.Contains(aliasOut, demoHost) || !strings.Contains(aliasErr, "warning: --token-file is deprecated and will be removed; use --gateway-token-file") {
+		t.Fatalf("routes get --token-file: exit %d\n%s\nstderr: %s", code, aliasOut, aliasErr)
+	}
+	out, _, code = runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team", "--output", "json")
 	var got discoverySnapshot
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || got.route(otherHost) == nil {
 		t.Fatalf("routes get --output json: exit %d %q", code, out)
 	}
-	watch := runCommand(t, "routes", "watch", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team", "--output", "json")
+	watch := runCommand(t, "routes", "watch", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team", "--output", "json")
 	watch.next(t, waitTimeout, "the first set", func(l string) bool { return strings.Contains(l, demoHost) })
 
 	// Renewal keeps the installation version while expires_at moves on.
@@ -225,7 +230,7 @@ func TestDiscoveryRoutesWatchLocalExpiry(t *testing.T) {
 		}
 	}))
 	t.Cleanup(fake.Close) // after the watch's cleanup has stopped it
-	watch := runCommand(t, "routes", "watch", "--gateway", fake.URL, "--token-file", teamTokenFile(t), "--workspace", "team")
+	watch := runCommand(t, "routes", "watch", "--gateway", fake.URL, "--gateway-token-file", teamTokenFile(t), "--workspace", "team")
 	watch.next(t, waitTimeout, "the table header", func(l string) bool { return strings.HasPrefix(l, "HOSTNAME") })
 	watch.next(t, waitTimeout, "route a", func(l string) bool { return strings.HasPrefix(l, "team--a.apps.test") })
 	header := watch.next(t, waitTimeout, "the next set", func(l string) bool { return strings.HasPrefix(l, "# ") })
@@ -252,15 +257,15 @@ func TestDiscoveryCommandErrors(t *testing.T) {
 	}{
 		{[]string{"routes"}, 2, "subcommand"},
 		{[]string{"routes", "list"}, 2, "unknown subcommand"},
-		{[]string{"routes", "get", "--gateway", gw.url()}, 2, "--token-file is required"},
-		{[]string{"routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "Team"}, 2, "--workspace"},
-		{[]string{"routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team", "--output", "yaml"}, 2, "--output"},
-		{[]string{"routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "lab"}, 1, "403"},
-		{[]string{"routes", "watch", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "lab"}, 1, "403"},
-		{[]string{"routes", "get", "--gateway", gw.url(), "--token-file", "/nonexistent", "--workspace", "team"}, 1, "token file"},
+		{[]string{"routes", "get", "--gateway", gw.url()}, 2, "--gateway-token-file is required"},
+		{[]string{"routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "Team"}, 2, "--workspace"},
+		{[]string{"routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team", "--output", "yaml"}, 2, "--output"},
+		{[]string{"routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "lab"}, 1, "403"},
+		{[]string{"routes", "watch", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "lab"}, 1, "403"},
+		{[]string{"routes", "get", "--gateway", gw.url(), "--gateway-token-file", "/nonexistent", "--workspace", "team"}, 1, "token file"},
 		{[]string{"edge", "--address", "127.0.0.1:0"}, 2, "--gateway is required"},
-		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--token-file", "x", "--workspace", "team,team"}, 2, "twice"},
-		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--token-file", "x", "--workspace", "team", "--proxy-protocol", "v1"}, 2, "--proxy-protocol must be v2 or off"},
+		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--gateway-token-file", "x", "--workspace", "team,team"}, 2, "twice"},
+		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--gateway-token-file", "x", "--workspace", "team", "--proxy-protocol", "v1"}, 2, "--proxy-protocol must be v2 or off"},
 		{[]string{"gateway", "--address", "127.0.0.1:0", "--config", "c", "--tokens", "t", "--discovery-send-timeout", "0s"}, 2, "--discovery-send-timeout"},
 	} {
 		_, stderr, code := runCommandOnce(t, c.args...)
@@ -269,7 +274,7 @@ func TestDiscoveryCommandErrors(t *testing.T) {
 		}
 	}
 	// SIGTERM ends a watch with exit 0 (checked on cleanup).
-	w := runCommand(t, "routes", "watch", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team")
+	w := runCommand(t, "routes", "watch", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team")
 	w.next(t, waitTimeout, "the table header", func(l string) bool { return strings.HasPrefix(l, "HOSTNAME") })
 	_ = w.cmd.Process.Signal(syscall.SIGTERM)
 }

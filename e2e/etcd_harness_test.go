@@ -973,7 +973,7 @@ func (g *etcdGateways) startSupervisor(t testing.TB, cfg etcdSupervisorConfig) *
 	}
 	p := launchReady(t, "supervisor "+cfg.id, func(addr, admin string) []string {
 		return append([]string{"serve", "--mode", "shared",
-			"--gateway-endpoint", gws, "--supervisor-id", cfg.id, "--gateway-token-file", tokenFile,
+			"--gateway", gws, "--supervisor-id", cfg.id, "--gateway-token-file", tokenFile,
 			"--gateway-poll-interval", "500ms", "--gateway-stream-timeout", "2s",
 			"--advertise-address", adv, "--trusted-proxies", "127.0.0.1/32", // the edge's PROXY headers
 			"--app-listener", "--app-domain", domain, "--app-address", addr, "--app-tls-dir", tlsDir,
@@ -990,7 +990,7 @@ func startEdgeOn(t testing.TB, gateways string) *proc {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeAtomic(t, tokenFile, []byte(teamToken+"\n"))
 	return launchReady(t, "edge", func(addr, admin string) []string {
-		return []string{"edge", "--address", addr, "--gateway", gateways, "--token-file", tokenFile,
+		return []string{"edge", "--address", addr, "--gateway", gateways, "--gateway-token-file", tokenFile,
 			"--workspace", "team", "--admin-address", admin, "--gateway-stream-timeout", "2s",
 			"--drain-timeout", "1s", "--log-format", "json"}
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })

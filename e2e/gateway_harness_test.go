@@ -268,7 +268,7 @@ func launchSupervisor(t testing.TB, endpoints string, cfg supervisorConfig) *gat
 			s.appAddr, s.adminAddr, s.healthAddr = freeAddr(t), freeAddr(t), freeAddr(t)
 			args := []string{"serve",
 				"--mode", "shared",
-				"--gateway-endpoint", endpoints,
+				"--gateway", endpoints,
 				"--supervisor-id", supervisorID,
 				"--gateway-token-file", tokenFile,
 				"--address", s.healthAddr,

@@ -84,12 +84,12 @@ func TestLongSandboxIDEndToEnd(t *testing.T) {
 	}
 	// `routes get` lists it with its sandbox and service; `routes hostname`
 	// computes the same name from the names.
-	out, errOut, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--token-file", teamTokenFile(t), "--workspace", "team")
+	out, errOut, code := runCommandOnce(t, "routes", "get", "--gateway", gw.url(), "--gateway-token-file", teamTokenFile(t), "--workspace", "team")
 	if code != 0 || !strings.Contains(out, longHashed+"  ") || !strings.Contains(out, longUUID) || !strings.Contains(out, longService) {
 		t.Fatalf("routes get: exit %d\n%s\n%s", code, out, errOut)
 	}
 	t.Logf("routes get:\n%s", out)
-	out, errOut, code = runCommandOnce(t, "routes", "hostname", "--domain", domain, "--workspace", "team", "--sandbox", longUUID, "--service", longService)
+	out, errOut, code = runCommandOnce(t, "routes", "hostname", "--app-domain", domain, "--workspace", "team", "--sandbox", longUUID, "--service", longService)
 	if code != 0 || out != longHashed+"\n" {
 		t.Fatalf("routes hostname: exit %d %q %q", code, out, errOut)
 	}

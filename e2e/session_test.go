@@ -349,7 +349,7 @@ func TestSessionGatewayFailover(t *testing.T) {
 	})
 	tok := sessTokenFile(t, "t2")
 	testutil.Eventually(t, waitTimeout, "the route in discovery through the list", func() bool {
-		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
+		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--gateway-token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
 
@@ -368,7 +368,7 @@ func TestSessionGatewayFailover(t *testing.T) {
 		t.Errorf("/readyz %d %q after the failover", code, body)
 	}
 	testutil.Eventually(t, waitTimeout, "the route in discovery at the survivor", func() bool {
-		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--token-file", tok, "--workspace", "team", "--output", "json")
+		out, _, code := runCommandOnce(t, "routes", "get", "--gateway", list, "--gateway-token-file", tok, "--workspace", "team", "--output", "json")
 		return code == 0 && strings.Contains(out, hostWeb)
 	})
 	t.Logf("failover: the route was served throughout the %v after the kill; discovery finds it at the survivor", 2*freshness)
@@ -392,7 +392,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Helper()
 		return runBin(t, stdin, append([]string{"instances"}, args...)...)
 	}
-	common := []string{"--gateway", endpoints, "--token-file", admin, "--supervisor", supervisorID}
+	common := []string{"--gateway", endpoints, "--gateway-token-file", admin, "--supervisor", supervisorID}
 	const hostOther = "team--other--web." + domain
 	entry := fmt.Sprintf(`{"workspace":"team","sandbox":"other","generation":"1","connector":{"type":"tcp","host":"127.0.0.1"},`+
 		`"services":[{"name":"web","port":%d,"revision":1}]}`, other.port)
@@ -433,7 +433,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Errorf("put of a bad entry: exit %d, stderr %q", code, errOut)
 	}
 	supTok := sessTokenFile(t, supervisorToken)
-	if _, errOut, code := cli("", "list", "--gateway", g.endpoint(), "--token-file", supTok, "--supervisor", supervisorID); code != 1 || !strings.Contains(errOut, "403") {
+	if _, errOut, code := cli("", "list", "--gateway", g.endpoint(), "--gateway-token-file", supTok, "--supervisor", supervisorID); code != 1 || !strings.Contains(errOut, "403") {
 		t.Errorf("list with a supervisor token: exit %d, stderr %q", code, errOut)
 	}
 	if _, errOut, code := cli(entry, append([]string{"put", "--file", "-", "--sandbox", "demo"}, common...)...); code != 2 {
