@@ -127,7 +127,7 @@ func BenchmarkParseResponseHead(b *testing.B) {
 		if err := parseResponseHead(&r, h, false, 200); err != nil {
 			b.Fatal(err)
 		}
-		dst = appendResponseHead(dst[:0], &r, r.body, false, false)
+		dst = appendResponseHead(dst[:0], &r, r.body, false, false, nil)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 // either side closes or the route is revoked.
 func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false, c.rec.id.bytes())
 	_, _ = w.Write(c.out)
 	if err := c.flush(); err != nil {
 		bc.close()
@@ -55,10 +55,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	rec := &h.rec
 	rec.upgraded(101, h.inst)
 	rec.timings(&c.x)
-	if rec.mb != nil {
-		rec.ms, rec.ps = string(rec.mb), string(pathPart(rec.pb))
-		rec.mb, rec.pb = nil, nil
-	}
+	rec.detach()
 	sp.onDone = h.end
 	c.s.m.websocketsActive.Inc()
 
