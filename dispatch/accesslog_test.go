@@ -104,7 +104,8 @@ func checkRecord(t *testing.T, rec map[string]any, want map[string]any, upstream
 		}
 	}
 	for _, k := range []string{"time", "workspace", "sandbox", "service", "host", "method", "path", "status",
-		"bytes_in", "bytes_out", "duration", "protocol", "tls", "client", "installation_version"} {
+		"bytes_in", "bytes_out", "duration", "protocol", "tls", "client", "installation_version",
+		"request_id", "user_agent", "referer"} {
 		if _, ok := rec[k]; !ok {
 			t.Errorf("field %s missing from %v", k, rec)
 		}
