@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/internal/ocsf"
@@ -334,5 +336,78 @@ func TestRequestID(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRequestIDWebSocket: a WebSocket's upgrade (HTTP/1.1) or extended
+// CONNECT (HTTP/2) carries the request's id to the app and back to the
+// client, the public port in the forwarding fields, and the WebSocket's
+// access-log record has the same id and the user agent.
+func TestRequestIDWebSocket(t *testing.T) {
+	h2Verify(t)
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			out := &lineLog{}
+			e := newH2Env(t, 0, Config{AccessLog: AccessLogJSON, AccessLogWriter: out, Registerer: prometheus.NewRegistry()})
+			app := newH2WSApp(t)
+			e.installWS(app, true, "")
+			hdr := http.Header{"X-Request-Id": {"client-claim"}, "User-Agent": {"wstest/2"}}
+			var respID []string
+			switch proto {
+			case "h1":
+				dialer := websocket.Dialer{
+					TLSClientConfig:  &tls.Config{ServerName: h2wsHost, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}},
+					HandshakeTimeout: 5 * time.Second,
+					NetDial:          func(string, string) (net.Conn, error) { return net.Dial("tcp", e.ln.Addr().String()) },
+				}
+				c, resp, err := dialer.Dial("wss://"+h2wsHost+":8443/echo", hdr)
+				if err != nil {
+					t.Fatalf("dial: %v (%v)", err, resp)
+				}
+				_ = resp.Body.Close()
+				respID = resp.Header.Values("X-Request-Id")
+				_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				for {
+					if _, _, err := c.ReadMessage(); err != nil {
+						break
+					}
+				}
+				_ = c.Close()
+			case "h2":
+				c, err := openWS(t, e.dialH2(h2wsHost), "/echo", hdr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				respID = c.resp.Header.Values("X-Request-Id")
+				c.send(t, websocket.CloseMessage, []byte{0x03, 0xe8})
+				c.expectClose(t, 1000)
+			}
+			var upgrade *http.Request
+			select {
+			case upgrade = <-app.upgrades:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the app saw no upgrade")
+			}
+			seen := upgrade.Header.Values("X-Request-Id")
+			if len(seen) != 1 || len(seen[0]) != generatedIDLen {
+				t.Fatalf("app saw X-Request-Id %q, want one generated id", seen)
+			}
+			if len(respID) != 1 || respID[0] != seen[0] {
+				t.Errorf("client got X-Request-Id %q, want %q", respID, seen[0])
+			}
+			wantHost, wantPort := h2wsHost, "443"
+			if proto == "h1" {
+				wantHost, wantPort = h2wsHost+":8443", "8443"
+			}
+			if upgrade.Header.Get("X-Forwarded-Host") != wantHost || upgrade.Header.Get("X-Forwarded-Port") != wantPort {
+				t.Errorf("app saw X-Forwarded-Host %q, -Port %q; want %q, %q", upgrade.Header.Get("X-Forwarded-Host"),
+					upgrade.Header.Get("X-Forwarded-Port"), wantHost, wantPort)
+			}
+			rec := out.waitRecord(t, "protocol", "ws")
+			if rec["request_id"] != seen[0] || rec["user_agent"] != "wstest/2" {
+				t.Errorf("WebSocket record %v: want request_id %s, user_agent wstest/2", rec, seen[0])
+			}
+		})
 	}
 }
