@@ -297,6 +297,7 @@ func (c *clientConn) logDenial(status int, reason string) {
 		slog.String("reason", reason),
 		slog.String("sni", c.sni),
 		slog.String("src", c.peer.String()),
+		slog.String("request_id", string(c.rec.id.bytes())),
 	}
 	switch {
 	case c.detached != nil:

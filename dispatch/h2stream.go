@@ -756,6 +756,7 @@ func (st *h2Stream) logDenial(status int, reason string) {
 		slog.String("protocol", "HTTP/2.0"),
 		slog.String("method", st.es.Method),
 		slog.String("path", pathOnly([]byte(st.es.Path))),
+		slog.String("request_id", string(st.rec.id.bytes())),
 	)
 }
 

@@ -241,8 +241,8 @@ func TestRequestID(t *testing.T) {
 	for _, proto := range []string{"h1", "h2"} {
 		for _, trusted := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/trusted=%v", proto, trusted), func(t *testing.T) {
-				out, ocsfOut := &lineLog{}, &lineLog{}
-				cfg := Config{AccessLog: AccessLogJSON, AccessLogWriter: out, AppStartGrace: -1,
+				out, ocsfOut, diag := &lineLog{}, &lineLog{}, &lineLog{}
+				cfg := Config{AccessLog: AccessLogJSON, AccessLogWriter: out, AppStartGrace: -1, Logger: slog.New(slog.NewJSONHandler(diag, nil)),
 					Registerer: prometheus.NewRegistry(), OCSF: ocsf.NewEmitter(ocsfOut, slog.LevelDebug, ocsf.Product{})}
 				if trusted {
 					cfg.TrustedProxies = h2Prefixes(t, "127.0.0.0/8")
@@ -333,6 +333,15 @@ func TestRequestID(t *testing.T) {
 					if rec["status"] != float64(c.status) {
 						t.Errorf("record %v, want status %d", rec, c.status)
 					}
+					// The diagnostic "request denied" line names it too.
+					testutil.Eventually(t, 5*time.Second, "the denial's diagnostic line with its id", func() bool {
+						for _, line := range strings.Split(diag.text(), "\n") {
+							if strings.Contains(line, `"msg":"request denied"`) && strings.Contains(line, `"request_id":"`+got[0]+`"`) {
+								return true
+							}
+						}
+						return false
+					})
 				}
 			})
 		}
