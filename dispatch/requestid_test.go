@@ -420,3 +420,14 @@ func TestRequestIDWebSocket(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkRequestIDGenerate is the cost of a request's id.
+//
+//	go test -run '^$' -bench RequestIDGenerate -benchmem ./dispatch/
+func BenchmarkRequestIDGenerate(b *testing.B) {
+	var id requestID
+	b.ReportAllocs()
+	for b.Loop() {
+		id.generate()
+	}
+}
