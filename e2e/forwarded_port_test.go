@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -59,6 +60,54 @@ func newPageURLApp(t *testing.T) *pageURLApp {
 		<-done
 	})
 	return a
+}
+
+// loadPages loads a page from https://host:port over HTTP/1.1 and HTTP/2
+// with a real client that resolves host to 127.0.0.1 (the port is the
+// URL's, as any client's), checks that the app rebuilt the URL the client
+// loaded by each framework's rules and that the client got back the
+// X-Request-Id the app saw, and returns those ids.
+func loadPages(t *testing.T, cfg *tls.Config, host, port string) []string {
+	t.Helper()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, net.JoinHostPort("127.0.0.1", port))
+	}
+	var ids []string
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		tr := &http.Transport{DialContext: dial, TLSClientConfig: cfg.Clone(), ForceAttemptHTTP2: proto == "HTTP/2.0"}
+		defer tr.CloseIdleConnections()
+		client := &http.Client{Transport: tr, Timeout: waitTimeout,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		page := fmt.Sprintf("https://%s:%s/docs/page-%d?lang=en&tab=2", host, port, len(ids))
+		resp, err := client.Get(page)
+		if err != nil {
+			t.Fatalf("%s GET %s: %v", proto, page, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Proto != proto {
+			t.Fatalf("%s GET %s: %d over %s: %s", proto, page, resp.StatusCode, resp.Proto, body)
+		}
+		var got map[string]string
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("app answer %q: %v", body, err)
+		}
+		for _, fw := range []string{"django", "rack", "spring"} {
+			if got[fw] != page {
+				t.Errorf("%s: the app rebuilt %s by %s's rules; the client loaded %s", proto, got[fw], fw, page)
+			}
+		}
+		if id := resp.Header.Get("X-Request-Id"); len(id) != 32 || id != got["request_id"] {
+			t.Errorf("%s: X-Request-Id %q returned, the app saw %q", proto, id, got["request_id"])
+		}
+		ids = append(ids, got["request_id"])
+	}
+	return ids
 }
 
 func (a *pageURLApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -175,50 +224,7 @@ func TestForwardedPortPageURL(t *testing.T) {
 	if port == "443" {
 		t.Fatalf("the listener is on 443: the test needs another port")
 	}
-	// The client's resolver: the public name is the listener's address;
-	// the port is the URL's.
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		_, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			return nil, err
-		}
-		var d net.Dialer
-		return d.DialContext(ctx, network, net.JoinHostPort("127.0.0.1", port))
-	}
-	clients := map[string]*http.Client{}
-	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
-		tr := &http.Transport{DialContext: dial, TLSClientConfig: tlsConfig(hostWeb), ForceAttemptHTTP2: proto == "HTTP/2.0"}
-		t.Cleanup(tr.CloseIdleConnections)
-		clients[proto] = &http.Client{Transport: tr, Timeout: waitTimeout,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	}
-
-	var ids []string
-	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
-		page := fmt.Sprintf("https://%s:%s/docs/page-%d?lang=en&tab=2", hostWeb, port, len(ids))
-		resp, err := clients[proto].Get(page)
-		if err != nil {
-			t.Fatalf("%s GET %s: %v", proto, page, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Proto != proto {
-			t.Fatalf("%s GET %s: %d over %s: %s", proto, page, resp.StatusCode, resp.Proto, body)
-		}
-		var got map[string]string
-		if err := json.Unmarshal(body, &got); err != nil {
-			t.Fatalf("app answer %q: %v", body, err)
-		}
-		for _, fw := range []string{"django", "rack", "spring"} {
-			if got[fw] != page {
-				t.Errorf("%s: the app rebuilt %s by %s's rules; the client loaded %s", proto, got[fw], fw, page)
-			}
-		}
-		if id := resp.Header.Get("X-Request-Id"); id == "" || id != got["request_id"] {
-			t.Errorf("%s: X-Request-Id %q returned, the app saw %q", proto, id, got["request_id"])
-		}
-		ids = append(ids, got["request_id"])
-	}
+	ids := loadPages(t, tlsConfig(hostWeb), hostWeb, port)
 
 	// A client that names no port in Host (it used 443, as far as it says).
 	rc := p.raw(t, hostWeb)
@@ -252,5 +258,32 @@ func TestForwardedPortPageURL(t *testing.T) {
 	}
 	if n := len(accessLines(t, p, "msg", "access")); n != len(ids) {
 		t.Errorf("%d access-log records for %d requests", n, len(ids))
+	}
+}
+
+// TestForwardedPortPageURLThroughEdge: behind applistener edge (PROXY v2
+// to a supervisor listening on a port of its own), the app rebuilds the
+// URL with the edge's port, the one the client used, over HTTP/1.1 and
+// HTTP/2: the public port comes from what the client named, not from the
+// supervisor's socket.
+func TestForwardedPortPageURLThroughEdge(t *testing.T) {
+	pki := discNewPKI(t)
+	app := newPageURLApp(t)
+	gw := discStartGateway(t, map[string][]discInst{"sup-1": {{"demo", map[string]int{"web": app.port}}}})
+	sup := discStartSup(t, gw, pki, "sup-1", 101, "--require-proxy-protocol", "127.0.0.1/32")
+	testutil.Eventually(t, waitTimeout, "the route in discovery", func() bool { return discGet(t, gw).route(discHostDemo) != nil })
+	edge := discStartEdge(t, gw)
+	_, edgePort, err := net.SplitHostPort(edge.appAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, supPort, _ := net.SplitHostPort(sup.appAddr); supPort == edgePort {
+		t.Fatalf("the edge and the supervisor share port %s: the test needs two", edgePort)
+	}
+	ids := loadPages(t, &tls.Config{RootCAs: pki.pool, ServerName: discHostDemo}, discHostDemo, edgePort)
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	if strings.Join(app.seen, ",") != strings.Join(ids, ",") {
+		t.Errorf("the app saw ids %q, the client got %q", app.seen, ids)
 	}
 }
