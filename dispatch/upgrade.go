@@ -26,6 +26,10 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	sp := &h.sp
 	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
 
+	// The record's method, path, user agent and referer become strings
+	// before the buffer of the request head goes back to its pool below.
+	c.rec.detach()
+
 	// Bytes that arrived with the heads belong to the stream: those read
 	// with the request head, then those the client watch read while the
 	// 101 was awaited (awaitResponse), in that order.
@@ -49,13 +53,12 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 		pending: appPending, pool: &c.s.bufPool, poller: &c.s.idle}
 	sp.pumps = [2]*wsPump{up, down}
 	sp.running.Store(2)
-	// The WebSocket's access-log record: the upgrade request's, with
-	// strings in place of the head's bytes (its buffer is reused).
+	// The WebSocket's access-log record: the upgrade request's (detached
+	// above).
 	h.rec, h.ci = c.rec, c.ci
 	rec := &h.rec
 	rec.upgraded(101, h.inst)
 	rec.timings(&c.x)
-	rec.detach()
 	sp.onDone = h.end
 	c.s.m.websocketsActive.Inc()
 
