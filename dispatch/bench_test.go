@@ -36,6 +36,8 @@ func benchForwardInfo() *forwardInfo {
 		client:      netip.MustParseAddr("203.0.113.7"),
 		publicHost:  testHost,
 		backendHost: "127.0.0.1:8080",
+		publicPort:  8443,
+		requestID:   []byte("0af7651916cd43dd8448eb211c80319c"),
 	}
 }
 
