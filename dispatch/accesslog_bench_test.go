@@ -26,6 +26,8 @@ func BenchmarkEndRequest(b *testing.B) {
 		InstallationVersion: 3, Instance: &routes.Instance{}}
 	ci := connInfo{route: rt, sni: rt.Host, peer: netip.MustParseAddr("10.1.2.3"), tlsVer: 0x0304}
 	method, path := []byte("GET"), []byte("/static/app.js?v=3")
+	ua := []byte("Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0")
+	referer := []byte("https://team--demo--web.apps.test/dashboard?tab=recent")
 	for _, c := range []struct {
 		name, format string
 		observe      bool
@@ -64,8 +66,8 @@ func BenchmarkEndRequest(b *testing.B) {
 			b.ReportAllocs()
 			cpu0 := processCPU()
 			for b.Loop() {
-				r.begin(protoH1)
-				r.parsed, r.mb, r.pb = true, method, path
+				r.begin(protoH1) // a new request id
+				r.parsed, r.mb, r.pb, r.uab, r.refb = true, method, path, ua, referer
 				r.status, r.bytesOut, r.connect, r.firstByte = 200, 1234, 80*time.Microsecond, 310*time.Microsecond
 				s.endRequest(&r, &ci)
 			}

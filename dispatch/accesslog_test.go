@@ -104,7 +104,8 @@ func checkRecord(t *testing.T, rec map[string]any, want map[string]any, upstream
 		}
 	}
 	for _, k := range []string{"time", "workspace", "sandbox", "service", "host", "method", "path", "status",
-		"bytes_in", "bytes_out", "duration", "protocol", "tls", "client", "installation_version"} {
+		"bytes_in", "bytes_out", "duration", "protocol", "tls", "client", "installation_version",
+		"request_id", "user_agent", "referer"} {
 		if _, ok := rec[k]; !ok {
 			t.Errorf("field %s missing from %v", k, rec)
 		}
@@ -492,18 +493,24 @@ func TestAccessLogProcessBound(t *testing.T) {
 }
 
 // TestAccessLogTextFormat: the text form is logfmt: bare values, quoted
-// ones where needed (spaces, quotes, control bytes), no query.
+// ones where needed (spaces, quotes, control bytes), no query (in the path
+// or the referer), no user information in the referer, the request id, the
+// user agent bounded.
 func TestAccessLogTextFormat(t *testing.T) {
 	l := newAccessLog(&Config{AccessLog: AccessLogText, AccessLogWriter: &lineLog{}}, prometheus.NewCounter(prometheus.CounterOpts{Name: "x"}))
 	rt := &routes.Route{Workspace: "team", Sandbox: "demo", Service: "", InstallationVersion: 7}
 	r := accessRecord{proto: protoH1, parsed: true, mb: []byte("GET"), pb: []byte("/a\"b\x01?token=secret"),
 		status: 503, reason: reasonRevoked, bytesIn: 3, bytesOut: 4, connect: 1500 * time.Microsecond, firstByte: -1}
+	r.id.n = uint8(copy(r.id.b[:], "0af7651916cd43dd8448eb211c80319c"))
+	r.uab = []byte("curl/8.5.0 (x86_64) " + strings.Repeat("x", 2000))
+	r.refb = []byte("https://user:pw@team--demo.apps.test:8443/from?token=secret#frag")
 	ci := connInfo{route: rt, sni: "team--demo.apps.test", peer: netip.MustParseAddr("10.0.0.1"), tlsVer: tls.VersionTLS12}
 	end := time.Date(2026, 12, 1, 15, 4, 5, 123456000, time.UTC)
 	got := string(l.appendLine(nil, &r, &ci, end, 2*time.Millisecond))
-	want := `time=2026-12-01T15:04:05.123456Z level=INFO msg=access protocol=h1 workspace=team sandbox=demo service="" ` +
+	want := `time=2026-12-01T15:04:05.123456Z level=INFO msg=access request_id=0af7651916cd43dd8448eb211c80319c protocol=h1 workspace=team sandbox=demo service="" ` +
 		`host=team--demo.apps.test method=GET path="/a\"b\u0001" status=503 bytes_in=3 bytes_out=4 duration=0.002000 ` +
-		`upstream_connect=0.001500 tls=1.2 client=10.0.0.1 reason="this application route is no longer available" installation_version=7` + "\n"
+		`upstream_connect=0.001500 tls=1.2 client=10.0.0.1 user_agent="curl/8.5.0 (x86_64) ` + strings.Repeat("x", maxLoggedField-20) + `" ` +
+		`referer=team--demo.apps.test:8443/from reason="this application route is no longer available" installation_version=7` + "\n"
 	if got != want {
 		t.Errorf("text line\n got %s\nwant %s", got, want)
 	}
@@ -513,8 +520,15 @@ func TestAccessLogTextFormat(t *testing.T) {
 	if err := json.Unmarshal(line, &m); err != nil {
 		t.Fatalf("json line %s: %v", line, err)
 	}
-	if m["path"] != "/a\"b\x01" || m["service"] != "" || m["upstream_connect"] != 0.0015 || bytes.Contains(line, []byte("secret")) {
+	if m["path"] != "/a\"b\x01" || m["service"] != "" || m["upstream_connect"] != 0.0015 || bytes.Contains(line, []byte("secret")) ||
+		m["request_id"] != "0af7651916cd43dd8448eb211c80319c" || m["referer"] != "team--demo.apps.test:8443/from" ||
+		len(m["user_agent"].(string)) != maxLoggedField || bytes.Contains(line, []byte("pw")) {
 		t.Errorf("json line %s", line)
+	}
+	// Detached (a streamed body, a WebSocket): the same values as strings.
+	r.detach()
+	if r.uab != nil || r.refb != nil || !bytes.Equal(l.appendLine(nil, &r, &ci, end, 2*time.Millisecond), line) {
+		t.Errorf("detached record logged differently:\n%s", l.appendLine(nil, &r, &ci, end, 2*time.Millisecond))
 	}
 }
 
@@ -546,12 +560,13 @@ func TestAccessLogNoAllocations(t *testing.T) {
 	rt := &routes.Route{Workspace: "team", Sandbox: "demo", Service: "web", InstallationVersion: 3, Instance: &routes.Instance{}}
 	ci := connInfo{route: rt, sni: h2WebHost, peer: netip.MustParseAddr("10.1.2.3"), tlsVer: tls.VersionTLS13}
 	method, path := []byte("GET"), []byte("/static/app.js?v=3")
+	ua, ref := []byte("Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"), []byte("https://"+h2WebHost+"/dashboard?tab=1")
 	for _, format := range []string{AccessLogOff, AccessLogText, AccessLogJSON} {
 		s := New(Config{AccessLog: format, AccessLogWriter: io.Discard})
 		var r accessRecord
 		allocs := testing.AllocsPerRun(200, func() {
-			r.begin(protoH1)
-			r.parsed, r.mb, r.pb = true, method, path
+			r.begin(protoH1) // a new request id
+			r.parsed, r.mb, r.pb, r.uab, r.refb = true, method, path, ua, ref
 			r.status, r.bytesOut, r.connect, r.firstByte = 200, 1234, 80*time.Microsecond, 310*time.Microsecond
 			s.endRequest(&r, &ci)
 		})

@@ -35,6 +35,8 @@ func benchForwardInfo() *forwardInfo {
 		client:      netip.MustParseAddr("203.0.113.7"),
 		publicHost:  testHost,
 		backendHost: "127.0.0.1:8080",
+		publicPort:  8443,
+		requestID:   []byte("0af7651916cd43dd8448eb211c80319c"),
 	}
 }
 
@@ -126,7 +128,7 @@ func BenchmarkParseResponseHead(b *testing.B) {
 		if err := parseResponseHead(&r, h, false, 200); err != nil {
 			b.Fatal(err)
 		}
-		dst = appendResponseHead(dst[:0], &r, r.body, false, false)
+		dst = appendResponseHead(dst[:0], &r, r.body, false, false, nil)
 	}
 }
 

@@ -278,7 +278,7 @@ func (c *clientConn) deny(d denial) bool {
 	if c.detached != nil {
 		accept, navigate = c.detached.accept, c.detached.navigate
 	}
-	c.out = appendErrorResponse(c.out[:0], d, accept, navigate)
+	c.out = appendErrorResponse(c.out[:0], d, accept, navigate, c.rec.id.bytes())
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	_, _ = c.conn.Write(c.out)
 	if outside {
@@ -298,6 +298,7 @@ func (c *clientConn) logDenial(status int, reason string) {
 		slog.String("reason", reason),
 		slog.String("sni", c.sni),
 		slog.String("src", c.peer.String()),
+		slog.String("request_id", string(c.rec.id.bytes())),
 	}
 	switch {
 	case c.detached != nil:
@@ -345,6 +346,10 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	}
 	c.rec.parsed = true
 	c.rec.mb, c.rec.pb = c.req.method, c.req.path
+	c.rec.uab, c.rec.refb = c.req.userAgent, c.req.referer
+	if c.trusted && c.req.requestIDs == 1 {
+		c.rec.keepRequestID(c.req.requestID)
+	}
 	if c.revokedErr() != nil || !c.route.Usable() {
 		c.deny(denyRevoked)
 		return false
@@ -457,7 +462,7 @@ func (c *clientConn) proxy() bool {
 	x := &c.x
 	x.reset(c.s, c.route, c.sni, req, c)
 	defer c.rec.timings(x)
-	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted)
+	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted, publicPortOf(req.host), c.rec.id.bytes())
 	c.out = appendRequestHead(c.out[:0], req, &fi)
 	c.s.countDropped(&fi, c.route)
 	// A small body that has fully arrived goes out with the head.
@@ -505,6 +510,7 @@ func (c *clientConn) proxy() bool {
 		// detached once the request is logged).
 		c.rec.mb, c.rec.pb = nil, nil
 		c.rec.ms, c.rec.ps = c.detached.method, c.detached.path
+		c.rec.detach() // User-Agent and Referer
 		c.body.start(c.conn, c.s.cfg.BodyTimeout)
 		c.in.src = &c.body
 		x.sendBody(c.copyRequestBody, c.body.abort)
@@ -516,7 +522,7 @@ func (c *clientConn) proxy() bool {
 		if req.http10 {
 			return nil
 		}
-		c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+		c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false, nil)
 		_, _ = c.writer().Write(c.out)
 		if err := c.flush(); err != nil {
 			return errClientGone
@@ -560,7 +566,7 @@ func (c *clientConn) proxy() bool {
 		closeClient = true
 	}
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead)
+	c.out = appendResponseHead(c.out[:0], resp, out, closeClient, x.isHead, c.rec.id.bytes())
 	_, _ = w.Write(c.out)
 	c.rec.status, c.rec.outcome = resp.status, outcomeOK
 	var big io.Writer // large bodies: TLS records batched per write

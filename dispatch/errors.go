@@ -134,8 +134,9 @@ func notListeningBody(port int, accept []byte, navigate bool) (ctype string, bod
 const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 // appendErrorResponse writes a complete HTTP/1.1 error response for d;
-// accept and navigate (Sec-Fetch-Mode: navigate) choose the body's form.
-func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool) []byte {
+// accept and navigate (Sec-Fetch-Mode: navigate) choose the body's form;
+// reqID, the request's id, is sent as X-Request-Id (none when empty).
+func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool, reqID []byte) []byte {
 	ctype, body := errorBody(d, accept, navigate)
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(d.status), 10)
@@ -154,6 +155,11 @@ func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool) []b
 	if d.status == 405 {
 		dst = append(dst, "Allow: "+allowedMethods+"\r\n"...)
 	}
+	if len(reqID) > 0 {
+		dst = append(dst, "X-Request-Id: "...)
+		dst = append(dst, reqID...)
+		dst = append(dst, "\r\n"...)
+	}
 	if d.close {
 		dst = append(dst, "Connection: close\r\n"...)
 	}
@@ -163,9 +169,9 @@ func appendErrorResponse(dst []byte, d denial, accept []byte, navigate bool) []b
 
 // writeH2Error writes the HTTP/2 form of the same answer on es: the same
 // fields and body (none for a HEAD request), the response ended.
-func writeH2Error(es *h2engine.Stream, d denial, accept string, navigate, head bool) error {
+func writeH2Error(es *h2engine.Stream, d denial, accept string, navigate, head bool, reqID []byte) error {
 	ctype, body := errorBody(d, []byte(accept), navigate)
-	var fields [6]h2engine.HeaderField
+	var fields [7]h2engine.HeaderField
 	f := append(fields[:0],
 		h2engine.HeaderField{Name: "content-type", Value: ctype},
 		h2engine.HeaderField{Name: "cache-control", Value: "no-store"},
@@ -176,6 +182,9 @@ func writeH2Error(es *h2engine.Stream, d denial, accept string, navigate, head b
 	}
 	if d.status == 405 {
 		f = append(f, h2engine.HeaderField{Name: "allow", Value: allowedMethods})
+	}
+	if len(reqID) > 0 {
+		f = append(f, h2engine.HeaderField{Name: "x-request-id", Value: string(reqID)})
 	}
 	if head || len(body) == 0 {
 		return es.WriteHeaders(d.status, f, true)

@@ -22,7 +22,9 @@ import (
 //	Host rewritten (or kept: PreserveHost)                forwardInfo.appendAppHost
 //	hop-by-hop fields, '_' names, untrusted forwarding    forwardClaims.keep
 //	  and identity claims, X-Applistener-* dropped
-//	X-Forwarded-For/-Proto/-Host and Forwarded set        forwardClaims.appendForwardedFor, appendForwarded
+//	X-Forwarded-For/-Proto/-Host/-Port and Forwarded set  forwardClaims.appendForwardedFor, appendPublicHost,
+//	  (the public port: publicPortOf)                       forwardedPort, appendForwarded
+//	X-Request-Id: the request's id, the client's dropped  forwardClaims.keep, forwardInfo.requestID (requestid.go)
 //	request trailers: the same, and never a claim         forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none)
 //	response status 100–599, else 502 (logged as an       validStatus
 //	  invalid response from the app, with the status)
@@ -90,6 +92,8 @@ func reservedAlias(name []byte) bool {
 		return equalFoldDash(name, "trailer") || equalFoldDash(name, "upgrade")
 	case 10:
 		return equalFoldDash(name, "connection") || equalFoldDash(name, "keep-alive")
+	case 12:
+		return equalFoldDash(name, "x-request-id")
 	case 14:
 		return equalFoldDash(name, "content-length")
 	case 17:
@@ -158,12 +162,20 @@ type forwardInfo struct {
 	// dropped counts the fields appendRequestHead left out because of an
 	// underscore in their name (set by it, read by the caller).
 	dropped int
+	// publicPort is the port of the public origin as the client named it
+	// (publicPortOf): in X-Forwarded-Host and Forwarded host= unless 443,
+	// in X-Forwarded-Port always.
+	publicPort int
+	// requestID is sent as X-Request-Id (the client's are dropped); none
+	// when empty.
+	requestID []byte
 }
 
 // forwardInfo returns what the listener adds to a request forwarded
-// through pool for a client at peer that reached sni; HTTP/1.1 and HTTP/2
-// share it.
-func (s *Server) forwardInfo(pool *backendPool, sni string, peer netip.Addr, trusted bool) forwardInfo {
+// through pool for a client at peer that reached sni, naming port
+// (publicPortOf of its Host or :authority), with the request's id;
+// HTTP/1.1 and HTTP/2 share it.
+func (s *Server) forwardInfo(pool *backendPool, sni string, peer netip.Addr, trusted bool, port int, id []byte) forwardInfo {
 	fi := forwardInfo{
 		client:          peer,
 		trusted:         trusted,
@@ -171,8 +183,48 @@ func (s *Server) forwardInfo(pool *backendPool, sni string, peer netip.Addr, tru
 		backendHost:     pool.hostHeader,
 		preserve:        s.cfg.PreserveHost,
 		allowUnderscore: s.cfg.AllowUnderscoreHeaders,
+		publicPort:      port,
+		requestID:       id,
 	}
 	return fi
+}
+
+// publicPortOf is the public port of a request whose Host (HTTP/1.1) or
+// :authority (HTTP/2) is host: the port it names, 443 (https's default)
+// when it names none. This is the port of the URL the client used, which
+// is what an app rebuilding its page URL needs; the socket cannot say it:
+// the listener's own port (8443) and, behind applistener edge, the PROXY
+// v2 header's destination (the edge Pod's port) are those after the load
+// balancer's port mapping, not the one the client connected to. Redirects
+// to the app's loopback origin are made public with the same port
+// (redirect.go). A malformed port (HostMatches accepted the name only)
+// counts as none.
+func publicPortOf[T string | []byte](host T) int {
+	for i := len(host) - 1; i >= 0 && host[i] != ']'; i-- {
+		if host[i] == ':' {
+			if p, ok := portNumber(host[i+1:]); ok {
+				return p
+			}
+			return 443
+		}
+	}
+	return 443
+}
+
+// portNumber parses a TCP port, 1 to 65535, in decimal digits only.
+func portNumber[T string | []byte](v T) (int, bool) {
+	if len(v) == 0 || len(v) > 5 {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, n >= 1 && n <= 65535
 }
 
 // countDropped counts (and logs at debug level) the fields that
@@ -225,10 +277,18 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	}
 	if !claims.haveHost {
 		dst = append(dst, "\r\nX-Forwarded-Host: "...)
-		dst = append(dst, fi.publicHost...)
+		dst = claims.appendPublicHost(dst, fi)
+	}
+	if p := claims.forwardedPort(fi); p > 0 {
+		dst = append(dst, "\r\nX-Forwarded-Port: "...)
+		dst = strconv.AppendInt(dst, int64(p), 10)
 	}
 	dst = append(dst, "\r\nForwarded: "...)
 	dst = claims.appendForwarded(dst, fi)
+	if len(fi.requestID) > 0 {
+		dst = append(dst, "\r\nX-Request-Id: "...)
+		dst = append(dst, fi.requestID...)
+	}
 	dst = append(dst, "\r\n\r\n"...)
 	return dst
 }
@@ -236,8 +296,10 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 // forwardClaims sanitises a client's request fields on their way to the
 // app (keep) and collects what the listener's own forwarding fields
 // depend on: a trusted peer's X-Forwarded-For and Forwarded values, which
-// go first in the listener's, and whether it sent X-Forwarded-Proto and
-// X-Forwarded-Host, which then pass instead of the listener's. Every app
+// go first in the listener's, and whether it sent X-Forwarded-Proto,
+// X-Forwarded-Host and X-Forwarded-Port, which then pass instead of the
+// listener's (a trusted X-Forwarded-Port also names the public port in
+// the listener's X-Forwarded-Host and Forwarded host=). Every app
 // protocol uses it (appendRequestHead for HTTP/1.1 apps, h2cRequestHeader
 // for h2c apps); what is protocol-specific stays with the caller: the
 // fields that Connection names (HTTP/1.1 only), and "TE: trailers", which
@@ -246,6 +308,8 @@ type forwardClaims struct {
 	priorXFF, priorFwd []byte
 	haveProto          bool // a trusted X-Forwarded-Proto passes
 	haveHost           bool // a trusted X-Forwarded-Host passes
+	havePort           bool // a trusted X-Forwarded-Port passes
+	port               int  // its value, when it is one port number
 }
 
 // keep reports whether the client's request field name: value goes to the
@@ -255,12 +319,17 @@ type forwardClaims struct {
 // and identity claims (X-Forwarded-*, Forwarded, X-Real-IP, client
 // certificates, X-Applistener-*) pass only from a trusted peer, whose
 // X-Forwarded-For and Forwarded are kept for the listener's own.
+// X-Request-Id never passes: the listener sends the request's id (a
+// trusted peer's valid one was made the id before).
 func (c *forwardClaims) keep(fi *forwardInfo, name, value []byte) bool {
 	if asciiEqualFold(name, "host") || hopByHop(name) {
 		return false
 	}
 	if underscoreDropped(name, fi.allowUnderscore) {
 		fi.dropped++
+		return false
+	}
+	if isRequestIDField(name) {
 		return false
 	}
 	if !forwardingHeader(name) {
@@ -280,8 +349,48 @@ func (c *forwardClaims) keep(fi *forwardInfo, name, value []byte) bool {
 		c.haveProto = true
 	case equalFoldDash(name, "x-forwarded-host"):
 		c.haveHost = true
+	case equalFoldDash(name, "x-forwarded-port"):
+		if p, ok := portNumber(value); ok && !c.havePort {
+			c.port = p
+		} else {
+			c.port = 0 // several, or not a port: not used in the host values
+		}
+		c.havePort = true
 	}
 	return true
+}
+
+// publicPort is the port of the public origin: a trusted peer's
+// X-Forwarded-Port when it is one port number, else the one the client
+// named (fi.publicPort).
+func (c *forwardClaims) publicPort(fi *forwardInfo) int {
+	if c.port > 0 {
+		return c.port
+	}
+	return fi.publicPort
+}
+
+// appendPublicHost appends the public host the app receives in
+// X-Forwarded-Host: the route's name, with the public port unless it is
+// 443 (implicit in https).
+func (c *forwardClaims) appendPublicHost(dst []byte, fi *forwardInfo) []byte {
+	dst = append(dst, fi.publicHost...)
+	if p := c.publicPort(fi); p != 443 && p > 0 {
+		dst = append(dst, ':')
+		dst = strconv.AppendInt(dst, int64(p), 10)
+	}
+	return dst
+}
+
+// forwardedPort is the X-Forwarded-Port the listener adds (0: none): the
+// public port, 443 included, unless a trusted peer sent X-Forwarded-Port
+// (which passes) or X-Forwarded-Host (it owns the public origin: a port
+// of the listener's could contradict its host).
+func (c *forwardClaims) forwardedPort(fi *forwardInfo) int {
+	if c.havePort || c.haveHost {
+		return 0
+	}
+	return c.publicPort(fi)
 }
 
 // appendForwardedFor appends the X-Forwarded-For value the app receives:
@@ -310,7 +419,14 @@ func (c *forwardClaims) appendForwarded(dst []byte, fi *forwardInfo) []byte {
 		dst = fi.client.AppendTo(dst)
 	}
 	dst = append(dst, ";host="...)
-	dst = append(dst, fi.publicHost...)
+	if p := c.publicPort(fi); p != 443 && p > 0 {
+		// host:port is no token (RFC 7239 §4): quoted.
+		dst = append(dst, '"')
+		dst = c.appendPublicHost(dst, fi)
+		dst = append(dst, '"')
+	} else {
+		dst = append(dst, fi.publicHost...)
+	}
 	return append(dst, ";proto=https"...)
 }
 

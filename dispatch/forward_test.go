@@ -372,6 +372,10 @@ func TestUnitAppendRequestHeadAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	fi := untrusted()
+	// With the public port and the request id, as every request has them.
+	var id requestID
+	id.generate()
+	fi.publicPort, fi.requestID = 8443, id.bytes()
 	dst := make([]byte, 0, 4096)
 	allocs := testing.AllocsPerRun(100, func() {
 		dst = appendRequestHead(dst[:0], &r, fi)

@@ -397,7 +397,7 @@ func FuzzParseResponseHead(f *testing.F) {
 		if out == bodyUntilClose {
 			closeConn = true
 		}
-		b := appendResponseHead(nil, &r, out, closeConn, headReq)
+		b := appendResponseHead(nil, &r, out, closeConn, headReq, nil)
 		start, fields := headerLines(t, b)
 		if !strings.HasPrefix(start, "HTTP/1.1 "+strconv.Itoa(r.status)+" ") {
 			t.Fatalf("status line %q", start)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,7 +95,7 @@ func (st *h2Stream) proxyH2C() bool {
 	s, es, hc := st.s, st.es, st.hc
 	bp := s.routePool(hc.route)
 	pool := s.h2cPoolOf(hc.route, bp)
-	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted)
+	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
 	clientHeader := h2cClientHeader(es.Header)
 	header := h2cRequestHeader(clientHeader, &fi)
 	s.countDropped(&fi, hc.route)
@@ -186,6 +187,8 @@ func (st *h2Stream) proxyH2C() bool {
 	publicPort := hostPort([]byte(st.host))
 	h := make(http.Header, len(resp.Header))
 	s.h2cResponseFields(h, resp.Header, false, hc.sni, publicPort, bp)
+	// The request's id in place of the app's (as for HTTP/1.1 apps).
+	h["X-Request-Id"] = []string{string(st.rec.id.bytes())}
 	rw := h2cResponse{st: st, status: resp.StatusCode, fields: h2Fields(h)}
 	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
 	s.m.request(resp.StatusCode)
@@ -521,8 +524,9 @@ func h2cURL(hostPort, target string) *url.URL {
 // sanitised by the rules every app protocol shares (forwardClaims.keep:
 // hop-by-hop fields, '_' names and untrusted forwarding claims dropped),
 // except that "TE: trailers" passes (gRPC servers may require it), plus
-// the listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host and
-// Forwarded, as appendRequestHead writes them for HTTP/1.1 apps.
+// the listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host,
+// X-Forwarded-Port, Forwarded and X-Request-Id, as appendRequestHead
+// writes them for HTTP/1.1 apps.
 func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 	dst := make(http.Header, len(src)+4)
 	var claims forwardClaims
@@ -552,9 +556,15 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 		dst["X-Forwarded-Proto"] = []string{"https"}
 	}
 	if !claims.haveHost {
-		dst["X-Forwarded-Host"] = []string{fi.publicHost}
+		dst["X-Forwarded-Host"] = []string{string(claims.appendPublicHost(nil, fi))}
+	}
+	if p := claims.forwardedPort(fi); p > 0 {
+		dst["X-Forwarded-Port"] = []string{strconv.Itoa(p)}
 	}
 	dst["Forwarded"] = []string{string(claims.appendForwarded(nil, fi))}
+	if len(fi.requestID) > 0 {
+		dst["X-Request-Id"] = []string{string(fi.requestID)}
+	}
 	return dst
 }
 

@@ -23,6 +23,7 @@ func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
 		"X-Forwarded-For: 198.51.100.1", "X-Forwarded-For: 198.51.100.2", "Forwarded: for=198.51.100.1",
 		"X-Forwarded-Proto: http", "X-Real-IP: 198.51.100.9", "X-Applistener-User: mallory",
 		"X-Forwarded-Client-Cert: cert", "User-Agent: test/1",
+		"X-Request-Id: client-claim", "X_Request_Id: alias", "X-Forwarded-Port: 9443",
 	}
 	for _, tc := range []struct {
 		name        string
@@ -38,7 +39,8 @@ func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			newFI := func() *forwardInfo {
 				return &forwardInfo{client: netip.MustParseAddr(tc.client), trusted: tc.trusted, publicHost: testHost,
-					backendHost: "127.0.0.1:8080", allowUnderscore: tc.underscores}
+					backendHost: "127.0.0.1:8080", allowUnderscore: tc.underscores, publicPort: 8443,
+					requestID: []byte("0af7651916cd43dd8448eb211c80319c")}
 			}
 			fi1 := newFI()
 			_, fields, _, _ := forward(t, get(lines...), fi1)
@@ -75,6 +77,18 @@ func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
 			for k := range h2 {
 				if _, ok := h1[textproto.CanonicalMIMEHeaderKey(k)]; !ok {
 					t.Errorf("%s: %q sent to the h2c app only", k, h2[k])
+				}
+			}
+			// The request's id replaces the client's (and its '_' alias);
+			// the public port is the trusted peer's, else the client's.
+			port := "8443"
+			if tc.trusted {
+				port = "9443"
+			}
+			for k, want := range map[string]string{"X-Request-Id": "0af7651916cd43dd8448eb211c80319c",
+				"X-Forwarded-Port": port, "X-Forwarded-Host": testHost + ":" + port} {
+				if got := h1[k]; !slices.Equal(got, []string{want}) {
+					t.Errorf("%s %q, want %q", k, got, want)
 				}
 			}
 		})

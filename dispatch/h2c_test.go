@@ -49,7 +49,8 @@ type rpcServer struct {
 func (s *rpcServer) echoHeaders(ctx context.Context) metadata.MD {
 	md, _ := metadata.FromIncomingContext(ctx)
 	out := metadata.MD{}
-	for _, k := range []string{":authority", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "user-agent", "x-client"} {
+	for _, k := range []string{":authority", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "user-agent", "x-client",
+		"x-forwarded-port", "x-request-id"} {
 		if v := md.Get(k); len(v) > 0 {
 			out.Set("seen-"+strings.TrimPrefix(k, ":"), v...)
 		}
@@ -336,7 +337,7 @@ func TestH2CUnary(t *testing.T) {
 	var logBuf syncBuffer
 	e := newH2CEnv(t, 0, Config{AccessLog: AccessLogText, AccessLogWriter: &logBuf})
 	c := e.client(h2cRPCHost)
-	ctx := metadata.AppendToOutgoingContext(callCtx(t), "x-client", "hello", "x-forwarded-for", "6.6.6.6")
+	ctx := metadata.AppendToOutgoingContext(callCtx(t), "x-client", "hello", "x-forwarded-for", "6.6.6.6", "x-request-id", "client-claim")
 
 	var hdr, tr metadata.MD
 	resp, err := c.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: 100_000, Payload: &testpb.Payload{Body: bytes.Repeat([]byte{'q'}, 200_000)}},
@@ -353,6 +354,21 @@ func TestH2CUnary(t *testing.T) {
 	wantMD(t, hdr, "seen-x-forwarded-host", h2cRPCHost)
 	wantMD(t, hdr, "seen-forwarded", "for=127.0.0.1;host="+h2cRPCHost+";proto=https")
 	wantMD(t, hdr, "seen-x-client", "hello")
+	wantMD(t, hdr, "seen-x-forwarded-port", "443")
+	// The client's X-Request-Id is replaced by the request's id, which
+	// the client gets back and the access log carries.
+	ids := hdr.Get("seen-x-request-id")
+	if len(ids) != 1 || len(ids[0]) != generatedIDLen || ids[0] == "client-claim" {
+		t.Fatalf("X-Request-Id at the app %q, want one generated id", ids)
+	}
+	if got := hdr.Get("x-request-id"); len(got) != 1 || got[0] != ids[0] {
+		t.Errorf("X-Request-Id returned %q, want the app's %q", got, ids[0])
+	}
+	defer func() {
+		if !strings.Contains(logBuf.String(), "request_id="+ids[0]+" ") {
+			t.Errorf("access log %q: want request_id=%s", logBuf.String(), ids[0])
+		}
+	}()
 	if ua := hdr.Get("seen-user-agent"); len(ua) != 1 || !strings.HasPrefix(ua[0], "grpc-go/") {
 		t.Errorf("user-agent at the app %q, want the client's grpc-go", ua)
 	}

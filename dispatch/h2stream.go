@@ -152,6 +152,7 @@ func fieldValue(fields []h2engine.HeaderField, name string) string {
 // must be reset.
 func (st *h2Stream) serve() bool {
 	hc, es := st.hc, st.es
+	st.noteRequest()
 	if hc.revokedErr() != nil || !hc.route.Usable() {
 		// The connection is being closed: no new streams on it.
 		st.deny(denyRevoked)
@@ -186,6 +187,29 @@ func (st *h2Stream) serve() bool {
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()
 	return st.proxy(req)
+}
+
+// noteRequest records the request's User-Agent and Referer for the
+// access log, and makes a trusted peer's X-Request-Id (exactly one, valid)
+// the request's id.
+func (st *h2Stream) noteRequest() {
+	ids := 0
+	var id string
+	for i := range st.es.Header {
+		f := &st.es.Header[i]
+		switch f.Name {
+		case "user-agent":
+			st.rec.uas = f.Value
+		case "referer":
+			st.rec.refs = f.Value
+		case "x-request-id":
+			id = f.Value
+			ids++
+		}
+	}
+	if ids == 1 && st.hc.trusted {
+		st.rec.keepRequestIDString(id)
+	}
 }
 
 // buildRequest converts the HTTP/2 request into the parsed form that
@@ -402,7 +426,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	x.reset(s, st.hc.route, st.hc.sni, req, st)
 	defer st.rec.timings(x)
 	hasBody := req.body != bodyNone
-	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted)
+	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
 	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, st.hc.route)
 	if !hasBody {
@@ -525,7 +549,8 @@ func (st *h2Stream) exchangeFailed(x *exchange, err error) bool {
 
 // responseFields returns the app's response fields for the client:
 // lowercase, without hop-by-hop fields and those named by Connection, with
-// content-length when length ≥ 0. keepLength keeps the app's
+// content-length when length ≥ 0, and x-request-id, the request's id, in
+// place of the app's. keepLength keeps the app's
 // Content-Length (HEAD and 304 answers: it describes the representation).
 // The names and values share one string (the engine's HPACK table may
 // keep them).
@@ -549,6 +574,9 @@ func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64
 			}
 			hasLength = true
 		}
+		if isRequestIDField(f.name) {
+			continue
+		}
 		var s span
 		s.name[0] = len(b)
 		for _, c := range f.name {
@@ -570,6 +598,16 @@ func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64
 		s.name[1] = len(b)
 		s.value[0] = len(b)
 		b = strconv.AppendInt(b, length, 10)
+		s.value[1] = len(b)
+		sp = append(sp, s)
+	}
+	if id := st.rec.id.bytes(); len(id) > 0 {
+		var s span
+		s.name[0] = len(b)
+		b = append(b, "x-request-id"...)
+		s.name[1] = len(b)
+		s.value[0] = len(b)
+		b = append(b, id...)
 		s.value[1] = len(b)
 		sp = append(sp, s)
 	}
@@ -697,7 +735,7 @@ func (st *h2Stream) deny(d denial) {
 	es := st.es
 	accept := fieldValue(es.Header, "accept")
 	navigate := asciiEqualFold([]byte(fieldValue(es.Header, "sec-fetch-mode")), "navigate")
-	st.ended = writeH2Error(es, d, accept, navigate, es.Method == "HEAD") == nil
+	st.ended = writeH2Error(es, d, accept, navigate, es.Method == "HEAD", st.rec.id.bytes()) == nil
 	if d.close {
 		st.hc.shutdown()
 	}
@@ -718,6 +756,7 @@ func (st *h2Stream) logDenial(status int, reason string) {
 		slog.String("protocol", "HTTP/2.0"),
 		slog.String("method", st.es.Method),
 		slog.String("path", pathOnly([]byte(st.es.Path))),
+		slog.String("request_id", string(st.rec.id.bytes())),
 	)
 }
 

@@ -32,6 +32,10 @@ func ocsfHTTP(r *accessRecord, ci *connInfo, end time.Time) *ocsf.Event {
 	if r.proto == protoH2 || r.overH2 {
 		h.Version = "2"
 	}
+	if r.id.n > 0 {
+		h.RequestID = string(r.id.bytes())
+		h.UserAgent, h.Referrer = r.userAgent(), r.referer()
+	}
 	switch {
 	case !r.parsed:
 	case r.mb != nil:

@@ -36,6 +36,11 @@ type request struct {
 	navigate   bool // Sec-Fetch-Mode: navigate (a browser loading a page)
 	// connTokens are header names listed in Connection, removed as hop-by-hop.
 	connTokens [][]byte
+	// For the access log: User-Agent and Referer (the last of each), and
+	// X-Request-Id (kept from a trusted peer that sent exactly one).
+	userAgent, referer []byte
+	requestID          []byte
+	requestIDs         int
 }
 
 func (r *request) reset() {
@@ -126,6 +131,13 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 			r.accept = f.value
 		case asciiEqualFold(f.name, "sec-fetch-mode"):
 			r.navigate = asciiEqualFold(f.value, "navigate")
+		case asciiEqualFold(f.name, "user-agent"):
+			r.userAgent = f.value
+		case asciiEqualFold(f.name, "referer"):
+			r.referer = f.value
+		case isRequestIDField(f.name):
+			r.requestID = f.value
+			r.requestIDs++
 		}
 	}
 	// close always wins; HTTP/1.0 keeps the connection only when asked to.

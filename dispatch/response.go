@@ -116,8 +116,10 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 func validStatus(code int) bool { return code >= 100 && code <= 599 }
 
 // appendResponseHead writes the response head sent to the client. bodyOut
-// is how the listener frames the body towards the client.
-func appendResponseHead(dst []byte, r *response, bodyOut bodyKind, closeConn bool, headRequest bool) []byte {
+// is how the listener frames the body towards the client. reqID, when not
+// nil, is sent as X-Request-Id in place of the app's (a final answer
+// carries the request's id; a 1xx is relayed as it is).
+func appendResponseHead(dst []byte, r *response, bodyOut bodyKind, closeConn bool, headRequest bool, reqID []byte) []byte {
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(r.status), 10)
 	dst = append(dst, ' ')
@@ -133,7 +135,15 @@ func appendResponseHead(dst []byte, r *response, bodyOut bodyKind, closeConn boo
 			}
 			continue
 		}
+		if reqID != nil && isRequestIDField(f.name) {
+			continue
+		}
 		dst = appendField(dst, f.name, f.value)
+	}
+	if reqID != nil {
+		dst = append(dst, "X-Request-Id: "...)
+		dst = append(dst, reqID...)
+		dst = append(dst, "\r\n"...)
 	}
 	switch bodyOut {
 	case bodyLength:

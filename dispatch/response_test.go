@@ -136,7 +136,7 @@ func relayHead(t *testing.T, h []byte, method string, http10 bool) (*response, [
 	if out == bodyUntilClose {
 		closeConn = true
 	}
-	b := appendResponseHead(nil, r, out, closeConn, headReq)
+	b := appendResponseHead(nil, r, out, closeConn, headReq, nil)
 	start, fields := headerLines(t, b)
 	if !strings.HasPrefix(start, "HTTP/1.1 "+strconv.Itoa(r.status)+" ") {
 		t.Errorf("status line = %q", start)
@@ -253,7 +253,7 @@ func TestUnitResponseTransferCodingsNotDropped(t *testing.T) {
 				return // refusing it (502) is acceptable
 			}
 			out := r.body
-			b := appendResponseHead(nil, &r, out, out == bodyUntilClose, false)
+			b := appendResponseHead(nil, &r, out, out == bodyUntilClose, false, nil)
 			_, fields := headerLines(t, b)
 			var codings []string
 			for _, v := range values(fields, "Transfer-Encoding") {

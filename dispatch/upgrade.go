@@ -10,7 +10,7 @@ import (
 // either side closes or the route is revoked.
 func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	w := c.writer()
-	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false)
+	c.out = appendResponseHead(c.out[:0], resp, bodyNone, false, false, c.rec.id.bytes())
 	_, _ = w.Write(c.out)
 	if err := c.flush(); err != nil {
 		bc.close()
@@ -25,6 +25,10 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	h := &h1WebSocket{s: c.s, inst: c.route.Instance, release: c.release}
 	sp := &h.sp
 	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
+
+	// The record's method, path, user agent and referer become strings
+	// before the buffer of the request head goes back to its pool below.
+	c.rec.detach()
 
 	// Bytes that arrived with the heads belong to the stream: those read
 	// with the request head, then those the client watch read while the
@@ -49,16 +53,12 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 		pending: appPending, pool: &c.s.bufPool, poller: &c.s.idle}
 	sp.pumps = [2]*wsPump{up, down}
 	sp.running.Store(2)
-	// The WebSocket's access-log record: the upgrade request's, with
-	// strings in place of the head's bytes (its buffer is reused).
+	// The WebSocket's access-log record: the upgrade request's (detached
+	// above).
 	h.rec, h.ci = c.rec, c.ci
 	rec := &h.rec
 	rec.upgraded(101, h.inst)
 	rec.timings(&c.x)
-	if rec.mb != nil {
-		rec.ms, rec.ps = string(rec.mb), string(pathPart(rec.pb))
-		rec.mb, rec.pb = nil, nil
-	}
 	sp.onDone = h.end
 	c.s.m.websocketsActive.Inc()
 

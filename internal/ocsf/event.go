@@ -120,6 +120,10 @@ type Request struct {
 	HTTPMethod string `json:"http_method,omitempty"`
 	URL        *URL   `json:"url,omitempty"`
 	Version    string `json:"version,omitempty"`
+	// UID is the request's id (X-Request-Id).
+	UID       string `json:"uid,omitempty"`
+	UserAgent string `json:"user_agent,omitempty"`
+	Referrer  string `json:"referrer,omitempty"`
 }
 
 // URL is a url object, without query string.

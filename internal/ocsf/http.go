@@ -63,6 +63,12 @@ type HTTP struct {
 	Connect, FirstByte time.Duration
 	Route              RouteRef
 	Protocol           string // h1, h2 or ws
+	// RequestID is the request's id (http_request.uid): the X-Request-Id
+	// the app and the client saw.
+	RequestID string
+	// UserAgent and Referrer are the client's (the referrer without its
+	// query: it is stripped again here); "" when it sent none.
+	UserAgent, Referrer string
 }
 
 // HTTPActivity is the HTTP Activity (4002) record of h.
@@ -94,15 +100,17 @@ func HTTPActivity(h *HTTP) *Event {
 	}
 	e.SrcEndpoint = endpointOf(h.Src, "")
 	e.DstEndpoint = endpointOf(h.Dst, h.Host)
-	if method != "" {
-		req := &Request{Version: h.Version}
+	if method != "" || h.RequestID != "" {
+		req := &Request{Version: h.Version, UID: h.RequestID, UserAgent: h.UserAgent, Referrer: pathOnly(h.Referrer)}
 		if httpRequestMethods[method] {
 			req.HTTPMethod = method
 		}
-		path := pathOnly(h.Path)
-		req.URL = &URL{Scheme: "https", Hostname: h.Host, Path: path}
-		if h.Host != "" && strings.HasPrefix(path, "/") {
-			req.URL.URLString = "https://" + h.Host + path
+		if method != "" {
+			path := pathOnly(h.Path)
+			req.URL = &URL{Scheme: "https", Hostname: h.Host, Path: path}
+			if h.Host != "" && strings.HasPrefix(path, "/") {
+				req.URL.URLString = "https://" + h.Host + path
+			}
 		}
 		e.HTTPRequest = req
 	}
