@@ -267,12 +267,12 @@ func TestForwardedPortPageURL(t *testing.T) {
 // HTTP/2: the public port comes from what the client named, not from the
 // supervisor's socket.
 func TestForwardedPortPageURLThroughEdge(t *testing.T) {
-	pki := discNewPKI(t)
+	pki := newSupervisorPKI(t)
 	app := newPageURLApp(t)
-	gw := discStartGateway(t, map[string][]discInst{"sup-1": {{"demo", map[string]int{"web": app.port}}}})
-	sup := discStartSup(t, gw, pki, "sup-1", 101, "--require-proxy-protocol", "127.0.0.1/32")
-	testutil.Eventually(t, waitTimeout, "the route in discovery", func() bool { return discGet(t, gw).route(discHostDemo) != nil })
-	edge := discStartEdge(t, gw)
+	gw := newDiscoveryGateway(t, map[string][]discoveryInstance{"sup-1": {{"demo", map[string]int{"web": app.port}}}})
+	sup := gw.startSupervisor(t, pki, "sup-1", 101, "--require-proxy-protocol", "127.0.0.1/32")
+	testutil.Eventually(t, waitTimeout, "the route in discovery", func() bool { return gw.snapshot(t).route(demoHost) != nil })
+	edge := gw.startEdge(t)
 	_, edgePort, err := net.SplitHostPort(edge.appAddr)
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestForwardedPortPageURLThroughEdge(t *testing.T) {
 	if _, supPort, _ := net.SplitHostPort(sup.appAddr); supPort == edgePort {
 		t.Fatalf("the edge and the supervisor share port %s: the test needs two", edgePort)
 	}
-	ids := loadPages(t, &tls.Config{RootCAs: pki.pool, ServerName: discHostDemo}, discHostDemo, edgePort)
+	ids := loadPages(t, &tls.Config{RootCAs: pki.pool, ServerName: demoHost}, demoHost, edgePort)
 	app.mu.Lock()
 	defer app.mu.Unlock()
 	if strings.Join(app.seen, ",") != strings.Join(ids, ",") {
