@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // Services that declare "protocol": "h2c" (gRPC servers and other apps
@@ -285,7 +286,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 	}
 	out := make([]h2engine.HeaderField, 0, n)
 	for k, vv := range h {
-		name := strings.ToLower(k)
+		name := httpgrammar.ToLower(k)
 		for _, v := range vv {
 			out = append(out, h2engine.HeaderField{Name: name, Value: v})
 		}
@@ -459,7 +460,7 @@ func (b *h2cBody) Read(p []byte) (int, error) {
 		}
 		for _, f := range b.st.es.Trailer {
 			k := http.CanonicalHeaderKey(f.Name)
-			if _, ok := b.trailer[k]; ok && validFieldValue(f.Value) {
+			if _, ok := b.trailer[k]; ok && httpgrammar.ValidFieldValue(f.Value) {
 				b.trailer[k] = append(b.trailer[k], f.Value)
 			}
 		}
@@ -528,7 +529,7 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 	var claims forwardClaims
 	for name, vs := range src {
 		nb := []byte(name)
-		if asciiEqualFold(nb, "te") {
+		if httpgrammar.EqualFold(nb, "te") {
 			if teTrailers(vs) {
 				dst["Te"] = []string{"trailers"}
 			}
@@ -574,10 +575,10 @@ func (s *Server) h2cResponseFields(h, src http.Header, trailer bool, host string
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
 	for k, vv := range src {
 		kb := []byte(k)
-		if hopByHop(kb) && (trailer || !asciiEqualFold(kb, "content-length")) {
+		if hopByHop(kb) && (trailer || !httpgrammar.EqualFold(kb, "content-length")) {
 			continue
 		}
-		if trailer && asciiEqualFold(kb, "host") {
+		if trailer && httpgrammar.EqualFold(kb, "host") {
 			continue
 		}
 		switch k {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // WebSockets over HTTP/2 (RFC 8441). The client opens a stream with an
@@ -167,7 +169,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 // resp, or "".
 func headerValue(resp *response, name string) string {
 	for i := range resp.fields {
-		if asciiEqualFold(resp.fields[i].name, name) {
+		if httpgrammar.EqualFold(resp.fields[i].name, name) {
 			return string(resp.fields[i].value)
 		}
 	}
