@@ -116,14 +116,20 @@ func TrimOWS[T ~string | ~[]byte](p T) T {
 	return p
 }
 
+// lower maps each byte to itself, but 'A'-'Z' to 'a'-'z'.
+var lower = func() (t [256]byte) {
+	for c := range t {
+		t[c] = byte(c)
+		if 'A' <= c && c <= 'Z' {
+			t[c] += 'a' - 'A'
+		}
+	}
+	return t
+}()
+
 // Lower returns c with an ASCII upper-case letter folded to lower case;
 // every other byte is returned as it is.
-func Lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
+func Lower(c byte) byte { return lower[c] }
 
 // EqualFold reports whether a and b are equal, ASCII case aside (Lower on
 // each byte). Non-ASCII bytes must be equal exactly.
@@ -132,7 +138,7 @@ func EqualFold[A, B ~string | ~[]byte](a A, b B) bool {
 		return false
 	}
 	for i := 0; i < len(a); i++ {
-		if x, y := a[i], b[i]; x != y && Lower(x) != Lower(y) {
+		if lower[a[i]] != lower[b[i]] {
 			return false
 		}
 	}
