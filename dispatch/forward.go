@@ -135,7 +135,7 @@ func hasPrefixFold(a []byte, lower string) bool {
 
 func connectionNamed(name []byte, tokens [][]byte) bool {
 	for _, t := range tokens {
-		if bytes.EqualFold(name, t) {
+		if httpgrammar.EqualFold(name, t) {
 			return true
 		}
 	}

@@ -562,7 +562,7 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 // teTrailers reports whether TE names exactly "trailers", the only value
 // HTTP/2 allows.
 func teTrailers(vs []string) bool {
-	return len(vs) == 1 && strings.EqualFold(strings.TrimSpace(vs[0]), "trailers")
+	return len(vs) == 1 && httpgrammar.EqualFold(httpgrammar.TrimOWS(vs[0]), "trailers")
 }
 
 // h2cResponseFields copies an h2c app's response header fields (or, with

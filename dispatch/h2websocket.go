@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +53,7 @@ const reasonNoH2WebSocket = "extended CONNECT is only accepted for WebSockets, a
 // the :authority.
 func (st *h2Stream) serveWebSocket() bool {
 	s := st.s
-	if s.cfg.DisableHTTP2WebSockets || !strings.EqualFold(st.es.Protocol, "websocket") || st.es.Method != http.MethodConnect {
+	if s.cfg.DisableHTTP2WebSockets || !httpgrammar.EqualFold(st.es.Protocol, "websocket") || st.es.Method != http.MethodConnect {
 		st.deny(denial{status: 405, reason: reasonNoH2WebSocket})
 		return false
 	}
