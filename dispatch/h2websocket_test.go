@@ -622,15 +622,7 @@ func TestH2WebSocketDisabled(t *testing.T) {
 	if v := settings[http2.SettingMaxConcurrentStreams]; v != H2MaxConcurrentStreams {
 		t.Errorf("MAX_CONCURRENT_STREAMS = %d after the rewrite; want %d", v, H2MaxConcurrentStreams)
 	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", "websocket"}, {":scheme", "https"},
-		{":path", "/echo"}, {":authority", h2wsHost}, {"sec-websocket-version", "13"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	writeExtendedConnect(t, fr, 1, "websocket")
 	for done := false; !done; {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -690,15 +682,7 @@ func TestH2WebSocketProtocolFoldIsASCII(t *testing.T) {
 	_, fr, _ := e.rawSettings(h2wsHost)
 	status := func(id uint32, protocol string) string {
 		t.Helper()
-		var hb bytes.Buffer
-		enc := hpack.NewEncoder(&hb)
-		for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "https"},
-			{":path", "/echo"}, {":authority", h2wsHost}, {"sec-websocket-version", "13"}} {
-			_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-		}
-		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-			t.Fatal(err)
-		}
+		writeExtendedConnect(t, fr, id, protocol)
 		for {
 			f, err := fr.ReadFrame()
 			if err != nil {
@@ -729,5 +713,20 @@ func TestH2WebSocketProtocolFoldIsASCII(t *testing.T) {
 	case <-app.upgrades:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the app saw no upgrade for :protocol WebSocket")
+	}
+}
+
+// writeExtendedConnect sends, on stream id, an extended CONNECT for
+// h2wsHost's /echo with the given :protocol.
+func writeExtendedConnect(t *testing.T, fr *http2.Framer, id uint32, protocol string) {
+	t.Helper()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "https"},
+		{":path", "/echo"}, {":authority", h2wsHost}, {"sec-websocket-version", "13"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
 	}
 }
