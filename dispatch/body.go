@@ -157,7 +157,7 @@ func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64
 				if len(tl) == 0 {
 					break
 				}
-				if n > 64 || tl[0] == ' ' || tl[0] == '\t' || bytes.IndexByte(tl, ':') <= 0 || !httpgrammar.ValidFieldValue(tl) {
+				if n > 64 || httpgrammar.IsOWS(tl[0]) || bytes.IndexByte(tl, ':') <= 0 || !httpgrammar.ValidFieldValue(tl) {
 					return total, errBadChunk
 				}
 			}

@@ -72,7 +72,7 @@ func parseFields(dst []headField, p []byte, maxFields int) ([]headField, error) 
 		if len(line) == 0 {
 			return dst, badRequest("malformed header section")
 		}
-		if line[0] == ' ' || line[0] == '\t' {
+		if httpgrammar.IsOWS(line[0]) {
 			return dst, badRequest("obsolete line folding is not allowed")
 		}
 		colon := bytes.IndexByte(line, ':')

@@ -179,7 +179,7 @@ func refreshURLStart(v []byte) int {
 }
 
 func skipWS(v []byte, i int) int {
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
+	for i < len(v) && httpgrammar.IsOWS(v[i]) {
 		i++
 	}
 	return i
