@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"strconv"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 var (
@@ -155,7 +157,7 @@ func copyChunked(w io.Writer, in *inbuf, encode bool, flush func() error) (int64
 				if len(tl) == 0 {
 					break
 				}
-				if n > 64 || tl[0] == ' ' || tl[0] == '\t' || bytes.IndexByte(tl, ':') <= 0 || !validFieldValue(tl) {
+				if n > 64 || httpgrammar.IsOWS(tl[0]) || bytes.IndexByte(tl, ':') <= 0 || !httpgrammar.ValidFieldValue(tl) {
 					return total, errBadChunk
 				}
 			}
@@ -214,7 +216,7 @@ func flushBeforeLine(in *inbuf, flush func() error) error {
 // whitespace before the extension.
 func parseChunkSize(line []byte) (int64, bool) {
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
-		if !validFieldValue(line[i+1:]) {
+		if !httpgrammar.ValidFieldValue(line[i+1:]) {
 			return 0, false
 		}
 		line = line[:i]

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // App cookies are host-only by default. Every sandbox of an app domain is
@@ -26,7 +28,7 @@ func (s *Server) scopeCookies(resp *response, host string, pool *backendPool) {
 	removed := 0
 	for i := range resp.fields {
 		f := &resp.fields[i]
-		if !asciiEqualFold(f.name, "set-cookie") {
+		if !httpgrammar.EqualFold(f.name, "set-cookie") {
 			continue
 		}
 		if v, n := hostOnlyCookie(f.value, host); n > 0 {
@@ -83,19 +85,19 @@ func hostOnlyCookie(v []byte, host string) ([]byte, int) {
 // foreignDomain reports whether the cookie attribute a is a Domain
 // attribute whose value is not host.
 func foreignDomain(a []byte, host string) bool {
-	a = trimOWS(a)
+	a = httpgrammar.TrimOWS(a)
 	name, value, ok := bytes.Cut(a, []byte("="))
 	if !ok {
 		// A bare "Domain" is ignored by browsers (RFC 6265 §5.2.3 needs a
 		// value); drop it too, so no reading of it can widen the scope.
-		return asciiEqualFold(trimOWS(a), "domain")
+		return httpgrammar.EqualFold(httpgrammar.TrimOWS(a), "domain")
 	}
-	if !asciiEqualFold(trimOWS(name), "domain") {
+	if !httpgrammar.EqualFold(httpgrammar.TrimOWS(name), "domain") {
 		return false
 	}
-	value = trimOWS(value)
+	value = httpgrammar.TrimOWS(value)
 	if len(value) > 0 && value[0] == '.' {
 		value = value[1:]
 	}
-	return !asciiEqualFold(value, host)
+	return !httpgrammar.EqualFold(value, host)
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 
+	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -39,25 +40,25 @@ import (
 func hopByHop(name []byte) bool {
 	switch len(name) {
 	case 2:
-		return asciiEqualFold(name, "te")
+		return httpgrammar.EqualFold(name, "te")
 	case 5:
 		// Not hop-by-hop, but CGI servers turn it into HTTP_PROXY, which
 		// many HTTP clients take as their outbound proxy ("httpoxy").
-		return asciiEqualFold(name, "proxy")
+		return httpgrammar.EqualFold(name, "proxy")
 	case 7:
-		return asciiEqualFold(name, "trailer") || asciiEqualFold(name, "upgrade")
+		return httpgrammar.EqualFold(name, "trailer") || httpgrammar.EqualFold(name, "upgrade")
 	case 10:
-		return asciiEqualFold(name, "connection") || asciiEqualFold(name, "keep-alive")
+		return httpgrammar.EqualFold(name, "connection") || httpgrammar.EqualFold(name, "keep-alive")
 	case 14:
-		return asciiEqualFold(name, "content-length")
+		return httpgrammar.EqualFold(name, "content-length")
 	case 16:
-		return asciiEqualFold(name, "proxy-connection")
+		return httpgrammar.EqualFold(name, "proxy-connection")
 	case 17:
-		return asciiEqualFold(name, "transfer-encoding")
+		return httpgrammar.EqualFold(name, "transfer-encoding")
 	case 18:
-		return asciiEqualFold(name, "proxy-authenticate")
+		return httpgrammar.EqualFold(name, "proxy-authenticate")
 	case 19:
-		return asciiEqualFold(name, "proxy-authorization")
+		return httpgrammar.EqualFold(name, "proxy-authorization")
 	}
 	return false
 }
@@ -114,13 +115,10 @@ func underscoreDropped(name []byte, allow bool) bool {
 
 // foldDash lower-cases an ASCII letter and maps '_' to '-'.
 func foldDash(c byte) byte {
-	switch {
-	case 'A' <= c && c <= 'Z':
-		return c + 'a' - 'A'
-	case c == '_':
+	if c == '_' {
 		return '-'
 	}
-	return c
+	return httpgrammar.Lower(c)
 }
 
 func equalFoldDash(a []byte, lower string) bool {
@@ -141,7 +139,7 @@ func hasPrefixFold(a []byte, lower string) bool {
 
 func connectionNamed(name []byte, tokens [][]byte) bool {
 	for _, t := range tokens {
-		if bytes.EqualFold(name, t) {
+		if httpgrammar.EqualFold(name, t) {
 			return true
 		}
 	}
@@ -322,7 +320,7 @@ type forwardClaims struct {
 // X-Request-Id never passes: the listener sends the request's id (a
 // trusted peer's valid one was made the id before).
 func (c *forwardClaims) keep(fi *forwardInfo, name, value []byte) bool {
-	if asciiEqualFold(name, "host") || hopByHop(name) {
+	if httpgrammar.EqualFold(name, "host") || hopByHop(name) {
 		return false
 	}
 	if underscoreDropped(name, fi.allowUnderscore) {
@@ -436,7 +434,7 @@ func (c *forwardClaims) appendForwarded(dst []byte, fi *forwardInfo) []byte {
 // claims never pass, even from a trusted peer: the listener's own are in
 // the head, and a trailer must not contradict them.
 func (fi *forwardInfo) trailerForwarded(name []byte) bool {
-	return !asciiEqualFold(name, "host") && !hopByHop(name) &&
+	return !httpgrammar.EqualFold(name, "host") && !hopByHop(name) &&
 		!underscoreDropped(name, fi.allowUnderscore) && !forwardingHeader(name)
 }
 

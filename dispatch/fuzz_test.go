@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 func requestSeeds() []string {
@@ -109,13 +111,13 @@ func FuzzParseRequestHead(f *testing.F) {
 
 func checkParsedRequest(t *testing.T, r *request) {
 	t.Helper()
-	if !isToken(r.method) {
+	if !httpgrammar.IsToken(r.method) {
 		t.Fatalf("accepted method %q", r.method)
 	}
-	if !validTarget(r.path) || (r.path[0] != '/' && string(r.path) != "*") {
+	if !httpgrammar.IsVisible(r.path) || (r.path[0] != '/' && string(r.path) != "*") {
 		t.Fatalf("accepted path %q", r.path)
 	}
-	if string(r.path) == "*" && string(r.method) != "OPTIONS" && !asciiEqualFold(r.method, "options") {
+	if string(r.path) == "*" && string(r.method) != "OPTIONS" && !httpgrammar.EqualFold(r.method, "options") {
 		t.Fatalf("asterisk-form with %q", r.method)
 	}
 	switch r.body {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // Services that declare "protocol": "h2c" (gRPC servers and other apps
@@ -288,7 +289,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 	}
 	out := make([]h2engine.HeaderField, 0, n)
 	for k, vv := range h {
-		name := strings.ToLower(k)
+		name := httpgrammar.ToLower(k)
 		for _, v := range vv {
 			out = append(out, h2engine.HeaderField{Name: name, Value: v})
 		}
@@ -462,7 +463,7 @@ func (b *h2cBody) Read(p []byte) (int, error) {
 		}
 		for _, f := range b.st.es.Trailer {
 			k := http.CanonicalHeaderKey(f.Name)
-			if _, ok := b.trailer[k]; ok && validFieldValue(f.Value) {
+			if _, ok := b.trailer[k]; ok && httpgrammar.ValidFieldValue(f.Value) {
 				b.trailer[k] = append(b.trailer[k], f.Value)
 			}
 		}
@@ -532,7 +533,7 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 	var claims forwardClaims
 	for name, vs := range src {
 		nb := []byte(name)
-		if asciiEqualFold(nb, "te") {
+		if httpgrammar.EqualFold(nb, "te") {
 			if teTrailers(vs) {
 				dst["Te"] = []string{"trailers"}
 			}
@@ -571,7 +572,7 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 // teTrailers reports whether TE names exactly "trailers", the only value
 // HTTP/2 allows.
 func teTrailers(vs []string) bool {
-	return len(vs) == 1 && strings.EqualFold(strings.TrimSpace(vs[0]), "trailers")
+	return len(vs) == 1 && httpgrammar.EqualFold(httpgrammar.TrimOWS(vs[0]), "trailers")
 }
 
 // h2cResponseFields copies an h2c app's response header fields (or, with
@@ -584,10 +585,10 @@ func (s *Server) h2cResponseFields(h, src http.Header, trailer bool, host string
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
 	for k, vv := range src {
 		kb := []byte(k)
-		if hopByHop(kb) && (trailer || !asciiEqualFold(kb, "content-length")) {
+		if hopByHop(kb) && (trailer || !httpgrammar.EqualFold(kb, "content-length")) {
 			continue
 		}
-		if trailer && asciiEqualFold(kb, "host") {
+		if trailer && httpgrammar.EqualFold(kb, "host") {
 			continue
 		}
 		switch k {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
+	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -288,7 +289,7 @@ func (st *h2Stream) buildRequest(method, wsKey string) (*request, *parseError) {
 		start := len(arena)
 		arena = appendCanonical(arena, f.Name)
 		nb := arena[start:len(arena):len(arena)]
-		if !isToken(nb) {
+		if !httpgrammar.IsToken(nb) {
 			return nil, &parseError{400, "invalid header name"}
 		}
 		vstart := len(arena)
@@ -303,7 +304,7 @@ func (st *h2Stream) buildRequest(method, wsKey string) (*request, *parseError) {
 			}
 		}
 		vb := arena[vstart:len(arena):len(arena)]
-		if !validFieldValue(vb) {
+		if !httpgrammar.ValidFieldValue(vb) {
 			return nil, &parseError{400, "invalid byte in header value"}
 		}
 		req.fields = append(req.fields, headField{nb, vb})
@@ -311,7 +312,7 @@ func (st *h2Stream) buildRequest(method, wsKey string) (*request, *parseError) {
 		case "accept":
 			req.accept = vb
 		case "expect":
-			st.expect = asciiEqualFold(vb, "100-continue")
+			st.expect = httpgrammar.EqualFold(vb, "100-continue")
 		}
 	}
 	if wsKey != "" {
@@ -344,26 +345,6 @@ func appendCanonical(dst []byte, name string) []byte {
 		dst = append(dst, c)
 	}
 	return dst
-}
-
-// isTokenString is isToken for a string.
-func isTokenString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !tokenTable[s[i]] {
-			return false
-		}
-	}
-	return len(s) > 0
-}
-
-// validTargetString is validTarget for a string.
-func validTargetString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= 0x20 || c >= 0x7f {
-			return false
-		}
-	}
-	return len(s) > 0
 }
 
 // attach makes bc the stream's app connection: revocation and the end of
@@ -562,7 +543,7 @@ func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64
 	sp := spans[:0]
 	for i := range resp.fields {
 		f := &resp.fields[i]
-		isLength := asciiEqualFold(f.name, "content-length")
+		isLength := httpgrammar.EqualFold(f.name, "content-length")
 		if hopByHop(f.name) || connectionNamed(f.name, resp.connTokens) {
 			if !keepLength || !isLength {
 				continue
@@ -580,10 +561,7 @@ func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64
 		var s span
 		s.name[0] = len(b)
 		for _, c := range f.name {
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			b = append(b, c)
+			b = append(b, httpgrammar.Lower(c))
 		}
 		s.name[1] = len(b)
 		s.value[0] = len(b)
@@ -734,7 +712,7 @@ func (st *h2Stream) deny(d denial) {
 	}
 	es := st.es
 	accept := fieldValue(es.Header, "accept")
-	navigate := asciiEqualFold([]byte(fieldValue(es.Header, "sec-fetch-mode")), "navigate")
+	navigate := httpgrammar.EqualFold([]byte(fieldValue(es.Header, "sec-fetch-mode")), "navigate")
 	st.ended = writeH2Error(es, d, accept, navigate, es.Method == "HEAD", st.rec.id.bytes()) == nil
 	if d.close {
 		st.hc.shutdown()

@@ -9,10 +9,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // WebSockets over HTTP/2 (RFC 8441). The client opens a stream with an
@@ -52,7 +53,7 @@ const reasonNoH2WebSocket = "extended CONNECT is only accepted for WebSockets, a
 // the :authority.
 func (st *h2Stream) serveWebSocket() bool {
 	s := st.s
-	if s.cfg.DisableHTTP2WebSockets || !strings.EqualFold(st.es.Protocol, "websocket") || st.es.Method != http.MethodConnect {
+	if s.cfg.DisableHTTP2WebSockets || !httpgrammar.EqualFold(st.es.Protocol, "websocket") || st.es.Method != http.MethodConnect {
 		st.deny(denial{status: 405, reason: reasonNoH2WebSocket})
 		return false
 	}
@@ -167,7 +168,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 // resp, or "".
 func headerValue(resp *response, name string) string {
 	for i := range resp.fields {
-		if asciiEqualFold(resp.fields[i].name, name) {
+		if httpgrammar.EqualFold(resp.fields[i].name, name) {
 			return string(resp.fields[i].value)
 		}
 	}

@@ -622,15 +622,7 @@ func TestH2WebSocketDisabled(t *testing.T) {
 	if v := settings[http2.SettingMaxConcurrentStreams]; v != H2MaxConcurrentStreams {
 		t.Errorf("MAX_CONCURRENT_STREAMS = %d after the rewrite; want %d", v, H2MaxConcurrentStreams)
 	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", "websocket"}, {":scheme", "https"},
-		{":path", "/echo"}, {":authority", h2wsHost}, {"sec-websocket-version", "13"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	writeExtendedConnect(t, fr, 1, "websocket")
 	for done := false; !done; {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -675,4 +667,66 @@ func TestH2WebSocketDisabled(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
+}
+
+// TestH2WebSocketProtocolFoldIsASCII: the :protocol of an extended
+// CONNECT is an upgrade token, compared with ASCII case folding only
+// (httpgrammar.EqualFold): "WebSocket" opens a WebSocket, while
+// "web\u017focket" (U+017F, which strings.EqualFold folds onto 's') is
+// answered 405 and never reaches the app.
+func TestH2WebSocketProtocolFoldIsASCII(t *testing.T) {
+	h2Verify(t)
+	e := newH2Env(t, 0, Config{})
+	app := newH2WSApp(t)
+	e.installWS(app, true, "")
+	_, fr, _ := e.rawSettings(h2wsHost)
+	status := func(id uint32, protocol string) string {
+		t.Helper()
+		writeExtendedConnect(t, fr, id, protocol)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf(":protocol %q: waiting for the answer: %v", protocol, err)
+			}
+			switch f := f.(type) {
+			case *http2.MetaHeadersFrame:
+				if f.StreamID == id {
+					return f.PseudoValue("status")
+				}
+			case *http2.RSTStreamFrame:
+				if f.StreamID == id {
+					t.Fatalf(":protocol %q: RST_STREAM %v; want an answer", protocol, f.ErrCode)
+				}
+			}
+		}
+	}
+	if got := status(1, "web\u017focket"); got != "405" {
+		t.Fatalf(`:protocol "web\u017focket" answered %s; want 405`, got)
+	}
+	if n := len(app.upgrades); n != 0 {
+		t.Fatalf("the app saw %d upgrades for a non-ASCII :protocol; want none", n)
+	}
+	if got := status(3, "WebSocket"); got != "200" {
+		t.Fatalf(`:protocol "WebSocket" answered %s; want 200`, got)
+	}
+	select {
+	case <-app.upgrades:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the app saw no upgrade for :protocol WebSocket")
+	}
+}
+
+// writeExtendedConnect sends, on stream id, an extended CONNECT for
+// h2wsHost's /echo with the given :protocol.
+func writeExtendedConnect(t *testing.T, fr *http2.Framer, id uint32, protocol string) {
+	t.Helper()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "https"},
+		{":path", "/echo"}, {":authority", h2wsHost}, {"sec-websocket-version", "13"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
 }

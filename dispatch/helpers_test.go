@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -77,7 +78,7 @@ func headerLines(t testing.TB, out []byte) (start string, fields [][2]string) {
 	start = lines[0]
 	for _, l := range lines[1:] {
 		name, value, ok := strings.Cut(l, ": ")
-		if !ok || name == "" || !isToken([]byte(name)) {
+		if !ok || name == "" || !httpgrammar.IsToken([]byte(name)) {
 			t.Fatalf("malformed produced field line %q in %q", l, out)
 		}
 		fields = append(fields, [2]string{name, value})

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"bytes"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // headField is one header line, slices into the connection's buffer.
@@ -56,69 +58,6 @@ var (
 	crlf     = []byte("\r\n")
 )
 
-// tokenTable marks RFC 9110 tchar bytes.
-var tokenTable = func() (t [256]bool) {
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-	}
-	for c := 'A'; c <= 'Z'; c++ {
-		t[c] = true
-	}
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-func isToken(p []byte) bool {
-	if len(p) == 0 {
-		return false
-	}
-	for _, c := range p {
-		if !tokenTable[c] {
-			return false
-		}
-	}
-	return true
-}
-
-// validFieldValue accepts HTAB, SP, VCHAR and obs-text; it rejects CTLs and
-// DEL. HTTP/1.1 heads (bytes) and HTTP/2 fields (strings) share it.
-func validFieldValue[T ~string | ~[]byte](p T) bool {
-	for i := 0; i < len(p); i++ {
-		if c := p[i]; (c < 0x20 && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-// validTarget accepts visible ASCII only.
-func validTarget(p []byte) bool {
-	if len(p) == 0 {
-		return false
-	}
-	for _, c := range p {
-		if c <= 0x20 || c >= 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-func trimOWS(p []byte) []byte {
-	for len(p) > 0 && (p[0] == ' ' || p[0] == '\t') {
-		p = p[1:]
-	}
-	for len(p) > 0 && (p[len(p)-1] == ' ' || p[len(p)-1] == '\t') {
-		p = p[:len(p)-1]
-	}
-	return p
-}
-
 // parseFields parses header lines (without the final empty line) into
 // fields, appending to dst. It rejects obs-fold, whitespace before the
 // colon, invalid names and values, bare CR or LF, and more than maxFields.
@@ -133,7 +72,7 @@ func parseFields(dst []headField, p []byte, maxFields int) ([]headField, error) 
 		if len(line) == 0 {
 			return dst, badRequest("malformed header section")
 		}
-		if line[0] == ' ' || line[0] == '\t' {
+		if httpgrammar.IsOWS(line[0]) {
 			return dst, badRequest("obsolete line folding is not allowed")
 		}
 		colon := bytes.IndexByte(line, ':')
@@ -141,11 +80,11 @@ func parseFields(dst []headField, p []byte, maxFields int) ([]headField, error) 
 			return dst, badRequest("malformed header line")
 		}
 		name := line[:colon]
-		if !isToken(name) {
+		if !httpgrammar.IsToken(name) {
 			return dst, badRequest("invalid header name")
 		}
-		value := trimOWS(line[colon+1:])
-		if !validFieldValue(value) {
+		value := httpgrammar.TrimOWS(line[colon+1:])
+		if !httpgrammar.ValidFieldValue(value) {
 			return dst, badRequest("invalid byte in header value")
 		}
 		if len(dst) >= maxFields {
@@ -154,24 +93,6 @@ func parseFields(dst []headField, p []byte, maxFields int) ([]headField, error) 
 		dst = append(dst, headField{name, value})
 	}
 	return dst, nil
-}
-
-// asciiEqualFold reports whether a equals the lower-case ASCII string b,
-// ignoring ASCII case in a.
-func asciiEqualFold(a []byte, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		c := a[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // hasToken reports whether the comma-separated list v contains token
@@ -184,7 +105,7 @@ func hasToken(v []byte, token string) bool {
 		} else {
 			part, v = v, nil
 		}
-		if asciiEqualFold(trimOWS(part), token) {
+		if httpgrammar.EqualFold(httpgrammar.TrimOWS(part), token) {
 			return true
 		}
 	}
@@ -219,20 +140,20 @@ func parseConnection(v []byte, tokens [][]byte) (opts connectionOptions, out [][
 	for len(v) > 0 {
 		var part []byte
 		if j := bytes.IndexByte(v, ','); j >= 0 {
-			part, v = trimOWS(v[:j]), v[j+1:]
+			part, v = httpgrammar.TrimOWS(v[:j]), v[j+1:]
 		} else {
-			part, v = trimOWS(v), nil
+			part, v = httpgrammar.TrimOWS(v), nil
 		}
 		switch {
 		case len(part) == 0:
-		case asciiEqualFold(part, "close"):
+		case httpgrammar.EqualFold(part, "close"):
 			opts.close = true
-		case asciiEqualFold(part, "keep-alive"):
+		case httpgrammar.EqualFold(part, "keep-alive"):
 			opts.keepAlive = true
-		case asciiEqualFold(part, "upgrade"):
+		case httpgrammar.EqualFold(part, "upgrade"):
 			opts.upgrade = true
 		default:
-			if !isToken(part) {
+			if !httpgrammar.IsToken(part) {
 				bad = true
 			}
 			tokens = append(tokens, part)

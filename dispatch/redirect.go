@@ -1,6 +1,10 @@
 package dispatch
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
+)
 
 // Redirects to the app's own loopback origin. By default the app sees
 // "Host: 127.0.0.1:PORT" (what dev servers accept), so a framework that
@@ -28,18 +32,18 @@ func (s *Server) rewriteRedirects(resp *response, pool *backendPool, sni string,
 		start := 0
 		switch len(f.name) {
 		case 7:
-			if !asciiEqualFold(f.name, "refresh") {
+			if !httpgrammar.EqualFold(f.name, "refresh") {
 				continue
 			}
 			if start = refreshURLStart(f.value); start < 0 {
 				continue
 			}
 		case 8:
-			if !asciiEqualFold(f.name, "location") {
+			if !httpgrammar.EqualFold(f.name, "location") {
 				continue
 			}
 		case 16:
-			if !asciiEqualFold(f.name, "content-location") {
+			if !httpgrammar.EqualFold(f.name, "content-location") {
 				continue
 			}
 		default:
@@ -75,7 +79,7 @@ func publicURL(v []byte, from, to int, sni string, port int) []byte {
 // follows must start a path, a query or a fragment, or be nothing.
 func loopbackOriginLen(v []byte, hostHeader string, port int) int {
 	const scheme = "http://"
-	if len(v) < len(scheme) || !asciiEqualFold(v[:len(scheme)], scheme) {
+	if len(v) < len(scheme) || !httpgrammar.EqualFold(v[:len(scheme)], scheme) {
 		return 0
 	}
 	end := len(scheme)
@@ -110,7 +114,7 @@ func loopbackOriginLen(v []byte, hostHeader string, port int) int {
 			break
 		}
 	}
-	if !asciiEqualFold(host, "127.0.0.1") && !asciiEqualFold(host, "localhost") && !equalFoldASCII(host, appHost) {
+	if !httpgrammar.EqualFold(host, "127.0.0.1") && !httpgrammar.EqualFold(host, "localhost") && !httpgrammar.EqualFold(host, appHost) {
 		return 0
 	}
 	return end
@@ -146,26 +150,6 @@ func hostPort(host []byte) int {
 	return 0
 }
 
-// equalFoldASCII compares a and b, ASCII letters in any case.
-func equalFoldASCII(a []byte, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		if lowerASCII(a[i]) != lowerASCII(b[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func lowerASCII(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
 // refreshURLStart returns where the URL of a Refresh value starts
 // ("5; url=/next", "0;URL='http://…'", "0, http://…", as browsers read
 // it: the delay, ';' or ',', an optional "url=", an optional quote), or -1
@@ -180,7 +164,7 @@ func refreshURLStart(v []byte) int {
 		return -1
 	}
 	i = skipWS(v, i+1)
-	if i+3 <= len(v) && equalFoldASCII(v[i:i+3], "url") {
+	if i+3 <= len(v) && httpgrammar.EqualFold(v[i:i+3], "url") {
 		if j := skipWS(v, i+3); j < len(v) && v[j] == '=' {
 			i = skipWS(v, j+1)
 		}
@@ -195,7 +179,7 @@ func refreshURLStart(v []byte) int {
 }
 
 func skipWS(v []byte, i int) int {
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
+	for i < len(v) && httpgrammar.IsOWS(v[i]) {
 		i++
 	}
 	return i

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 
+	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -68,7 +69,7 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 	}
 	r.target = rest[:sp2]
 	proto := rest[sp2+1:]
-	if !isToken(r.method) || !validTarget(r.target) {
+	if !httpgrammar.IsToken(r.method) || !httpgrammar.IsVisible(r.target) {
 		return badRequest("malformed request line")
 	}
 	switch string(proto) {
@@ -94,22 +95,22 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 	for i := range r.fields {
 		f := &r.fields[i]
 		switch {
-		case asciiEqualFold(f.name, "host"):
+		case httpgrammar.EqualFold(f.name, "host"):
 			hosts++
 			r.host = f.value
-		case asciiEqualFold(f.name, "content-length"):
+		case httpgrammar.EqualFold(f.name, "content-length"):
 			lengths++
 			n, ok := parseContentLength(f.value)
 			if !ok {
 				return badRequest("invalid Content-Length")
 			}
 			r.length = n
-		case asciiEqualFold(f.name, "transfer-encoding"):
+		case httpgrammar.EqualFold(f.name, "transfer-encoding"):
 			encodings++
-			if !asciiEqualFold(f.value, "chunked") {
+			if !httpgrammar.EqualFold(f.value, "chunked") {
 				return badRequest("unsupported Transfer-Encoding")
 			}
-		case asciiEqualFold(f.name, "connection"):
+		case httpgrammar.EqualFold(f.name, "connection"):
 			var opts connectionOptions
 			var bad bool
 			opts, r.connTokens, bad = parseConnection(f.value, r.connTokens)
@@ -119,21 +120,21 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 			closeToken = closeToken || opts.close
 			keepAlive = keepAlive || opts.keepAlive
 			connUpgrade = connUpgrade || opts.upgrade
-		case asciiEqualFold(f.name, "upgrade"):
+		case httpgrammar.EqualFold(f.name, "upgrade"):
 			if hasToken(f.value, "websocket") {
 				upgradeWS = true
 			}
-		case asciiEqualFold(f.name, "expect"):
-			if asciiEqualFold(f.value, "100-continue") {
+		case httpgrammar.EqualFold(f.name, "expect"):
+			if httpgrammar.EqualFold(f.value, "100-continue") {
 				r.expect = true
 			}
-		case asciiEqualFold(f.name, "accept"):
+		case httpgrammar.EqualFold(f.name, "accept"):
 			r.accept = f.value
-		case asciiEqualFold(f.name, "sec-fetch-mode"):
-			r.navigate = asciiEqualFold(f.value, "navigate")
-		case asciiEqualFold(f.name, "user-agent"):
+		case httpgrammar.EqualFold(f.name, "sec-fetch-mode"):
+			r.navigate = httpgrammar.EqualFold(f.value, "navigate")
+		case httpgrammar.EqualFold(f.name, "user-agent"):
 			r.userAgent = f.value
-		case asciiEqualFold(f.name, "referer"):
+		case httpgrammar.EqualFold(f.name, "referer"):
 			r.referer = f.value
 		case isRequestIDField(f.name):
 			r.requestID = f.value
@@ -169,7 +170,7 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 	case r.target[0] == '/':
 		r.path = r.target
 	case len(r.target) == 1 && r.target[0] == '*':
-		if !asciiEqualFold(r.method, "options") {
+		if !httpgrammar.EqualFold(r.method, "options") {
 			return badRequest("asterisk-form target is only valid for OPTIONS")
 		}
 		r.path = r.target
@@ -193,9 +194,9 @@ func parseRequestHead(r *request, head []byte, maxFields int) error {
 func splitAbsolute(t []byte) (authority, path []byte, ok bool) {
 	var rest []byte
 	switch {
-	case len(t) > 7 && asciiEqualFold(t[:7], "http://"):
+	case len(t) > 7 && httpgrammar.EqualFold(t[:7], "http://"):
 		rest = t[7:]
-	case len(t) > 8 && asciiEqualFold(t[:8], "https://"):
+	case len(t) > 8 && httpgrammar.EqualFold(t[:8], "https://"):
 		rest = t[8:]
 	default:
 		return nil, nil, false
@@ -245,10 +246,10 @@ var (
 // a control byte through, which an HTTP/1.1 request line cannot carry and
 // no app should be handed) and in origin form, or "*" for OPTIONS.
 func h2TargetError(method, target string) *parseError {
-	if !isTokenString(method) {
+	if !httpgrammar.IsToken(method) {
 		return errBadMethod
 	}
-	if target == "" || !validTargetString(target) || (target[0] != '/' && (target != "*" || method != "OPTIONS")) {
+	if target == "" || !httpgrammar.IsVisible(target) || (target[0] != '/' && (target != "*" || method != "OPTIONS")) {
 		return errBadTarget
 	}
 	return nil
@@ -259,10 +260,10 @@ func h2TargetError(method, target string) *parseError {
 // without control bytes (HTTP/2 forbids only NUL, CR and LF; an HTTP/1.1
 // app could not be sent the others, and an h2c app is not either).
 func h2FieldError(name, value string) *parseError {
-	if !isTokenString(name) {
+	if !httpgrammar.IsToken(name) {
 		return errBadFieldName
 	}
-	if !validFieldValue(value) {
+	if !httpgrammar.ValidFieldValue(value) {
 		return errBadFieldValue
 	}
 	return nil

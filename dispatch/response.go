@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"strconv"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // response is one parsed response head from the app.
@@ -43,7 +45,7 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 		return badRequest("malformed status code")
 	}
 	if len(line) > 12 {
-		if line[12] != ' ' || !validFieldValue(line[13:]) {
+		if line[12] != ' ' || !httpgrammar.ValidFieldValue(line[13:]) {
 			return badRequest("malformed status line")
 		}
 		r.reason = line[13:]
@@ -59,27 +61,27 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 	for i := range r.fields {
 		f := &r.fields[i]
 		switch {
-		case asciiEqualFold(f.name, "content-length"):
+		case httpgrammar.EqualFold(f.name, "content-length"):
 			n, ok := parseContentLength(f.value)
 			if !ok || (lengths > 0 && n != r.length) {
 				return badRequest("invalid Content-Length from the app")
 			}
 			lengths++
 			r.length = n
-		case asciiEqualFold(f.name, "transfer-encoding"):
-			if asciiEqualFold(f.value, "chunked") && !chunked {
+		case httpgrammar.EqualFold(f.name, "transfer-encoding"):
+			if httpgrammar.EqualFold(f.value, "chunked") && !chunked {
 				chunked = true
 			} else {
 				badTE = true
 			}
-		case asciiEqualFold(f.name, "connection"):
+		case httpgrammar.EqualFold(f.name, "connection"):
 			// The app's tokens are not checked: they only name fields
 			// that are then not relayed.
 			var opts connectionOptions
 			opts, r.connTokens, _ = parseConnection(f.value, r.connTokens)
 			closeToken = closeToken || opts.close
 			keepAlive = keepAlive || opts.keepAlive
-		case asciiEqualFold(f.name, "upgrade"):
+		case httpgrammar.EqualFold(f.name, "upgrade"):
 			upgrade = hasToken(f.value, "websocket")
 		}
 	}
@@ -130,7 +132,7 @@ func appendResponseHead(dst []byte, r *response, bodyOut bodyKind, closeConn boo
 		if hopByHop(f.name) || connectionNamed(f.name, r.connTokens) {
 			// Keep the app's Content-Length on HEAD and 304 answers: it
 			// describes the representation, not this message's body.
-			if (headRequest || r.status == 304) && asciiEqualFold(f.name, "content-length") {
+			if (headRequest || r.status == 304) && httpgrammar.EqualFold(f.name, "content-length") {
 				dst = appendField(dst, f.name, f.value)
 			}
 			continue

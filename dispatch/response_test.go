@@ -273,3 +273,40 @@ func TestUnitResponseTransferCodingsNotDropped(t *testing.T) {
 		})
 	}
 }
+
+// TestUnitConnectionOptionFoldIsASCII: a response field named in
+// Connection is dropped when the names are equal ASCII case aside
+// (HTTP/1.1 through appendResponseHead; HTTP/2 responses go through the
+// same connectionNamed), and only then: an option with a non-ASCII rune
+// that Unicode folds onto the name (U+212A KELVIN SIGN onto 'k') is not a
+// token and names no field.
+func TestUnitConnectionOptionFoldIsASCII(t *testing.T) {
+	h := head(
+		"HTTP/1.1 200 OK",
+		"Connection: x-INTERNAL, X-\u212aey",
+		"X-Internal: secret",
+		"X-Key: kept",
+		"Content-Length: 0",
+	)
+	_, fields, _ := relayHead(t, h, "GET", false)
+	if got := values(fields, "X-Internal"); got != nil {
+		t.Errorf("X-Internal = %q; want it dropped", got)
+	}
+	if got := values(fields, "X-Key"); !slices.Equal(got, []string{"kept"}) {
+		t.Errorf("X-Key = %q; want it kept", got)
+	}
+	for _, tc := range []struct {
+		name, option string
+		want         bool
+	}{
+		{"X-Internal", "x-internal", true},
+		{"x-internal", "X-INTERNAL", true},
+		{"X-Key", "X-\u212aey", false},
+		{"X-Ks", "X-K\u017f", false},
+		{"X-Key", "X-Ke", false},
+	} {
+		if got := connectionNamed([]byte(tc.name), [][]byte{[]byte("other"), []byte(tc.option)}); got != tc.want {
+			t.Errorf("connectionNamed(%q, %q) = %v; want %v", tc.name, tc.option, got, tc.want)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // MaxNameLen is the maximum length of a workspace, sandbox or service name:
@@ -53,22 +55,11 @@ var (
 // NormalizeHost does not allocate unless the input contains an upper-case
 // letter: otherwise it returns the input or a substring of it.
 func NormalizeHost(host string) (string, bool) {
-	h, upper, ok := trimHost(host)
+	h, ok := trimHost(host)
 	if !ok {
 		return "", false
 	}
-	if !upper {
-		return h, true
-	}
-	b := make([]byte, len(h))
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		b[i] = c
-	}
-	return string(b), true
+	return httpgrammar.ToLower(h), true
 }
 
 // HostMatches reports whether host, a Host header value or a request
@@ -76,44 +67,31 @@ func NormalizeHost(host string) (string, bool) {
 // NormalizeHost): the same rules, with ASCII case ignored. It does not
 // allocate. An empty name never matches.
 func HostMatches[S ~string | ~[]byte](host S, name string) bool {
-	h, _, ok := trimHost(host)
-	if !ok || len(h) != len(name) {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != name[i] {
-			return false
-		}
-	}
-	return true
+	h, ok := trimHost(host)
+	return ok && httpgrammar.EqualFold(h, name)
 }
 
 // trimHost is NormalizeHost without the lower-casing: the host with its
-// port and one trailing dot removed, whether it holds an upper-case
-// letter, and whether it is valid.
-func trimHost[S ~string | ~[]byte](host S) (h S, upper, ok bool) {
+// port and one trailing dot removed, and whether it is valid.
+func trimHost[S ~string | ~[]byte](host S) (h S, ok bool) {
 	if len(host) == 0 {
-		return h, false, false
+		return h, false
 	}
 	h = host
 	bracketed := h[0] == '['
 	if bracketed {
 		end := indexByte(h, ']')
 		if end < 2 { // no ']' or "[]"
-			return h, false, false
+			return h, false
 		}
 		if rest := h[end+1:]; len(rest) != 0 && !isPortSuffix(rest) {
-			return h, false, false
+			return h, false
 		}
 		h = h[:end+1]
 	} else {
 		if i := lastIndexByte(h, ':'); i >= 0 {
 			if !isPortSuffix(h[i:]) {
-				return h, false, false
+				return h, false
 			}
 			h = h[:i]
 		}
@@ -121,21 +99,13 @@ func trimHost[S ~string | ~[]byte](host S) (h S, upper, ok bool) {
 			h = h[:len(h)-1]
 		}
 		if len(h) == 0 || h[len(h)-1] == '.' {
-			return h, false, false
+			return h, false
 		}
 	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		switch {
-		case c <= ' ' || c >= 0x7f:
-			return h, false, false
-		case c == ':' && !bracketed:
-			return h, false, false
-		case 'A' <= c && c <= 'Z':
-			upper = true
-		}
+	if !httpgrammar.IsVisible(h) || (!bracketed && indexByte(h, ':') >= 0) {
+		return h, false
 	}
-	return h, upper, true
+	return h, true
 }
 
 func indexByte[S ~string | ~[]byte](s S, c byte) int {

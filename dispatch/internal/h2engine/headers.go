@@ -8,6 +8,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // What a header block is for.
@@ -226,7 +228,7 @@ func (c *Conn) onField(f hpack.HeaderField) {
 			hb.bad = "pseudo-header field after a regular field"
 			return
 		}
-		if !validValueBytes(f.Value) {
+		if !httpgrammar.ValidFieldValue(f.Value) {
 			hb.bad = "invalid byte in pseudo-header field value"
 			return
 		}
@@ -300,15 +302,13 @@ func checkField(name, value string) string {
 	if name == "" {
 		return "empty header field name"
 	}
-	for i := 0; i < len(name); i++ {
-		if !nameByte[name[i]] {
-			return "invalid header field name"
-		}
+	if !httpgrammar.IsLowerToken(name) {
+		return "invalid header field name"
 	}
-	if !validValueBytes(value) {
+	if !httpgrammar.ValidFieldValue(value) {
 		return "invalid byte in header field value"
 	}
-	if n := len(value); n > 0 && (isSpace(value[0]) || isSpace(value[n-1])) {
+	if n := len(value); n > 0 && (httpgrammar.IsOWS(value[0]) || httpgrammar.IsOWS(value[n-1])) {
 		return "whitespace around a header field value"
 	}
 	switch name {
@@ -320,19 +320,6 @@ func checkField(name, value string) string {
 		}
 	}
 	return ""
-}
-
-func isSpace(b byte) bool { return b == ' ' || b == '\t' }
-
-// validValueBytes reports whether a field value is free of control bytes
-// other than HTAB (httpguts.ValidHeaderFieldValue).
-func validValueBytes(v string) bool {
-	for i := 0; i < len(v); i++ {
-		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // validTrailerName reports whether a field may be sent as a trailer
@@ -350,20 +337,6 @@ func validTrailerName(name string) bool {
 	}
 	return !strings.HasPrefix(name, "if-")
 }
-
-// nameByte: the bytes of a field name, tchar without uppercase.
-var nameByte = func() (t [256]bool) {
-	for b := 'a'; b <= 'z'; b++ {
-		t[b] = true
-	}
-	for b := '0'; b <= '9'; b++ {
-		t[b] = true
-	}
-	for _, b := range "!#$%&'*+-.^_`|~" {
-		t[b] = true
-	}
-	return t
-}()
 
 // parseLength parses a content-length value.
 func parseLength(s string) (int64, bool) {
@@ -474,7 +447,7 @@ func (c *Conn) checkAuthority(hb *headerBlock) string {
 	switch {
 	case hb.hosts > 1:
 		return "more than one host field"
-	case hb.hosts == 1 && hb.pseudo&pseudoAuthority != 0 && !asciiEqualFold(hb.host, authority):
+	case hb.hosts == 1 && hb.pseudo&pseudoAuthority != 0 && !httpgrammar.EqualFold(hb.host, authority):
 		return "host field differs from :authority"
 	case hb.hosts == 1 && hb.pseudo&pseudoAuthority == 0:
 		authority = hb.host
@@ -512,26 +485,6 @@ func checkPath(method, path string) string {
 
 func isHex(b byte) bool {
 	return ('0' <= b && b <= '9') || ('a' <= b && b <= 'f') || ('A' <= b && b <= 'F')
-}
-
-// asciiEqualFold reports whether a and b are equal, ASCII case aside.
-func asciiEqualFold(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 // endTrailers completes a request with its trailers.

@@ -5,11 +5,12 @@ import (
 	"net"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/internal/httpgrammar"
 )
 
 // The write path. Every goroutine that writes (stream handlers, the
@@ -228,24 +229,13 @@ func (c *Conn) encodeFields(fields []HeaderField) {
 		if f.Name == "" || f.Name[0] == ':' {
 			continue
 		}
-		if hasUpper(f.Name) {
-			f.Name = strings.ToLower(f.Name)
-		}
+		f.Name = httpgrammar.ToLower(f.Name)
 		switch f.Name {
 		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 			continue
 		}
 		_ = c.enc.WriteField(f)
 	}
-}
-
-func hasUpper(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if 'A' <= s[i] && s[i] <= 'Z' {
-			return true
-		}
-	}
-	return false
 }
 
 // statusTexts holds the :status values, to spare a conversion per
