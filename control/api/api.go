@@ -19,6 +19,12 @@ import (
 	"strings"
 )
 
+// SessionOrderHeader is the gateway's response header that tells a
+// supervisor the order of its session (a decimal integer); the supervisor
+// sends it back as ?order= with every request, and the gateway refuses a
+// session whose order is below the current session's (it was superseded).
+const SessionOrderHeader = "X-Applistener-Session-Order"
+
 // ReadLine reads one NDJSON line of at most max bytes.
 func ReadLine(br *bufio.Reader, max int) ([]byte, error) {
 	var buf []byte

@@ -126,7 +126,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
 		return
 	}
-	qsid, ok := requestSession(r)
+	qsid, order, ok := requestSession(r)
 	switch {
 	case !ok || !validSessionID(sid):
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
@@ -144,7 +144,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
 	defer cancel()
 	source := remoteIP(r)
-	out := g.touchSession(ctx, sup, sid, source)
+	out := g.touchSession(ctx, sup, sid, order, source)
 	if out.code != 0 {
 		g.failSession(w, endpoint, out)
 		return
@@ -213,6 +213,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 		g.unavailable(w, endpoint, "the store cannot be written")
 		return
 	}
+	setSessionOrder(w, out)
 	w.WriteHeader(http.StatusNoContent)
 	g.m.request(endpoint, http.StatusNoContent)
 	g.log.Debug("gateway installations stored", "supervisor", sup, "installations", len(adv.installations), "session", sid)
@@ -227,7 +228,7 @@ func (g *Gateway) serveWithdraw(w http.ResponseWriter, r *http.Request) {
 	if g.authorize(w, r, endpoint, sup) == nil {
 		return
 	}
-	sid, ok := requestSession(r)
+	sid, _, ok := requestSession(r)
 	if !ok {
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
 		return

@@ -18,6 +18,7 @@ import (
 type gatewayWatcher struct {
 	supervisor string
 	session    string // the request's session id ("" for none)
+	order      int64  // the session's order
 	pool       bool   // opened with a pool token
 	digest     [sha256.Size]byte
 	notify     chan struct{} // capacity 1: "pending has a document"
@@ -51,7 +52,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	if tok == nil {
 		return
 	}
-	sid, ok := requestSession(r)
+	sid, order, ok := requestSession(r)
 	if !ok {
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
 		return
@@ -73,16 +74,18 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
-	out := g.touchSession(ctx, sup, sid, remoteIP(r))
+	out := g.touchSession(ctx, sup, sid, order, remoteIP(r))
 	cancel()
 	if out.code != 0 {
 		g.failSession(w, endpoint, out)
 		return
 	}
+	setSessionOrder(w, out)
 	if watch {
 		g.serveWatch(w, r, &gatewayWatcher{
 			supervisor: sup,
 			session:    sid,
+			order:      out.order,
 			pool:       tok.pool != "",
 			digest:     tok.digest,
 			notify:     make(chan struct{}, 1),
@@ -166,7 +169,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 	renew := func(parent context.Context) sessionOutcome {
 		ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
 		defer cancel()
-		return g.touchSession(ctx, sup, wt.session, source)
+		return g.touchSession(ctx, sup, wt.session, wt.order, source)
 	}
 	end := func(reason string, err error) {
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}

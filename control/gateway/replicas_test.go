@@ -63,8 +63,9 @@ func TestReplicasDiscovery(t *testing.T) {
 // other.
 func TestReplicasWriteAPIAndSupersession(t *testing.T) {
 	_, a, b := twoReplicas(t, 1, replicaOptions{})
-	stream, _ := b.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	stream, streamResp := b.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
 	first := stream.nextDocument(2 * time.Second)
+	order := sessionOrder(t, streamResp)
 	if !strings.Contains(first.text, `"sandbox":"demo"`) {
 		t.Fatalf("first document %q", first.text)
 	}
@@ -95,8 +96,27 @@ func TestReplicasWriteAPIAndSupersession(t *testing.T) {
 		t.Fatalf("poll of the new session: %d %q", resp.StatusCode, body)
 	}
 	stream.waitEnd(2 * time.Second)
-	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), discTokSup1, nil); resp.StatusCode != http.StatusConflict {
+	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1)+"&order="+order, discTokSup1, nil); resp.StatusCode != http.StatusConflict {
 		t.Errorf("the superseded session on B: %d", resp.StatusCode)
+	}
+}
+
+// A session superseded by 100 later sessions, opened on either replica,
+// never takes its supervisor id back on either (issue 23), also once its
+// own record would long have been forgotten by a bounded memory.
+func TestReplicasSupersededByManyNeverReturns(t *testing.T) {
+	_, a, b := twoReplicas(t, 1, replicaOptions{})
+	stream, streamResp := a.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	stream.nextDocument(2 * time.Second)
+	order := sessionOrder(t, streamResp)
+	last := supersedeMany(t, []*replica{a, b}, "sup-1", discTokSup1, 2, 100)
+	stream.waitEnd(2 * time.Second)
+	for _, r := range []*replica{a, b} {
+		checkSuperseded(t, r, "sup-1", discTokSup1, sessionID(1), order)
+		q := "session=" + sessionID(101) + "&order=" + last
+		if resp, body := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?"+q, discTokSup1, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("the current session: %d %q", resp.StatusCode, body)
+		}
 	}
 }
 

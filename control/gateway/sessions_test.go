@@ -3,11 +3,13 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -131,8 +133,9 @@ func TestSessionKeepaliveGrant(t *testing.T) {
 // requests get 409, its advertisement is never published again.
 func TestSessionSupersession(t *testing.T) {
 	r := newMemoryReplica(t, replicaOptions{})
-	old, _ := r.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	old, oldResp := r.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
 	old.nextDocument(time.Second)
+	oldOrder := sessionOrder(t, oldResp)
 	if code := r.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
 		t.Fatalf("advertise: %d", code)
 	}
@@ -150,14 +153,7 @@ func TestSessionSupersession(t *testing.T) {
 	if got := r.snapshot("team", discTokTeam); len(got) != 0 {
 		t.Fatalf("published after supersession: %v", got)
 	}
-	for _, path := range []string{"/v1/supervisors/sup-1/config?session=" + sessionID(1), "/v1/supervisors/sup-1/config?watch=1&session=" + sessionID(1)} {
-		if resp, body := r.do(http.MethodGet, path, discTokSup1, nil); resp.StatusCode != http.StatusConflict {
-			t.Errorf("%s of the superseded session: %d %q", path, resp.StatusCode, body)
-		}
-	}
-	if code := r.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusConflict {
-		t.Errorf("advertisement of the superseded session: %d", code)
-	}
+	checkSuperseded(t, r, "sup-1", discTokSup1, sessionID(1), oldOrder)
 	if code := r.advertise("sup-1", discTokSup1, sessionID(2), webRoute(2)); code != http.StatusNoContent {
 		t.Fatalf("advertisement of the new session: %d", code)
 	}
@@ -171,6 +167,107 @@ func TestSessionSupersession(t *testing.T) {
 	}
 	if code := r.advertise("sup-1", discTokSup1, "", webRoute(3)); code != http.StatusConflict {
 		t.Errorf("advertisement without a session while one holds: %d", code)
+	}
+	if r.metric("applistener_gateway_sessions") != 1 {
+		t.Errorf("sessions gauge %v", r.metric("applistener_gateway_sessions"))
+	}
+}
+
+// sessionOrder returns the order the gateway told a session in resp
+// (SessionOrderHeader); it fails the test when there is none.
+func sessionOrder(t testing.TB, resp *http.Response) string {
+	t.Helper()
+	o := resp.Header.Get(SessionOrderHeader)
+	if n, err := strconv.ParseInt(o, 10, 64); err != nil || n <= 0 {
+		t.Fatalf("%s %q, want a positive integer", SessionOrderHeader, o)
+	}
+	return o
+}
+
+// checkSuperseded checks that session sid of sup, superseded, is refused
+// with 409 on r when it names its order (as the supervisor's client does):
+// its poll, its push stream and its advertisement.
+func checkSuperseded(t testing.TB, r *replica, sup, token, sid, order string) {
+	t.Helper()
+	base := "/v1/supervisors/" + sup
+	q := "session=" + sid + "&order=" + order
+	for _, path := range []string{base + "/config?" + q, base + "/config?watch=1&" + q} {
+		// Only the status is read: a watch that is wrongly accepted
+		// streams on and must not hold the test up.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		_ = resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusConflict {
+			t.Errorf("%s of the superseded session: %d", path, resp.StatusCode)
+		}
+	}
+	resp, body := r.do(http.MethodPut, base+"/installations?order="+order, token, bytes.NewReader(advBody(sid, webRoute(1))))
+	if resp.StatusCode != http.StatusConflict {
+		t.Errorf("advertisement of the superseded session: %d %q", resp.StatusCode, body)
+	}
+}
+
+// supersedeMany opens n sessions of sup one after the other, as n new
+// processes would (each first without an order, then naming the order it
+// was told), spread over the replicas in turn, starting from session id
+// first. It returns the last session's order.
+func supersedeMany(t testing.TB, rs []*replica, sup, token string, first, n int) string {
+	t.Helper()
+	var order string
+	prev := int64(0)
+	for i := range n {
+		r := rs[i%len(rs)]
+		sid := sessionID(first + i)
+		resp, body := r.do(http.MethodGet, "/v1/supervisors/"+sup+"/config?session="+sid, token, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("session %d's first poll: %d %q", i, resp.StatusCode, body)
+		}
+		order = sessionOrder(t, resp)
+		if n, _ := strconv.ParseInt(order, 10, 64); n <= prev {
+			t.Fatalf("session %d got order %d after %d: orders must grow", i, n, prev)
+		} else {
+			prev = n
+		}
+		resp, body = r.do(http.MethodGet, "/v1/supervisors/"+sup+"/config?session="+sid+"&order="+order, token, nil)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(SessionOrderHeader) != order {
+			t.Fatalf("session %d's poll with its order: %d %q, order %q want %q", i, resp.StatusCode, body,
+				resp.Header.Get(SessionOrderHeader), order)
+		}
+	}
+	return order
+}
+
+// A session superseded by 100 later sessions never takes its supervisor id
+// back (issue 23): the gateway decides by the order stored with the
+// session, not by a memory of recent ids.
+func TestSessionSupersededByManyNeverReturns(t *testing.T) {
+	r := newMemoryReplica(t, replicaOptions{})
+	old, oldResp := r.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	old.nextDocument(time.Second)
+	oldOrder := sessionOrder(t, oldResp)
+	last := supersedeMany(t, []*replica{r}, "sup-1", discTokSup1, 2, 100)
+	old.waitEnd(time.Second)
+	checkSuperseded(t, r, "sup-1", discTokSup1, sessionID(1), oldOrder)
+	// The current session still holds and keeps its order.
+	q := "session=" + sessionID(101) + "&order=" + last
+	if resp, body := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?"+q, discTokSup1, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the current session: %d %q", resp.StatusCode, body)
+	}
+	// Every session but the last was superseded, however long ago.
+	for _, i := range []int{2, 50, 99, 100} {
+		resp, _ := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(i)+"&order=1", discTokSup1, nil)
+		if resp.StatusCode != http.StatusConflict {
+			t.Errorf("session %d: %d", i, resp.StatusCode)
+		}
 	}
 	if r.metric("applistener_gateway_sessions") != 1 {
 		t.Errorf("sessions gauge %v", r.metric("applistener_gateway_sessions"))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/applistener/applistener/control/api"
@@ -123,7 +124,9 @@ func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error
 	c := a.Client
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := c.newRequest(ctx, http.MethodPut, c.supervisorURL(gateway, "/installations"), body)
+	q := url.Values{}
+	c.sessionQuery(q)
+	req, err := c.newRequest(ctx, http.MethodPut, c.supervisorURL(gateway, "/installations")+"?"+q.Encode(), body)
 	if err != nil {
 		return err
 	}
@@ -133,6 +136,7 @@ func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error
 		return &api.GatewayConnError{Err: fmt.Errorf("PUT installations: %w", err)}
 	}
 	defer func() { _ = resp.Body.Close() }()
+	c.noteOrder(resp.Header)
 	if resp.StatusCode/100 != 2 {
 		return readStatusError(resp)
 	}

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,11 @@ type GatewayClient struct {
 
 	client    *http.Client
 	endpoints *api.GatewayEndpoints
+	// order is the order the gateway gave this session
+	// (api.SessionOrderHeader), 0 until it said; every request sends it
+	// back (?order=), so that once this session is superseded the gateway
+	// never lets it take the supervisor id back.
+	order     atomic.Int64
 	connected atomic.Bool
 	// withdrawing is set by Withdraw: the session is over, Run reconnects
 	// no more (the gateway would refuse the withdrawn session with 409).
@@ -232,8 +238,25 @@ func (c *GatewayClient) configURL(endpoint string, watch bool) string {
 		q.Set("watch", "1")
 		q.Set("keepalive", c.wantKeepalive().String())
 	}
-	q.Set("session", c.Session)
+	c.sessionQuery(q)
 	return c.supervisorURL(endpoint, "/config") + "?" + q.Encode()
+}
+
+// sessionQuery adds the session and, once the gateway told it, its order
+// to q.
+func (c *GatewayClient) sessionQuery(q url.Values) {
+	q.Set("session", c.Session)
+	if o := c.order.Load(); o > 0 {
+		q.Set("order", strconv.FormatInt(o, 10))
+	}
+}
+
+// noteOrder keeps the session order a gateway's answer tells
+// (api.SessionOrderHeader); answers that do not say leave it.
+func (c *GatewayClient) noteOrder(h http.Header) {
+	if n, err := strconv.ParseInt(h.Get(api.SessionOrderHeader), 10, 64); err == nil && n > 0 {
+		c.order.Store(n)
+	}
 }
 
 // failed moves to the next endpoint when err is a failure of endpoint.
@@ -422,6 +445,7 @@ func (c *GatewayClient) poll(ctx context.Context, endpoint, source string) error
 		return &api.GatewayConnError{Err: err}
 	}
 	defer func() { _ = resp.Body.Close() }()
+	c.noteOrder(resp.Header)
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		c.Sink.Renew()
@@ -599,6 +623,7 @@ func (c *GatewayClient) push(ctx context.Context, endpoint string) (accepted boo
 	if resp.StatusCode != http.StatusOK {
 		return false, readStatusError(resp)
 	}
+	c.noteOrder(resp.Header)
 	granted, explicit := grantedKeepalive(resp.Header)
 	idleFor := c.StreamIdleTimeout
 	if explicit {
@@ -682,7 +707,9 @@ func (c *GatewayClient) Withdraw(ctx context.Context) error {
 func (c *GatewayClient) withdrawAt(ctx context.Context, endpoint string) error {
 	ctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
-	u := c.supervisorURL(endpoint, "/installations") + "?" + url.Values{"session": {c.Session}}.Encode()
+	q := url.Values{}
+	c.sessionQuery(q)
+	u := c.supervisorURL(endpoint, "/installations") + "?" + q.Encode()
 	req, err := c.newRequest(ctx, http.MethodDelete, u, nil)
 	if err != nil {
 		return err
