@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
 )
@@ -146,7 +147,7 @@ func jsonSyntaxError(data []byte) error {
 	}
 	// Offset counts the offending byte.
 	off := min(int(se.Offset), len(data))
-	line := 1 + bytes.Count(data[:off], gatewayNewline)
+	line := 1 + bytes.Count(data[:off], ndjson.Newline)
 	col := max(1, off-bytes.LastIndexByte(data[:off], '\n')-1)
 	return fmt.Errorf("not valid JSON at line %d, column %d: %w", line, col, err)
 }

@@ -5,11 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -275,16 +274,13 @@ type publishedSnapshot struct {
 	err       error     // the snapshot could not be built: 503
 }
 
-// discWatcher is one open discovery watch. pending, ended and reason are
-// guarded by Gateway.mu.
+// discWatcher is one open discovery watch.
 type discWatcher struct {
 	workspace string
 	digest    [sha256.Size]byte
-	notify    chan struct{} // capacity 1: "pending has a snapshot"
-	done      chan struct{} // closed when the stream must end
-	pending   []byte        // the latest snapshot line not yet written, or nil
-	ended     bool
-	reason    string
+	// box hands the stream the latest snapshot line not yet written, and
+	// tells it to end.
+	box *ndjson.Mailbox
 }
 
 type discoveryMetrics struct {
@@ -495,30 +491,18 @@ func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *
 // not be built. g.mu is held.
 func (g *Gateway) discNotifyLocked(ws string, p *publishedSnapshot) {
 	for w := range g.disc.watchers[ws] {
-		if w.ended {
-			continue
-		}
 		if p.err != nil {
 			g.discEndLocked(w, discEndSnapshotFail)
 			continue
 		}
-		w.pending = p.line
-		select {
-		case w.notify <- struct{}{}:
-		default:
-		}
+		w.box.Post(p.line)
 	}
 }
 
 // discEndLocked tells w to end; it reports whether w was still open. g.mu
 // is held.
 func (g *Gateway) discEndLocked(w *discWatcher, reason string) bool {
-	if w.ended {
-		return false
-	}
-	w.ended, w.reason, w.pending = true, reason, nil
-	close(w.done)
-	return true
+	return w.box.End(reason)
 }
 
 // discSnapshotLocked returns the current snapshot of ws, republishing it
@@ -729,16 +713,7 @@ func (g *Gateway) discRemoveWatcher(w *discWatcher) {
 	if d.perToken[w.digest]--; d.perToken[w.digest] <= 0 {
 		delete(d.perToken, w.digest)
 	}
-	g.discEndLocked(w, w.reason)
-}
-
-// discTake returns and clears w's pending line; open is false when w has
-// been told to end, with the reason.
-func (g *Gateway) discTake(w *discWatcher) (line []byte, open bool, reason string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	line, w.pending = w.pending, nil
-	return line, !w.ended, w.reason
+	w.box.End("")
 }
 
 // discStillGranted re-checks a watch's token and the state of discovery;
@@ -762,8 +737,7 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 	wt := &discWatcher{
 		workspace: ws,
 		digest:    digest,
-		notify:    make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		box:       ndjson.NewMailbox(),
 	}
 	first, code, why := g.discAddWatcher(wt)
 	if code != 0 {
@@ -775,34 +749,12 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 	g.dm.watchers.Inc()
 	defer g.dm.watchers.Dec()
 
-	rc := g.startStream(w, endpoint, "")
+	stream := ndjson.Start(w, g.dcfg.sendTimeout)
+	g.m.request(endpoint, http.StatusOK)
 
 	started := time.Now()
 	log := g.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("discovery watch opened")
-	// deadline is the send deadline of the write in progress: a write
-	// that fails after it passed failed because the reader did not read,
-	// whatever error the protocol reports (on HTTP/2 the deadline's timer
-	// resets the stream, and the write may see the reset, not a timeout).
-	var deadline time.Time
-	write := func(line []byte) error {
-		deadline = time.Now().Add(g.dcfg.sendTimeout)
-		if err := rc.SetWriteDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("set write deadline: %w", err)
-		}
-		if _, err := w.Write(line); err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		if err := rc.Flush(); err != nil {
-			return fmt.Errorf("flush: %w", err)
-		}
-		// Clear it: on HTTP/2 a write deadline is a timer that resets the
-		// stream when it fires, even with no write pending.
-		if err := rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("clear write deadline: %w", err)
-		}
-		return nil
-	}
 	end := func(reason string, err error) {
 		g.dm.disconnects.WithLabelValues(reason).Inc()
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
@@ -812,14 +764,14 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 		log.Info("discovery watch ended", attrs...)
 	}
 	writeFailed := func(err error) {
-		if errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline) {
+		if stream.TimedOut(err) {
 			end(discEndSendTimeout, err)
 			return
 		}
 		end(discEndWriteError, err)
 	}
 
-	if err := write(first.line); err != nil {
+	if err := stream.Send(first.line); err != nil {
 		writeFailed(err)
 		return
 	}
@@ -840,9 +792,8 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 		case <-r.Context().Done():
 			end(discEndClient, nil)
 			return
-		case <-wt.done:
-			_, _, reason := g.discTake(wt)
-			end(reason, nil)
+		case <-wt.box.Done():
+			end(wt.box.Reason(), nil)
 			return
 		case <-lifetime.C:
 			end(discEndLifetime, nil)
@@ -853,14 +804,14 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 				return
 			}
 		case <-keepalive.C:
-			if err := write(gatewayKeepaliveLine); err != nil {
+			if err := stream.Send(ndjson.KeepaliveLine); err != nil {
 				writeFailed(err)
 				return
 			}
-		case <-wt.notify:
-			line, open, reason := g.discTake(wt)
+		case <-wt.box.Posted():
+			line, open := wt.box.Take()
 			if !open {
-				end(reason, nil)
+				end(wt.box.Reason(), nil)
 				return
 			}
 			// Published lines are distinct allocations: the same
@@ -868,7 +819,7 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 			if len(line) == 0 || &line[0] == &last[0] {
 				continue
 			}
-			if err := write(line); err != nil {
+			if err := stream.Send(line); err != nil {
 				writeFailed(err)
 				return
 			}

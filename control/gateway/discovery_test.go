@@ -28,6 +28,7 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/internal/controltest"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -328,7 +329,7 @@ func (f *discFixture) watch(ws, token string) *discWatch {
 		defer close(w.lines)
 		br := bufio.NewReaderSize(resp.Body, 1<<20)
 		for {
-			line, err := api.ReadLine(br, 64<<20)
+			line, err := ndjson.ReadLine(br, 64<<20)
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					w.err = err

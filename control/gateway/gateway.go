@@ -66,11 +66,6 @@ const emptyGatewayDocument = `{"revision":"","instances":[]}`
 // emptyPoolDocument is served to a pool member that has no stored document.
 const emptyPoolDocument = `{"revision":"empty","instances":[]}`
 
-var (
-	gatewayKeepaliveLine = []byte(`{"keepalive":true}` + "\n")
-	gatewayNewline       = []byte("\n")
-)
-
 // Config configures a Gateway.
 type Config struct {
 	// ConfigPath is the configuration file:

@@ -4,39 +4,32 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
-// gatewayWatcher is one open watch stream. pending, ended and reason are
-// guarded by Gateway.mu.
+// gatewayWatcher is one open watch stream.
 type gatewayWatcher struct {
 	supervisor string
 	session    string // the request's session id ("" for none)
 	order      int64  // the session's order
 	pool       bool   // opened with a pool token
 	digest     [sha256.Size]byte
-	notify     chan struct{} // capacity 1: "pending has a document"
-	done       chan struct{} // closed when the stream must end
-	pending    []byte        // the latest document not yet written, or nil
-	ended      bool
-	reason     string
+	// box hands the stream the latest document not yet written, and tells
+	// it to end.
+	box *ndjson.Mailbox
 }
 
 // endWatcherLocked tells w to end; it reports whether w was still open.
 // g.mu is held.
 func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
-	if w.ended {
-		return false
-	}
-	w.ended, w.reason, w.pending = true, reason, nil
-	close(w.done)
-	return true
+	return w.box.End(reason)
 }
 
 // serveConfig serves GET /v1/supervisors/{id}/config: a poll (ETag,
@@ -88,8 +81,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 			order:      out.order,
 			pool:       tok.pool != "",
 			digest:     tok.digest,
-			notify:     make(chan struct{}, 1),
-			done:       make(chan struct{}),
+			box:        ndjson.NewMailbox(),
 		}, grant)
 		return
 	}
@@ -107,7 +99,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	g.m.request(endpoint, http.StatusOK)
 	_, _ = w.Write(doc.body)
-	_, _ = w.Write(gatewayNewline)
+	_, _ = w.Write(ndjson.Newline)
 }
 
 // etagMatches applies If-None-Match (weak comparison) to etag.
@@ -144,27 +136,13 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 	defer g.m.watchers.Dec()
 
 	w.Header().Set(KeepaliveHeader, grant.String())
-	rc := g.startStream(w, gwEndpointWatch, first.etag)
+	w.Header().Set("ETag", first.etag)
+	stream := ndjson.Start(w, g.writeTimeout)
+	g.m.request(gwEndpointWatch, http.StatusOK)
 
 	started := time.Now()
 	log := g.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("gateway watch opened", "keepalive", grant)
-	write := func(parts ...[]byte) error {
-		if err := rc.SetWriteDeadline(time.Now().Add(g.writeTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("set write deadline: %w", err)
-		}
-		for _, p := range parts {
-			if _, err := w.Write(p); err != nil {
-				return fmt.Errorf("write: %w", err)
-			}
-		}
-		if err := rc.Flush(); err != nil {
-			return fmt.Errorf("flush: %w", err)
-		}
-		// Clear the deadline: over HTTP/2 a pending one resets an idle stream.
-		_ = rc.SetWriteDeadline(time.Time{})
-		return nil
-	}
 	source := remoteIP(r)
 	renew := func(parent context.Context) sessionOutcome {
 		ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
@@ -184,7 +162,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		}
 	}
 
-	if err := write(first.body, gatewayNewline); err != nil {
+	if err := stream.Send(first.body, ndjson.Newline); err != nil {
 		end("write failed", err)
 		return
 	}
@@ -221,27 +199,27 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		case <-r.Context().Done():
 			end("client gone", nil)
 			return
-		case <-wt.done:
-			end(g.watcherReason(wt), nil)
+		case <-wt.box.Done():
+			end(wt.box.Reason(), nil)
 			return
 		case why := <-superseded:
 			end(why, nil)
 			return
 		case <-ticker.C:
-			if err := write(gatewayKeepaliveLine); err != nil {
+			if err := stream.Send(ndjson.KeepaliveLine); err != nil {
 				end("write failed", err)
 				return
 			}
-		case <-wt.notify:
-			doc, open := g.takePending(wt)
+		case <-wt.box.Posted():
+			doc, open := wt.box.Take()
 			if !open {
-				end(g.watcherReason(wt), nil)
+				end(wt.box.Reason(), nil)
 				return
 			}
 			if doc == nil || bytes.Equal(doc, last) {
 				continue
 			}
-			if err := write(doc, gatewayNewline); err != nil {
+			if err := stream.Send(doc, ndjson.Newline); err != nil {
 				end("write failed", err)
 				return
 			}
@@ -280,40 +258,5 @@ func (g *Gateway) removeWatcher(w *gatewayWatcher) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.watchers, w)
-	if !w.ended {
-		w.ended = true
-		close(w.done)
-	}
-}
-
-// takePending returns and clears w's pending document; open is false when
-// w has been told to end.
-func (g *Gateway) takePending(w *gatewayWatcher) (doc []byte, open bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	doc, w.pending = w.pending, nil
-	return doc, !w.ended
-}
-
-func (g *Gateway) watcherReason(w *gatewayWatcher) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return w.reason
-}
-
-// startStream answers 200 with the headers of a streamed NDJSON watch (no
-// caching, no buffering by proxies in between, etag when not empty) and
-// returns the controller that flushes it.
-func (g *Gateway) startStream(w http.ResponseWriter, endpoint, etag string) *http.ResponseController {
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Accel-Buffering", "no")
-	if etag != "" {
-		h.Set("ETag", etag)
-	}
-	w.WriteHeader(http.StatusOK)
-	g.m.request(endpoint, http.StatusOK)
-	return http.NewResponseController(w)
+	w.box.End("")
 }

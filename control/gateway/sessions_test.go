@@ -16,7 +16,7 @@ import (
 
 	"github.com/applistener/applistener/internal/testutil"
 
-	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
 // openConfigWatch opens a push stream of sup on r with the query (session,
@@ -48,7 +48,7 @@ func (r *replica) discoveryWatch(t *testing.T, ws, token string) *discWatch {
 		defer close(w.lines)
 		br := bufio.NewReaderSize(resp.Body, 1<<20)
 		for {
-			line, err := api.ReadLine(br, 64<<20)
+			line, err := ndjson.ReadLine(br, 64<<20)
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					w.err = err

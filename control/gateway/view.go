@@ -252,18 +252,14 @@ func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]
 		return
 	}
 	for w := range g.watchers {
-		if _, ok := changed[w.supervisor]; !ok || w.ended {
+		if _, ok := changed[w.supervisor]; !ok || w.box.Ended() {
 			continue
 		}
 		d := next.documentFor(w.supervisor, w.pool)
 		if bytes.Equal(d.body, old.documentFor(w.supervisor, w.pool).body) {
 			continue
 		}
-		w.pending = d.body
-		select {
-		case w.notify <- struct{}{}:
-		default:
-		}
+		w.box.Post(d.body)
 	}
 }
 
@@ -274,7 +270,7 @@ func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]
 func (g *Gateway) endSupersededLocked(sup string) {
 	cur, ok := g.sessions[sup]
 	for w := range g.watchers {
-		if w.supervisor != sup || w.session == "" || w.ended || !ok {
+		if w.supervisor != sup || w.session == "" || w.box.Ended() || !ok {
 			continue
 		}
 		switch {

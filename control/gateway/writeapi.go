@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -113,7 +114,7 @@ func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	g.m.request(endpoint, http.StatusOK)
 	_, _ = w.Write(doc.body)
-	_, _ = w.Write(gatewayNewline)
+	_, _ = w.Write(ndjson.Newline)
 }
 
 // serveInstance serves PUT and DELETE of

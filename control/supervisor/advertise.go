@@ -69,7 +69,7 @@ type Advertiser struct {
 // Run advertises until ctx ends. The client must be initialised (Init).
 func (a *Advertiser) Run(ctx context.Context) {
 	changes := a.Table.Subscribe()
-	failures := 0
+	backoff := a.Client.newBackoff()
 	var retry <-chan time.Time
 	var lastSent []byte
 	var lastSentTo string
@@ -100,11 +100,10 @@ func (a *Advertiser) Run(ctx context.Context) {
 					"supervisor", a.Client.SupervisorID, "err", err)
 			}
 			a.Client.failed(gateway, err)
-			retry = time.After(a.Client.backoff(failures))
-			failures++
+			retry = time.After(backoff.Next(0))
 			continue
 		}
-		failures = 0
+		backoff.Reset()
 		if lastErr != "" {
 			a.logger().Info("advertising installations works again", "endpoint", gateway)
 			lastErr = ""
