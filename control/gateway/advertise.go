@@ -315,3 +315,17 @@ func parseInstallations(body []byte) (gatewayAdvertisement, string, error) {
 	}
 	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, sid, nil
 }
+
+// logRejectedInstallations logs the entries of sup's advertisement that
+// were not published, when the set of reasons differs from the last one.
+func (g *Gateway) logRejectedInstallations(sup string, rejected []string, prev string) string {
+	summary := strings.Join(rejected, "; ")
+	if len(rejected) > 0 {
+		g.m.rejected.Add(float64(len(rejected)))
+	}
+	if summary != prev && len(rejected) > 0 {
+		g.log.Warn("advertised installations not published: invalid entries", "supervisor", sup,
+			"rejected", len(rejected), "reasons", api.OneLineReason(summary))
+	}
+	return summary
+}

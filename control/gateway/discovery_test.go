@@ -861,8 +861,8 @@ func TestDiscoveryGrantNarrowedEndsWatch(t *testing.T) {
 		t.Errorf("revoked metric %v", f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndRevoked))
 	}
 
-	// The periodic check alone (a state swap without the reload's
-	// immediate re-check) ends a watch within one period.
+	// The periodic check alone (a state swap fed to discovery without the
+	// reload's immediate re-check) ends a watch within one period.
 	w2 := f.watch("lab", discTokLab)
 	w2.next(time.Second)
 	f.g.mu.Lock()
@@ -875,6 +875,7 @@ func TestDiscoveryGrantNarrowedEndsWatch(t *testing.T) {
 		tokens = append(tokens, tk)
 	}
 	f.g.state.Store(&gatewayState{docs: old.docs, tokens: tokens, grants: old.grants})
+	f.g.feedDiscoveryLocked(map[string]struct{}{})
 	f.g.mu.Unlock()
 	swapped := time.Now()
 	end = w2.waitEnd(2 * time.Second)
@@ -966,7 +967,7 @@ func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
 	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET right after New: %d", resp.StatusCode)
 	}
-	f2.g.discBeat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
+	f2.g.discovery.beat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
 	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("watch with a stalled loop: %d", resp.StatusCode)
 	}
@@ -975,10 +976,11 @@ func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
 // A snapshot too large to serve is refused (503), not truncated.
 func TestDiscoverySnapshotTooLarge(t *testing.T) {
 	f := newDiscFixture(t, discOptions{})
-	f.g.mu.Lock()
-	p := f.g.encodeSnapshot("team", 1, []api.ServiceRoute{{Hostname: strings.Repeat("a", api.MaxDiscoverySnapshotBytes)}})
-	f.g.disc.published["team"] = p
-	f.g.mu.Unlock()
+	d := f.g.discovery
+	d.mu.Lock()
+	p := d.encodeSnapshot("team", 1, []api.ServiceRoute{{Hostname: strings.Repeat("a", api.MaxDiscoverySnapshotBytes)}})
+	d.published["team"] = p
+	d.mu.Unlock()
 	if p.err == nil {
 		t.Fatal("no error for an oversized snapshot")
 	}

@@ -140,8 +140,9 @@ type Gateway struct {
 	policy       endpointPolicy
 	log          *slog.Logger
 	m            *gatewayMetrics
-	dm           *discoveryMetrics
-	dcfg         discoveryConfig
+	// discovery publishes the advertisements; it is fed a view of the
+	// state at each change (feedDiscoveryLocked).
+	discovery *Discovery
 
 	store     store
 	storeKind string // "memory" or "etcd"
@@ -153,11 +154,6 @@ type Gateway struct {
 	// Close when Run never ran.
 	running   atomic.Bool
 	closeOnce sync.Once
-
-	// discBeat is when the discovery loop last ran (Unix nanoseconds), 0
-	// when it is not running; discWake (capacity 1) makes it look again.
-	discBeat atomic.Int64
-	discWake chan struct{}
 
 	// state is the current documents and tokens: immutable, replaced whole,
 	// stored with mu held, loaded without it.
@@ -181,7 +177,8 @@ type Gateway struct {
 	closed   bool
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
-	// of the store; discovery builds on them.
+	// of the store. Each map is replaced, never written, once discovery
+	// was handed it (copy on write).
 	installations map[string]gatewayAdvertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
@@ -192,8 +189,6 @@ type Gateway struct {
 	// policyWarned are the (supervisor, endpoint) pairs already warned
 	// about.
 	policyWarned map[string]struct{}
-	// disc is what discovery publishes.
-	disc discoveryState
 }
 
 // New reads the files and sets up the store. A file that cannot be read
@@ -224,9 +219,6 @@ func New(cfg Config) (*Gateway, error) {
 		policy:        policy,
 		log:           cfg.Logger,
 		m:             newGatewayMetrics(cfg.Registerer),
-		dm:            newDiscoveryMetrics(cfg.Registerer),
-		dcfg:          discoveryConfigFrom(cfg),
-		discWake:      make(chan struct{}, 1),
 		watchers:      make(map[*gatewayWatcher]struct{}),
 		installations: make(map[string]gatewayAdvertisement),
 		sessions:      make(map[string]sessionView),
@@ -234,11 +226,11 @@ func New(cfg Config) (*Gateway, error) {
 		revWake:       make(chan struct{}),
 		policyWarned:  make(map[string]struct{}),
 		fileIDs:       make(map[string]struct{}),
-		disc:          newDiscoveryState(time.Now()),
 	}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
+	g.discovery = newDiscovery(cfg, policy, g.log, g.m, "the gateway's store is not loaded yet")
 	var tokens []gatewayToken
 	if g.configPath != "" {
 		g.configSeen, g.fileDocs, err = loadGatewayConfig(g.configPath)
@@ -276,9 +268,6 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, err
 		}
 	}
-	// Discovery counts as maintained for discoveryStaleAfter before Run
-	// starts its loop, so that requests racing the start are answered.
-	g.discBeat.Store(time.Now().UnixNano())
 	g.log.Info("gateway files loaded", "config", g.configPath, "supervisors", len(g.fileDocs),
 		"tokens_file", g.tokensPath, "tokens", len(tokens), "store", g.storeKind,
 		"session_ttl", g.sessionTTL, "endpoint_policy", g.policy.String())
@@ -297,7 +286,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer g.closeStore()
 	defer wg.Wait()
-	wg.Go(func() { g.runDiscovery(ctx) })
+	wg.Go(func() { g.discovery.run(ctx) })
 	wg.Go(func() { g.store.run(ctx, g) })
 	ticker := time.NewTicker(g.poll)
 	defer ticker.Stop()
@@ -453,9 +442,9 @@ func (g *Gateway) reloadTokensLocked() error {
 	old := g.state.Load()
 	next := &gatewayState{docs: old.docs, tokens: tokens, grants: old.grants}
 	g.state.Store(next)
-	revoked := g.discRevokeLocked(next)
 	// A supervisor may have lost its last token: republish.
-	g.discRepublishLocked(time.Now(), nil)
+	g.feedDiscoveryLocked(nil)
+	revoked := g.discovery.revokeUngranted()
 	for w := range g.watchers {
 		if t := next.lookupDigest(w.digest); !next.grantsSupervisor(t, w.supervisor, g.pools[w.supervisor]) {
 			if g.endWatcherLocked(w, "token revoked") {
@@ -484,11 +473,7 @@ func (g *Gateway) Close() {
 	for w := range g.watchers {
 		g.endWatcherLocked(w, "gateway closing")
 	}
-	for _, set := range g.disc.watchers {
-		for w := range set {
-			g.discEndLocked(w, discEndClosing)
-		}
-	}
+	g.discovery.close()
 }
 
 // Ready reports whether the gateway can answer (its store is loaded and
@@ -530,7 +515,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
 	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
 	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
-	mux.HandleFunc("/v1/workspaces/{ws}/service-routes", g.serveServiceRoutes)
+	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		g.fail(w, gwEndpointOther, http.StatusNotFound, "no such endpoint")
 	})
@@ -539,30 +524,5 @@ func (g *Gateway) Handler() http.Handler {
 
 // fail answers code with a one-line plain-text body "CODE Status: reason".
 func (g *Gateway) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
-	h := w.Header()
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_, _ = fmt.Fprintf(w, "%d %s: %s\n", code, http.StatusText(code), reason)
-	g.m.request(endpoint, code)
-}
-
-// getOrWatch checks that r is a GET and reads its watch parameter; it
-// answers the request itself (405, 400) and returns ok=false when not.
-func (g *Gateway) getOrWatch(w http.ResponseWriter, r *http.Request, getEndpoint, watchEndpoint string) (watch bool, endpoint string, ok bool) {
-	endpoint = getEndpoint
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
-		return false, endpoint, false
-	}
-	switch r.URL.Query().Get("watch") {
-	case "", "0", "false":
-		return false, endpoint, true
-	case "1", "true":
-		return true, watchEndpoint, true
-	}
-	g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
-	return false, endpoint, false
+	failRequest(w, g.m, endpoint, code, reason)
 }

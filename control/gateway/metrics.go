@@ -16,6 +16,7 @@ type gatewayMetrics struct {
 	storeUp         prometheus.Gauge
 	sessions        prometheus.Gauge
 	endpointRefused prometheus.Counter
+	rejected        prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
@@ -41,9 +42,12 @@ func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
 		endpointRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "applistener_gateway_endpoint_policy_refused_total", Help: "Advertised routes whose endpoint the endpoint policy refused (never published).",
 		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_gateway_installations_rejected_total", Help: "Advertised installations not published because they failed validation.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes, m.storeUp, m.sessions, m.endpointRefused)
+		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes, m.storeUp, m.sessions, m.endpointRefused, m.rejected)
 	}
 	return m
 }

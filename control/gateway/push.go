@@ -36,7 +36,7 @@ func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
 // If-None-Match) or, with ?watch=1, a push stream. Both record the
 // request's session (?session=).
 func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointConfig, gwEndpointWatch)
+	watch, endpoint, ok := getOrWatch(w, r, g.m, gwEndpointConfig, gwEndpointWatch)
 	if !ok {
 		return
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"time"
 )
 
 // The view: every replica holds the whole store in memory, in the fields
@@ -67,15 +66,29 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	for sup := range sessions {
 		g.endSupersededLocked(sup)
 	}
-	g.discRepublishLocked(time.Now(), nil)
+	wasUp := g.storeUp.Swap(true)
+	g.feedDiscoveryLocked(nil)
 	g.appliedLocked(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
-	if !g.storeUp.Load() {
-		g.storeUp.Store(true)
+	if !wasUp {
 		g.m.storeUp.Set(1)
 		g.log.Info("gateway store loaded", "store", g.storeKind, "revision", rev, "documents", len(docs),
 			"advertisements", len(ads), "sessions", len(sessions), "pool_bindings", len(pools))
 	}
+}
+
+// feedDiscoveryLocked hands discovery a view of the current state, for it
+// to republish the workspaces in touched (all when nil). g.mu is held; the
+// maps handed over are never written again (storeChanged copies them
+// first).
+func (g *Gateway) feedDiscoveryLocked(touched map[string]struct{}) {
+	g.discovery.update(&discoveryView{
+		state:         g.state.Load(),
+		installations: g.installations,
+		sessions:      g.sessions,
+		pools:         g.pools,
+		unusable:      g.storeUnusable(),
+	}, touched)
 }
 
 // storeChanged applies the store's changes to the view.
@@ -88,6 +101,19 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	docChanged := make(map[string]struct{})
 	touched := make(map[string]struct{}) // supervisors whose publication may change
 	sessionChanged := make(map[string]struct{})
+	// Discovery holds the current maps: write copies.
+	var copied [3]bool
+	for _, ev := range events {
+		kind, _ := splitKey(ev.key)
+		switch {
+		case kind == keyAds && !copied[0]:
+			g.installations, copied[0] = maps.Clone(g.installations), true
+		case kind == keySessions && !copied[1]:
+			g.sessions, copied[1] = maps.Clone(g.sessions), true
+		case kind == keyPools && !copied[2]:
+			g.pools, copied[2] = maps.Clone(g.pools), true
+		}
+	}
 	for _, ev := range events {
 		kind, sup := splitKey(ev.key)
 		switch kind {
@@ -154,9 +180,9 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	for sup := range sessionChanged {
 		g.touchWorkspacesLocked(sup, touched)
 	}
-	if len(touched) > 0 {
-		g.discRepublishLocked(time.Now(), touched)
-	}
+	// Always fed (the view must be the current one), republishing only the
+	// touched workspaces (none when touched is empty).
+	g.feedDiscoveryLocked(touched)
 	g.appliedLocked(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 }
@@ -175,11 +201,7 @@ func (g *Gateway) storeDown(why string) {
 	} else {
 		g.log.Debug("gateway store still unavailable", "store", g.storeKind, "err", why)
 	}
-	for _, set := range g.disc.watchers {
-		for w := range set {
-			g.discEndLocked(w, discEndUnusable)
-		}
-	}
+	g.feedDiscoveryLocked(nil)
 	for w := range g.watchers {
 		g.endWatcherLocked(w, "store unavailable")
 	}
