@@ -18,9 +18,9 @@ import (
 	"github.com/applistener/applistener/control/api"
 )
 
-// gatewayAdvertisement is the last installations body of one supervisor,
+// advertisement is the last installations body of one supervisor,
 // as the view holds it (decoded from its advertisementRecord).
-type gatewayAdvertisement struct {
+type advertisement struct {
 	received      time.Time
 	body          []byte            // compact JSON object
 	installations []json.RawMessage // the "installations" entries
@@ -54,18 +54,18 @@ type advertisementRecord struct {
 }
 
 // decodeAdvertisement decodes a stored advertisement of supervisor sup.
-func decodeAdvertisement(sup string, value []byte, modRev int64) (gatewayAdvertisement, error) {
+func decodeAdvertisement(sup string, value []byte, modRev int64) (advertisement, error) {
 	var rec advertisementRecord
 	if err := json.Unmarshal(value, &rec); err != nil {
-		return gatewayAdvertisement{}, fmt.Errorf("advertisement record: %w", err)
+		return advertisement{}, fmt.Errorf("advertisement record: %w", err)
 	}
 	adv, _, err := parseInstallations(rec.Body)
 	if err != nil {
-		return gatewayAdvertisement{}, err
+		return advertisement{}, err
 	}
 	d, err := hex.DecodeString(rec.Token)
 	if err != nil || len(d) != sha256.Size {
-		return gatewayAdvertisement{}, errors.New("advertisement record: bad token_sha256")
+		return advertisement{}, errors.New("advertisement record: bad token_sha256")
 	}
 	copy(adv.digest[:], d)
 	adv.received, adv.session, adv.source, adv.modRev = rec.Received, rec.Session, rec.Source, modRev
@@ -90,14 +90,14 @@ func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
 		g.serveWithdraw(w, r)
 	default:
 		w.Header().Set("Allow", "PUT, DELETE")
-		g.fail(w, gwEndpointInstallations, http.StatusMethodNotAllowed, "use PUT or DELETE")
+		g.fail(w, endpointInstallations, http.StatusMethodNotAllowed, "use PUT or DELETE")
 	}
 }
 
 // serveAdvertise stores an advertisement: the supervisor's complete set of
 // installed routes, bound to its session and to the token that sent it.
 func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointInstallations
+	const endpoint = endpointInstallations
 	sup := r.PathValue("id")
 	tok := g.authorize(w, r, endpoint, sup)
 	if tok == nil {
@@ -223,7 +223,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 // session: DELETE /v1/supervisors/{id}/installations?session=<sid>, 204
 // also when nothing was stored.
 func (g *Gateway) serveWithdraw(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointWithdraw
+	const endpoint = endpointWithdraw
 	sup := r.PathValue("id")
 	if g.authorize(w, r, endpoint, sup) == nil {
 		return
@@ -279,41 +279,41 @@ func latest(a, b time.Time) time.Time {
 // parseInstallations checks an installations body: a JSON object with an
 // "installations" array of objects and an optional "session" string. Other
 // top-level fields are kept.
-func parseInstallations(body []byte) (gatewayAdvertisement, string, error) {
+func parseInstallations(body []byte) (advertisement, string, error) {
 	if !utf8.Valid(body) {
-		return gatewayAdvertisement{}, "", errors.New("installations: body is not valid UTF-8")
+		return advertisement{}, "", errors.New("installations: body is not valid UTF-8")
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, body); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: not valid JSON: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: not valid JSON: %w", err)
 	}
 	if compact.Len() == 0 || compact.Bytes()[0] != '{' {
-		return gatewayAdvertisement{}, "", errors.New("installations: body must be a JSON object")
+		return advertisement{}, "", errors.New("installations: body must be a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(compact.Bytes(), &top); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	raw, ok := top["installations"]
 	if !ok || len(raw) == 0 || raw[0] != '[' {
-		return gatewayAdvertisement{}, "", errors.New(`installations: body must have an "installations" array`)
+		return advertisement{}, "", errors.New(`installations: body must have an "installations" array`)
 	}
 	var entries []json.RawMessage
 	if err := json.Unmarshal(raw, &entries); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	for i, e := range entries {
 		if len(e) == 0 || e[0] != '{' {
-			return gatewayAdvertisement{}, "", fmt.Errorf("installations[%d]: must be a JSON object", i)
+			return advertisement{}, "", fmt.Errorf("installations[%d]: must be a JSON object", i)
 		}
 	}
 	var sid string
 	if raw, ok := top["session"]; ok {
 		if err := json.Unmarshal(raw, &sid); err != nil {
-			return gatewayAdvertisement{}, "", errors.New(`installations: "session" must be a string`)
+			return advertisement{}, "", errors.New(`installations: "session" must be a string`)
 		}
 	}
-	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, sid, nil
+	return advertisement{body: compact.Bytes(), installations: entries}, sid, nil
 }
 
 // logRejectedInstallations logs the entries of sup's advertisement that

@@ -15,53 +15,53 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// gatewayDocument is one supervisor's configuration document.
-type gatewayDocument struct {
+// document is one supervisor's configuration document.
+type document struct {
 	body   []byte // compact JSON, no newline
 	etag   string // quoted entity tag
 	modRev int64  // the store's revision of it; 0 when not stored
 }
 
-// newGatewayDocument returns the document whose body (compact JSON) is
+// newDocument returns the document whose body (compact JSON) is
 // stored at revision modRev.
-func newGatewayDocument(body []byte, modRev int64) gatewayDocument {
-	return gatewayDocument{body: body, etag: gatewayETag(body, documentRevision(body)), modRev: modRev}
+func newDocument(body []byte, modRev int64) document {
+	return document{body: body, etag: documentETag(body, documentRevision(body)), modRev: modRev}
 }
 
 // documentFor returns the document of supervisor sup; pool members without
 // a stored document get emptyPoolDocument, supervisors with a token of
-// their own emptyGatewayDocument.
-func (s *gatewayState) documentFor(sup string, pool bool) gatewayDocument {
+// their own emptyDocument.
+func (s *stateSnapshot) documentFor(sup string, pool bool) document {
 	if d, ok := s.docs[sup]; ok {
 		return d
 	}
 	if pool {
-		return gatewayDocument{body: []byte(emptyPoolDocument), etag: emptyPoolETag}
+		return document{body: []byte(emptyPoolDocument), etag: emptyPoolETag}
 	}
-	return gatewayDocument{body: []byte(emptyGatewayDocument), etag: emptyGatewayETag}
+	return document{body: []byte(emptyDocument), etag: emptyGatewayETag}
 }
 
 var (
-	emptyGatewayETag = gatewayETag([]byte(emptyGatewayDocument), "")
-	emptyPoolETag    = gatewayETag([]byte(emptyPoolDocument), "empty")
+	emptyGatewayETag = documentETag([]byte(emptyDocument), "")
+	emptyPoolETag    = documentETag([]byte(emptyPoolDocument), "empty")
 )
 
-// loadGatewayConfig reads and parses the configuration file. The identity
+// loadConfigFile reads and parses the configuration file. The identity
 // is taken before the read, so a change during the read is seen next time.
-func loadGatewayConfig(path string) (pollfile.Identity, map[string]gatewayDocument, error) {
+func loadConfigFile(path string) (pollfile.Identity, map[string]document, error) {
 	id, _ := pollfile.Stat(path)
 	data, err := pollfile.ReadLimited(path, MaxConfigBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("config file: %w", err)
 	}
-	docs, err := parseGatewayConfig(data)
+	docs, err := parseConfigFile(data)
 	if err != nil {
 		return id, nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return id, docs, nil
 }
 
-// parseGatewayConfig parses {"supervisors": {"<id>": {...}, ...}}: the top
+// parseConfigFile parses {"supervisors": {"<id>": {...}, ...}}: the top
 // level has exactly the key "supervisors", ids are distinct and valid, and
 // every section is a JSON object of at most routes.MaxDocumentBytes once
 // compacted (with its newline). Sections are not validated further: the
@@ -76,7 +76,7 @@ func loadGatewayConfig(path string) (pollfile.Identity, map[string]gatewayDocume
 // data plane's processor): this file is read only when it changes, and the
 // reload that reads it spends more time parsing its sections for the
 // discovery grants (discoveryGrants) than reading it.
-func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
+func parseConfigFile(data []byte) (map[string]document, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("not valid UTF-8")
 	}
@@ -86,7 +86,7 @@ func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 		return nil, jsonSyntaxError(data)
 	}
 	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
-	var docs map[string]gatewayDocument
+	var docs map[string]document
 	err := objectMembers(dec, "top level must be a JSON object", func(key string) error {
 		if key != "supervisors" {
 			return fmt.Errorf("unknown top-level key %q (want only \"supervisors\")", key)
@@ -108,8 +108,8 @@ func parseGatewayConfig(data []byte) (map[string]gatewayDocument, error) {
 }
 
 // parseSupervisors parses the "supervisors" object that dec is at.
-func parseSupervisors(dec *json.Decoder) (map[string]gatewayDocument, error) {
-	docs := make(map[string]gatewayDocument)
+func parseSupervisors(dec *json.Decoder) (map[string]document, error) {
+	docs := make(map[string]document)
 	err := objectMembers(dec, `"supervisors" must be a JSON object`, func(sup string) error {
 		if err := validSupervisorID(sup); err != nil {
 			return fmt.Errorf("supervisors: %w", err)
@@ -128,7 +128,7 @@ func parseSupervisors(dec *json.Decoder) (map[string]gatewayDocument, error) {
 			return fmt.Errorf("supervisors[%q]: the configuration document is %d bytes, larger than a supervisor accepts (%d)",
 				sup, len(value), routes.MaxDocumentBytes-1)
 		}
-		docs[sup] = newGatewayDocument([]byte(value), 0)
+		docs[sup] = newDocument([]byte(value), 0)
 		return nil
 	})
 	if err != nil {
@@ -195,10 +195,10 @@ func documentRevision(body []byte) string {
 	return rev
 }
 
-// gatewayETag is `"<revision>"` when the revision is non-empty and made of
+// documentETag is `"<revision>"` when the revision is non-empty and made of
 // entity-tag characters only, else `"sha256:<first 16 hex digits>"` of the
 // document.
-func gatewayETag(body []byte, revision string) string {
+func documentETag(body []byte, revision string) string {
 	if revision != "" && validETagChars(revision) {
 		return `"` + revision + `"`
 	}

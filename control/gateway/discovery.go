@@ -100,20 +100,20 @@ const (
 
 // Values of the "reason" label of the watch disconnects metric.
 const (
-	discEndClient       = "client_gone"
-	discEndSendTimeout  = "send_timeout"
-	discEndWriteError   = "write_error"
-	discEndLifetime     = "max_lifetime"
-	discEndRevoked      = "grant_revoked"
-	discEndClosing      = "gateway_closing"
-	discEndUnusable     = "state_unusable"
-	discEndSnapshotFail = "snapshot_unavailable"
+	reasonClientGone     = "client_gone"
+	reasonSendTimeout    = "send_timeout"
+	reasonWriteError     = "write_error"
+	reasonLifetime       = "max_lifetime"
+	reasonRevoked        = "grant_revoked"
+	reasonClosing        = "gateway_closing"
+	reasonUnusable       = "state_unusable"
+	reasonSnapshotFailed = "snapshot_unavailable"
 )
 
 // Request endpoints of discovery, values of the "endpoint" label.
 const (
-	gwEndpointDiscovery      = "discovery"
-	gwEndpointDiscoveryWatch = "discovery_watch"
+	endpointDiscovery      = "discovery"
+	endpointDiscoveryWatch = "discovery_watch"
 )
 
 // grantKey is one service a supervisor's configuration section declares.
@@ -125,7 +125,7 @@ type grantKey struct {
 // declares in valid instances, with their instance's generation. A document
 // that does not parse grants nothing (its supervisor does not apply it
 // either).
-func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]string {
+func discoveryGrants(docs map[string]document) map[string]map[grantKey]string {
 	grants := make(map[string]map[grantKey]string, len(docs))
 	for sup, d := range docs {
 		if set := documentGrants(d.body); set != nil {
@@ -264,7 +264,7 @@ type Discovery struct {
 	policy    endpointPolicy
 	log       *slog.Logger
 	m         *discoveryMetrics
-	requests  *gatewayMetrics // the request counter shared with the gateway
+	requests  *metrics // the request counter shared with the gateway
 
 	// beat is when the maintenance loop last ran (Unix nanoseconds), 0
 	// when it is not running; wake (capacity 1) makes it look again.
@@ -293,8 +293,8 @@ type Discovery struct {
 // immutable, replaced whole at each change (the maps are never written
 // once handed over).
 type discoveryView struct {
-	state         *gatewayState
-	installations map[string]gatewayAdvertisement
+	state         *stateSnapshot
+	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
 	// unusable says why the store cannot be vouched for ("" when it can).
@@ -346,7 +346,7 @@ func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
 			Name: "applistener_gateway_discovery_conflicts", Help: "Hostnames advertised by more than one granted supervisor (one is published).",
 		}),
 	}
-	for _, r := range []string{discEndClient, discEndSendTimeout, discEndWriteError, discEndLifetime, discEndRevoked, discEndClosing, discEndUnusable, discEndSnapshotFail} {
+	for _, r := range []string{reasonClientGone, reasonSendTimeout, reasonWriteError, reasonLifetime, reasonRevoked, reasonClosing, reasonUnusable, reasonSnapshotFailed} {
 		m.disconnects.WithLabelValues(r)
 	}
 	if reg != nil {
@@ -359,7 +359,7 @@ func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
 // yet usable (unusable says why) until the first update. It counts as
 // maintained for discoveryStaleAfter before its loop runs, so that
 // requests racing the gateway's start are answered.
-func newDiscovery(cfg Config, policy endpointPolicy, log *slog.Logger, requests *gatewayMetrics, unusable string) *Discovery {
+func newDiscovery(cfg Config, policy endpointPolicy, log *slog.Logger, requests *metrics, unusable string) *Discovery {
 	base := uint64(max(time.Now().UnixMilli(), 1))
 	d := &Discovery{
 		cfg:       discoveryConfigFrom(cfg),
@@ -389,7 +389,7 @@ func (d *Discovery) update(v *discoveryView, touched map[string]struct{}) {
 	defer d.mu.Unlock()
 	d.view = v
 	if v.unusable != "" {
-		d.endAllLocked(discEndUnusable)
+		d.endAllLocked(reasonUnusable)
 		return
 	}
 	if touched != nil && len(touched) == 0 {
@@ -407,7 +407,7 @@ func (d *Discovery) revokeUngranted() int {
 	for _, set := range d.watchers {
 		for w := range set {
 			if d.view.state == nil || !d.view.state.grantsWorkspace(w.digest, w.workspace) {
-				if w.box.End(discEndRevoked) {
+				if w.box.End(reasonRevoked) {
 					n++
 				}
 			}
@@ -421,7 +421,7 @@ func (d *Discovery) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
-	d.endAllLocked(discEndClosing)
+	d.endAllLocked(reasonClosing)
 }
 
 // endAllLocked ends every watch for reason. d.mu is held.
@@ -555,7 +555,7 @@ func (d *Discovery) republishLocked(now time.Time, only map[string]struct{}) {
 // current one and holds, and the token that made it is still in the tokens
 // file and still grants the supervisor (a rotated token needs a fresh
 // advertisement).
-func (v *discoveryView) holds(tokens map[[sha256.Size]byte]*gatewayToken, sup string, adv *gatewayAdvertisement) bool {
+func (v *discoveryView) holds(tokens map[[sha256.Size]byte]*tokenGrant, sup string, adv *advertisement) bool {
 	s, ok := v.sessions[sup]
 	if !ok || !s.holds() || s.rec.Session != adv.session {
 		return false
@@ -593,7 +593,7 @@ func (d *Discovery) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute)
 func (d *Discovery) notifyLocked(ws string, p *publishedSnapshot) {
 	for w := range d.watchers[ws] {
 		if p.err != nil {
-			w.box.End(discEndSnapshotFail)
+			w.box.End(reasonSnapshotFailed)
 			continue
 		}
 		w.box.Post(p.line)
@@ -676,7 +676,7 @@ func (d *Discovery) wakeLoop() {
 
 // grantsWorkspace reports whether the token with digest d is a workspace
 // token granted ws.
-func (s *gatewayState) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
+func (s *stateSnapshot) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
 	t := s.lookupDigest(d)
 	return t != nil && t.supervisor == "" && slices.Contains(t.workspaces, ws)
 }
@@ -685,7 +685,7 @@ func (s *gatewayState) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
 // without a known token, 400 for an invalid workspace name, 403 for a
 // supervisor token or a workspace token not granted ws. On failure it
 // answers the request and returns nil.
-func (d *Discovery) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *gatewayToken {
+func (d *Discovery) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *tokenGrant {
 	token, ok := bearerToken(r.Header)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", "Bearer")
@@ -718,11 +718,11 @@ func (d *Discovery) authorizeWorkspace(w http.ResponseWriter, r *http.Request, e
 }
 
 // currentState returns the documents and tokens of the current view.
-func (d *Discovery) currentState() *gatewayState {
+func (d *Discovery) currentState() *stateSnapshot {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.view.state == nil {
-		return &gatewayState{}
+		return &stateSnapshot{}
 	}
 	return d.view.state
 }
@@ -735,7 +735,7 @@ func (d *Discovery) fail(w http.ResponseWriter, endpoint string, code int, reaso
 // ServeHTTP serves GET /v1/workspaces/{ws}/service-routes: one snapshot,
 // or with ?watch=1 a watch stream.
 func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := getOrWatch(w, r, d.requests, gwEndpointDiscovery, gwEndpointDiscoveryWatch)
+	watch, endpoint, ok := getOrWatch(w, r, d.requests, endpointDiscovery, endpointDiscoveryWatch)
 	if !ok {
 		return
 	}
@@ -820,10 +820,10 @@ func (d *Discovery) removeWatcher(w *discoveryWatcher) {
 // returns the reason to end the watch, or "".
 func (d *Discovery) stillGranted(w *discoveryWatcher) string {
 	if !d.currentState().grantsWorkspace(w.digest, w.workspace) {
-		return discEndRevoked
+		return reasonRevoked
 	}
 	if d.unusable(time.Now()) != "" {
-		return discEndUnusable
+		return reasonUnusable
 	}
 	return ""
 }
@@ -833,7 +833,7 @@ func (d *Discovery) stillGranted(w *discoveryWatcher) string {
 // fails or is not taken within the send timeout. The watcher holds only the
 // latest snapshot not yet written, never a queue.
 func (d *Discovery) serveWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
-	const endpoint = gwEndpointDiscoveryWatch
+	const endpoint = endpointDiscoveryWatch
 	wt := &discoveryWatcher{
 		workspace: ws,
 		digest:    digest,
@@ -865,10 +865,10 @@ func (d *Discovery) serveWatch(w http.ResponseWriter, r *http.Request, ws string
 	}
 	writeFailed := func(err error) {
 		if stream.TimedOut(err) {
-			end(discEndSendTimeout, err)
+			end(reasonSendTimeout, err)
 			return
 		}
-		end(discEndWriteError, err)
+		end(reasonWriteError, err)
 	}
 
 	if err := stream.Send(first.line); err != nil {
@@ -890,13 +890,13 @@ func (d *Discovery) serveWatch(w http.ResponseWriter, r *http.Request, ws string
 	for {
 		select {
 		case <-r.Context().Done():
-			end(discEndClient, nil)
+			end(reasonClientGone, nil)
 			return
 		case <-wt.box.Done():
 			end(wt.box.Reason(), nil)
 			return
 		case <-lifetime.C:
-			end(discEndLifetime, nil)
+			end(reasonLifetime, nil)
 			return
 		case <-reauth.C:
 			if reason := d.stillGranted(wt); reason != "" {

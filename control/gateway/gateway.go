@@ -55,13 +55,13 @@ const (
 	MaxWatchesPerSupervisor = 64
 )
 
-// gatewayWriteTimeout bounds every write to a watch stream: a supervisor
+// pushWriteTimeout bounds every write to a watch stream: a supervisor
 // that does not read is disconnected.
-const gatewayWriteTimeout = 10 * time.Second
+const pushWriteTimeout = 10 * time.Second
 
-// emptyGatewayDocument is served to a supervisor that has a token but no
+// emptyDocument is served to a supervisor that has a token but no
 // stored document: no document means no routes.
-const emptyGatewayDocument = `{"revision":"","instances":[]}`
+const emptyDocument = `{"revision":"","instances":[]}`
 
 // emptyPoolDocument is served to a pool member that has no stored document.
 const emptyPoolDocument = `{"revision":"empty","instances":[]}`
@@ -139,7 +139,7 @@ type Gateway struct {
 	writeTimeout time.Duration
 	policy       endpointPolicy
 	log          *slog.Logger
-	m            *gatewayMetrics
+	m            *metrics
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *Discovery
@@ -157,7 +157,7 @@ type Gateway struct {
 
 	// state is the current documents and tokens: immutable, replaced whole,
 	// stored with mu held, loaded without it.
-	state atomic.Pointer[gatewayState]
+	state atomic.Pointer[stateSnapshot]
 
 	// reloadMu serializes reloads and guards the fields below it.
 	reloadMu   sync.Mutex
@@ -166,20 +166,20 @@ type Gateway struct {
 	// fileDocs are the documents of the configuration file as last read,
 	// still to be imported when importPending; fileIDs are the supervisors
 	// the last import wrote (an id that leaves the file is deleted).
-	fileDocs      map[string]gatewayDocument
+	fileDocs      map[string]document
 	fileIDs       map[string]struct{}
 	importPending bool
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
 	mu       sync.Mutex
-	watchers map[*gatewayWatcher]struct{}
+	watchers map[*pushWatcher]struct{}
 	closed   bool
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
 	// of the store. Each map is replaced, never written, once discovery
 	// was handed it (copy on write).
-	installations map[string]gatewayAdvertisement
+	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
 	// appliedRev is the store revision the view has; revWake is closed
@@ -215,12 +215,12 @@ func New(cfg Config) (*Gateway, error) {
 		sessionTTL:    cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
 		poll:          cmp.Or(max(cfg.Poll, 0), DefaultPoll),
 		disablePush:   cfg.DisablePush,
-		writeTimeout:  gatewayWriteTimeout,
+		writeTimeout:  pushWriteTimeout,
 		policy:        policy,
 		log:           cfg.Logger,
-		m:             newGatewayMetrics(cfg.Registerer),
-		watchers:      make(map[*gatewayWatcher]struct{}),
-		installations: make(map[string]gatewayAdvertisement),
+		m:             newMetrics(cfg.Registerer),
+		watchers:      make(map[*pushWatcher]struct{}),
+		installations: make(map[string]advertisement),
 		sessions:      make(map[string]sessionView),
 		pools:         make(map[string]string),
 		revWake:       make(chan struct{}),
@@ -231,9 +231,9 @@ func New(cfg Config) (*Gateway, error) {
 		g.log = slog.Default()
 	}
 	g.discovery = newDiscovery(cfg, policy, g.log, g.m, "the gateway's store is not loaded yet")
-	var tokens []gatewayToken
+	var tokens []tokenGrant
 	if g.configPath != "" {
-		g.configSeen, g.fileDocs, err = loadGatewayConfig(g.configPath)
+		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
 		if err != nil {
 			g.m.reloads.WithLabelValues("config", "failed").Inc()
 			return nil, err
@@ -241,13 +241,13 @@ func New(cfg Config) (*Gateway, error) {
 		g.m.reloads.WithLabelValues("config", "ok").Inc()
 		g.importPending = true
 	}
-	g.tokensSeen, tokens, err = loadGatewayTokens(g.tokensPath)
+	g.tokensSeen, tokens, err = loadTokens(g.tokensPath)
 	if err != nil {
 		g.m.reloads.WithLabelValues("tokens", "failed").Inc()
 		return nil, err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
-	g.state.Store(&gatewayState{docs: map[string]gatewayDocument{}, tokens: tokens, grants: map[string]map[grantKey]string{}})
+	g.state.Store(&stateSnapshot{docs: map[string]document{}, tokens: tokens, grants: map[string]map[grantKey]string{}})
 
 	if cfg.Etcd != nil {
 		es, err := newEtcdStore(*cfg.Etcd, g.log)
@@ -346,7 +346,7 @@ func (g *Gateway) Reload() error {
 // reloadConfigLocked re-reads the configuration file and imports it into
 // the store. reloadMu is held.
 func (g *Gateway) reloadConfigLocked(ctx context.Context) error {
-	id, docs, err := loadGatewayConfig(g.configPath)
+	id, docs, err := loadConfigFile(g.configPath)
 	g.configSeen = id
 	if err != nil {
 		g.m.reloads.WithLabelValues("config", "failed").Inc()
@@ -429,7 +429,7 @@ func (g *Gateway) importConfigLocked(ctx context.Context) error {
 // (advertisements made with a removed token are no longer published).
 // reloadMu is held.
 func (g *Gateway) reloadTokensLocked() error {
-	id, tokens, err := loadGatewayTokens(g.tokensPath)
+	id, tokens, err := loadTokens(g.tokensPath)
 	g.tokensSeen = id
 	if err != nil {
 		g.m.reloads.WithLabelValues("tokens", "failed").Inc()
@@ -440,7 +440,7 @@ func (g *Gateway) reloadTokensLocked() error {
 
 	g.mu.Lock()
 	old := g.state.Load()
-	next := &gatewayState{docs: old.docs, tokens: tokens, grants: old.grants}
+	next := &stateSnapshot{docs: old.docs, tokens: tokens, grants: old.grants}
 	g.state.Store(next)
 	// A supervisor may have lost its last token: republish.
 	g.feedDiscoveryLocked(nil)
@@ -517,7 +517,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
 	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		g.fail(w, gwEndpointOther, http.StatusNotFound, "no such endpoint")
+		g.fail(w, endpointOther, http.StatusNotFound, "no such endpoint")
 	})
 	return mux
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
-// gatewayWatcher is one open watch stream.
-type gatewayWatcher struct {
+// pushWatcher is one open watch stream.
+type pushWatcher struct {
 	supervisor string
 	session    string // the request's session id ("" for none)
 	order      int64  // the session's order
@@ -28,7 +28,7 @@ type gatewayWatcher struct {
 
 // endWatcherLocked tells w to end; it reports whether w was still open.
 // g.mu is held.
-func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
+func (g *Gateway) endWatcherLocked(w *pushWatcher, reason string) bool {
 	return w.box.End(reason)
 }
 
@@ -36,7 +36,7 @@ func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
 // If-None-Match) or, with ?watch=1, a push stream. Both record the
 // request's session (?session=).
 func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := getOrWatch(w, r, g.m, gwEndpointConfig, gwEndpointWatch)
+	watch, endpoint, ok := getOrWatch(w, r, g.m, endpointConfig, endpointWatch)
 	if !ok {
 		return
 	}
@@ -75,7 +75,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	}
 	setSessionOrder(w, out)
 	if watch {
-		g.serveWatch(w, r, &gatewayWatcher{
+		g.serveWatch(w, r, &pushWatcher{
 			supervisor: sup,
 			session:    sid,
 			order:      out.order,
@@ -121,14 +121,14 @@ func etagMatches(values []string, etag string) bool {
 // every grant and, in a goroutine of its own that a slow store cannot hold
 // the keepalives up with, renews the session every grant or third of the
 // session TTL, whichever is shorter.
-func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gatewayWatcher, grant time.Duration) {
+func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWatcher, grant time.Duration) {
 	sup := wt.supervisor
 	first, code, why := g.addWatcher(wt)
 	if code != 0 {
 		if code == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "5")
 		}
-		g.fail(w, gwEndpointWatch, code, why)
+		g.fail(w, endpointWatch, code, why)
 		return
 	}
 	defer g.removeWatcher(wt)
@@ -138,7 +138,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 	w.Header().Set(KeepaliveHeader, grant.String())
 	w.Header().Set("ETag", first.etag)
 	stream := ndjson.Start(w, g.writeTimeout)
-	g.m.request(gwEndpointWatch, http.StatusOK)
+	g.m.request(endpointWatch, http.StatusOK)
 
 	started := time.Now()
 	log := g.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
@@ -231,11 +231,11 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 
 // addWatcher registers w and returns the current document of its
 // supervisor, or a status code and reason when the watch is refused.
-func (g *Gateway) addWatcher(w *gatewayWatcher) (gatewayDocument, int, string) {
+func (g *Gateway) addWatcher(w *pushWatcher) (document, int, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return gatewayDocument{}, http.StatusServiceUnavailable, "the gateway is shutting down"
+		return document{}, http.StatusServiceUnavailable, "the gateway is shutting down"
 	}
 	n := 0
 	for o := range g.watchers {
@@ -244,17 +244,17 @@ func (g *Gateway) addWatcher(w *gatewayWatcher) (gatewayDocument, int, string) {
 		}
 	}
 	if n >= MaxWatchesPerSupervisor {
-		return gatewayDocument{}, http.StatusTooManyRequests,
+		return document{}, http.StatusTooManyRequests,
 			fmt.Sprintf("too many watch streams for this supervisor (limit %d)", MaxWatchesPerSupervisor)
 	}
 	if why := g.storeUnusable(); why != "" {
-		return gatewayDocument{}, http.StatusServiceUnavailable, why
+		return document{}, http.StatusServiceUnavailable, why
 	}
 	g.watchers[w] = struct{}{}
 	return g.state.Load().documentFor(w.supervisor, w.pool), 0, ""
 }
 
-func (g *Gateway) removeWatcher(w *gatewayWatcher) {
+func (g *Gateway) removeWatcher(w *pushWatcher) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.watchers, w)

@@ -7,7 +7,7 @@ import (
 
 // failRequest answers code with a one-line plain-text body
 // "CODE Status: reason" and counts the request under endpoint.
-func failRequest(w http.ResponseWriter, m *gatewayMetrics, endpoint string, code int, reason string) {
+func failRequest(w http.ResponseWriter, m *metrics, endpoint string, code int, reason string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -19,7 +19,7 @@ func failRequest(w http.ResponseWriter, m *gatewayMetrics, endpoint string, code
 
 // getOrWatch checks that r is a GET and reads its watch parameter; it
 // answers the request itself (405, 400) and returns ok=false when not.
-func getOrWatch(w http.ResponseWriter, r *http.Request, m *gatewayMetrics, getEndpoint, watchEndpoint string) (watch bool, endpoint string, ok bool) {
+func getOrWatch(w http.ResponseWriter, r *http.Request, m *metrics, getEndpoint, watchEndpoint string) (watch bool, endpoint string, ok bool) {
 	endpoint = getEndpoint
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)

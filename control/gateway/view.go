@@ -11,7 +11,7 @@ import (
 
 // The view: every replica holds the whole store in memory, in the fields
 // guarded by Gateway.mu (installations, sessions, pools) and in the
-// immutable gatewayState (documents and grants). The store calls the
+// immutable stateSnapshot (documents and grants). The store calls the
 // storeSink methods below with its contents and each change; they update
 // the view, push changed documents to open push streams, end the streams of
 // superseded or withdrawn sessions, and republish discovery.
@@ -19,15 +19,15 @@ import (
 // storeLoaded replaces the view by the store's contents (at start, and
 // after every reconnection to etcd) and marks the store usable.
 func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
-	docs := make(map[string]gatewayDocument)
-	ads := make(map[string]gatewayAdvertisement)
+	docs := make(map[string]document)
+	ads := make(map[string]advertisement)
 	sessions := make(map[string]sessionView)
 	pools := make(map[string]string)
 	for _, kv := range kvs {
 		kind, sup := splitKey(kv.key)
 		switch kind {
 		case keyDocs:
-			docs[sup] = newGatewayDocument(kv.value, kv.modRev)
+			docs[sup] = newDocument(kv.value, kv.modRev)
 		case keyAds:
 			if adv, err := decodeAdvertisement(sup, kv.value, kv.modRev); err == nil {
 				ads[sup] = adv
@@ -48,7 +48,7 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := g.state.Load()
-	next := &gatewayState{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
+	next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
 	g.state.Store(next)
 	changed := make(map[string]struct{})
 	for sup := range old.docs {
@@ -96,7 +96,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := g.state.Load()
-	var docs map[string]gatewayDocument // copied on the first document change
+	var docs map[string]document // copied on the first document change
 	var grants map[string]map[grantKey]string
 	docChanged := make(map[string]struct{})
 	touched := make(map[string]struct{}) // supervisors whose publication may change
@@ -125,7 +125,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 				delete(docs, sup)
 				delete(grants, sup)
 			} else {
-				d := newGatewayDocument(ev.value, ev.modRev)
+				d := newDocument(ev.value, ev.modRev)
 				docs[sup] = d
 				grants[sup] = documentGrants(d.body)
 				if grants[sup] == nil {
@@ -167,7 +167,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 		}
 	}
 	if docs != nil {
-		next := &gatewayState{docs: docs, tokens: old.tokens, grants: grants}
+		next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: grants}
 		g.state.Store(next)
 		g.pushChangedLocked(old, next, docChanged)
 	}
@@ -269,7 +269,7 @@ func (g *Gateway) poolBinding(sup string) (string, int64) {
 
 // pushChangedLocked hands the changed documents of the supervisors in
 // changed to their open push streams. g.mu is held.
-func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]struct{}) {
+func (g *Gateway) pushChangedLocked(old, next *stateSnapshot, changed map[string]struct{}) {
 	if len(changed) == 0 {
 		return
 	}
