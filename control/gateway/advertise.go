@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,68 +16,6 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 )
-
-// advertisement is the last installations body of one supervisor,
-// as the view holds it (decoded from its advertisementRecord).
-type advertisement struct {
-	received      time.Time
-	body          []byte            // compact JSON object
-	installations []json.RawMessage // the "installations" entries
-	routes        []advertisedRoute // the valid entries
-	rejected      string            // why the others were left out, for logs
-	// session is the session that made it ("" for a supervisor that sends
-	// none); it is published only while that session is current.
-	session string
-	// digest is the SHA-256 of the token that made it (the credential
-	// epoch): it is published only while that token still grants the
-	// supervisor.
-	digest [sha256.Size]byte
-	// source is the address the advertisement came from, for the endpoint
-	// policy.
-	source string
-	modRev int64
-}
-
-// advertisementRecord is the stored value of ads/<supervisor>.
-type advertisementRecord struct {
-	Session  string    `json:"session,omitempty"`
-	Token    string    `json:"token_sha256"`
-	Source   string    `json:"source"`
-	Received time.Time `json:"received"`
-	// Since is, per hostname, when the gateway first saw the installation
-	// (Unix nanoseconds): the incumbent of a contested hostname is the
-	// oldest, on every replica alike.
-	Since map[string]int64 `json:"since,omitempty"`
-	// Body is the installations body as received, compacted.
-	Body json.RawMessage `json:"body"`
-}
-
-// decodeAdvertisement decodes a stored advertisement of supervisor sup.
-func decodeAdvertisement(sup string, value []byte, modRev int64) (advertisement, error) {
-	var rec advertisementRecord
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return advertisement{}, fmt.Errorf("advertisement record: %w", err)
-	}
-	adv, _, err := parseInstallations(rec.Body)
-	if err != nil {
-		return advertisement{}, err
-	}
-	d, err := hex.DecodeString(rec.Token)
-	if err != nil || len(d) != sha256.Size {
-		return advertisement{}, errors.New("advertisement record: bad token_sha256")
-	}
-	copy(adv.digest[:], d)
-	adv.received, adv.session, adv.source, adv.modRev = rec.Received, rec.Session, rec.Source, modRev
-	var rejected []string
-	adv.routes, rejected = parseAdvertisedRoutes(sup, adv.installations, rec.Received)
-	adv.rejected = strings.Join(rejected, "; ")
-	for i := range adv.routes {
-		if ns, ok := rec.Since[adv.routes[i].Hostname]; ok {
-			adv.routes[i].since = time.Unix(0, ns)
-		}
-	}
-	return adv, nil
-}
 
 // serveInstallations serves PUT (an advertisement) and DELETE (a
 // withdrawal) of /v1/supervisors/{id}/installations.

@@ -2,48 +2,14 @@ package gateway
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
-)
-
-// document is one supervisor's configuration document.
-type document struct {
-	body   []byte // compact JSON, no newline
-	etag   string // quoted entity tag
-	modRev int64  // the store's revision of it; 0 when not stored
-}
-
-// newDocument returns the document whose body (compact JSON) is
-// stored at revision modRev.
-func newDocument(body []byte, modRev int64) document {
-	return document{body: body, etag: documentETag(body, documentRevision(body)), modRev: modRev}
-}
-
-// documentFor returns the document of supervisor sup; pool members without
-// a stored document get emptyPoolDocument, supervisors with a token of
-// their own emptyDocument.
-func (s *stateSnapshot) documentFor(sup string, pool bool) document {
-	if d, ok := s.docs[sup]; ok {
-		return d
-	}
-	if pool {
-		return document{body: []byte(emptyPoolDocument), etag: emptyPoolETag}
-	}
-	return document{body: []byte(emptyDocument), etag: emptyGatewayETag}
-}
-
-var (
-	emptyGatewayETag = documentETag([]byte(emptyDocument), "")
-	emptyPoolETag    = documentETag([]byte(emptyPoolDocument), "empty")
 )
 
 // loadConfigFile reads and parses the configuration file. The identity
@@ -150,89 +116,4 @@ func jsonSyntaxError(data []byte) error {
 	line := 1 + bytes.Count(data[:off], ndjson.Newline)
 	col := max(1, off-bytes.LastIndexByte(data[:off], '\n')-1)
 	return fmt.Errorf("not valid JSON at line %d, column %d: %w", line, col, err)
-}
-
-// objectMembers reads the object that dec is at and calls fn with the key
-// of each member, in order; fn reads the member's value from dec. It stops
-// at the first error. dec must be reading valid JSON; when its next value is
-// not an object the error is notObject.
-func objectMembers(dec *json.Decoder, notObject string, fn func(key string) error) error {
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return errors.New(notObject)
-	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return fmt.Errorf("key: %w", err)
-		}
-		key, _ := t.(string)
-		if err := fn(key); err != nil {
-			return err
-		}
-	}
-	_, err := dec.Token() // '}'
-	return err
-}
-
-// documentRevision returns the top-level "revision" of a document when it
-// is a string, else "".
-func documentRevision(body []byte) string {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	var rev string
-	_ = objectMembers(dec, "", func(key string) error {
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return err
-		}
-		if key == "revision" && value[0] == '"' {
-			if err := json.Unmarshal(value, &rev); err != nil {
-				rev = ""
-			}
-			return errors.New("found") // stop: a later duplicate is not looked at
-		}
-		return nil
-	})
-	return rev
-}
-
-// documentETag is `"<revision>"` when the revision is non-empty and made of
-// entity-tag characters only, else `"sha256:<first 16 hex digits>"` of the
-// document.
-func documentETag(body []byte, revision string) string {
-	if revision != "" && validETagChars(revision) {
-		return `"` + revision + `"`
-	}
-	sum := sha256.Sum256(body)
-	return `"sha256:` + hex.EncodeToString(sum[:8]) + `"`
-}
-
-// validETagChars reports whether s is made of the ASCII entity-tag
-// characters (RFC 9110 §8.8.3: %x21 / %x23-7E; obs-text is left out because
-// clients treat it inconsistently).
-func validETagChars(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x21 || c == '"' || c > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-// validSupervisorID checks a supervisor id: 1 to MaxSupervisorIDLen
-// characters from [A-Za-z0-9._:~-] (it is a URL path segment).
-func validSupervisorID(s string) error {
-	if s == "" {
-		return errors.New("empty supervisor id")
-	}
-	if len(s) > MaxSupervisorIDLen {
-		return fmt.Errorf("supervisor id %.40q…: longer than %d characters", s, MaxSupervisorIDLen)
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._:~-", c) >= 0 {
-			continue
-		}
-		return fmt.Errorf("supervisor id %q: character %q not allowed (use [A-Za-z0-9._:~-])", s, c)
-	}
-	return nil
 }

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -84,10 +83,6 @@ const (
 	// DefaultDiscoveryReauthPeriod is how often an open watch re-checks that
 	// its token is still granted the workspace.
 	DefaultDiscoveryReauthPeriod = 30 * time.Second
-	// MaxAdvertisedLifetime caps an advertisement's expires_at at its
-	// receipt plus this much: a supervisor that dies cannot leave a route
-	// published for longer, whatever it claimed.
-	MaxAdvertisedLifetime = 10 * time.Minute
 )
 
 // discoveryStaleAfter is how long the discovery loop may stay silent
@@ -115,134 +110,6 @@ const (
 	endpointDiscovery      = "discovery"
 	endpointDiscoveryWatch = "discovery_watch"
 )
-
-// grantKey is one service a supervisor's configuration section declares.
-type grantKey struct {
-	workspace, sandbox, name string
-}
-
-// discoveryGrants returns, per supervisor, the services its document
-// declares in valid instances, with their instance's generation. A document
-// that does not parse grants nothing (its supervisor does not apply it
-// either).
-func discoveryGrants(docs map[string]document) map[string]map[grantKey]string {
-	grants := make(map[string]map[grantKey]string, len(docs))
-	for sup, d := range docs {
-		if set := documentGrants(d.body); set != nil {
-			grants[sup] = set
-		}
-	}
-	return grants
-}
-
-// documentGrants returns the services a document declares in valid
-// instances, with their instance's generation, or nil when it does not
-// parse.
-func documentGrants(body []byte) map[grantKey]string {
-	doc, err := routes.ParseDocument(body)
-	if err != nil {
-		return nil
-	}
-	set := make(map[grantKey]string)
-	for _, inst := range doc.Instances {
-		for _, svc := range inst.Services {
-			set[grantKey{inst.Workspace, inst.Sandbox, svc.Name}] = inst.Generation
-		}
-	}
-	return set
-}
-
-// advertisedRoute is one valid advertised installation.
-type advertisedRoute struct {
-	api.ServiceRoute
-	// generation is the instance generation the supervisor installed ("" from
-	// supervisors that send none).
-	generation string
-	// since is when the gateway first saw this installation (supervisor,
-	// hostname, installation_version, endpoint); renewals keep it.
-	since time.Time
-}
-
-// advertisedEntry is an installations entry as received. Required fields
-// are pointers so that a missing one is told from a zero value. Unknown
-// fields are ignored.
-type advertisedEntry struct {
-	Hostname            *string            `json:"hostname"`
-	Workspace           *string            `json:"workspace"`
-	Sandbox             *string            `json:"sandbox"`
-	Name                *string            `json:"name"`
-	InstallationVersion *uint64            `json:"installation_version"`
-	DeclarationRevision *int64             `json:"declaration_revision"`
-	ExpiresAt           *time.Time         `json:"expires_at"`
-	Endpoint            *api.RouteEndpoint `json:"endpoint"`
-	Generation          string             `json:"generation"`
-	Protocol            string             `json:"protocol"`
-}
-
-// parseAdvertisedRoutes validates the entries of supervisor sup's
-// advertisement received at now. Invalid entries are left out and
-// described in rejected (one line each).
-func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time) (out []advertisedRoute, rejected []string) {
-	seen := make(map[string]bool, len(entries))
-	for i, raw := range entries {
-		var e advertisedEntry
-		if err := json.Unmarshal(raw, &e); err != nil {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
-			continue
-		}
-		var missing []string
-		for _, f := range []struct {
-			name string
-			ok   bool
-		}{
-			{"hostname", e.Hostname != nil}, {"workspace", e.Workspace != nil}, {"sandbox", e.Sandbox != nil},
-			{"installation_version", e.InstallationVersion != nil}, {"expires_at", e.ExpiresAt != nil},
-			{"endpoint", e.Endpoint != nil},
-		} {
-			if !f.ok {
-				missing = append(missing, f.name)
-			}
-		}
-		if len(missing) > 0 {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: missing %s", i, strings.Join(missing, ", ")))
-			continue
-		}
-		r := api.ServiceRoute{
-			Hostname:            *e.Hostname,
-			Workspace:           *e.Workspace,
-			Sandbox:             *e.Sandbox,
-			Supervisor:          sup,
-			InstallationVersion: *e.InstallationVersion,
-			ExpiresAt:           e.ExpiresAt.UTC(),
-			Endpoint:            *e.Endpoint,
-			Protocol:            e.Protocol,
-		}
-		if e.Name != nil {
-			r.Name = *e.Name
-		}
-		if e.DeclarationRevision != nil {
-			r.DeclarationRevision = *e.DeclarationRevision
-		}
-		if err := api.CheckRoute(&r, r.Workspace); err != nil {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
-			continue
-		}
-		if r.DeclarationRevision < 0 {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: negative declaration_revision", i))
-			continue
-		}
-		if seen[r.Hostname] {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: hostname %s advertised twice", i, r.Hostname))
-			continue
-		}
-		seen[r.Hostname] = true
-		if limit := now.Add(MaxAdvertisedLifetime); r.ExpiresAt.After(limit) {
-			r.ExpiresAt = limit.UTC().Truncate(time.Millisecond)
-		}
-		out = append(out, advertisedRoute{ServiceRoute: r, generation: e.Generation, since: now})
-	}
-	return out, rejected
-}
 
 // discoveryConfig are the bounds of discovery watches.
 type discoveryConfig struct {
@@ -359,14 +226,15 @@ func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
 // yet usable (unusable says why) until the first update. It counts as
 // maintained for discoveryStaleAfter before its loop runs, so that
 // requests racing the gateway's start are answered.
-func newDiscovery(cfg Config, policy endpointPolicy, log *slog.Logger, requests *metrics, unusable string) *Discovery {
+func newDiscovery(cfg discoveryConfig, keepalive time.Duration, reg prometheus.Registerer, policy endpointPolicy,
+	log *slog.Logger, requests *metrics, unusable string) *Discovery {
 	base := uint64(max(time.Now().UnixMilli(), 1))
 	d := &Discovery{
-		cfg:       discoveryConfigFrom(cfg),
-		keepalive: cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
+		cfg:       cfg,
+		keepalive: keepalive,
 		policy:    policy,
 		log:       log,
-		m:         newDiscoveryMetrics(cfg.Registerer),
+		m:         newDiscoveryMetrics(reg),
 		requests:  requests,
 		wake:      make(chan struct{}, 1),
 		view:      &discoveryView{unusable: unusable},
@@ -674,13 +542,6 @@ func (d *Discovery) wakeLoop() {
 	}
 }
 
-// grantsWorkspace reports whether the token with digest d is a workspace
-// token granted ws.
-func (s *stateSnapshot) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
-	t := s.lookupDigest(d)
-	return t != nil && t.supervisor == "" && slices.Contains(t.workspaces, ws)
-}
-
 // authorizeWorkspace checks the bearer token for discovery of ws: 401
 // without a known token, 400 for an invalid workspace name, 403 for a
 // supervisor token or a workspace token not granted ws. On failure it
@@ -926,15 +787,5 @@ func (d *Discovery) serveWatch(w http.ResponseWriter, r *http.Request, ws string
 			last = line
 			d.m.snapshots.WithLabelValues("watch").Inc()
 		}
-	}
-}
-
-// discoveryConfigFrom applies the defaults to cfg's discovery bounds.
-func discoveryConfigFrom(cfg Config) discoveryConfig {
-	return discoveryConfig{
-		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
-		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
-		maxLifetime:         cmp.Or(max(cfg.DiscoveryMaxWatchLifetime, 0), DefaultDiscoveryMaxWatchLifetime),
-		reauthPeriod:        cmp.Or(max(cfg.DiscoveryReauthPeriod, 0), DefaultDiscoveryReauthPeriod),
 	}
 }

@@ -46,8 +46,6 @@ const (
 	MaxTokensBytes = 4 << 20
 	// MaxInstallationsBytes is the largest installations body accepted.
 	MaxInstallationsBytes = 4 << 20
-	// MaxSupervisorIDLen is the longest supervisor id.
-	MaxSupervisorIDLen = 253
 	// MaxTokenLen is the longest bearer token.
 	MaxTokenLen = 4096
 	// MaxWatchesPerSupervisor bounds the open watch streams of one
@@ -58,13 +56,6 @@ const (
 // pushWriteTimeout bounds every write to a watch stream: a supervisor
 // that does not read is disconnected.
 const pushWriteTimeout = 10 * time.Second
-
-// emptyDocument is served to a supervisor that has a token but no
-// stored document: no document means no routes.
-const emptyDocument = `{"revision":"","instances":[]}`
-
-// emptyPoolDocument is served to a pool member that has no stored document.
-const emptyPoolDocument = `{"revision":"empty","instances":[]}`
 
 // Config configures a Gateway.
 type Config struct {
@@ -230,7 +221,8 @@ func New(cfg Config) (*Gateway, error) {
 	if g.log == nil {
 		g.log = slog.Default()
 	}
-	g.discovery = newDiscovery(cfg, policy, g.log, g.m, "the gateway's store is not loaded yet")
+	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
+		"the gateway's store is not loaded yet")
 	var tokens []tokenGrant
 	if g.configPath != "" {
 		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
@@ -525,4 +517,14 @@ func (g *Gateway) Handler() http.Handler {
 // fail answers code with a one-line plain-text body "CODE Status: reason".
 func (g *Gateway) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
 	failRequest(w, g.m, endpoint, code, reason)
+}
+
+// discoveryConfigFrom applies the defaults to cfg's discovery bounds.
+func discoveryConfigFrom(cfg Config) discoveryConfig {
+	return discoveryConfig{
+		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
+		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
+		maxLifetime:         cmp.Or(max(cfg.DiscoveryMaxWatchLifetime, 0), DefaultDiscoveryMaxWatchLifetime),
+		reauthPeriod:        cmp.Or(max(cfg.DiscoveryReauthPeriod, 0), DefaultDiscoveryReauthPeriod),
+	}
 }

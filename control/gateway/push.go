@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,24 +12,6 @@ import (
 
 	"github.com/applistener/applistener/control/internal/ndjson"
 )
-
-// pushWatcher is one open watch stream.
-type pushWatcher struct {
-	supervisor string
-	session    string // the request's session id ("" for none)
-	order      int64  // the session's order
-	pool       bool   // opened with a pool token
-	digest     [sha256.Size]byte
-	// box hands the stream the latest document not yet written, and tells
-	// it to end.
-	box *ndjson.Mailbox
-}
-
-// endWatcherLocked tells w to end; it reports whether w was still open.
-// g.mu is held.
-func (g *Gateway) endWatcherLocked(w *pushWatcher, reason string) bool {
-	return w.box.End(reason)
-}
 
 // serveConfig serves GET /v1/supervisors/{id}/config: a poll (ETag,
 // If-None-Match) or, with ?watch=1, a push stream. Both record the

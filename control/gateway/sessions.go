@@ -57,43 +57,6 @@ const KeepaliveHeader = "X-Applistener-Keepalive"
 // order of its session (a decimal integer), to be sent back as ?order=.
 const SessionOrderHeader = api.SessionOrderHeader
 
-// sessionRecord is the stored value of sessions/<supervisor>.
-type sessionRecord struct {
-	Session string    `json:"session"`
-	Since   time.Time `json:"since"`
-	Source  string    `json:"source,omitempty"`
-	// Order orders the sessions of one supervisor: a session of a lower
-	// order is superseded (see above). 0 in records written before orders.
-	Order     int64 `json:"order,omitempty"`
-	Withdrawn bool  `json:"withdrawn,omitempty"`
-}
-
-// sessionView is a session record as the view holds it.
-type sessionView struct {
-	rec    sessionRecord
-	modRev int64
-}
-
-// holds reports whether the session is live (not withdrawn).
-func (s sessionView) holds() bool { return !s.rec.Withdrawn }
-
-// validSessionID reports whether s is a session id: "" (none) or 32
-// lower-case hexadecimal characters.
-func validSessionID(s string) bool {
-	if s == "" {
-		return true
-	}
-	if len(s) != 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
 // sessionOutcome is what touchSession made of a request's session.
 type sessionOutcome struct {
 	// current is true when the request's session is (now) the supervisor's
@@ -245,18 +208,6 @@ func (g *Gateway) keepaliveGrant(requested string) (time.Duration, error) {
 		return 0, fmt.Errorf("keepalive %.40q: want a positive Go duration such as 10s", requested)
 	}
 	return min(max(d, g.keepaliveMin), g.keepalive), nil
-}
-
-// sessionsHoldingLocked counts the sessions that hold, for the gauge. g.mu
-// is held.
-func (g *Gateway) sessionsHoldingLocked() int {
-	n := 0
-	for _, s := range g.sessions {
-		if s.holds() {
-			n++
-		}
-	}
-	return n
 }
 
 // requestSession returns the session id of r (?session=) and the order the

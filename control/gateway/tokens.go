@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,81 +16,6 @@ import (
 	"github.com/applistener/applistener/control/internal/pollfile"
 	"github.com/applistener/applistener/routes"
 )
-
-// stateSnapshot is one immutable generation of the gateway's documents
-// (the store's, as the view last saw them) and tokens (the tokens file's).
-type stateSnapshot struct {
-	docs   map[string]document
-	tokens []tokenGrant
-	// grants are, per supervisor, the services its document declares, with
-	// the generation of their instance: what discovery may publish from its
-	// advertisements.
-	grants map[string]map[grantKey]string
-}
-
-// tokenGrant is one entry of the tokens file. Only the SHA-256 digest of
-// the token is kept. Exactly one of supervisor, workspaces, admin and pool
-// is set.
-type tokenGrant struct {
-	digest     [sha256.Size]byte
-	supervisor string
-	workspaces []string
-	// admin tokens use the write API (instances, pool members).
-	admin bool
-	// pool tokens may open sessions for any supervisor id that no
-	// supervisor token names and that no other pool has bound.
-	pool string
-}
-
-// lookupDigest returns the token whose digest is d, or nil. It compares d
-// with every token in constant time.
-func (s *stateSnapshot) lookupDigest(d [sha256.Size]byte) *tokenGrant {
-	var found *tokenGrant
-	for i := range s.tokens {
-		if subtle.ConstantTimeCompare(d[:], s.tokens[i].digest[:]) == 1 {
-			found = &s.tokens[i]
-		}
-	}
-	return found
-}
-
-// tokenIndex maps token digests to tokens, for checks that do not answer a
-// request (the credential epoch of stored advertisements): no constant-time
-// comparison is needed there.
-func (s *stateSnapshot) tokenIndex() map[[sha256.Size]byte]*tokenGrant {
-	m := make(map[[sha256.Size]byte]*tokenGrant, len(s.tokens))
-	for i := range s.tokens {
-		m[s.tokens[i].digest] = &s.tokens[i]
-	}
-	return m
-}
-
-// namesSupervisor reports whether a supervisor token names sup: such an id
-// belongs to that token, and no pool token may claim it.
-func (s *stateSnapshot) namesSupervisor(sup string) bool {
-	for i := range s.tokens {
-		if s.tokens[i].supervisor == sup {
-			return true
-		}
-	}
-	return false
-}
-
-// grantsSupervisor reports whether token t may act as supervisor sup, whose
-// pool binding is bound ("" when none): a supervisor token for sup, or the
-// token of the pool sup is bound to (an unbound id is granted to no pool
-// here; binding it is authorize's job).
-func (s *stateSnapshot) grantsSupervisor(t *tokenGrant, sup, bound string) bool {
-	switch {
-	case t == nil:
-		return false
-	case t.supervisor != "":
-		return t.supervisor == sup
-	case t.pool != "":
-		return bound == t.pool && !s.namesSupervisor(sup)
-	}
-	return false
-}
 
 // authorize checks the bearer token for supervisor sup: a supervisor token
 // for sup, or a pool token, which binds sup to its pool on first use. On

@@ -3,10 +3,12 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/sha256"
 	"fmt"
 	"maps"
 	"net/http"
+
+	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
 // The view: every replica holds the whole store in memory, in the fields
@@ -312,11 +314,32 @@ func (g *Gateway) touchWorkspacesLocked(sup string, set map[string]struct{}) {
 	}
 }
 
-// decodeSession decodes a stored session record.
-func decodeSession(value []byte, modRev int64) (sessionView, error) {
-	var rec sessionRecord
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return sessionView{}, fmt.Errorf("session record: %w", err)
+// pushWatcher is one open watch stream.
+type pushWatcher struct {
+	supervisor string
+	session    string // the request's session id ("" for none)
+	order      int64  // the session's order
+	pool       bool   // opened with a pool token
+	digest     [sha256.Size]byte
+	// box hands the stream the latest document not yet written, and tells
+	// it to end.
+	box *ndjson.Mailbox
+}
+
+// endWatcherLocked tells w to end; it reports whether w was still open.
+// g.mu is held.
+func (g *Gateway) endWatcherLocked(w *pushWatcher, reason string) bool {
+	return w.box.End(reason)
+}
+
+// sessionsHoldingLocked counts the sessions that hold, for the gauge. g.mu
+// is held.
+func (g *Gateway) sessionsHoldingLocked() int {
+	n := 0
+	for _, s := range g.sessions {
+		if s.holds() {
+			n++
+		}
 	}
-	return sessionView{rec: rec, modRev: modRev}, nil
+	return n
 }
