@@ -119,13 +119,13 @@ type discoveryConfig struct {
 	reauthPeriod        time.Duration
 }
 
-// Discovery is discovery as a component of the gateway, in the shape of
+// discoveryService is discovery as a component of the gateway, in the shape of
 // etcd's v3rpc watch server: it has its own lock, configuration, metrics
 // and published state, is fed an immutable view of the gateway's state
 // (documents, tokens, sessions, advertisements, pool bindings) at each
 // store change (update), and serves its own snapshot and watch requests
 // (ServeHTTP). It never calls back into the gateway.
-type Discovery struct {
+type discoveryService struct {
 	cfg       discoveryConfig
 	keepalive time.Duration
 	policy    endpointPolicy
@@ -227,9 +227,9 @@ func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
 // maintained for discoveryStaleAfter before its loop runs, so that
 // requests racing the gateway's start are answered.
 func newDiscovery(cfg discoveryConfig, keepalive time.Duration, reg prometheus.Registerer, policy endpointPolicy,
-	log *slog.Logger, requests *metrics, unusable string) *Discovery {
+	log *slog.Logger, requests *metrics, unusable string) *discoveryService {
 	base := uint64(max(time.Now().UnixMilli(), 1))
-	d := &Discovery{
+	d := &discoveryService{
 		cfg:       cfg,
 		keepalive: keepalive,
 		policy:    policy,
@@ -252,7 +252,7 @@ func newDiscovery(cfg discoveryConfig, keepalive time.Duration, reg prometheus.R
 // update publishes from v: the workspaces in touched (every workspace when
 // touched is nil) are recomputed. A view whose store is unusable ends every
 // watch (discovery must never feed stale data).
-func (d *Discovery) update(v *discoveryView, touched map[string]struct{}) {
+func (d *discoveryService) update(v *discoveryView, touched map[string]struct{}) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.view = v
@@ -268,7 +268,7 @@ func (d *Discovery) update(v *discoveryView, touched map[string]struct{}) {
 
 // revokeUngranted ends the watches whose token is no longer granted their
 // workspace in the current view; it returns how many.
-func (d *Discovery) revokeUngranted() int {
+func (d *discoveryService) revokeUngranted() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
@@ -285,7 +285,7 @@ func (d *Discovery) revokeUngranted() int {
 }
 
 // close ends every watch and refuses new ones, for shutdown.
-func (d *Discovery) close() {
+func (d *discoveryService) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
@@ -293,7 +293,7 @@ func (d *Discovery) close() {
 }
 
 // endAllLocked ends every watch for reason. d.mu is held.
-func (d *Discovery) endAllLocked(reason string) {
+func (d *discoveryService) endAllLocked(reason string) {
 	for _, set := range d.watchers {
 		for w := range set {
 			w.box.End(reason)
@@ -304,7 +304,7 @@ func (d *Discovery) endAllLocked(reason string) {
 // republishLocked recomputes the published snapshots of the workspaces
 // in only (every workspace when only is nil), stores those that changed
 // with a new revision, and hands them to their watchers. d.mu is held.
-func (d *Discovery) republishLocked(now time.Time, only map[string]struct{}) {
+func (d *discoveryService) republishLocked(now time.Time, only map[string]struct{}) {
 	v := d.view
 	st := v.state
 	if st == nil {
@@ -432,7 +432,7 @@ func (v *discoveryView) holds(tokens map[[sha256.Size]byte]*tokenGrant, sup stri
 }
 
 // encodeSnapshot builds the published snapshot of ws.
-func (d *Discovery) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *publishedSnapshot {
+func (d *discoveryService) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *publishedSnapshot {
 	if rs == nil {
 		rs = []api.ServiceRoute{}
 	}
@@ -458,7 +458,7 @@ func (d *Discovery) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute)
 
 // notifyLocked hands p to the watchers of ws, or ends them when p could
 // not be built. d.mu is held.
-func (d *Discovery) notifyLocked(ws string, p *publishedSnapshot) {
+func (d *discoveryService) notifyLocked(ws string, p *publishedSnapshot) {
 	for w := range d.watchers[ws] {
 		if p.err != nil {
 			w.box.End(reasonSnapshotFailed)
@@ -471,7 +471,7 @@ func (d *Discovery) notifyLocked(ws string, p *publishedSnapshot) {
 // snapshotLocked returns the current snapshot of ws, republishing it first
 // when one of its routes has expired (the loop may not have run yet). d.mu
 // is held.
-func (d *Discovery) snapshotLocked(ws string, now time.Time) *publishedSnapshot {
+func (d *discoveryService) snapshotLocked(ws string, now time.Time) *publishedSnapshot {
 	p := d.published[ws]
 	if p != nil && !p.minExpiry.IsZero() && !now.Before(p.minExpiry) {
 		d.republishLocked(now, map[string]struct{}{ws: {}})
@@ -486,7 +486,7 @@ func (d *Discovery) snapshotLocked(ws string, now time.Time) *publishedSnapshot 
 }
 
 // unusable returns why discovery cannot answer now, or "".
-func (d *Discovery) unusable(now time.Time) string {
+func (d *discoveryService) unusable(now time.Time) string {
 	beat := d.beat.Load()
 	d.mu.Lock()
 	v := d.view
@@ -507,7 +507,7 @@ func (d *Discovery) unusable(now time.Time) string {
 // run is the maintenance loop: it republishes when a stored route
 // expires, and beats so that unusable knows it runs. The gateway's Run
 // runs it.
-func (d *Discovery) run(ctx context.Context) {
+func (d *discoveryService) run(ctx context.Context) {
 	defer d.beat.Store(0)
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -535,7 +535,7 @@ func (d *Discovery) run(ctx context.Context) {
 }
 
 // wakeLoop makes the loop re-read nextExpiry (it may have moved earlier).
-func (d *Discovery) wakeLoop() {
+func (d *discoveryService) wakeLoop() {
 	select {
 	case d.wake <- struct{}{}:
 	default:
@@ -546,7 +546,7 @@ func (d *Discovery) wakeLoop() {
 // without a known token, 400 for an invalid workspace name, 403 for a
 // supervisor token or a workspace token not granted ws. On failure it
 // answers the request and returns nil.
-func (d *Discovery) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *tokenGrant {
+func (d *discoveryService) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *tokenGrant {
 	token, ok := bearerToken(r.Header)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", "Bearer")
@@ -579,7 +579,7 @@ func (d *Discovery) authorizeWorkspace(w http.ResponseWriter, r *http.Request, e
 }
 
 // currentState returns the documents and tokens of the current view.
-func (d *Discovery) currentState() *stateSnapshot {
+func (d *discoveryService) currentState() *stateSnapshot {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.view.state == nil {
@@ -589,13 +589,13 @@ func (d *Discovery) currentState() *stateSnapshot {
 }
 
 // fail answers code with a one-line plain-text body and counts it.
-func (d *Discovery) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
+func (d *discoveryService) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
 	failRequest(w, d.requests, endpoint, code, reason)
 }
 
 // ServeHTTP serves GET /v1/workspaces/{ws}/service-routes: one snapshot,
 // or with ?watch=1 a watch stream.
-func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (d *discoveryService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	watch, endpoint, ok := getOrWatch(w, r, d.requests, endpointDiscovery, endpointDiscoveryWatch)
 	if !ok {
 		return
@@ -635,7 +635,7 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // addWatcher registers w and returns the current snapshot of its
 // workspace, or a status code and reason when the watch is refused.
-func (d *Discovery) addWatcher(w *discoveryWatcher) (*publishedSnapshot, int, string) {
+func (d *discoveryService) addWatcher(w *discoveryWatcher) (*publishedSnapshot, int, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -662,7 +662,7 @@ func (d *Discovery) addWatcher(w *discoveryWatcher) (*publishedSnapshot, int, st
 	return p, 0, ""
 }
 
-func (d *Discovery) removeWatcher(w *discoveryWatcher) {
+func (d *discoveryService) removeWatcher(w *discoveryWatcher) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if set := d.watchers[w.workspace]; set != nil {
@@ -679,7 +679,7 @@ func (d *Discovery) removeWatcher(w *discoveryWatcher) {
 
 // stillGranted re-checks a watch's token and the state of discovery; it
 // returns the reason to end the watch, or "".
-func (d *Discovery) stillGranted(w *discoveryWatcher) string {
+func (d *discoveryService) stillGranted(w *discoveryWatcher) string {
 	if !d.currentState().grantsWorkspace(w.digest, w.workspace) {
 		return reasonRevoked
 	}
@@ -693,7 +693,7 @@ func (d *Discovery) stillGranted(w *discoveryWatcher) string {
 // the grant is revoked, the lifetime ends, the gateway closes, or a write
 // fails or is not taken within the send timeout. The watcher holds only the
 // latest snapshot not yet written, never a queue.
-func (d *Discovery) serveWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
+func (d *discoveryService) serveWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
 	const endpoint = endpointDiscoveryWatch
 	wt := &discoveryWatcher{
 		workspace: ws,

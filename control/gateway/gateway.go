@@ -133,7 +133,7 @@ type Gateway struct {
 	m            *metrics
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
-	discovery *Discovery
+	discovery *discoveryService
 
 	store     store
 	storeKind string // "memory" or "etcd"

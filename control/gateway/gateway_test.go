@@ -103,7 +103,7 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-type gatewayFixture struct {
+type fixture struct {
 	t          *testing.T
 	configPath string
 	tokensPath string
@@ -114,23 +114,23 @@ type gatewayFixture struct {
 	logs       *logBuffer
 }
 
-type gatewayOptions struct {
+type fixtureOptions struct {
 	http2        bool
 	disablePush  bool
 	keepalive    time.Duration
 	writeTimeout time.Duration
 }
 
-// newGatewayFixture writes the config and tokens files, starts a Gateway
+// newFixture writes the config and tokens files, starts a Gateway
 // (Poll 20 ms) with its reload loop, and serves it on loopback. Everything
 // is stopped, and goroutine leaks checked, when the test ends.
-func newGatewayFixture(t *testing.T, o gatewayOptions) *gatewayFixture {
+func newFixture(t *testing.T, o fixtureOptions) *fixture {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 
 	dir := t.TempDir()
-	f := &gatewayFixture{
+	f := &fixture{
 		t:          t,
 		configPath: filepath.Join(dir, "gateway.json"),
 		tokensPath: filepath.Join(dir, "tokens.json"),
@@ -189,11 +189,11 @@ func newGatewayFixture(t *testing.T, o gatewayOptions) *gatewayFixture {
 	return f
 }
 
-func (f *gatewayFixture) url(path string) string { return f.srv.URL + path }
+func (f *fixture) url(path string) string { return f.srv.URL + path }
 
 // do sends a request with the given bearer token ("" for none) and returns
 // the response with its body read.
-func (f *gatewayFixture) do(method, path, token string, body io.Reader, header ...string) (*http.Response, string) {
+func (f *fixture) do(method, path, token string, body io.Reader, header ...string) (*http.Response, string) {
 	f.t.Helper()
 	return doRequest(f.t, f.client, method, f.url(path), token, body, header...)
 }
@@ -226,7 +226,7 @@ func doRequest(t *testing.T, client *http.Client, method, url, token string, bod
 
 // metric returns the value of the counter or gauge name whose labels
 // include labels (name=value pairs), or 0.
-func (f *gatewayFixture) metric(name string, labels ...string) float64 {
+func (f *fixture) metric(name string, labels ...string) float64 {
 	f.t.Helper()
 	return gatheredValue(f.t, f.reg, name, labels...)
 }
@@ -272,7 +272,7 @@ func openWatch(t *testing.T, client *http.Client, url, token string) *http.Respo
 
 // watch opens a watch stream for supervisor sup and checks it is a 200
 // NDJSON stream.
-func (f *gatewayFixture) watch(sup, token string) *configWatch {
+func (f *fixture) watch(sup, token string) *configWatch {
 	f.t.Helper()
 	resp := openWatch(f.t, f.client, f.url("/v1/supervisors/"+sup+"/config?watch=1"), token)
 	w := &configWatch{t: f.t, resp: resp, lines: make(chan streamLine, 1024), done: make(chan struct{})}
@@ -370,7 +370,7 @@ func checkOneLine(t *testing.T, code int, body string) {
 }
 
 func TestGatewayPollETagAndReload(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d %q", resp.StatusCode, body)
@@ -577,7 +577,7 @@ func TestGatewayNewGatewayRefusesBadFiles(t *testing.T) {
 }
 
 func TestGatewayAuth(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	for _, tc := range []struct {
 		name, path, token, header string
 		code                      int
@@ -648,7 +648,7 @@ func TestGatewayAuth(t *testing.T) {
 }
 
 func TestGatewayWatchPush(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{keepalive: 50 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{keepalive: 50 * time.Millisecond})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
 	if l := w1.next(2 * time.Second); l.text != doc1("r1") {
@@ -692,7 +692,7 @@ func TestGatewayWatchPush(t *testing.T) {
 
 func TestGatewayWatchKeepalive(t *testing.T) {
 	const interval = 50 * time.Millisecond
-	f := newGatewayFixture(t, gatewayOptions{keepalive: interval})
+	f := newFixture(t, fixtureOptions{keepalive: interval})
 	w := f.watch("sup-1", tokSup1)
 	first := w.next(2 * time.Second)
 	const n = 5
@@ -711,7 +711,7 @@ func TestGatewayWatchKeepalive(t *testing.T) {
 }
 
 func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
 	w1.next(2 * time.Second)
@@ -746,7 +746,7 @@ func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
 }
 
 func TestGatewayBadReloadKeepsOld(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-1": {"revision": "r9", "instances": [}}`)
 	testutil.Eventually(t, 2*time.Second, "a failed config reload", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 1
@@ -797,7 +797,7 @@ func TestGatewayBadReloadKeepsOld(t *testing.T) {
 }
 
 func TestGatewayDisablePush(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{disablePush: true})
+	f := newFixture(t, fixtureOptions{disablePush: true})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config?watch=1", tokSup1, nil)
 	if resp.StatusCode != http.StatusNotImplemented {
 		t.Fatalf("status %d %q", resp.StatusCode, body)
@@ -809,7 +809,7 @@ func TestGatewayDisablePush(t *testing.T) {
 }
 
 func TestGatewayInstallations(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	const path = "/v1/supervisors/sup-1/installations"
 	good := `{"installations": [{"hostname": "team--demo--web.apps.test", "workspace": "team", "sandbox": "demo",
 	  "name": "web", "installation_version": 3, "declaration_revision": 7,
@@ -875,7 +875,7 @@ func TestGatewayInstallations(t *testing.T) {
 }
 
 func TestGatewayCloseEndsWatches(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{})
+	f := newFixture(t, fixtureOptions{})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
 	w1.next(2 * time.Second)
@@ -895,7 +895,7 @@ func TestGatewayCloseEndsWatches(t *testing.T) {
 }
 
 func TestGatewayWatchHTTP2(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{http2: true, keepalive: 50 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{http2: true, keepalive: 50 * time.Millisecond})
 	w := f.watch("sup-1", tokSup1)
 	if w.resp.ProtoMajor != 2 {
 		t.Fatalf("protocol %s, want HTTP/2", w.resp.Proto)
@@ -920,7 +920,7 @@ func TestGatewayWatchHTTP2(t *testing.T) {
 // A supervisor that stops reading is disconnected when a write times out;
 // the gateway never queues more than the latest document for it.
 func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
-	f := newGatewayFixture(t, gatewayOptions{writeTimeout: 200 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{writeTimeout: 200 * time.Millisecond})
 	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
