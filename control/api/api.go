@@ -3,7 +3,8 @@
 // PUTs to the gateway and serves on GET /v1/installations) and of discovery
 // snapshots (GET /v1/workspaces/{ws}/service-routes), the discovery client
 // that the edge and the `applistener routes` command read discovery with,
-// and the NDJSON and HTTP helpers of the watch streams. The configuration
+// and the HTTP helpers of the gateway's clients (the watch streams
+// themselves are read with control/internal/ndjson). The configuration
 // document itself is routes.Document: package routes parses and validates
 // it.
 //
@@ -13,33 +14,14 @@
 package api
 
 import (
-	"bufio"
-	"errors"
-	"fmt"
 	"strings"
 )
 
-// ReadLine reads one NDJSON line of at most max bytes.
-func ReadLine(br *bufio.Reader, max int) ([]byte, error) {
-	var buf []byte
-	for {
-		frag, err := br.ReadSlice('\n')
-		if len(buf)+len(frag) > max {
-			return nil, fmt.Errorf("NDJSON line larger than %d bytes", max)
-		}
-		if err == nil {
-			if buf == nil {
-				return frag, nil
-			}
-			return append(buf, frag...), nil
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			buf = append(buf, frag...)
-			continue
-		}
-		return nil, err
-	}
-}
+// SessionOrderHeader is the gateway's response header that tells a
+// supervisor the order of its session (a decimal integer); the supervisor
+// sends it back as ?order= with every request, and the gateway refuses a
+// session whose order is below the current session's (it was superseded).
+const SessionOrderHeader = "X-Applistener-Session-Order"
 
 // OneLineReason makes s safe for a one-line response body.
 func OneLineReason(s string) string {

@@ -1,8 +1,7 @@
 package api
 
 import (
-	"bufio"
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -125,15 +125,10 @@ func (c *DiscoveryClient) idleTimeout() time.Duration {
 	return DefaultDiscoveryStreamIdleTimeout
 }
 
-// backoff returns the delay before attempt n+1 (n ≥ 0): exponential from
+// newBackoff returns the spacing of reconnections: exponential from
 // 250 ms, capped at MaxBackoff, with ±50 % jitter.
-func (c *DiscoveryClient) backoff(n int) time.Duration {
-	limit := c.MaxBackoff
-	if limit <= 0 {
-		limit = DefaultDiscoveryMaxBackoff
-	}
-	d := min(250*time.Millisecond<<min(n, 10), limit)
-	return d/2 + rand.N(d/2+1)
+func (c *DiscoveryClient) newBackoff() ndjson.Backoff {
+	return ndjson.Backoff{Base: 250 * time.Millisecond, Max: cmp.Or(max(c.MaxBackoff, 0), DefaultDiscoveryMaxBackoff)}
 }
 
 // CloseIdleConnections closes the client's idle connections to the gateway.
@@ -228,13 +223,14 @@ func (c *DiscoveryClient) Get(ctx context.Context, ws string) (*RouteSnapshot, e
 	if err := c.init(); err != nil {
 		return nil, err
 	}
+	backoff := c.newBackoff()
 	for attempt := 0; ; attempt++ {
 		endpoint, s, err := c.getOnce(ctx, ws)
 		if err == nil || !IsGatewayFailover(err) || attempt+1 >= c.endpoints.Len() || ctx.Err() != nil {
 			return s, err
 		}
 		c.failed(endpoint, err)
-		if !discSleep(ctx, c.backoff(attempt)) {
+		if !ndjson.Sleep(ctx, backoff.Next(0)) {
 			return nil, err
 		}
 	}
@@ -279,7 +275,7 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 		return fmt.Errorf("discovery: workspace: %w", err)
 	}
 	log := c.logger().With("workspace", ws)
-	failures := 0
+	backoff := c.newBackoff()
 	lastErr := ""
 	for {
 		endpoint, got, err := c.watchOnce(ctx, ws, fn)
@@ -291,7 +287,7 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 		}
 		c.failed(endpoint, err)
 		if got {
-			failures = 0
+			backoff.Reset()
 		}
 		var wait time.Duration
 		if err == nil {
@@ -301,15 +297,14 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 			log.Debug("discovery watch ended by the gateway; reconnecting", "gateway", endpoint)
 			lastErr = ""
 		} else {
-			wait = c.backoff(failures)
-			failures++
+			wait = backoff.Next(0)
 			if msg := err.Error(); msg != lastErr {
 				log.Warn("discovery watch failed; retrying", "gateway", endpoint, "err", err,
 					"retry_in", wait.Round(time.Millisecond), "next_gateway", c.endpoints.Current())
 				lastErr = msg
 			}
 		}
-		if !discSleep(ctx, wait) {
+		if !ndjson.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}
@@ -326,34 +321,19 @@ func (c *DiscoveryClient) watchOnce(ctx context.Context, ws string, fn func(*Rou
 		return endpoint, false, err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	idleFor := c.idleTimeout()
-	var silent bool
-	var silentMu sync.Mutex
-	idle := time.AfterFunc(idleFor, func() {
-		silentMu.Lock()
-		silent = true
-		silentMu.Unlock()
-		cancel()
-	})
-	defer idle.Stop()
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	lines := ndjson.NewReader(resp.Body, MaxDiscoverySnapshotBytes, c.idleTimeout(), cancel)
+	defer lines.Stop()
 	for {
-		line, err := ReadLine(br, MaxDiscoverySnapshotBytes)
+		line, keepalive, err := lines.Next()
 		if err != nil {
-			silentMu.Lock()
-			wasSilent := silent
-			silentMu.Unlock()
-			switch {
-			case wasSilent:
-				return endpoint, got, &GatewayConnError{Err: fmt.Errorf("discovery: watch silent for %v", idleFor)}
-			case errors.Is(err, io.EOF) && ctx.Err() == nil:
+			var silent *ndjson.SilentError
+			if errors.Is(err, io.EOF) && !errors.As(err, &silent) && ctx.Err() == nil {
+				// The gateway ended the stream cleanly.
 				return endpoint, got, nil
 			}
 			return endpoint, got, &GatewayConnError{Err: fmt.Errorf("discovery: watch: %w", err)}
 		}
-		idle.Reset(idleFor)
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 || discIsKeepalive(line) {
+		if keepalive {
 			continue
 		}
 		s, err := c.parseSnapshot(line, ws)
@@ -417,27 +397,4 @@ func watchUnexpired(ctx context.Context, watch func(context.Context, func(*Route
 			timer.Reset(time.Hour)
 		}
 	}
-}
-
-// discSleep waits d or until ctx ends; it reports whether d passed.
-func discSleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// discIsKeepalive reports whether line is {"keepalive":true}, spaces aside.
-func discIsKeepalive(line []byte) bool {
-	if len(line) > 64 || line[0] != '{' {
-		return false
-	}
-	var k struct {
-		Keepalive bool `json:"keepalive"`
-	}
-	return json.Unmarshal(line, &k) == nil && k.Keepalive && bytes.Count(line, []byte(":")) == 1
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,68 +17,6 @@ import (
 	"github.com/applistener/applistener/control/api"
 )
 
-// gatewayAdvertisement is the last installations body of one supervisor,
-// as the view holds it (decoded from its advertisementRecord).
-type gatewayAdvertisement struct {
-	received      time.Time
-	body          []byte            // compact JSON object
-	installations []json.RawMessage // the "installations" entries
-	routes        []advertisedRoute // the valid entries
-	rejected      string            // why the others were left out, for logs
-	// session is the session that made it ("" for a supervisor that sends
-	// none); it is published only while that session is current.
-	session string
-	// digest is the SHA-256 of the token that made it (the credential
-	// epoch): it is published only while that token still grants the
-	// supervisor.
-	digest [sha256.Size]byte
-	// source is the address the advertisement came from, for the endpoint
-	// policy.
-	source string
-	modRev int64
-}
-
-// advertisementRecord is the stored value of ads/<supervisor>.
-type advertisementRecord struct {
-	Session  string    `json:"session,omitempty"`
-	Token    string    `json:"token_sha256"`
-	Source   string    `json:"source"`
-	Received time.Time `json:"received"`
-	// Since is, per hostname, when the gateway first saw the installation
-	// (Unix nanoseconds): the incumbent of a contested hostname is the
-	// oldest, on every replica alike.
-	Since map[string]int64 `json:"since,omitempty"`
-	// Body is the installations body as received, compacted.
-	Body json.RawMessage `json:"body"`
-}
-
-// decodeAdvertisement decodes a stored advertisement of supervisor sup.
-func decodeAdvertisement(sup string, value []byte, modRev int64) (gatewayAdvertisement, error) {
-	var rec advertisementRecord
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return gatewayAdvertisement{}, fmt.Errorf("advertisement record: %w", err)
-	}
-	adv, _, err := parseInstallations(rec.Body)
-	if err != nil {
-		return gatewayAdvertisement{}, err
-	}
-	d, err := hex.DecodeString(rec.Token)
-	if err != nil || len(d) != sha256.Size {
-		return gatewayAdvertisement{}, errors.New("advertisement record: bad token_sha256")
-	}
-	copy(adv.digest[:], d)
-	adv.received, adv.session, adv.source, adv.modRev = rec.Received, rec.Session, rec.Source, modRev
-	var rejected []string
-	adv.routes, rejected = parseAdvertisedRoutes(sup, adv.installations, rec.Received)
-	adv.rejected = strings.Join(rejected, "; ")
-	for i := range adv.routes {
-		if ns, ok := rec.Since[adv.routes[i].Hostname]; ok {
-			adv.routes[i].since = time.Unix(0, ns)
-		}
-	}
-	return adv, nil
-}
-
 // serveInstallations serves PUT (an advertisement) and DELETE (a
 // withdrawal) of /v1/supervisors/{id}/installations.
 func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
@@ -90,14 +27,14 @@ func (g *Gateway) serveInstallations(w http.ResponseWriter, r *http.Request) {
 		g.serveWithdraw(w, r)
 	default:
 		w.Header().Set("Allow", "PUT, DELETE")
-		g.fail(w, gwEndpointInstallations, http.StatusMethodNotAllowed, "use PUT or DELETE")
+		g.fail(w, endpointInstallations, http.StatusMethodNotAllowed, "use PUT or DELETE")
 	}
 }
 
 // serveAdvertise stores an advertisement: the supervisor's complete set of
 // installed routes, bound to its session and to the token that sent it.
 func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointInstallations
+	const endpoint = endpointInstallations
 	sup := r.PathValue("id")
 	tok := g.authorize(w, r, endpoint, sup)
 	if tok == nil {
@@ -126,7 +63,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
 		return
 	}
-	qsid, ok := requestSession(r)
+	qsid, order, ok := requestSession(r)
 	switch {
 	case !ok || !validSessionID(sid):
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
@@ -144,7 +81,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
 	defer cancel()
 	source := remoteIP(r)
-	out := g.touchSession(ctx, sup, sid, source)
+	out := g.touchSession(ctx, sup, sid, order, source)
 	if out.code != 0 {
 		g.failSession(w, endpoint, out)
 		return
@@ -213,6 +150,7 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 		g.unavailable(w, endpoint, "the store cannot be written")
 		return
 	}
+	setSessionOrder(w, out)
 	w.WriteHeader(http.StatusNoContent)
 	g.m.request(endpoint, http.StatusNoContent)
 	g.log.Debug("gateway installations stored", "supervisor", sup, "installations", len(adv.installations), "session", sid)
@@ -222,12 +160,12 @@ func (g *Gateway) serveAdvertise(w http.ResponseWriter, r *http.Request) {
 // session: DELETE /v1/supervisors/{id}/installations?session=<sid>, 204
 // also when nothing was stored.
 func (g *Gateway) serveWithdraw(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointWithdraw
+	const endpoint = endpointWithdraw
 	sup := r.PathValue("id")
 	if g.authorize(w, r, endpoint, sup) == nil {
 		return
 	}
-	sid, ok := requestSession(r)
+	sid, _, ok := requestSession(r)
 	if !ok {
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
 		return
@@ -278,39 +216,53 @@ func latest(a, b time.Time) time.Time {
 // parseInstallations checks an installations body: a JSON object with an
 // "installations" array of objects and an optional "session" string. Other
 // top-level fields are kept.
-func parseInstallations(body []byte) (gatewayAdvertisement, string, error) {
+func parseInstallations(body []byte) (advertisement, string, error) {
 	if !utf8.Valid(body) {
-		return gatewayAdvertisement{}, "", errors.New("installations: body is not valid UTF-8")
+		return advertisement{}, "", errors.New("installations: body is not valid UTF-8")
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, body); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: not valid JSON: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: not valid JSON: %w", err)
 	}
 	if compact.Len() == 0 || compact.Bytes()[0] != '{' {
-		return gatewayAdvertisement{}, "", errors.New("installations: body must be a JSON object")
+		return advertisement{}, "", errors.New("installations: body must be a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(compact.Bytes(), &top); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	raw, ok := top["installations"]
 	if !ok || len(raw) == 0 || raw[0] != '[' {
-		return gatewayAdvertisement{}, "", errors.New(`installations: body must have an "installations" array`)
+		return advertisement{}, "", errors.New(`installations: body must have an "installations" array`)
 	}
 	var entries []json.RawMessage
 	if err := json.Unmarshal(raw, &entries); err != nil {
-		return gatewayAdvertisement{}, "", fmt.Errorf("installations: %w", err)
+		return advertisement{}, "", fmt.Errorf("installations: %w", err)
 	}
 	for i, e := range entries {
 		if len(e) == 0 || e[0] != '{' {
-			return gatewayAdvertisement{}, "", fmt.Errorf("installations[%d]: must be a JSON object", i)
+			return advertisement{}, "", fmt.Errorf("installations[%d]: must be a JSON object", i)
 		}
 	}
 	var sid string
 	if raw, ok := top["session"]; ok {
 		if err := json.Unmarshal(raw, &sid); err != nil {
-			return gatewayAdvertisement{}, "", errors.New(`installations: "session" must be a string`)
+			return advertisement{}, "", errors.New(`installations: "session" must be a string`)
 		}
 	}
-	return gatewayAdvertisement{body: compact.Bytes(), installations: entries}, sid, nil
+	return advertisement{body: compact.Bytes(), installations: entries}, sid, nil
+}
+
+// logRejectedInstallations logs the entries of sup's advertisement that
+// were not published, when the set of reasons differs from the last one.
+func (g *Gateway) logRejectedInstallations(sup string, rejected []string, prev string) string {
+	summary := strings.Join(rejected, "; ")
+	if len(rejected) > 0 {
+		g.m.rejected.Add(float64(len(rejected)))
+	}
+	if summary != prev && len(rejected) > 0 {
+		g.log.Warn("advertised installations not published: invalid entries", "supervisor", sup,
+			"rejected", len(rejected), "reasons", api.OneLineReason(summary))
+	}
+	return summary
 }

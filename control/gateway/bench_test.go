@@ -32,7 +32,7 @@ func benchReplicas(b *testing.B, n int) []*replica {
 func BenchmarkCrossReplicaDiscovery(b *testing.B) {
 	rs := benchReplicas(b, 2)
 	a, bb := rs[0], rs[1]
-	w := bb.discoveryWatchTB(b, "team", discTokTeam)
+	w := bb.discoveryWatchTB(b, "team", routesTokTeam)
 	var lat []time.Duration
 	exp := time.Now().Add(10 * time.Minute)
 	b.ResetTimer()
@@ -41,7 +41,7 @@ func BenchmarkCrossReplicaDiscovery(b *testing.B) {
 		route := webRoute(version)
 		route.expires = exp
 		sent := time.Now()
-		if code := a.advertise("sup-1", discTokSup1, sessionID(1), route); code != http.StatusNoContent {
+		if code := a.advertise("sup-1", routesTokSup1, sessionID(1), route); code != http.StatusNoContent {
 			b.Fatal(code)
 		}
 		for {
@@ -80,7 +80,7 @@ func BenchmarkAdvertiseEtcd(b *testing.B) {
 	bodies := make([][]byte, sups)
 	exp := time.Now().Add(10 * time.Minute)
 	for s := range sups {
-		bodies[s] = advBody(sessionID(s+1000), genRoute{discRoute{ws: "team", sb: fmt.Sprintf("b%03d", s), name: "web", version: 1, expires: exp,
+		bodies[s] = advBody(sessionID(s+1000), genRoute{testRoute{ws: "team", sb: fmt.Sprintf("b%03d", s), name: "web", version: 1, expires: exp,
 			host: fmt.Sprintf("10.2.0.%d", s+1)}, "1"})
 	}
 	// Every supervisor once before the clock starts: sessions open, ids
@@ -118,13 +118,13 @@ func BenchmarkAdvertiseEtcd(b *testing.B) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ads/s")
-	if got := len(r.snapshot("team", discTokTeam)); got != sups {
+	if got := len(r.snapshot("team", routesTokTeam)); got != sups {
 		b.Fatalf("%d routes published, want %d", got, sups)
 	}
 }
 
 // discoveryWatchTB is discoveryWatch for benchmarks.
-func (r *replica) discoveryWatchTB(b *testing.B, ws, token string) *discWatch {
+func (r *replica) discoveryWatchTB(b *testing.B, ws, token string) *routesWatch {
 	b.Helper()
 	req, err := http.NewRequest(http.MethodGet, r.srv.URL+"/v1/workspaces/"+ws+"/service-routes?watch=1", nil)
 	if err != nil {
@@ -135,7 +135,7 @@ func (r *replica) discoveryWatchTB(b *testing.B, ws, token string) *discWatch {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		b.Fatalf("watch: %v %v", resp, err)
 	}
-	w := &discWatch{resp: resp, lines: make(chan gwLine, 4096), done: make(chan struct{})}
+	w := &routesWatch{resp: resp, lines: make(chan streamLine, 4096), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		defer close(w.lines)
@@ -149,7 +149,7 @@ func (r *replica) discoveryWatchTB(b *testing.B, ws, token string) *discWatch {
 				if i < 0 {
 					break
 				}
-				w.lines <- gwLine{text: string(buf[:i]), at: time.Now()}
+				w.lines <- streamLine{text: string(buf[:i]), at: time.Now()}
 				buf = buf[i+1:]
 			}
 			if err != nil {

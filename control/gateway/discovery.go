@@ -1,23 +1,24 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -82,10 +83,6 @@ const (
 	// DefaultDiscoveryReauthPeriod is how often an open watch re-checks that
 	// its token is still granted the workspace.
 	DefaultDiscoveryReauthPeriod = 30 * time.Second
-	// MaxAdvertisedLifetime caps an advertisement's expires_at at its
-	// receipt plus this much: a supervisor that dies cannot leave a route
-	// published for longer, whatever it claimed.
-	MaxAdvertisedLifetime = 10 * time.Minute
 )
 
 // discoveryStaleAfter is how long the discovery loop may stay silent
@@ -98,149 +95,21 @@ const (
 
 // Values of the "reason" label of the watch disconnects metric.
 const (
-	discEndClient       = "client_gone"
-	discEndSendTimeout  = "send_timeout"
-	discEndWriteError   = "write_error"
-	discEndLifetime     = "max_lifetime"
-	discEndRevoked      = "grant_revoked"
-	discEndClosing      = "gateway_closing"
-	discEndUnusable     = "state_unusable"
-	discEndSnapshotFail = "snapshot_unavailable"
+	reasonClientGone     = "client_gone"
+	reasonSendTimeout    = "send_timeout"
+	reasonWriteError     = "write_error"
+	reasonLifetime       = "max_lifetime"
+	reasonRevoked        = "grant_revoked"
+	reasonClosing        = "gateway_closing"
+	reasonUnusable       = "state_unusable"
+	reasonSnapshotFailed = "snapshot_unavailable"
 )
 
 // Request endpoints of discovery, values of the "endpoint" label.
 const (
-	gwEndpointDiscovery      = "discovery"
-	gwEndpointDiscoveryWatch = "discovery_watch"
+	endpointDiscovery      = "discovery"
+	endpointDiscoveryWatch = "discovery_watch"
 )
-
-// grantKey is one service a supervisor's configuration section declares.
-type grantKey struct {
-	workspace, sandbox, name string
-}
-
-// discoveryGrants returns, per supervisor, the services its document
-// declares in valid instances, with their instance's generation. A document
-// that does not parse grants nothing (its supervisor does not apply it
-// either).
-func discoveryGrants(docs map[string]gatewayDocument) map[string]map[grantKey]string {
-	grants := make(map[string]map[grantKey]string, len(docs))
-	for sup, d := range docs {
-		if set := documentGrants(d.body); set != nil {
-			grants[sup] = set
-		}
-	}
-	return grants
-}
-
-// documentGrants returns the services a document declares in valid
-// instances, with their instance's generation, or nil when it does not
-// parse.
-func documentGrants(body []byte) map[grantKey]string {
-	doc, err := routes.ParseDocument(body)
-	if err != nil {
-		return nil
-	}
-	set := make(map[grantKey]string)
-	for _, inst := range doc.Instances {
-		for _, svc := range inst.Services {
-			set[grantKey{inst.Workspace, inst.Sandbox, svc.Name}] = inst.Generation
-		}
-	}
-	return set
-}
-
-// advertisedRoute is one valid advertised installation.
-type advertisedRoute struct {
-	api.ServiceRoute
-	// generation is the instance generation the supervisor installed ("" from
-	// supervisors that send none).
-	generation string
-	// since is when the gateway first saw this installation (supervisor,
-	// hostname, installation_version, endpoint); renewals keep it.
-	since time.Time
-}
-
-// advertisedEntry is an installations entry as received. Required fields
-// are pointers so that a missing one is told from a zero value. Unknown
-// fields are ignored.
-type advertisedEntry struct {
-	Hostname            *string            `json:"hostname"`
-	Workspace           *string            `json:"workspace"`
-	Sandbox             *string            `json:"sandbox"`
-	Name                *string            `json:"name"`
-	InstallationVersion *uint64            `json:"installation_version"`
-	DeclarationRevision *int64             `json:"declaration_revision"`
-	ExpiresAt           *time.Time         `json:"expires_at"`
-	Endpoint            *api.RouteEndpoint `json:"endpoint"`
-	Generation          string             `json:"generation"`
-	Protocol            string             `json:"protocol"`
-}
-
-// parseAdvertisedRoutes validates the entries of supervisor sup's
-// advertisement received at now. Invalid entries are left out and
-// described in rejected (one line each).
-func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time) (out []advertisedRoute, rejected []string) {
-	seen := make(map[string]bool, len(entries))
-	for i, raw := range entries {
-		var e advertisedEntry
-		if err := json.Unmarshal(raw, &e); err != nil {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
-			continue
-		}
-		var missing []string
-		for _, f := range []struct {
-			name string
-			ok   bool
-		}{
-			{"hostname", e.Hostname != nil}, {"workspace", e.Workspace != nil}, {"sandbox", e.Sandbox != nil},
-			{"installation_version", e.InstallationVersion != nil}, {"expires_at", e.ExpiresAt != nil},
-			{"endpoint", e.Endpoint != nil},
-		} {
-			if !f.ok {
-				missing = append(missing, f.name)
-			}
-		}
-		if len(missing) > 0 {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: missing %s", i, strings.Join(missing, ", ")))
-			continue
-		}
-		r := api.ServiceRoute{
-			Hostname:            *e.Hostname,
-			Workspace:           *e.Workspace,
-			Sandbox:             *e.Sandbox,
-			Supervisor:          sup,
-			InstallationVersion: *e.InstallationVersion,
-			ExpiresAt:           e.ExpiresAt.UTC(),
-			Endpoint:            *e.Endpoint,
-			Protocol:            e.Protocol,
-		}
-		if e.Name != nil {
-			r.Name = *e.Name
-		}
-		if e.DeclarationRevision != nil {
-			r.DeclarationRevision = *e.DeclarationRevision
-		}
-		if err := api.CheckRoute(&r, r.Workspace); err != nil {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: %v", i, err))
-			continue
-		}
-		if r.DeclarationRevision < 0 {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: negative declaration_revision", i))
-			continue
-		}
-		if seen[r.Hostname] {
-			rejected = append(rejected, fmt.Sprintf("installations[%d]: hostname %s advertised twice", i, r.Hostname))
-			continue
-		}
-		seen[r.Hostname] = true
-		if limit := now.Add(MaxAdvertisedLifetime); r.ExpiresAt.After(limit) {
-			r.ExpiresAt = limit.UTC().Truncate(time.Millisecond)
-		}
-		out = append(out, advertisedRoute{ServiceRoute: r, generation: e.Generation, since: now})
-	}
-	return out, rejected
-}
 
 // discoveryConfig are the bounds of discovery watches.
 type discoveryConfig struct {
@@ -250,19 +119,53 @@ type discoveryConfig struct {
 	reauthPeriod        time.Duration
 }
 
-// discoveryState is the published state; guarded by Gateway.mu.
-type discoveryState struct {
+// discoveryService is discovery as a component of the gateway, in the shape of
+// etcd's v3rpc watch server: it has its own lock, configuration, metrics
+// and published state, is fed an immutable view of the gateway's state
+// (documents, tokens, sessions, advertisements, pool bindings) at each
+// store change (update), and serves its own snapshot and watch requests
+// (ServeHTTP). It never calls back into the gateway.
+type discoveryService struct {
+	cfg       discoveryConfig
+	keepalive time.Duration
+	policy    endpointPolicy
+	log       *slog.Logger
+	m         *discoveryMetrics
+	requests  *metrics // the request counter shared with the gateway
+
+	// beat is when the maintenance loop last ran (Unix nanoseconds), 0
+	// when it is not running; wake (capacity 1) makes it look again.
+	beat atomic.Int64
+	wake chan struct{}
+
+	// mu guards the fields below it.
+	mu sync.Mutex
+	// view is what is published from; replaced whole by update.
+	view   *discoveryView
+	closed bool
 	// rev is the last revision handed out. It starts at the gateway's
 	// start time in Unix milliseconds, so that revisions keep increasing
 	// across restarts; revBase is that start value, the revision of a
 	// workspace that never had routes.
 	rev, revBase uint64
 	published    map[string]*publishedSnapshot
-	watchers     map[string]map[*discWatcher]struct{} // by workspace
+	watchers     map[string]map[*discoveryWatcher]struct{} // by workspace
 	perToken     map[[sha256.Size]byte]int
 	nextExpiry   time.Time         // earliest future expires_at stored, zero when none
 	conflicts    map[string]string // hostnames advertised by more than one granted supervisor → their workspace
 	routes       int               // published routes, all workspaces
+}
+
+// discoveryView is the gateway's state as discovery publishes it:
+// immutable, replaced whole at each change (the maps are never written
+// once handed over).
+type discoveryView struct {
+	state         *stateSnapshot
+	installations map[string]advertisement
+	sessions      map[string]sessionView
+	pools         map[string]string
+	// unusable says why the store cannot be vouched for ("" when it can).
+	unusable string
 }
 
 // publishedSnapshot is the published set of one workspace. Immutable once
@@ -275,16 +178,13 @@ type publishedSnapshot struct {
 	err       error     // the snapshot could not be built: 503
 }
 
-// discWatcher is one open discovery watch. pending, ended and reason are
-// guarded by Gateway.mu.
-type discWatcher struct {
+// discoveryWatcher is one open discovery watch.
+type discoveryWatcher struct {
 	workspace string
 	digest    [sha256.Size]byte
-	notify    chan struct{} // capacity 1: "pending has a snapshot"
-	done      chan struct{} // closed when the stream must end
-	pending   []byte        // the latest snapshot line not yet written, or nil
-	ended     bool
-	reason    string
+	// box hands the stream the latest snapshot line not yet written, and
+	// tells it to end.
+	box *ndjson.Mailbox
 }
 
 type discoveryMetrics struct {
@@ -293,7 +193,6 @@ type discoveryMetrics struct {
 	disconnects *prometheus.CounterVec
 	routes      prometheus.Gauge
 	conflicts   prometheus.Gauge
-	rejected    prometheus.Counter
 }
 
 func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
@@ -313,38 +212,104 @@ func newDiscoveryMetrics(reg prometheus.Registerer) *discoveryMetrics {
 		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "applistener_gateway_discovery_conflicts", Help: "Hostnames advertised by more than one granted supervisor (one is published).",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "applistener_gateway_installations_rejected_total", Help: "Advertised installations not published because they failed validation.",
-		}),
 	}
-	for _, r := range []string{discEndClient, discEndSendTimeout, discEndWriteError, discEndLifetime, discEndRevoked, discEndClosing, discEndUnusable, discEndSnapshotFail} {
+	for _, r := range []string{reasonClientGone, reasonSendTimeout, reasonWriteError, reasonLifetime, reasonRevoked, reasonClosing, reasonUnusable, reasonSnapshotFailed} {
 		m.disconnects.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.watchers, m.snapshots, m.disconnects, m.routes, m.conflicts, m.rejected)
+		reg.MustRegister(m.watchers, m.snapshots, m.disconnects, m.routes, m.conflicts)
 	}
 	return m
 }
 
-// newDiscoveryState returns the empty published state.
-func newDiscoveryState(now time.Time) discoveryState {
-	base := uint64(max(now.UnixMilli(), 1))
-	return discoveryState{
+// newDiscovery returns discovery with nothing published, its store not
+// yet usable (unusable says why) until the first update. It counts as
+// maintained for discoveryStaleAfter before its loop runs, so that
+// requests racing the gateway's start are answered.
+func newDiscovery(cfg discoveryConfig, keepalive time.Duration, reg prometheus.Registerer, policy endpointPolicy,
+	log *slog.Logger, requests *metrics, unusable string) *discoveryService {
+	base := uint64(max(time.Now().UnixMilli(), 1))
+	d := &discoveryService{
+		cfg:       cfg,
+		keepalive: keepalive,
+		policy:    policy,
+		log:       log,
+		m:         newDiscoveryMetrics(reg),
+		requests:  requests,
+		wake:      make(chan struct{}, 1),
+		view:      &discoveryView{unusable: unusable},
 		rev:       base,
 		revBase:   base,
 		published: make(map[string]*publishedSnapshot),
-		watchers:  make(map[string]map[*discWatcher]struct{}),
+		watchers:  make(map[string]map[*discoveryWatcher]struct{}),
 		perToken:  make(map[[sha256.Size]byte]int),
 		conflicts: make(map[string]string),
 	}
+	d.beat.Store(time.Now().UnixNano())
+	return d
 }
 
-// discRepublishLocked recomputes the published snapshots of the workspaces
+// update publishes from v: the workspaces in touched (every workspace when
+// touched is nil) are recomputed. A view whose store is unusable ends every
+// watch (discovery must never feed stale data).
+func (d *discoveryService) update(v *discoveryView, touched map[string]struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.view = v
+	if v.unusable != "" {
+		d.endAllLocked(reasonUnusable)
+		return
+	}
+	if touched != nil && len(touched) == 0 {
+		return
+	}
+	d.republishLocked(time.Now(), touched)
+}
+
+// revokeUngranted ends the watches whose token is no longer granted their
+// workspace in the current view; it returns how many.
+func (d *discoveryService) revokeUngranted() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, set := range d.watchers {
+		for w := range set {
+			if d.view.state == nil || !d.view.state.grantsWorkspace(w.digest, w.workspace) {
+				if w.box.End(reasonRevoked) {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// close ends every watch and refuses new ones, for shutdown.
+func (d *discoveryService) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	d.endAllLocked(reasonClosing)
+}
+
+// endAllLocked ends every watch for reason. d.mu is held.
+func (d *discoveryService) endAllLocked(reason string) {
+	for _, set := range d.watchers {
+		for w := range set {
+			w.box.End(reason)
+		}
+	}
+}
+
+// republishLocked recomputes the published snapshots of the workspaces
 // in only (every workspace when only is nil), stores those that changed
-// with a new revision, and hands them to their watchers. g.mu is held.
-func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
-	d := &g.disc
-	st := g.state.Load()
+// with a new revision, and hands them to their watchers. d.mu is held.
+func (d *discoveryService) republishLocked(now time.Time, only map[string]struct{}) {
+	v := d.view
+	st := v.state
+	if st == nil {
+		return
+	}
 	type candidate struct {
 		r     *advertisedRoute
 		count int
@@ -352,9 +317,9 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 	tokens := st.tokenIndex()
 	best := make(map[string]*candidate)
 	var next time.Time
-	for sup, adv := range g.installations {
+	for sup, adv := range v.installations {
 		grants := st.grants[sup]
-		if !g.advHoldsLocked(st, tokens, sup, &adv) {
+		if !v.holds(tokens, sup, &adv) {
 			grants = nil
 		}
 		for i := range adv.routes {
@@ -380,7 +345,7 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 			if r.generation != gen && (r.generation != "" || adv.session != "") {
 				continue
 			}
-			if !g.policy.allows(adv.source, r.Endpoint.Host) {
+			if !d.policy.allows(adv.source, r.Endpoint.Host) {
 				continue
 			}
 			c := best[r.Hostname]
@@ -403,7 +368,7 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 		switch {
 		case c.count > 1 && !known:
 			d.conflicts[host] = c.r.Workspace
-			g.log.Warn("discovery: hostname advertised by more than one granted supervisor; publishing the incumbent",
+			d.log.Warn("discovery: hostname advertised by more than one granted supervisor; publishing the incumbent",
 				"hostname", host, "supervisors", c.count, "published_supervisor", c.r.Supervisor)
 		case c.count == 1 && known:
 			delete(d.conflicts, host)
@@ -440,34 +405,34 @@ func (g *Gateway) discRepublishLocked(now time.Time, only map[string]struct{}) {
 			continue
 		}
 		d.rev++
-		p := g.encodeSnapshot(ws, d.rev, rs)
+		p := d.encodeSnapshot(ws, d.rev, rs)
 		if old != nil {
 			d.routes -= len(old.routes)
 		}
 		d.routes += len(p.routes)
 		d.published[ws] = p
-		g.discNotifyLocked(ws, p)
+		d.notifyLocked(ws, p)
 	}
-	g.dm.routes.Set(float64(d.routes))
-	g.dm.conflicts.Set(float64(len(d.conflicts)))
-	g.discWakeLoop()
+	d.m.routes.Set(float64(d.routes))
+	d.m.conflicts.Set(float64(len(d.conflicts)))
+	d.wakeLoop()
 }
 
-// advHoldsLocked reports whether supervisor sup's advertisement may be
-// published as far as its session and credential go: its session is the
-// supervisor's current one and holds, and the token that made it is still
-// in the tokens file and still grants the supervisor (a rotated token needs
-// a fresh advertisement). g.mu is held.
-func (g *Gateway) advHoldsLocked(st *gatewayState, tokens map[[sha256.Size]byte]*gatewayToken, sup string, adv *gatewayAdvertisement) bool {
-	s, ok := g.sessions[sup]
+// holds reports whether supervisor sup's advertisement may be published as
+// far as its session and credential go: its session is the supervisor's
+// current one and holds, and the token that made it is still in the tokens
+// file and still grants the supervisor (a rotated token needs a fresh
+// advertisement).
+func (v *discoveryView) holds(tokens map[[sha256.Size]byte]*tokenGrant, sup string, adv *advertisement) bool {
+	s, ok := v.sessions[sup]
 	if !ok || !s.holds() || s.rec.Session != adv.session {
 		return false
 	}
-	return st.grantsSupervisor(tokens[adv.digest], sup, g.pools[sup])
+	return v.state.grantsSupervisor(tokens[adv.digest], sup, v.pools[sup])
 }
 
 // encodeSnapshot builds the published snapshot of ws.
-func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *publishedSnapshot {
+func (d *discoveryService) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *publishedSnapshot {
 	if rs == nil {
 		rs = []api.ServiceRoute{}
 	}
@@ -487,66 +452,50 @@ func (g *Gateway) encodeSnapshot(ws string, rev uint64, rs []api.ServiceRoute) *
 		p.line = append(body, '\n')
 		return p
 	}
-	g.log.Error("discovery snapshot unavailable; answering 503", "workspace", ws, "routes", len(rs), "err", p.err)
+	d.log.Error("discovery snapshot unavailable; answering 503", "workspace", ws, "routes", len(rs), "err", p.err)
 	return p
 }
 
-// discNotifyLocked hands p to the watchers of ws, or ends them when p could
-// not be built. g.mu is held.
-func (g *Gateway) discNotifyLocked(ws string, p *publishedSnapshot) {
-	for w := range g.disc.watchers[ws] {
-		if w.ended {
-			continue
-		}
+// notifyLocked hands p to the watchers of ws, or ends them when p could
+// not be built. d.mu is held.
+func (d *discoveryService) notifyLocked(ws string, p *publishedSnapshot) {
+	for w := range d.watchers[ws] {
 		if p.err != nil {
-			g.discEndLocked(w, discEndSnapshotFail)
+			w.box.End(reasonSnapshotFailed)
 			continue
 		}
-		w.pending = p.line
-		select {
-		case w.notify <- struct{}{}:
-		default:
-		}
+		w.box.Post(p.line)
 	}
 }
 
-// discEndLocked tells w to end; it reports whether w was still open. g.mu
+// snapshotLocked returns the current snapshot of ws, republishing it first
+// when one of its routes has expired (the loop may not have run yet). d.mu
 // is held.
-func (g *Gateway) discEndLocked(w *discWatcher, reason string) bool {
-	if w.ended {
-		return false
-	}
-	w.ended, w.reason, w.pending = true, reason, nil
-	close(w.done)
-	return true
-}
-
-// discSnapshotLocked returns the current snapshot of ws, republishing it
-// first when one of its routes has expired (the loop may not have run yet).
-// g.mu is held.
-func (g *Gateway) discSnapshotLocked(ws string, now time.Time) *publishedSnapshot {
-	d := &g.disc
+func (d *discoveryService) snapshotLocked(ws string, now time.Time) *publishedSnapshot {
 	p := d.published[ws]
 	if p != nil && !p.minExpiry.IsZero() && !now.Before(p.minExpiry) {
-		g.discRepublishLocked(now, map[string]struct{}{ws: {}})
+		d.republishLocked(now, map[string]struct{}{ws: {}})
 		p = d.published[ws]
 	}
 	if p == nil {
 		// Never published: the empty set at the base revision. Not stored,
 		// so that unknown workspaces cost nothing.
-		p = g.encodeSnapshot(ws, d.revBase, nil)
+		p = d.encodeSnapshot(ws, d.revBase, nil)
 	}
 	return p
 }
 
-// discUnusable returns why discovery cannot answer now, or "".
-func (g *Gateway) discUnusable(now time.Time) string {
-	beat := g.discBeat.Load()
+// unusable returns why discovery cannot answer now, or "".
+func (d *discoveryService) unusable(now time.Time) string {
+	beat := d.beat.Load()
+	d.mu.Lock()
+	v := d.view
+	d.mu.Unlock()
 	switch {
-	case g.state.Load() == nil:
+	case v.unusable != "":
+		return v.unusable
+	case v.state == nil:
 		return "the gateway has no state"
-	case !g.storeUp.Load():
-		return g.storeUnusable()
 	case beat == 0:
 		return "discovery is not running"
 	case now.Sub(time.Unix(0, beat)) > discoveryStaleAfter:
@@ -555,28 +504,28 @@ func (g *Gateway) discUnusable(now time.Time) string {
 	return ""
 }
 
-// runDiscovery is the discovery maintenance loop: it republishes when a
-// stored route expires, and beats so that discUnusable knows it runs. Run
-// starts it.
-func (g *Gateway) runDiscovery(ctx context.Context) {
-	defer g.discBeat.Store(0)
+// run is the maintenance loop: it republishes when a stored route
+// expires, and beats so that unusable knows it runs. The gateway's Run
+// runs it.
+func (d *discoveryService) run(ctx context.Context) {
+	defer d.beat.Store(0)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		g.discBeat.Store(time.Now().UnixNano())
+		d.beat.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-g.discWake:
+		case <-d.wake:
 		}
 		now := time.Now()
-		g.mu.Lock()
-		if next := g.disc.nextExpiry; !next.IsZero() && !now.Before(next) {
-			g.discRepublishLocked(now, nil)
+		d.mu.Lock()
+		if next := d.nextExpiry; !next.IsZero() && !now.Before(next) && d.view.unusable == "" {
+			d.republishLocked(now, nil)
 		}
-		next := g.disc.nextExpiry
-		g.mu.Unlock()
+		next := d.nextExpiry
+		d.mu.Unlock()
 		wait := discoveryLoopPeriod
 		if !next.IsZero() {
 			wait = min(wait, max(time.Until(next), 0))
@@ -585,97 +534,92 @@ func (g *Gateway) runDiscovery(ctx context.Context) {
 	}
 }
 
-// discWakeLoop makes the loop re-read nextExpiry (it may have moved
-// earlier).
-func (g *Gateway) discWakeLoop() {
+// wakeLoop makes the loop re-read nextExpiry (it may have moved earlier).
+func (d *discoveryService) wakeLoop() {
 	select {
-	case g.discWake <- struct{}{}:
+	case d.wake <- struct{}{}:
 	default:
 	}
-}
-
-// discRevokeLocked ends the watches whose token is no longer granted their
-// workspace; it returns how many. g.mu is held.
-func (g *Gateway) discRevokeLocked(st *gatewayState) int {
-	n := 0
-	for _, set := range g.disc.watchers {
-		for w := range set {
-			if !st.grantsWorkspace(w.digest, w.workspace) && g.discEndLocked(w, discEndRevoked) {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-// grantsWorkspace reports whether the token with digest d is a workspace
-// token granted ws.
-func (s *gatewayState) grantsWorkspace(d [sha256.Size]byte, ws string) bool {
-	t := s.lookupDigest(d)
-	return t != nil && t.supervisor == "" && slices.Contains(t.workspaces, ws)
 }
 
 // authorizeWorkspace checks the bearer token for discovery of ws: 401
 // without a known token, 400 for an invalid workspace name, 403 for a
 // supervisor token or a workspace token not granted ws. On failure it
 // answers the request and returns nil.
-func (g *Gateway) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *gatewayToken {
+func (d *discoveryService) authorizeWorkspace(w http.ResponseWriter, r *http.Request, endpoint, ws string) *tokenGrant {
 	token, ok := bearerToken(r.Header)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", "Bearer")
-		g.fail(w, endpoint, http.StatusUnauthorized, "missing bearer token")
+		d.fail(w, endpoint, http.StatusUnauthorized, "missing bearer token")
 		return nil
 	}
-	t := g.state.Load().lookupDigest(sha256.Sum256([]byte(token)))
+	t := d.currentState().lookupDigest(sha256.Sum256([]byte(token)))
 	if t == nil {
 		w.Header().Set("WWW-Authenticate", "Bearer")
-		g.fail(w, endpoint, http.StatusUnauthorized, "unknown token")
-		g.log.Info("discovery request refused: unknown token", "remote", r.RemoteAddr)
+		d.fail(w, endpoint, http.StatusUnauthorized, "unknown token")
+		d.log.Info("discovery request refused: unknown token", "remote", r.RemoteAddr)
 		return nil
 	}
 	if len(t.workspaces) == 0 {
-		g.fail(w, endpoint, http.StatusForbidden, "only a workspace token can read discovery")
-		g.log.Warn("discovery request refused: not a workspace token", "token_supervisor", t.supervisor,
+		d.fail(w, endpoint, http.StatusForbidden, "only a workspace token can read discovery")
+		d.log.Warn("discovery request refused: not a workspace token", "token_supervisor", t.supervisor,
 			"token_pool", t.pool, "token_admin", t.admin, "remote", r.RemoteAddr)
 		return nil
 	}
 	if err := routes.ValidName(ws); err != nil {
-		g.fail(w, endpoint, http.StatusBadRequest, "invalid workspace name")
+		d.fail(w, endpoint, http.StatusBadRequest, "invalid workspace name")
 		return nil
 	}
 	if !slices.Contains(t.workspaces, ws) {
-		g.fail(w, endpoint, http.StatusForbidden, "the token is not granted this workspace")
-		g.log.Warn("discovery request refused: workspace not granted", "workspace", ws, "remote", r.RemoteAddr)
+		d.fail(w, endpoint, http.StatusForbidden, "the token is not granted this workspace")
+		d.log.Warn("discovery request refused: workspace not granted", "workspace", ws, "remote", r.RemoteAddr)
 		return nil
 	}
 	return t
 }
 
-func (g *Gateway) serveServiceRoutes(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointDiscovery, gwEndpointDiscoveryWatch)
+// currentState returns the documents and tokens of the current view.
+func (d *discoveryService) currentState() *stateSnapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.view.state == nil {
+		return &stateSnapshot{}
+	}
+	return d.view.state
+}
+
+// fail answers code with a one-line plain-text body and counts it.
+func (d *discoveryService) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
+	failRequest(w, d.requests, endpoint, code, reason)
+}
+
+// ServeHTTP serves GET /v1/workspaces/{ws}/service-routes: one snapshot,
+// or with ?watch=1 a watch stream.
+func (d *discoveryService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	watch, endpoint, ok := getOrWatch(w, r, d.requests, endpointDiscovery, endpointDiscoveryWatch)
 	if !ok {
 		return
 	}
 	ws := r.PathValue("ws")
-	tok := g.authorizeWorkspace(w, r, endpoint, ws)
+	tok := d.authorizeWorkspace(w, r, endpoint, ws)
 	if tok == nil {
 		return
 	}
-	if why := g.discUnusable(time.Now()); why != "" {
+	if why := d.unusable(time.Now()); why != "" {
 		w.Header().Set("Retry-After", "1")
-		g.fail(w, endpoint, http.StatusServiceUnavailable, why)
+		d.fail(w, endpoint, http.StatusServiceUnavailable, why)
 		return
 	}
 	if watch {
-		g.serveDiscoveryWatch(w, r, ws, tok.digest)
+		d.serveWatch(w, r, ws, tok.digest)
 		return
 	}
-	g.mu.Lock()
-	p := g.discSnapshotLocked(ws, time.Now())
-	g.mu.Unlock()
+	d.mu.Lock()
+	p := d.snapshotLocked(ws, time.Now())
+	d.mu.Unlock()
 	if p.err != nil {
 		w.Header().Set("Retry-After", "5")
-		g.fail(w, endpoint, http.StatusServiceUnavailable, "the snapshot of this workspace is unavailable")
+		d.fail(w, endpoint, http.StatusServiceUnavailable, "the snapshot of this workspace is unavailable")
 		return
 	}
 	h := w.Header()
@@ -684,31 +628,33 @@ func (g *Gateway) serveServiceRoutes(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Length", strconv.Itoa(len(p.line)))
 	w.WriteHeader(http.StatusOK)
-	g.m.request(endpoint, http.StatusOK)
-	g.dm.snapshots.WithLabelValues("get").Inc()
+	d.requests.request(endpoint, http.StatusOK)
+	d.m.snapshots.WithLabelValues("get").Inc()
 	_, _ = w.Write(p.line)
 }
 
-// discAddWatcher registers w and returns the current snapshot of its
+// addWatcher registers w and returns the current snapshot of its
 // workspace, or a status code and reason when the watch is refused.
-func (g *Gateway) discAddWatcher(w *discWatcher) (*publishedSnapshot, int, string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	d := &g.disc
-	if g.closed {
+func (d *discoveryService) addWatcher(w *discoveryWatcher) (*publishedSnapshot, int, string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
 		return nil, http.StatusServiceUnavailable, "the gateway is shutting down"
 	}
-	if d.perToken[w.digest] >= g.dcfg.maxWatchersPerToken {
-		return nil, http.StatusTooManyRequests,
-			fmt.Sprintf("too many watch streams for this token (limit %d)", g.dcfg.maxWatchersPerToken)
+	if d.view.unusable != "" {
+		return nil, http.StatusServiceUnavailable, d.view.unusable
 	}
-	p := g.discSnapshotLocked(w.workspace, time.Now())
+	if d.perToken[w.digest] >= d.cfg.maxWatchersPerToken {
+		return nil, http.StatusTooManyRequests,
+			fmt.Sprintf("too many watch streams for this token (limit %d)", d.cfg.maxWatchersPerToken)
+	}
+	p := d.snapshotLocked(w.workspace, time.Now())
 	if p.err != nil {
 		return nil, http.StatusServiceUnavailable, "the snapshot of this workspace is unavailable"
 	}
 	set := d.watchers[w.workspace]
 	if set == nil {
-		set = make(map[*discWatcher]struct{})
+		set = make(map[*discoveryWatcher]struct{})
 		d.watchers[w.workspace] = set
 	}
 	set[w] = struct{}{}
@@ -716,10 +662,9 @@ func (g *Gateway) discAddWatcher(w *discWatcher) (*publishedSnapshot, int, strin
 	return p, 0, ""
 }
 
-func (g *Gateway) discRemoveWatcher(w *discWatcher) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	d := &g.disc
+func (d *discoveryService) removeWatcher(w *discoveryWatcher) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if set := d.watchers[w.workspace]; set != nil {
 		delete(set, w)
 		if len(set) == 0 {
@@ -729,82 +674,50 @@ func (g *Gateway) discRemoveWatcher(w *discWatcher) {
 	if d.perToken[w.digest]--; d.perToken[w.digest] <= 0 {
 		delete(d.perToken, w.digest)
 	}
-	g.discEndLocked(w, w.reason)
+	w.box.End("")
 }
 
-// discTake returns and clears w's pending line; open is false when w has
-// been told to end, with the reason.
-func (g *Gateway) discTake(w *discWatcher) (line []byte, open bool, reason string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	line, w.pending = w.pending, nil
-	return line, !w.ended, w.reason
-}
-
-// discStillGranted re-checks a watch's token and the state of discovery;
-// it returns the reason to end the watch, or "".
-func (g *Gateway) discStillGranted(w *discWatcher) string {
-	if !g.state.Load().grantsWorkspace(w.digest, w.workspace) {
-		return discEndRevoked
+// stillGranted re-checks a watch's token and the state of discovery; it
+// returns the reason to end the watch, or "".
+func (d *discoveryService) stillGranted(w *discoveryWatcher) string {
+	if !d.currentState().grantsWorkspace(w.digest, w.workspace) {
+		return reasonRevoked
 	}
-	if g.discUnusable(time.Now()) != "" {
-		return discEndUnusable
+	if d.unusable(time.Now()) != "" {
+		return reasonUnusable
 	}
 	return ""
 }
 
-// serveDiscoveryWatch holds one watch stream until the client goes away,
+// serveWatch holds one watch stream until the client goes away,
 // the grant is revoked, the lifetime ends, the gateway closes, or a write
 // fails or is not taken within the send timeout. The watcher holds only the
 // latest snapshot not yet written, never a queue.
-func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
-	const endpoint = gwEndpointDiscoveryWatch
-	wt := &discWatcher{
+func (d *discoveryService) serveWatch(w http.ResponseWriter, r *http.Request, ws string, digest [sha256.Size]byte) {
+	const endpoint = endpointDiscoveryWatch
+	wt := &discoveryWatcher{
 		workspace: ws,
 		digest:    digest,
-		notify:    make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		box:       ndjson.NewMailbox(),
 	}
-	first, code, why := g.discAddWatcher(wt)
+	first, code, why := d.addWatcher(wt)
 	if code != 0 {
 		w.Header().Set("Retry-After", "5")
-		g.fail(w, endpoint, code, why)
+		d.fail(w, endpoint, code, why)
 		return
 	}
-	defer g.discRemoveWatcher(wt)
-	g.dm.watchers.Inc()
-	defer g.dm.watchers.Dec()
+	defer d.removeWatcher(wt)
+	d.m.watchers.Inc()
+	defer d.m.watchers.Dec()
 
-	rc := g.startStream(w, endpoint, "")
+	stream := ndjson.Start(w, d.cfg.sendTimeout)
+	d.requests.request(endpoint, http.StatusOK)
 
 	started := time.Now()
-	log := g.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)
+	log := d.log.With("workspace", ws, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("discovery watch opened")
-	// deadline is the send deadline of the write in progress: a write
-	// that fails after it passed failed because the reader did not read,
-	// whatever error the protocol reports (on HTTP/2 the deadline's timer
-	// resets the stream, and the write may see the reset, not a timeout).
-	var deadline time.Time
-	write := func(line []byte) error {
-		deadline = time.Now().Add(g.dcfg.sendTimeout)
-		if err := rc.SetWriteDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("set write deadline: %w", err)
-		}
-		if _, err := w.Write(line); err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		if err := rc.Flush(); err != nil {
-			return fmt.Errorf("flush: %w", err)
-		}
-		// Clear it: on HTTP/2 a write deadline is a timer that resets the
-		// stream when it fires, even with no write pending.
-		if err := rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("clear write deadline: %w", err)
-		}
-		return nil
-	}
 	end := func(reason string, err error) {
-		g.dm.disconnects.WithLabelValues(reason).Inc()
+		d.m.disconnects.WithLabelValues(reason).Inc()
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
 		if err != nil {
 			attrs = append(attrs, "err", err)
@@ -812,55 +725,54 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 		log.Info("discovery watch ended", attrs...)
 	}
 	writeFailed := func(err error) {
-		if errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline) {
-			end(discEndSendTimeout, err)
+		if stream.TimedOut(err) {
+			end(reasonSendTimeout, err)
 			return
 		}
-		end(discEndWriteError, err)
+		end(reasonWriteError, err)
 	}
 
-	if err := write(first.line); err != nil {
+	if err := stream.Send(first.line); err != nil {
 		writeFailed(err)
 		return
 	}
-	g.dm.snapshots.WithLabelValues("watch").Inc()
+	d.m.snapshots.WithLabelValues("watch").Inc()
 	last := first.line
 	// Lifetimes are spread over the last 10 % so that watches opened
 	// together do not all reconnect together.
-	life := g.dcfg.maxLifetime
+	life := d.cfg.maxLifetime
 	life -= rand.N(life/10 + 1)
 	lifetime := time.NewTimer(life)
 	defer lifetime.Stop()
-	reauth := time.NewTicker(g.dcfg.reauthPeriod)
+	reauth := time.NewTicker(d.cfg.reauthPeriod)
 	defer reauth.Stop()
-	keepalive := time.NewTicker(g.keepalive)
+	keepalive := time.NewTicker(d.keepalive)
 	defer keepalive.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
-			end(discEndClient, nil)
+			end(reasonClientGone, nil)
 			return
-		case <-wt.done:
-			_, _, reason := g.discTake(wt)
-			end(reason, nil)
+		case <-wt.box.Done():
+			end(wt.box.Reason(), nil)
 			return
 		case <-lifetime.C:
-			end(discEndLifetime, nil)
+			end(reasonLifetime, nil)
 			return
 		case <-reauth.C:
-			if reason := g.discStillGranted(wt); reason != "" {
+			if reason := d.stillGranted(wt); reason != "" {
 				end(reason, nil)
 				return
 			}
 		case <-keepalive.C:
-			if err := write(gatewayKeepaliveLine); err != nil {
+			if err := stream.Send(ndjson.KeepaliveLine); err != nil {
 				writeFailed(err)
 				return
 			}
-		case <-wt.notify:
-			line, open, reason := g.discTake(wt)
+		case <-wt.box.Posted():
+			line, open := wt.box.Take()
 			if !open {
-				end(reason, nil)
+				end(wt.box.Reason(), nil)
 				return
 			}
 			// Published lines are distinct allocations: the same
@@ -868,36 +780,12 @@ func (g *Gateway) serveDiscoveryWatch(w http.ResponseWriter, r *http.Request, ws
 			if len(line) == 0 || &line[0] == &last[0] {
 				continue
 			}
-			if err := write(line); err != nil {
+			if err := stream.Send(line); err != nil {
 				writeFailed(err)
 				return
 			}
 			last = line
-			g.dm.snapshots.WithLabelValues("watch").Inc()
+			d.m.snapshots.WithLabelValues("watch").Inc()
 		}
 	}
-}
-
-// discoveryConfigFrom applies the defaults to cfg's discovery bounds.
-func discoveryConfigFrom(cfg Config) discoveryConfig {
-	return discoveryConfig{
-		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
-		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
-		maxLifetime:         cmp.Or(max(cfg.DiscoveryMaxWatchLifetime, 0), DefaultDiscoveryMaxWatchLifetime),
-		reauthPeriod:        cmp.Or(max(cfg.DiscoveryReauthPeriod, 0), DefaultDiscoveryReauthPeriod),
-	}
-}
-
-// logRejectedInstallations logs the entries of sup's advertisement that
-// were not published, when the set of reasons differs from the last one.
-func (g *Gateway) logRejectedInstallations(sup string, rejected []string, prev string) string {
-	summary := strings.Join(rejected, "; ")
-	if len(rejected) > 0 {
-		g.dm.rejected.Add(float64(len(rejected)))
-	}
-	if summary != prev && len(rejected) > 0 {
-		g.log.Warn("advertised installations not published: invalid entries", "supervisor", sup,
-			"rejected", len(rejected), "reasons", api.OneLineReason(summary))
-	}
-	return summary
 }

@@ -14,8 +14,8 @@ import (
 
 // The discovery client (package api) against this gateway.
 
-// discTokenFile writes token to a file and returns its path.
-func discTokenFile(t *testing.T, token string) string {
+// tokenFileOf writes token to a file and returns its path.
+func tokenFileOf(t *testing.T, token string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(p, []byte(token+"\n"), 0o600); err != nil {
@@ -24,18 +24,18 @@ func discTokenFile(t *testing.T, token string) string {
 	return p
 }
 
-func (f *discFixture) discoveryClient(token string) *api.DiscoveryClient {
-	c := &api.DiscoveryClient{Gateway: f.srv.URL, TokenFile: discTokenFile(f.t, token), MaxBackoff: 200 * time.Millisecond,
+func (f *routesFixture) discoveryClient(token string) *api.DiscoveryClient {
+	c := &api.DiscoveryClient{Gateway: f.srv.URL, TokenFile: tokenFileOf(f.t, token), MaxBackoff: 200 * time.Millisecond,
 		Logger: f.g.log}
 	f.t.Cleanup(c.CloseIdleConnections)
 	return c
 }
 
 func TestDiscoveryClientGetAndWatch(t *testing.T) {
-	f := newDiscFixture(t, discOptions{maxLifetime: 300 * time.Millisecond, keepalive: 50 * time.Millisecond})
+	f := newDiscFixture(t, routesFixtureOptions{maxLifetime: 300 * time.Millisecond, keepalive: 50 * time.Millisecond})
 	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27"})
-	c := f.discoveryClient(discTokTeam)
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27"})
+	c := f.discoveryClient(routesTokTeam)
 	s, err := c.Get(context.Background(), "team")
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestDiscoveryClientGetAndWatch(t *testing.T) {
 	if s := col.Next(t, time.Second); len(s.Routes) != 1 {
 		t.Fatalf("first: %+v", s)
 	}
-	f.put("sup-1", discTokSup1)
+	f.put("sup-1", routesTokSup1)
 	if s := col.Next(t, time.Second); len(s.Routes) != 0 {
 		t.Fatalf("after withdrawal: %+v", s)
 	}
@@ -65,7 +65,7 @@ func TestDiscoveryClientGetAndWatch(t *testing.T) {
 	if s := col.Next(t, 2*time.Second); len(s.Routes) != 0 {
 		t.Fatalf("after reconnecting: %+v", s)
 	}
-	if n := f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndLifetime); n < 1 {
+	if n := f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonLifetime); n < 1 {
 		t.Errorf("lifetime disconnects %v", n)
 	}
 	cancel()
@@ -75,8 +75,8 @@ func TestDiscoveryClientGetAndWatch(t *testing.T) {
 }
 
 func TestDiscoveryClientRefusals(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
-	c := f.discoveryClient(discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{})
+	c := f.discoveryClient(routesTokTeam)
 	_, err := c.Get(context.Background(), "lab")
 	var se *api.DiscoveryStatusError
 	if !errors.As(err, &se) || se.Code != 403 || !api.IsDiscoveryRefusal(err) {
@@ -98,7 +98,7 @@ func TestDiscoveryClientRefusals(t *testing.T) {
 		t.Error("bad workspace accepted")
 	}
 	// The token file is re-read: rotating it fixes the refusal.
-	if err := os.WriteFile(bad.TokenFile, []byte(discTokTeam), 0o600); err != nil {
+	if err := os.WriteFile(bad.TokenFile, []byte(routesTokTeam), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bad.Get(context.Background(), "team"); err != nil {

@@ -28,47 +28,48 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/internal/controltest"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
 // Tokens of the discovery fixture.
 const (
-	discTokSup1   = "disc-sup-1-S3CRET"
-	discTokSup2   = "disc-sup-2-S3CRET"
-	discTokTeam   = "disc-ws-team-S3CRET"
-	discTokLab    = "disc-ws-lab-S3CRET"
-	discTokBoth   = "disc-ws-both-S3CRET"
-	discTokSecond = "disc-ws-team2-S3CRET"
+	routesTokSup1   = "disc-sup-1-S3CRET"
+	routesTokSup2   = "disc-sup-2-S3CRET"
+	routesTokTeam   = "disc-ws-team-S3CRET"
+	routesTokLab    = "disc-ws-lab-S3CRET"
+	routesTokBoth   = "disc-ws-both-S3CRET"
+	routesTokSecond = "disc-ws-team2-S3CRET"
 )
 
-var discAllTokens = []string{discTokSup1, discTokSup2, discTokTeam, discTokLab, discTokBoth, discTokSecond}
+var routesAllTokens = []string{routesTokSup1, routesTokSup2, routesTokTeam, routesTokLab, routesTokBoth, routesTokSecond}
 
-// discTokens returns a tokens file; teamGrant lists the workspaces of the
-// token discTokTeam.
-func discTokens(teamGrant ...string) string {
+// routesTokensText returns a tokens file; teamGrant lists the workspaces of the
+// token routesTokTeam.
+func routesTokensText(teamGrant ...string) string {
 	if len(teamGrant) == 0 {
 		teamGrant = []string{"team"}
 	}
 	g, _ := json.Marshal(teamGrant)
 	return `{"tokens": [
-  {"token": "` + discTokSup1 + `", "supervisor": "sup-1"},
-  {"token": "` + discTokSup2 + `", "supervisor": "sup-2"},
-  {"token": "` + discTokTeam + `", "workspaces": ` + string(g) + `},
-  {"token": "` + discTokLab + `", "workspaces": ["lab"]},
-  {"token": "` + discTokBoth + `", "workspaces": ["team", "lab"]},
-  {"token": "` + discTokSecond + `", "workspaces": ["team"]}
+  {"token": "` + routesTokSup1 + `", "supervisor": "sup-1"},
+  {"token": "` + routesTokSup2 + `", "supervisor": "sup-2"},
+  {"token": "` + routesTokTeam + `", "workspaces": ` + string(g) + `},
+  {"token": "` + routesTokLab + `", "workspaces": ["lab"]},
+  {"token": "` + routesTokBoth + `", "workspaces": ["team", "lab"]},
+  {"token": "` + routesTokSecond + `", "workspaces": ["team"]}
 ]}`
 }
 
-// discInstance is one instance of a configuration section.
-type discInstance struct {
+// testInstance is one instance of a configuration section.
+type testInstance struct {
 	ws, sb   string
 	services []string
 }
 
-// discConfig returns a gateway configuration file from sections by
+// sectionsConfig returns a gateway configuration file from sections by
 // supervisor id.
-func discConfig(sections map[string][]discInstance) string {
+func sectionsConfig(sections map[string][]testInstance) string {
 	top := map[string]any{}
 	for sup, insts := range sections {
 		list := []any{}
@@ -89,16 +90,16 @@ func discConfig(sections map[string][]discInstance) string {
 	return string(b)
 }
 
-// discDefaultConfig grants sup-1 team/demo (web, unnamed) and lab/x (api),
+// defaultConfigText grants sup-1 team/demo (web, unnamed) and lab/x (api),
 // and sup-2 team/other (web).
-func discDefaultConfig() string {
-	return discConfig(map[string][]discInstance{
+func defaultConfigText() string {
+	return sectionsConfig(map[string][]testInstance{
 		"sup-1": {{"team", "demo", []string{"web", ""}}, {"lab", "x", []string{"api"}}},
 		"sup-2": {{"team", "other", []string{"web"}}},
 	})
 }
 
-type discOptions struct {
+type routesFixtureOptions struct {
 	keepalive    time.Duration
 	maxWatchers  int
 	sendTimeout  time.Duration
@@ -109,7 +110,7 @@ type discOptions struct {
 	http2        bool
 }
 
-type discFixture struct {
+type routesFixture struct {
 	t          *testing.T
 	configPath string
 	tokensPath string
@@ -117,27 +118,27 @@ type discFixture struct {
 	srv        *httptest.Server
 	client     *http.Client
 	reg        *prometheus.Registry
-	logs       *gwLogBuffer
+	logs       *logBuffer
 	stopRun    func()
 }
 
 // newDiscFixture starts a gateway (Poll 20 ms) with the default discovery
 // configuration and tokens, served on loopback.
-func newDiscFixture(t *testing.T, o discOptions) *discFixture {
+func newDiscFixture(t *testing.T, o routesFixtureOptions) *routesFixture {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	dir := t.TempDir()
-	f := &discFixture{
+	f := &routesFixture{
 		t:          t,
 		configPath: filepath.Join(dir, "gateway.json"),
 		tokensPath: filepath.Join(dir, "tokens.json"),
 		reg:        prometheus.NewRegistry(),
-		logs:       &gwLogBuffer{},
+		logs:       &logBuffer{},
 		stopRun:    func() {},
 	}
-	writeFileAtomic(t, f.configPath, discDefaultConfig())
-	writeFileAtomic(t, f.tokensPath, discTokens())
+	writeFileAtomic(t, f.configPath, defaultConfigText())
+	writeFileAtomic(t, f.tokensPath, routesTokensText())
 	if o.keepalive == 0 {
 		o.keepalive = time.Hour
 	}
@@ -189,7 +190,7 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 	t.Cleanup(g.Close)
 	t.Cleanup(func() {
 		logs := f.logs.String()
-		for _, tok := range discAllTokens {
+		for _, tok := range routesAllTokens {
 			if strings.Contains(logs, tok) {
 				t.Errorf("a token value appears in the logs")
 			}
@@ -198,22 +199,22 @@ func newDiscFixture(t *testing.T, o discOptions) *discFixture {
 	return f
 }
 
-func (f *discFixture) url(path string) string { return f.srv.URL + path }
+func (f *routesFixture) url(path string) string { return f.srv.URL + path }
 
 // do sends a request and returns the response with its body read.
-func (f *discFixture) do(method, path, token string, body io.Reader) (*http.Response, string) {
+func (f *routesFixture) do(method, path, token string, body io.Reader) (*http.Response, string) {
 	f.t.Helper()
 	return doRequest(f.t, f.client, method, f.url(path), token, body)
 }
 
 // metric returns the value of a counter or gauge with the given labels.
-func (f *discFixture) metric(name string, labels ...string) float64 {
+func (f *routesFixture) metric(name string, labels ...string) float64 {
 	f.t.Helper()
 	return gatheredValue(f.t, f.reg, name, labels...)
 }
 
-// discRoute is an installation for put.
-type discRoute struct {
+// testRoute is an installation for put.
+type testRoute struct {
 	ws, sb, name string
 	version      uint64
 	expires      time.Time
@@ -223,7 +224,7 @@ type discRoute struct {
 	protocol     string // "protocol" of the entry, omitted when empty
 }
 
-func (r discRoute) hostname() string {
+func (r testRoute) hostname() string {
 	d := r.domain
 	if d == "" {
 		d = "apps.test"
@@ -231,7 +232,7 @@ func (r discRoute) hostname() string {
 	return routes.Hostname(r.ws, r.sb, r.name, d)
 }
 
-func (r discRoute) entry() map[string]any {
+func (r testRoute) entry() map[string]any {
 	host, port := r.host, r.port
 	if host == "" {
 		host = "10.0.0.1"
@@ -252,7 +253,7 @@ func (r discRoute) entry() map[string]any {
 }
 
 // put advertises rs as supervisor sup's complete set.
-func (f *discFixture) put(sup, token string, rs ...discRoute) {
+func (f *routesFixture) put(sup, token string, rs ...testRoute) {
 	f.t.Helper()
 	list := []any{}
 	for _, r := range rs {
@@ -269,7 +270,7 @@ func (f *discFixture) put(sup, token string, rs ...discRoute) {
 }
 
 // snapshot GETs the snapshot of ws.
-func (f *discFixture) snapshot(ws, token string) *api.RouteSnapshot {
+func (f *routesFixture) snapshot(ws, token string) *api.RouteSnapshot {
 	f.t.Helper()
 	resp, body := f.do(http.MethodGet, "/v1/workspaces/"+ws+"/service-routes", token, nil)
 	if resp.StatusCode != http.StatusOK {
@@ -278,10 +279,10 @@ func (f *discFixture) snapshot(ws, token string) *api.RouteSnapshot {
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		f.t.Errorf("Content-Type %q", ct)
 	}
-	return discDecode(f.t, body)
+	return decodeSnapshot(f.t, body)
 }
 
-func discDecode(t *testing.T, line string) *api.RouteSnapshot {
+func decodeSnapshot(t *testing.T, line string) *api.RouteSnapshot {
 	t.Helper()
 	dec := json.NewDecoder(strings.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -310,45 +311,45 @@ func revNum(t *testing.T, s *api.RouteSnapshot) uint64 {
 	return n
 }
 
-// discWatch is an open watch stream read by a goroutine.
-type discWatch struct {
+// routesWatch is an open watch stream read by a goroutine.
+type routesWatch struct {
 	t     *testing.T
 	resp  *http.Response
-	lines chan gwLine
+	lines chan streamLine
 	done  chan struct{}
 	err   error // the read error that ended the stream; nil for a clean end
 }
 
-func (f *discFixture) watch(ws, token string) *discWatch {
+func (f *routesFixture) watch(ws, token string) *routesWatch {
 	f.t.Helper()
 	resp := openWatch(f.t, f.client, f.url("/v1/workspaces/"+ws+"/service-routes?watch=1"), token)
-	w := &discWatch{t: f.t, resp: resp, lines: make(chan gwLine, 4096), done: make(chan struct{})}
+	w := &routesWatch{t: f.t, resp: resp, lines: make(chan streamLine, 4096), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		defer close(w.lines)
 		br := bufio.NewReaderSize(resp.Body, 1<<20)
 		for {
-			line, err := api.ReadLine(br, 64<<20)
+			line, err := ndjson.ReadLine(br, 64<<20)
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					w.err = err
 				}
 				return
 			}
-			w.lines <- gwLine{text: strings.TrimSuffix(string(line), "\n"), at: time.Now()}
+			w.lines <- streamLine{text: strings.TrimSuffix(string(line), "\n"), at: time.Now()}
 		}
 	}()
 	f.t.Cleanup(w.close)
 	return w
 }
 
-func (w *discWatch) close() {
+func (w *routesWatch) close() {
 	_ = w.resp.Body.Close()
 	<-w.done
 }
 
 // next returns the next snapshot line (keepalives skipped).
-func (w *discWatch) next(within time.Duration) (*api.RouteSnapshot, time.Time) {
+func (w *routesWatch) next(within time.Duration) (*api.RouteSnapshot, time.Time) {
 	w.t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -361,7 +362,7 @@ func (w *discWatch) next(within time.Duration) (*api.RouteSnapshot, time.Time) {
 			if l.text == `{"keepalive":true}` {
 				continue
 			}
-			return discDecode(w.t, l.text), l.at
+			return decodeSnapshot(w.t, l.text), l.at
 		case <-timer.C:
 			w.t.Fatalf("no snapshot within %v", within)
 			return nil, time.Time{}
@@ -370,7 +371,7 @@ func (w *discWatch) next(within time.Duration) (*api.RouteSnapshot, time.Time) {
 }
 
 // noLine checks that no snapshot line arrives for d.
-func (w *discWatch) noLine(d time.Duration) {
+func (w *routesWatch) noLine(d time.Duration) {
 	w.t.Helper()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -390,7 +391,7 @@ func (w *discWatch) noLine(d time.Duration) {
 }
 
 // waitEnd waits for the stream to end and returns when it did.
-func (w *discWatch) waitEnd(within time.Duration) time.Time {
+func (w *routesWatch) waitEnd(within time.Duration) time.Time {
 	w.t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -409,7 +410,7 @@ func (w *discWatch) waitEnd(within time.Duration) time.Time {
 // ---------------------------------------------------------------------------
 
 func TestDiscoveryAuth(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
+	f := newDiscFixture(t, routesFixtureOptions{})
 	for _, c := range []struct {
 		name, path, token string
 		method            string
@@ -417,15 +418,15 @@ func TestDiscoveryAuth(t *testing.T) {
 	}{
 		{"no token", "/v1/workspaces/team/service-routes", "", "GET", 401},
 		{"unknown token", "/v1/workspaces/team/service-routes", "nope", "GET", 401},
-		{"supervisor token", "/v1/workspaces/team/service-routes", discTokSup1, "GET", 403},
-		{"ungranted workspace", "/v1/workspaces/lab/service-routes", discTokTeam, "GET", 403},
-		{"ungranted workspace, watch", "/v1/workspaces/lab/service-routes?watch=1", discTokTeam, "GET", 403},
+		{"supervisor token", "/v1/workspaces/team/service-routes", routesTokSup1, "GET", 403},
+		{"ungranted workspace", "/v1/workspaces/lab/service-routes", routesTokTeam, "GET", 403},
+		{"ungranted workspace, watch", "/v1/workspaces/lab/service-routes?watch=1", routesTokTeam, "GET", 403},
 		{"unknown token, watch", "/v1/workspaces/team/service-routes?watch=1", "nope", "GET", 401},
-		{"supervisor token, watch", "/v1/workspaces/team/service-routes?watch=1", discTokSup2, "GET", 403},
-		{"invalid workspace", "/v1/workspaces/Team--x/service-routes", discTokTeam, "GET", 400},
-		{"bad watch value", "/v1/workspaces/team/service-routes?watch=2", discTokTeam, "GET", 400},
-		{"method", "/v1/workspaces/team/service-routes", discTokTeam, "POST", 405},
-		{"workspace token on a supervisor endpoint", "/v1/supervisors/sup-1/config", discTokTeam, "GET", 403},
+		{"supervisor token, watch", "/v1/workspaces/team/service-routes?watch=1", routesTokSup2, "GET", 403},
+		{"invalid workspace", "/v1/workspaces/Team--x/service-routes", routesTokTeam, "GET", 400},
+		{"bad watch value", "/v1/workspaces/team/service-routes?watch=2", routesTokTeam, "GET", 400},
+		{"method", "/v1/workspaces/team/service-routes", routesTokTeam, "POST", 405},
+		{"workspace token on a supervisor endpoint", "/v1/supervisors/sup-1/config", routesTokTeam, "GET", 403},
 	} {
 		resp, body := f.do(c.method, c.path, c.token, nil)
 		if resp.StatusCode != c.code {
@@ -438,32 +439,32 @@ func TestDiscoveryAuth(t *testing.T) {
 		}
 	}
 	// A workspace token cannot advertise.
-	resp, _ := f.do(http.MethodPut, "/v1/supervisors/sup-1/installations", discTokTeam, strings.NewReader(`{"installations":[]}`))
+	resp, _ := f.do(http.MethodPut, "/v1/supervisors/sup-1/installations", routesTokTeam, strings.NewReader(`{"installations":[]}`))
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("PUT with a workspace token: %d", resp.StatusCode)
 	}
 	// Granted: 200 with an empty set for a workspace nobody advertised.
-	s := f.snapshot("team", discTokTeam)
+	s := f.snapshot("team", routesTokTeam)
 	if s.Workspace != "team" || len(s.Routes) != 0 {
 		t.Errorf("empty snapshot: %+v", s)
 	}
-	if s2 := f.snapshot("lab", discTokBoth); s2.Workspace != "lab" {
+	if s2 := f.snapshot("lab", routesTokBoth); s2.Workspace != "lab" {
 		t.Errorf("lab snapshot: %+v", s2)
 	}
 }
 
 func TestDiscoverySnapshotFields(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
+	f := newDiscFixture(t, routesFixtureOptions{})
 	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
-	f.put("sup-1", discTokSup1,
-		discRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27", port: 8443, protocol: "h2c"},
-		discRoute{ws: "team", sb: "demo", name: "", version: 4, expires: exp, host: "10.42.1.27", port: 8443},
-		discRoute{ws: "lab", sb: "x", name: "api", version: 5, expires: exp, host: "10.42.1.27", port: 8443},
+	f.put("sup-1", routesTokSup1,
+		testRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27", port: 8443, protocol: "h2c"},
+		testRoute{ws: "team", sb: "demo", name: "", version: 4, expires: exp, host: "10.42.1.27", port: 8443},
+		testRoute{ws: "lab", sb: "x", name: "api", version: 5, expires: exp, host: "10.42.1.27", port: 8443},
 		// Not granted to sup-1 (sup-2's sandbox; a service sup-1 does not declare).
-		discRoute{ws: "team", sb: "other", name: "web", version: 6, expires: exp},
-		discRoute{ws: "team", sb: "demo", name: "api", version: 7, expires: exp},
+		testRoute{ws: "team", sb: "other", name: "web", version: 6, expires: exp},
+		testRoute{ws: "team", sb: "demo", name: "api", version: 7, expires: exp},
 	)
-	s := f.snapshot("team", discTokTeam)
+	s := f.snapshot("team", routesTokTeam)
 	want := []api.ServiceRoute{
 		{Hostname: "team--demo--web.apps.test", Workspace: "team", Sandbox: "demo", Name: "web", Supervisor: "sup-1",
 			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443},
@@ -476,14 +477,14 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		t.Fatalf("team snapshot:\n got %+v\nwant %+v", s.Routes, want)
 	}
 	// The raw JSON has exactly the documented shape.
-	_, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil)
+	_, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil)
 	if !strings.Contains(body, `"endpoint":{"host":"10.42.1.27","port":8443},"protocol":"h2c"}`) ||
 		!strings.Contains(body, `"expires_at":"`+exp.Format(time.RFC3339Nano)+`"`) ||
 		!strings.HasPrefix(body, `{"workspace":"team","revision":"`) || !strings.HasSuffix(body, "]}\n") {
 		t.Errorf("snapshot body %s", body)
 	}
 	// Workspace isolation: lab only sees lab.
-	if got := controltest.Hostnames(f.snapshot("lab", discTokLab)); !slices.Equal(got, []string{"lab--x--api.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("lab", routesTokLab)); !slices.Equal(got, []string{"lab--x--api.apps.test"}) {
 		t.Errorf("lab snapshot: %v", got)
 	}
 
@@ -504,15 +505,15 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		{"hostname": "team--demo--web.apps.test", "workspace": "team", "sandbox": "demo", "name": "web",
 			"installation_version": "x", "expires_at": exp, "endpoint": map[string]any{"host": "10.0.0.9", "port": 1}},
 		// A protocol the listener does not speak to apps.
-		discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, protocol: "h3"}.entry(),
-		discRoute{ws: "team", sb: "demo", name: "", version: 9, expires: exp}.entry(),
+		testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, protocol: "h3"}.entry(),
+		testRoute{ws: "team", sb: "demo", name: "", version: 9, expires: exp}.entry(),
 	}
 	b, _ := json.Marshal(map[string]any{"installations": bad})
-	resp, rb := f.do(http.MethodPut, "/v1/supervisors/sup-1/installations", discTokSup1, bytes.NewReader(b))
+	resp, rb := f.do(http.MethodPut, "/v1/supervisors/sup-1/installations", routesTokSup1, bytes.NewReader(b))
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("PUT with invalid entries: %d %q", resp.StatusCode, rb)
 	}
-	s = f.snapshot("team", discTokTeam)
+	s = f.snapshot("team", routesTokTeam)
 	if got := controltest.Hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) || s.Routes[0].InstallationVersion != 9 {
 		t.Errorf("after invalid entries: %+v", s.Routes)
 	}
@@ -523,8 +524,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 		t.Errorf("no log of the rejected entries")
 	}
 	// An expires_at far in the future is capped.
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: time.Now().Add(24 * time.Hour)})
-	s = f.snapshot("team", discTokTeam)
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: time.Now().Add(24 * time.Hour)})
+	s = f.snapshot("team", routesTokTeam)
 	if len(s.Routes) != 1 || s.Routes[0].ExpiresAt.After(time.Now().Add(MaxAdvertisedLifetime)) {
 		t.Errorf("expires_at not capped: %+v", s.Routes)
 	}
@@ -534,8 +535,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 }
 
 func TestDiscoveryRevisionAndWatchLatency(t *testing.T) {
-	f := newDiscFixture(t, discOptions{keepalive: 50 * time.Millisecond})
-	w := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{keepalive: 50 * time.Millisecond})
+	w := f.watch("team", routesTokTeam)
 	first, _ := w.next(time.Second)
 	if len(first.Routes) != 0 {
 		t.Fatalf("first line %+v", first)
@@ -545,7 +546,7 @@ func TestDiscoveryRevisionAndWatchLatency(t *testing.T) {
 	var lat []time.Duration
 	for i := 1; i <= 20; i++ {
 		sent := time.Now()
-		f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: uint64(i), expires: exp})
+		f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: uint64(i), expires: exp})
 		s, at := w.next(time.Second)
 		lat = append(lat, at.Sub(sent))
 		if len(s.Routes) != 1 || s.Routes[0].InstallationVersion != uint64(i) {
@@ -564,20 +565,20 @@ func TestDiscoveryRevisionAndWatchLatency(t *testing.T) {
 	}
 	// The same set again (a renewal with nothing new) and a change of
 	// another workspace: no line, same revision.
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 20, expires: exp},
-		discRoute{ws: "lab", sb: "x", name: "api", version: 1, expires: exp})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 20, expires: exp},
+		testRoute{ws: "lab", sb: "x", name: "api", version: 1, expires: exp})
 	w.noLine(150 * time.Millisecond)
-	if s := f.snapshot("team", discTokTeam); revNum(t, s) != rev {
+	if s := f.snapshot("team", routesTokTeam); revNum(t, s) != rev {
 		t.Errorf("revision changed without a change: %s, was %d", s.Revision, rev)
 	}
 	// A renewal moves expires_at: that is a change of the published set.
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 20, expires: exp.Add(time.Second)},
-		discRoute{ws: "lab", sb: "x", name: "api", version: 1, expires: exp})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 20, expires: exp.Add(time.Second)},
+		testRoute{ws: "lab", sb: "x", name: "api", version: 1, expires: exp})
 	if s, _ := w.next(time.Second); revNum(t, s) <= rev || !s.Routes[0].ExpiresAt.Equal(exp.Add(time.Second)) {
 		t.Errorf("renewal line %+v", s)
 	}
 	// Withdrawal: an empty set.
-	f.put("sup-1", discTokSup1)
+	f.put("sup-1", routesTokSup1)
 	if s, _ := w.next(time.Second); len(s.Routes) != 0 {
 		t.Errorf("after withdrawal: %+v", s.Routes)
 	}
@@ -587,13 +588,13 @@ func TestDiscoveryRevisionAndWatchLatency(t *testing.T) {
 }
 
 func TestDiscoveryExpiry(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
-	w := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{})
+	w := f.watch("team", routesTokTeam)
 	w.next(time.Second)
 	exp := time.Now().Add(400 * time.Millisecond)
-	f.put("sup-1", discTokSup1,
-		discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp},
-		discRoute{ws: "team", sb: "demo", name: "", version: 2, expires: time.Now().Add(time.Minute)})
+	f.put("sup-1", routesTokSup1,
+		testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp},
+		testRoute{ws: "team", sb: "demo", name: "", version: 2, expires: time.Now().Add(time.Minute)})
 	if s, _ := w.next(time.Second); len(s.Routes) != 2 {
 		t.Fatalf("routes %+v", s.Routes)
 	}
@@ -607,11 +608,11 @@ func TestDiscoveryExpiry(t *testing.T) {
 	if late < 0 || late > time.Second {
 		t.Errorf("expired route left the watch %v after expires_at (want within 1s, never before)", late)
 	}
-	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", routesTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
 		t.Errorf("GET after expiry: %v", got)
 	}
 	// An advertisement that is already expired is never published.
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: time.Now().Add(-time.Second)})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: time.Now().Add(-time.Second)})
 	if s, _ := w.next(time.Second); len(s.Routes) != 0 {
 		t.Errorf("expired advertisement published: %+v", s.Routes)
 	}
@@ -620,13 +621,13 @@ func TestDiscoveryExpiry(t *testing.T) {
 // The GET path never serves an expired route, even when the loop has not
 // run yet.
 func TestDiscoveryGetNeverServesExpired(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
+	f := newDiscFixture(t, routesFixtureOptions{})
 	for i := range 20 {
 		exp := time.Now().Add(time.Duration(5+i) * time.Millisecond)
-		f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: uint64(i + 1), expires: exp})
+		f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: uint64(i + 1), expires: exp})
 		time.Sleep(time.Until(exp))
 		now := time.Now()
-		for _, r := range f.snapshot("team", discTokTeam).Routes {
+		for _, r := range f.snapshot("team", routesTokTeam).Routes {
 			if !r.ExpiresAt.After(now) {
 				t.Fatalf("expired route served: %+v (now %v)", r, now)
 			}
@@ -635,31 +636,31 @@ func TestDiscoveryGetNeverServesExpired(t *testing.T) {
 }
 
 func TestDiscoveryConfigReloadRevokes(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
+	f := newDiscFixture(t, routesFixtureOptions{})
 	exp := time.Now().Add(time.Minute)
-	f.put("sup-1", discTokSup1,
-		discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp},
-		discRoute{ws: "team", sb: "demo", name: "", version: 2, expires: exp})
-	w := f.watch("team", discTokTeam)
+	f.put("sup-1", routesTokSup1,
+		testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp},
+		testRoute{ws: "team", sb: "demo", name: "", version: 2, expires: exp})
+	w := f.watch("team", routesTokTeam)
 	if s, _ := w.next(time.Second); len(s.Routes) != 2 {
 		t.Fatalf("routes %+v", s.Routes)
 	}
 	// The operator removes the web service from sup-1's section.
-	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
+	writeFileAtomic(t, f.configPath, sectionsConfig(map[string][]testInstance{
 		"sup-1": {{"team", "demo", []string{""}}},
 	}))
 	if err := f.g.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	// Immediately after the reload, before any re-advertisement.
-	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", routesTokTeam)); !slices.Equal(got, []string{"team--demo.apps.test"}) {
 		t.Fatalf("after the reload: %v", got)
 	}
 	if s, _ := w.next(time.Second); !slices.Equal(controltest.Hostnames(s), []string{"team--demo.apps.test"}) {
 		t.Fatalf("watch after the reload: %v", controltest.Hostnames(s))
 	}
 	// The sandbox moves to sup-2: sup-1's routes vanish at once.
-	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
+	writeFileAtomic(t, f.configPath, sectionsConfig(map[string][]testInstance{
 		"sup-2": {{"team", "demo", []string{"", "web"}}},
 	}))
 	if err := f.g.Reload(); err != nil {
@@ -668,7 +669,7 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 	if s, _ := w.next(time.Second); len(s.Routes) != 0 {
 		t.Fatalf("after the move: %v", controltest.Hostnames(s))
 	}
-	f.put("sup-2", discTokSup2, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, host: "10.0.0.2"})
+	f.put("sup-2", routesTokSup2, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, host: "10.0.0.2"})
 	s, _ := w.next(time.Second)
 	if len(s.Routes) != 1 || s.Routes[0].Supervisor != "sup-2" || s.Routes[0].Endpoint.Host != "10.0.0.2" {
 		t.Fatalf("after sup-2 advertised: %+v", s.Routes)
@@ -684,8 +685,8 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 }
 
 func TestDiscoveryConflictIncumbentWins(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
-	writeFileAtomic(t, f.configPath, discConfig(map[string][]discInstance{
+	f := newDiscFixture(t, routesFixtureOptions{})
+	writeFileAtomic(t, f.configPath, sectionsConfig(map[string][]testInstance{
 		"sup-1": {{"team", "demo", []string{"web"}}},
 		"sup-2": {{"team", "demo", []string{"web"}}},
 	}))
@@ -693,10 +694,10 @@ func TestDiscoveryConflictIncumbentWins(t *testing.T) {
 		t.Fatal(err)
 	}
 	exp := time.Now().Add(time.Minute)
-	f.put("sup-2", discTokSup2, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, host: "10.0.0.2"})
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp.Add(time.Second), host: "10.0.0.1"})
+	f.put("sup-2", routesTokSup2, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, host: "10.0.0.2"})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp.Add(time.Second), host: "10.0.0.1"})
 	owner := func() string {
-		s := f.snapshot("team", discTokTeam)
+		s := f.snapshot("team", routesTokTeam)
 		if len(s.Routes) != 1 {
 			t.Fatalf("routes %+v", s.Routes)
 		}
@@ -706,7 +707,7 @@ func TestDiscoveryConflictIncumbentWins(t *testing.T) {
 		t.Fatalf("owner %s, want the incumbent sup-2", o)
 	}
 	// Renewals (later expires_at) do not move it.
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp.Add(2 * time.Second), host: "10.0.0.1"})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp.Add(2 * time.Second), host: "10.0.0.1"})
 	if o := owner(); o != "sup-2" {
 		t.Fatalf("owner %s after a renewal of sup-1", o)
 	}
@@ -714,7 +715,7 @@ func TestDiscoveryConflictIncumbentWins(t *testing.T) {
 		t.Errorf("conflicts gauge %v", f.metric("applistener_gateway_discovery_conflicts"))
 	}
 	// The incumbent withdraws: the other takes over.
-	f.put("sup-2", discTokSup2)
+	f.put("sup-2", routesTokSup2)
 	if o := owner(); o != "sup-1" {
 		t.Fatalf("owner %s after sup-2 withdrew", o)
 	}
@@ -726,8 +727,8 @@ func TestDiscoveryConflictIncumbentWins(t *testing.T) {
 // A reader that stops reading is disconnected after the send timeout; the
 // watcher count drops.
 func TestDiscoverySlowReaderDisconnected(t *testing.T) {
-	f := newDiscFixture(t, discOptions{sendTimeout: 100 * time.Millisecond})
-	conn := discRawWatch(t, f, "team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{sendTimeout: 100 * time.Millisecond})
+	conn := rawRoutesWatch(t, f, "team", routesTokTeam)
 	defer func() { _ = conn.Close() }()
 	testutil.Eventually(t, 2*time.Second, "the watch", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 1 })
 	exp := time.Now().Add(time.Minute)
@@ -736,31 +737,31 @@ func TestDiscoverySlowReaderDisconnected(t *testing.T) {
 		if time.Since(start) > 30*time.Second {
 			t.Fatal("a reader that never reads was never disconnected")
 		}
-		f.put("sup-1", discTokSup1, discBigRoutes(i, exp)...)
+		f.put("sup-1", routesTokSup1, bigRoutes(i, exp)...)
 		time.Sleep(20 * time.Millisecond)
 	}
-	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndSendTimeout) != 1 {
+	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonSendTimeout) != 1 {
 		t.Errorf("disconnect reasons: send_timeout %v, write_error %v",
-			f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndSendTimeout),
-			f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndWriteError))
+			f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonSendTimeout),
+			f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonWriteError))
 	}
 	t.Logf("non-reading watcher disconnected %v after the first change", time.Since(start).Round(time.Millisecond))
 }
 
-// discBigRoutes returns about 130 KB of snapshot: 330 routes of team/demo/web
+// bigRoutes returns about 130 KB of snapshot: 330 routes of team/demo/web
 // under distinct domains, with long endpoint hosts; i varies the content.
-func discBigRoutes(i int, exp time.Time) []discRoute {
-	rs := make([]discRoute, 0, 330)
+func bigRoutes(i int, exp time.Time) []testRoute {
+	rs := make([]testRoute, 0, 330)
 	for j := range 330 {
-		rs = append(rs, discRoute{ws: "team", sb: "demo", name: "web", version: uint64(i), expires: exp,
+		rs = append(rs, testRoute{ws: "team", sb: "demo", name: "web", version: uint64(i), expires: exp,
 			host: fmt.Sprintf("h%03d-%03d.%s", i, j, strings.Repeat("x", 150)), domain: fmt.Sprintf("d%03d.apps.test", j)})
 	}
 	return rs
 }
 
-// discRawWatch opens a watch on a raw TCP connection with a tiny receive
+// rawRoutesWatch opens a watch on a raw TCP connection with a tiny receive
 // buffer and never reads from it.
-func discRawWatch(t *testing.T, f *discFixture, ws, token string) net.Conn {
+func rawRoutesWatch(t *testing.T, f *routesFixture, ws, token string) net.Conn {
 	t.Helper()
 	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
 	if err != nil {
@@ -785,14 +786,14 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 		// A queue per watcher would need watchers*changes*100 KB ≈ 1 GB.
 		bound = 32 << 20
 	)
-	f := newDiscFixture(t, discOptions{maxWatchers: watchers, sendTimeout: time.Minute, quietLogs: true})
+	f := newDiscFixture(t, routesFixtureOptions{maxWatchers: watchers, sendTimeout: time.Minute, quietLogs: true})
 	exp := time.Now().Add(time.Minute)
-	f.put("sup-1", discTokSup1, discBigRoutes(0, exp)...)
-	line := f.snapshot("team", discTokTeam)
+	f.put("sup-1", routesTokSup1, bigRoutes(0, exp)...)
+	line := f.snapshot("team", routesTokTeam)
 	if len(line.Routes) != 330 {
 		t.Fatalf("%d routes published", len(line.Routes))
 	}
-	_, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil)
+	_, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil)
 	t.Logf("snapshot size %d bytes", len(body))
 
 	runtime.GC()
@@ -805,13 +806,13 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 		}
 	}()
 	for range watchers {
-		conns = append(conns, discRawWatch(t, f, "team", discTokTeam))
+		conns = append(conns, rawRoutesWatch(t, f, "team", routesTokTeam))
 	}
 	testutil.Eventually(t, 10*time.Second, "the watches", func() bool {
 		return f.metric("applistener_gateway_discovery_watchers") == watchers
 	})
 	for i := 1; i <= changes; i++ {
-		f.put("sup-1", discTokSup1, discBigRoutes(i, exp)...)
+		f.put("sup-1", routesTokSup1, bigRoutes(i, exp)...)
 	}
 	time.Sleep(200 * time.Millisecond) // let the writers block
 	runtime.GC()
@@ -838,42 +839,43 @@ func TestDiscoveryManySlowWatchersBoundedMemory(t *testing.T) {
 
 func TestDiscoveryGrantNarrowedEndsWatch(t *testing.T) {
 	const period = 200 * time.Millisecond
-	f := newDiscFixture(t, discOptions{reauthPeriod: period})
-	wTeam := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{reauthPeriod: period})
+	wTeam := f.watch("team", routesTokTeam)
 	wTeam.next(time.Second)
-	wLab := f.watch("lab", discTokBoth)
+	wLab := f.watch("lab", routesTokBoth)
 	wLab.next(time.Second)
-	// The token file no longer grants team to discTokTeam (it gets lab).
+	// The token file no longer grants team to routesTokTeam (it gets lab).
 	changed := time.Now()
-	writeFileAtomic(t, f.tokensPath, discTokens("lab"))
+	writeFileAtomic(t, f.tokensPath, routesTokensText("lab"))
 	end := wTeam.waitEnd(2 * time.Second)
 	t.Logf("watch ended %v after the tokens file changed (file poll 20 ms, reauth period %v)", end.Sub(changed).Round(time.Millisecond), period)
 	if end.Sub(changed) > period+500*time.Millisecond {
 		t.Errorf("the watch ended %v after the grant was narrowed", end.Sub(changed))
 	}
-	if resp, _ := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil); resp.StatusCode != http.StatusForbidden {
+	if resp, _ := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", routesTokTeam, nil); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("reconnect after narrowing: %d", resp.StatusCode)
 	}
 	// Other watches are untouched.
 	wLab.noLine(2 * period)
-	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndRevoked) != 1 {
-		t.Errorf("revoked metric %v", f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndRevoked))
+	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonRevoked) != 1 {
+		t.Errorf("revoked metric %v", f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonRevoked))
 	}
 
-	// The periodic check alone (a state swap without the reload's
-	// immediate re-check) ends a watch within one period.
-	w2 := f.watch("lab", discTokLab)
+	// The periodic check alone (a state swap fed to discovery without the
+	// reload's immediate re-check) ends a watch within one period.
+	w2 := f.watch("lab", routesTokLab)
 	w2.next(time.Second)
 	f.g.mu.Lock()
 	old := f.g.state.Load()
-	var tokens []gatewayToken
+	var tokens []tokenGrant
 	for _, tk := range old.tokens {
 		if slices.Contains(tk.workspaces, "lab") && len(tk.workspaces) == 1 {
-			continue // drop discTokLab (and the narrowed discTokTeam)
+			continue // drop routesTokLab (and the narrowed routesTokTeam)
 		}
 		tokens = append(tokens, tk)
 	}
-	f.g.state.Store(&gatewayState{docs: old.docs, tokens: tokens, grants: old.grants})
+	f.g.state.Store(&stateSnapshot{docs: old.docs, tokens: tokens, grants: old.grants})
+	f.g.feedDiscoveryLocked(map[string]struct{}{})
 	f.g.mu.Unlock()
 	swapped := time.Now()
 	end = w2.waitEnd(2 * time.Second)
@@ -885,9 +887,9 @@ func TestDiscoveryGrantNarrowedEndsWatch(t *testing.T) {
 
 func TestDiscoveryMaxLifetime(t *testing.T) {
 	const life = 300 * time.Millisecond
-	f := newDiscFixture(t, discOptions{maxLifetime: life, keepalive: 50 * time.Millisecond})
+	f := newDiscFixture(t, routesFixtureOptions{maxLifetime: life, keepalive: 50 * time.Millisecond})
 	opened := time.Now() // the server's timer starts later than this
-	w := f.watch("team", discTokTeam)
+	w := f.watch("team", routesTokTeam)
 	w.next(time.Second)
 	end := w.waitEnd(3 * time.Second)
 	if w.err != nil {
@@ -898,34 +900,34 @@ func TestDiscoveryMaxLifetime(t *testing.T) {
 	if d < life*9/10 || d > life+time.Second {
 		t.Errorf("watch lived %v, want about %v", d, life)
 	}
-	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndLifetime) != 1 {
+	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonLifetime) != 1 {
 		t.Error("no max_lifetime disconnect counted")
 	}
 }
 
 func TestDiscoveryWatcherLimit(t *testing.T) {
-	f := newDiscFixture(t, discOptions{maxWatchers: 2})
-	w1 := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{maxWatchers: 2})
+	w1 := f.watch("team", routesTokTeam)
 	w1.next(time.Second)
-	w2 := f.watch("team", discTokTeam)
+	w2 := f.watch("team", routesTokTeam)
 	w2.next(time.Second)
-	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil)
+	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", routesTokTeam, nil)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("third watch: %d %q", resp.StatusCode, body)
 	}
 	checkOneLine(t, 429, body)
 	// The limit is per token.
-	f.watch("team", discTokSecond).next(time.Second)
+	f.watch("team", routesTokSecond).next(time.Second)
 	// Snapshots are not limited.
-	f.snapshot("team", discTokTeam)
+	f.snapshot("team", routesTokTeam)
 	w1.close()
 	testutil.Eventually(t, 2*time.Second, "a slot", func() bool { return f.metric("applistener_gateway_discovery_watchers") == 2 })
-	f.watch("team", discTokTeam).next(time.Second)
+	f.watch("team", routesTokTeam).next(time.Second)
 }
 
 func TestDiscoveryKeepaliveAndClose(t *testing.T) {
-	f := newDiscFixture(t, discOptions{keepalive: 30 * time.Millisecond})
-	w := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{keepalive: 30 * time.Millisecond})
+	w := f.watch("team", routesTokTeam)
 	w.next(time.Second)
 	select {
 	case l := <-w.lines:
@@ -937,51 +939,52 @@ func TestDiscoveryKeepaliveAndClose(t *testing.T) {
 	}
 	f.g.Close()
 	w.waitEnd(2 * time.Second)
-	if resp, _ := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
+	if resp, _ := f.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", routesTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("watch after Close: %d", resp.StatusCode)
 	}
-	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndClosing) != 1 {
+	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonClosing) != 1 {
 		t.Error("closing not counted")
 	}
 }
 
 // Without the maintenance loop, discovery fails closed.
 func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
-	f := newDiscFixture(t, discOptions{reauthPeriod: 50 * time.Millisecond})
-	w := f.watch("team", discTokTeam)
+	f := newDiscFixture(t, routesFixtureOptions{reauthPeriod: 50 * time.Millisecond})
+	w := f.watch("team", routesTokTeam)
 	w.next(time.Second)
 	f.stopRun()
-	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil)
+	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("GET without the loop: %d %q", resp.StatusCode, body)
 	}
 	checkOneLine(t, 503, body)
 	w.waitEnd(time.Second)
-	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndUnusable) != 1 {
+	if f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonUnusable) != 1 {
 		t.Error("state_unusable not counted")
 	}
 	// A stalled loop (old beat) is refused too.
-	f2 := newDiscFixture(t, discOptions{noRun: true})
-	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil); resp.StatusCode != http.StatusOK {
+	f2 := newDiscFixture(t, routesFixtureOptions{noRun: true})
+	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET right after New: %d", resp.StatusCode)
 	}
-	f2.g.discBeat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
-	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", discTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
+	f2.g.discovery.beat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
+	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", routesTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("watch with a stalled loop: %d", resp.StatusCode)
 	}
 }
 
 // A snapshot too large to serve is refused (503), not truncated.
 func TestDiscoverySnapshotTooLarge(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
-	f.g.mu.Lock()
-	p := f.g.encodeSnapshot("team", 1, []api.ServiceRoute{{Hostname: strings.Repeat("a", api.MaxDiscoverySnapshotBytes)}})
-	f.g.disc.published["team"] = p
-	f.g.mu.Unlock()
+	f := newDiscFixture(t, routesFixtureOptions{})
+	d := f.g.discovery
+	d.mu.Lock()
+	p := d.encodeSnapshot("team", 1, []api.ServiceRoute{{Hostname: strings.Repeat("a", api.MaxDiscoverySnapshotBytes)}})
+	d.published["team"] = p
+	d.mu.Unlock()
 	if p.err == nil {
 		t.Fatal("no error for an oversized snapshot")
 	}
-	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", discTokTeam, nil)
+	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("oversized snapshot: %d %.200q", resp.StatusCode, body)
 	}
@@ -991,19 +994,19 @@ func TestDiscoverySnapshotTooLarge(t *testing.T) {
 // A supervisor whose token is removed from the tokens file is no longer
 // trusted: its routes leave discovery at once.
 func TestDiscoverySupervisorTokenRemoved(t *testing.T) {
-	f := newDiscFixture(t, discOptions{})
+	f := newDiscFixture(t, routesFixtureOptions{})
 	exp := time.Now().Add(time.Minute)
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp})
-	f.put("sup-2", discTokSup2, discRoute{ws: "team", sb: "other", name: "web", version: 1, expires: exp})
-	w := f.watch("team", discTokTeam)
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp})
+	f.put("sup-2", routesTokSup2, testRoute{ws: "team", sb: "other", name: "web", version: 1, expires: exp})
+	w := f.watch("team", routesTokTeam)
 	if s, _ := w.next(time.Second); len(s.Routes) != 2 {
 		t.Fatalf("routes %+v", s.Routes)
 	}
-	writeFileAtomic(t, f.tokensPath, strings.Replace(discTokens(), `{"token": "`+discTokSup1+`", "supervisor": "sup-1"},`, "", 1))
+	writeFileAtomic(t, f.tokensPath, strings.Replace(routesTokensText(), `{"token": "`+routesTokSup1+`", "supervisor": "sup-1"},`, "", 1))
 	if err := f.g.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if got := controltest.Hostnames(f.snapshot("team", discTokTeam)); !slices.Equal(got, []string{"team--other--web.apps.test"}) {
+	if got := controltest.Hostnames(f.snapshot("team", routesTokTeam)); !slices.Equal(got, []string{"team--other--web.apps.test"}) {
 		t.Fatalf("after removing sup-1's token: %v", got)
 	}
 	if s, _ := w.next(time.Second); len(s.Routes) != 1 {
@@ -1015,9 +1018,9 @@ func TestDiscoverySupervisorTokenRemoved(t *testing.T) {
 // lines is reset after the send timeout (HTTP/2 flow control blocks the
 // writer).
 func TestDiscoveryWatchHTTP2(t *testing.T) {
-	f := newDiscFixture(t, discOptions{http2: true, sendTimeout: 200 * time.Millisecond})
+	f := newDiscFixture(t, routesFixtureOptions{http2: true, sendTimeout: 200 * time.Millisecond})
 	t.Cleanup(f.client.CloseIdleConnections)
-	w := f.watch("team", discTokTeam)
+	w := f.watch("team", routesTokTeam)
 	if w.resp.ProtoMajor != 2 {
 		t.Fatalf("protocol %s, want HTTP/2", w.resp.Proto)
 	}
@@ -1026,7 +1029,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 	// HTTP/2 a write deadline left set would reset it when it fires).
 	w.noLine(3 * 200 * time.Millisecond)
 	sent := time.Now()
-	f.put("sup-1", discTokSup1, discRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: time.Now().Add(time.Minute)})
+	f.put("sup-1", routesTokSup1, testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: time.Now().Add(time.Minute)})
 	s, at := w.next(time.Second)
 	if len(s.Routes) != 1 {
 		t.Fatalf("routes %+v", s.Routes)
@@ -1038,7 +1041,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+discTokTeam)
+	req.Header.Set("Authorization", "Bearer "+routesTokTeam)
 	stuck, err := f.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -1052,7 +1055,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 		if i > 400 {
 			t.Fatalf("the stuck HTTP/2 stream was never reset; logs:\n%.3000s", f.logs.String()[max(0, len(f.logs.String())-3000):])
 		}
-		f.put("sup-1", discTokSup1, discBigRoutes(i, exp)...)
+		f.put("sup-1", routesTokSup1, bigRoutes(i, exp)...)
 		time.Sleep(10 * time.Millisecond)
 	}
 	// The first stream, which reads, is still served.
@@ -1062,7 +1065,7 @@ func TestDiscoveryWatchHTTP2(t *testing.T) {
 			break
 		}
 	}
-	if n := f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", discEndSendTimeout); n != 1 {
+	if n := f.metric("applistener_gateway_discovery_watch_disconnects_total", "reason", reasonSendTimeout); n != 1 {
 		t.Errorf("send_timeout disconnects %v", n)
 	}
 }

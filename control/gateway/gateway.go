@@ -46,8 +46,6 @@ const (
 	MaxTokensBytes = 4 << 20
 	// MaxInstallationsBytes is the largest installations body accepted.
 	MaxInstallationsBytes = 4 << 20
-	// MaxSupervisorIDLen is the longest supervisor id.
-	MaxSupervisorIDLen = 253
 	// MaxTokenLen is the longest bearer token.
 	MaxTokenLen = 4096
 	// MaxWatchesPerSupervisor bounds the open watch streams of one
@@ -55,21 +53,9 @@ const (
 	MaxWatchesPerSupervisor = 64
 )
 
-// gatewayWriteTimeout bounds every write to a watch stream: a supervisor
+// pushWriteTimeout bounds every write to a watch stream: a supervisor
 // that does not read is disconnected.
-const gatewayWriteTimeout = 10 * time.Second
-
-// emptyGatewayDocument is served to a supervisor that has a token but no
-// stored document: no document means no routes.
-const emptyGatewayDocument = `{"revision":"","instances":[]}`
-
-// emptyPoolDocument is served to a pool member that has no stored document.
-const emptyPoolDocument = `{"revision":"empty","instances":[]}`
-
-var (
-	gatewayKeepaliveLine = []byte(`{"keepalive":true}` + "\n")
-	gatewayNewline       = []byte("\n")
-)
+const pushWriteTimeout = 10 * time.Second
 
 // Config configures a Gateway.
 type Config struct {
@@ -144,9 +130,10 @@ type Gateway struct {
 	writeTimeout time.Duration
 	policy       endpointPolicy
 	log          *slog.Logger
-	m            *gatewayMetrics
-	dm           *discoveryMetrics
-	dcfg         discoveryConfig
+	m            *metrics
+	// discovery publishes the advertisements; it is fed a view of the
+	// state at each change (feedDiscoveryLocked).
+	discovery *discoveryService
 
 	store     store
 	storeKind string // "memory" or "etcd"
@@ -159,14 +146,9 @@ type Gateway struct {
 	running   atomic.Bool
 	closeOnce sync.Once
 
-	// discBeat is when the discovery loop last ran (Unix nanoseconds), 0
-	// when it is not running; discWake (capacity 1) makes it look again.
-	discBeat atomic.Int64
-	discWake chan struct{}
-
 	// state is the current documents and tokens: immutable, replaced whole,
 	// stored with mu held, loaded without it.
-	state atomic.Pointer[gatewayState]
+	state atomic.Pointer[stateSnapshot]
 
 	// reloadMu serializes reloads and guards the fields below it.
 	reloadMu   sync.Mutex
@@ -175,19 +157,20 @@ type Gateway struct {
 	// fileDocs are the documents of the configuration file as last read,
 	// still to be imported when importPending; fileIDs are the supervisors
 	// the last import wrote (an id that leaves the file is deleted).
-	fileDocs      map[string]gatewayDocument
+	fileDocs      map[string]document
 	fileIDs       map[string]struct{}
 	importPending bool
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
 	mu       sync.Mutex
-	watchers map[*gatewayWatcher]struct{}
+	watchers map[*pushWatcher]struct{}
 	closed   bool
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
-	// of the store; discovery builds on them.
-	installations map[string]gatewayAdvertisement
+	// of the store. Each map is replaced, never written, once discovery
+	// was handed it (copy on write).
+	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
 	// appliedRev is the store revision the view has; revWake is closed
@@ -197,8 +180,6 @@ type Gateway struct {
 	// policyWarned are the (supervisor, endpoint) pairs already warned
 	// about.
 	policyWarned map[string]struct{}
-	// disc is what discovery publishes.
-	disc discoveryState
 }
 
 // New reads the files and sets up the store. A file that cannot be read
@@ -225,28 +206,26 @@ func New(cfg Config) (*Gateway, error) {
 		sessionTTL:    cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
 		poll:          cmp.Or(max(cfg.Poll, 0), DefaultPoll),
 		disablePush:   cfg.DisablePush,
-		writeTimeout:  gatewayWriteTimeout,
+		writeTimeout:  pushWriteTimeout,
 		policy:        policy,
 		log:           cfg.Logger,
-		m:             newGatewayMetrics(cfg.Registerer),
-		dm:            newDiscoveryMetrics(cfg.Registerer),
-		dcfg:          discoveryConfigFrom(cfg),
-		discWake:      make(chan struct{}, 1),
-		watchers:      make(map[*gatewayWatcher]struct{}),
-		installations: make(map[string]gatewayAdvertisement),
+		m:             newMetrics(cfg.Registerer),
+		watchers:      make(map[*pushWatcher]struct{}),
+		installations: make(map[string]advertisement),
 		sessions:      make(map[string]sessionView),
 		pools:         make(map[string]string),
 		revWake:       make(chan struct{}),
 		policyWarned:  make(map[string]struct{}),
 		fileIDs:       make(map[string]struct{}),
-		disc:          newDiscoveryState(time.Now()),
 	}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
-	var tokens []gatewayToken
+	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
+		"the gateway's store is not loaded yet")
+	var tokens []tokenGrant
 	if g.configPath != "" {
-		g.configSeen, g.fileDocs, err = loadGatewayConfig(g.configPath)
+		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
 		if err != nil {
 			g.m.reloads.WithLabelValues("config", "failed").Inc()
 			return nil, err
@@ -254,13 +233,13 @@ func New(cfg Config) (*Gateway, error) {
 		g.m.reloads.WithLabelValues("config", "ok").Inc()
 		g.importPending = true
 	}
-	g.tokensSeen, tokens, err = loadGatewayTokens(g.tokensPath)
+	g.tokensSeen, tokens, err = loadTokens(g.tokensPath)
 	if err != nil {
 		g.m.reloads.WithLabelValues("tokens", "failed").Inc()
 		return nil, err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
-	g.state.Store(&gatewayState{docs: map[string]gatewayDocument{}, tokens: tokens, grants: map[string]map[grantKey]string{}})
+	g.state.Store(&stateSnapshot{docs: map[string]document{}, tokens: tokens, grants: map[string]map[grantKey]string{}})
 
 	if cfg.Etcd != nil {
 		es, err := newEtcdStore(*cfg.Etcd, g.log)
@@ -281,9 +260,6 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, err
 		}
 	}
-	// Discovery counts as maintained for discoveryStaleAfter before Run
-	// starts its loop, so that requests racing the start are answered.
-	g.discBeat.Store(time.Now().UnixNano())
 	g.log.Info("gateway files loaded", "config", g.configPath, "supervisors", len(g.fileDocs),
 		"tokens_file", g.tokensPath, "tokens", len(tokens), "store", g.storeKind,
 		"session_ttl", g.sessionTTL, "endpoint_policy", g.policy.String())
@@ -302,7 +278,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer g.closeStore()
 	defer wg.Wait()
-	wg.Go(func() { g.runDiscovery(ctx) })
+	wg.Go(func() { g.discovery.run(ctx) })
 	wg.Go(func() { g.store.run(ctx, g) })
 	ticker := time.NewTicker(g.poll)
 	defer ticker.Stop()
@@ -362,7 +338,7 @@ func (g *Gateway) Reload() error {
 // reloadConfigLocked re-reads the configuration file and imports it into
 // the store. reloadMu is held.
 func (g *Gateway) reloadConfigLocked(ctx context.Context) error {
-	id, docs, err := loadGatewayConfig(g.configPath)
+	id, docs, err := loadConfigFile(g.configPath)
 	g.configSeen = id
 	if err != nil {
 		g.m.reloads.WithLabelValues("config", "failed").Inc()
@@ -445,7 +421,7 @@ func (g *Gateway) importConfigLocked(ctx context.Context) error {
 // (advertisements made with a removed token are no longer published).
 // reloadMu is held.
 func (g *Gateway) reloadTokensLocked() error {
-	id, tokens, err := loadGatewayTokens(g.tokensPath)
+	id, tokens, err := loadTokens(g.tokensPath)
 	g.tokensSeen = id
 	if err != nil {
 		g.m.reloads.WithLabelValues("tokens", "failed").Inc()
@@ -456,11 +432,11 @@ func (g *Gateway) reloadTokensLocked() error {
 
 	g.mu.Lock()
 	old := g.state.Load()
-	next := &gatewayState{docs: old.docs, tokens: tokens, grants: old.grants}
+	next := &stateSnapshot{docs: old.docs, tokens: tokens, grants: old.grants}
 	g.state.Store(next)
-	revoked := g.discRevokeLocked(next)
 	// A supervisor may have lost its last token: republish.
-	g.discRepublishLocked(time.Now(), nil)
+	g.feedDiscoveryLocked(nil)
+	revoked := g.discovery.revokeUngranted()
 	for w := range g.watchers {
 		if t := next.lookupDigest(w.digest); !next.grantsSupervisor(t, w.supervisor, g.pools[w.supervisor]) {
 			if g.endWatcherLocked(w, "token revoked") {
@@ -489,11 +465,7 @@ func (g *Gateway) Close() {
 	for w := range g.watchers {
 		g.endWatcherLocked(w, "gateway closing")
 	}
-	for _, set := range g.disc.watchers {
-		for w := range set {
-			g.discEndLocked(w, discEndClosing)
-		}
-	}
+	g.discovery.close()
 }
 
 // Ready reports whether the gateway can answer (its store is loaded and
@@ -535,39 +507,24 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
 	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
 	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
-	mux.HandleFunc("/v1/workspaces/{ws}/service-routes", g.serveServiceRoutes)
+	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		g.fail(w, gwEndpointOther, http.StatusNotFound, "no such endpoint")
+		g.fail(w, endpointOther, http.StatusNotFound, "no such endpoint")
 	})
 	return mux
 }
 
 // fail answers code with a one-line plain-text body "CODE Status: reason".
 func (g *Gateway) fail(w http.ResponseWriter, endpoint string, code int, reason string) {
-	h := w.Header()
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_, _ = fmt.Fprintf(w, "%d %s: %s\n", code, http.StatusText(code), reason)
-	g.m.request(endpoint, code)
+	failRequest(w, g.m, endpoint, code, reason)
 }
 
-// getOrWatch checks that r is a GET and reads its watch parameter; it
-// answers the request itself (405, 400) and returns ok=false when not.
-func (g *Gateway) getOrWatch(w http.ResponseWriter, r *http.Request, getEndpoint, watchEndpoint string) (watch bool, endpoint string, ok bool) {
-	endpoint = getEndpoint
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
-		return false, endpoint, false
+// discoveryConfigFrom applies the defaults to cfg's discovery bounds.
+func discoveryConfigFrom(cfg Config) discoveryConfig {
+	return discoveryConfig{
+		maxWatchersPerToken: cmp.Or(max(cfg.DiscoveryMaxWatchersPerToken, 0), DefaultDiscoveryMaxWatchersPerToken),
+		sendTimeout:         cmp.Or(max(cfg.DiscoverySendTimeout, 0), DefaultDiscoverySendTimeout),
+		maxLifetime:         cmp.Or(max(cfg.DiscoveryMaxWatchLifetime, 0), DefaultDiscoveryMaxWatchLifetime),
+		reauthPeriod:        cmp.Or(max(cfg.DiscoveryReauthPeriod, 0), DefaultDiscoveryReauthPeriod),
 	}
-	switch r.URL.Query().Get("watch") {
-	case "", "0", "false":
-		return false, endpoint, true
-	case "1", "true":
-		return true, watchEndpoint, true
-	}
-	g.fail(w, endpoint, http.StatusBadRequest, "watch must be 1 or 0")
-	return false, endpoint, false
 }

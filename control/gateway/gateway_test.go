@@ -33,18 +33,18 @@ const (
 	tokWS   = "tok-ws-S3CRET-d4"
 )
 
-var gwAllTokens = []string{tokSup1, tokSup2, tokSup3, tokWS}
+var allTokens = []string{tokSup1, tokSup2, tokSup3, tokWS}
 
-const gwTokensJSON = `{"tokens": [
+const tokensJSON = `{"tokens": [
   {"token": "` + tokSup1 + `", "supervisor": "sup-1"},
   {"token": "` + tokSup2 + `", "supervisor": "sup-2"},
   {"token": "` + tokSup3 + `", "supervisor": "sup-3"},
   {"token": "` + tokWS + `", "workspaces": ["team"]}
 ]}`
 
-// gwConfigJSON returns a configuration file in which sup-1 has revision
+// configJSON returns a configuration file in which sup-1 has revision
 // rev1 (pretty-printed, to check compaction) and sup-2 has revision rev2.
-func gwConfigJSON(rev1, rev2 string) string {
+func configJSON(rev1, rev2 string) string {
 	return `{
   "supervisors": {
     "sup-1": {
@@ -60,8 +60,8 @@ func gwConfigJSON(rev1, rev2 string) string {
 }`
 }
 
-// gwDoc1 is sup-1's document of gwConfigJSON, compacted.
-func gwDoc1(rev1 string) string {
+// doc1 is sup-1's document of configJSON, compacted.
+func doc1(rev1 string) string {
 	return `{"revision":"` + rev1 + `","instances":[{"workspace":"team","sandbox":"demo","generation":"3",` +
 		`"connector":{"type":"tcp","host":"127.0.0.1"},"services":[{"name":"web","port":8080,"revision":7}]}]}`
 }
@@ -85,25 +85,25 @@ func writeFileAtomic(t *testing.T, path, data string) {
 	}
 }
 
-// gwLogBuffer collects log output.
-type gwLogBuffer struct {
+// logBuffer collects log output.
+type logBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *gwLogBuffer) Write(p []byte) (int, error) {
+func (b *logBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *gwLogBuffer) String() string {
+func (b *logBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
 
-type gwFixture struct {
+type fixture struct {
 	t          *testing.T
 	configPath string
 	tokensPath string
@@ -111,34 +111,34 @@ type gwFixture struct {
 	srv        *httptest.Server
 	client     *http.Client
 	reg        *prometheus.Registry
-	logs       *gwLogBuffer
+	logs       *logBuffer
 }
 
-type gwOptions struct {
+type fixtureOptions struct {
 	http2        bool
 	disablePush  bool
 	keepalive    time.Duration
 	writeTimeout time.Duration
 }
 
-// newGatewayFixture writes the config and tokens files, starts a Gateway
+// newFixture writes the config and tokens files, starts a Gateway
 // (Poll 20 ms) with its reload loop, and serves it on loopback. Everything
 // is stopped, and goroutine leaks checked, when the test ends.
-func newGatewayFixture(t *testing.T, o gwOptions) *gwFixture {
+func newFixture(t *testing.T, o fixtureOptions) *fixture {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 
 	dir := t.TempDir()
-	f := &gwFixture{
+	f := &fixture{
 		t:          t,
 		configPath: filepath.Join(dir, "gateway.json"),
 		tokensPath: filepath.Join(dir, "tokens.json"),
 		reg:        prometheus.NewRegistry(),
-		logs:       &gwLogBuffer{},
+		logs:       &logBuffer{},
 	}
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r1", "s1"))
-	writeFileAtomic(t, f.tokensPath, gwTokensJSON)
+	writeFileAtomic(t, f.configPath, configJSON("r1", "s1"))
+	writeFileAtomic(t, f.tokensPath, tokensJSON)
 	if o.keepalive == 0 {
 		o.keepalive = time.Hour // no keepalives unless a test asks
 	}
@@ -180,7 +180,7 @@ func newGatewayFixture(t *testing.T, o gwOptions) *gwFixture {
 	t.Cleanup(g.Close) // runs first: ends the watch streams
 	t.Cleanup(func() {
 		logs := f.logs.String()
-		for _, tok := range gwAllTokens {
+		for _, tok := range allTokens {
 			if strings.Contains(logs, tok) {
 				t.Errorf("a token value appears in the logs:\n%s", logs)
 			}
@@ -189,11 +189,11 @@ func newGatewayFixture(t *testing.T, o gwOptions) *gwFixture {
 	return f
 }
 
-func (f *gwFixture) url(path string) string { return f.srv.URL + path }
+func (f *fixture) url(path string) string { return f.srv.URL + path }
 
 // do sends a request with the given bearer token ("" for none) and returns
 // the response with its body read.
-func (f *gwFixture) do(method, path, token string, body io.Reader, header ...string) (*http.Response, string) {
+func (f *fixture) do(method, path, token string, body io.Reader, header ...string) (*http.Response, string) {
 	f.t.Helper()
 	return doRequest(f.t, f.client, method, f.url(path), token, body, header...)
 }
@@ -226,23 +226,23 @@ func doRequest(t *testing.T, client *http.Client, method, url, token string, bod
 
 // metric returns the value of the counter or gauge name whose labels
 // include labels (name=value pairs), or 0.
-func (f *gwFixture) metric(name string, labels ...string) float64 {
+func (f *fixture) metric(name string, labels ...string) float64 {
 	f.t.Helper()
 	return gatheredValue(f.t, f.reg, name, labels...)
 }
 
-// gwLine is one line of a watch stream and when it arrived.
-type gwLine struct {
+// streamLine is one line of a watch stream and when it arrived.
+type streamLine struct {
 	text string
 	at   time.Time
 }
 
-// gwWatch is an open watch stream, read by a goroutine that ends when the
+// configWatch is an open watch stream, read by a goroutine that ends when the
 // stream ends or the test closes it.
-type gwWatch struct {
+type configWatch struct {
 	t     *testing.T
 	resp  *http.Response
-	lines chan gwLine
+	lines chan streamLine
 	done  chan struct{}
 }
 
@@ -272,30 +272,30 @@ func openWatch(t *testing.T, client *http.Client, url, token string) *http.Respo
 
 // watch opens a watch stream for supervisor sup and checks it is a 200
 // NDJSON stream.
-func (f *gwFixture) watch(sup, token string) *gwWatch {
+func (f *fixture) watch(sup, token string) *configWatch {
 	f.t.Helper()
 	resp := openWatch(f.t, f.client, f.url("/v1/supervisors/"+sup+"/config?watch=1"), token)
-	w := &gwWatch{t: f.t, resp: resp, lines: make(chan gwLine, 1024), done: make(chan struct{})}
+	w := &configWatch{t: f.t, resp: resp, lines: make(chan streamLine, 1024), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		defer close(w.lines)
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			w.lines <- gwLine{text: sc.Text(), at: time.Now()}
+			w.lines <- streamLine{text: sc.Text(), at: time.Now()}
 		}
 	}()
 	f.t.Cleanup(w.close)
 	return w
 }
 
-func (w *gwWatch) close() {
+func (w *configWatch) close() {
 	_ = w.resp.Body.Close()
 	<-w.done
 }
 
 // next returns the next line, failing the test after within.
-func (w *gwWatch) next(within time.Duration) gwLine {
+func (w *configWatch) next(within time.Duration) streamLine {
 	w.t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -307,12 +307,12 @@ func (w *gwWatch) next(within time.Duration) gwLine {
 		return l
 	case <-timer.C:
 		w.t.Fatalf("no line within %v", within)
-		return gwLine{}
+		return streamLine{}
 	}
 }
 
 // nextDocument skips keepalives and returns the next document line.
-func (w *gwWatch) nextDocument(within time.Duration) gwLine {
+func (w *configWatch) nextDocument(within time.Duration) streamLine {
 	w.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -326,7 +326,7 @@ func (w *gwWatch) nextDocument(within time.Duration) gwLine {
 // documentWhere reads documents until one satisfies ok and returns it;
 // the gateway may push several quick changes as one document, so a test
 // waits for the state it expects rather than counting documents.
-func (w *gwWatch) documentWhere(within time.Duration, what string, ok func(text string) bool) gwLine {
+func (w *configWatch) documentWhere(within time.Duration, what string, ok func(text string) bool) streamLine {
 	w.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -341,7 +341,7 @@ func (w *gwWatch) documentWhere(within time.Duration, what string, ok func(text 
 }
 
 // waitEnd waits for the stream to end, skipping any lines.
-func (w *gwWatch) waitEnd(within time.Duration) {
+func (w *configWatch) waitEnd(within time.Duration) {
 	w.t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -370,12 +370,12 @@ func checkOneLine(t *testing.T, code int, body string) {
 }
 
 func TestGatewayPollETagAndReload(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d %q", resp.StatusCode, body)
 	}
-	if body != gwDoc1("r1")+"\n" {
+	if body != doc1("r1")+"\n" {
 		t.Errorf("body %q, want the compacted document", body)
 	}
 	if got := resp.Header.Get("ETag"); got != `"r1"` {
@@ -405,18 +405,18 @@ func TestGatewayPollETagAndReload(t *testing.T) {
 
 	// sup-3 has a token but no section: the empty document.
 	resp, body = f.do(http.MethodGet, "/v1/supervisors/sup-3/config", tokSup3, nil)
-	if resp.StatusCode != http.StatusOK || body != emptyGatewayDocument+"\n" {
+	if resp.StatusCode != http.StatusOK || body != emptyDocument+"\n" {
 		t.Fatalf("sup-3: %d %q", resp.StatusCode, body)
 	}
 	if et := resp.Header.Get("ETag"); !strings.HasPrefix(et, `"sha256:`) || len(et) != len(`"sha256:`)+16+1 {
 		t.Errorf("sup-3 ETag %q", et)
 	}
 
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s1"))
+	writeFileAtomic(t, f.configPath, configJSON("r2", "s1"))
 	start := time.Now()
 	testutil.Eventually(t, 2*time.Second, "the new document", func() bool {
 		resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil, "If-None-Match", `"r1"`)
-		return resp.StatusCode == http.StatusOK && resp.Header.Get("ETag") == `"r2"` && body == gwDoc1("r2")+"\n"
+		return resp.StatusCode == http.StatusOK && resp.Header.Get("ETag") == `"r2"` && body == doc1("r2")+"\n"
 	})
 	t.Logf("reload seen by a poll after %v", time.Since(start))
 	if got := f.metric("applistener_gateway_reloads_total", "file", "config", "result", "ok"); got < 2 {
@@ -425,7 +425,7 @@ func TestGatewayPollETagAndReload(t *testing.T) {
 }
 
 func TestGatewayETagWithoutRevision(t *testing.T) {
-	docs, err := parseGatewayConfig([]byte(`{"supervisors": {
+	docs, err := parseConfigFile([]byte(`{"supervisors": {
 		"a": {"instances": []},
 		"b": {"revision": "has space", "instances": []},
 		"c": {"revision": "q\"uote", "instances": []},
@@ -451,7 +451,7 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 
 	// Strings that look like structure do not confuse the parser.
 	tricky := `{"supervisors": {"x": {"a": "q\"}{\\", "b": ["}", {"c": "\\\\"}, -1.5e3, null], "revision": "rev-7"}, "y": {}}}`
-	docs, err = parseGatewayConfig([]byte(tricky))
+	docs, err = parseConfigFile([]byte(tricky))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,16 +466,16 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 	}
 }
 
-// FuzzGatewayParseConfig checks parseGatewayConfig against
+// FuzzGatewayParseConfig checks parseConfigFile against
 // encoding/json: every accepted file is valid JSON, and each section is the
 // compacted value encoding/json finds.
 func FuzzGatewayParseConfig(f *testing.F) {
-	f.Add([]byte(gwConfigJSON("r1", "s1")))
+	f.Add([]byte(configJSON("r1", "s1")))
 	f.Add([]byte(`{"supervisors": {"x": {"a": "q\"}{\\", "b": ["}", {"c": "\\\\"}], "revision": "r"}}}`))
 	f.Add([]byte(`{"supervisors": {"a\u002db": {"revision": "\u0072"}}}`))
 	f.Add([]byte(`{"supervisors": {}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		docs, err := parseGatewayConfig(data)
+		docs, err := parseConfigFile(data)
 		if err != nil {
 			return
 		}
@@ -519,7 +519,7 @@ func TestGatewayParseConfigRefuses(t *testing.T) {
 		{"bad utf8", "{\"supervisors\": {\"a\": {\"revision\": \"\xff\"}}}", "UTF-8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseGatewayConfig([]byte(tc.data))
+			_, err := parseConfigFile([]byte(tc.data))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tc.want)
 			}
@@ -548,7 +548,7 @@ func TestGatewayParseTokensRefuses(t *testing.T) {
 		{"trailing", `{"tokens": []} {}`, "data after"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseGatewayTokens([]byte(tc.data))
+			_, err := parseTokens([]byte(tc.data))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tc.want)
 			}
@@ -563,7 +563,7 @@ func TestGatewayNewGatewayRefusesBadFiles(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.json")
 	bad := filepath.Join(dir, "bad.json")
-	writeFileAtomic(t, good, gwTokensJSON)
+	writeFileAtomic(t, good, tokensJSON)
 	writeFileAtomic(t, bad, `{"supervisors": {"a": []}}`)
 	for _, cfg := range []Config{
 		{ConfigPath: filepath.Join(dir, "missing.json"), TokensPath: good},
@@ -577,7 +577,7 @@ func TestGatewayNewGatewayRefusesBadFiles(t *testing.T) {
 }
 
 func TestGatewayAuth(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	for _, tc := range []struct {
 		name, path, token, header string
 		code                      int
@@ -648,10 +648,10 @@ func TestGatewayAuth(t *testing.T) {
 }
 
 func TestGatewayWatchPush(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{keepalive: 50 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{keepalive: 50 * time.Millisecond})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
-	if l := w1.next(2 * time.Second); l.text != gwDoc1("r1") {
+	if l := w1.next(2 * time.Second); l.text != doc1("r1") {
 		t.Fatalf("first line %q", l.text)
 	}
 	if l := w2.next(2 * time.Second); l.text != `{"revision":"s1","instances":[]}` {
@@ -659,10 +659,10 @@ func TestGatewayWatchPush(t *testing.T) {
 	}
 	testutil.Eventually(t, time.Second, "2 watchers", func() bool { return f.metric("applistener_gateway_watchers") == 2 })
 
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s1"))
+	writeFileAtomic(t, f.configPath, configJSON("r2", "s1"))
 	written := time.Now()
 	l := w1.nextDocument(time.Second)
-	if l.text != gwDoc1("r2") {
+	if l.text != doc1("r2") {
 		t.Fatalf("pushed line %q", l.text)
 	}
 	t.Logf("push latency (file written → line received): %v", l.at.Sub(written))
@@ -679,24 +679,24 @@ func TestGatewayWatchPush(t *testing.T) {
 	}
 
 	// A change of sup-2 reaches sup-2.
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s2"))
+	writeFileAtomic(t, f.configPath, configJSON("r2", "s2"))
 	if l := w2.nextDocument(time.Second); l.text != `{"revision":"s2","instances":[]}` {
 		t.Fatalf("sup-2 pushed line %q", l.text)
 	}
 	// Removing sup-1's section pushes the empty document.
 	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-2": {"revision":"s2","instances":[]}}}`)
-	if l := w1.nextDocument(time.Second); l.text != emptyGatewayDocument {
+	if l := w1.nextDocument(time.Second); l.text != emptyDocument {
 		t.Fatalf("sup-1 after its section was removed: %q", l.text)
 	}
 }
 
 func TestGatewayWatchKeepalive(t *testing.T) {
 	const interval = 50 * time.Millisecond
-	f := newGatewayFixture(t, gwOptions{keepalive: interval})
+	f := newFixture(t, fixtureOptions{keepalive: interval})
 	w := f.watch("sup-1", tokSup1)
 	first := w.next(2 * time.Second)
 	const n = 5
-	var last gwLine
+	var last streamLine
 	for i := 0; i < n; i++ {
 		last = w.next(2 * time.Second)
 		if last.text != `{"keepalive":true}` {
@@ -711,7 +711,7 @@ func TestGatewayWatchKeepalive(t *testing.T) {
 }
 
 func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
 	w1.next(2 * time.Second)
@@ -746,13 +746,13 @@ func TestGatewayWatchEndsWhenTokenRevoked(t *testing.T) {
 }
 
 func TestGatewayBadReloadKeepsOld(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-1": {"revision": "r9", "instances": [}}`)
 	testutil.Eventually(t, 2*time.Second, "a failed config reload", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 1
 	})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
-	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"r1"` || body != gwDoc1("r1")+"\n" {
+	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"r1"` || body != doc1("r1")+"\n" {
 		t.Fatalf("after a bad reload: %d ETag %q body %q", resp.StatusCode, resp.Header.Get("ETag"), body)
 	}
 	var errLines []string
@@ -784,7 +784,7 @@ func TestGatewayBadReloadKeepsOld(t *testing.T) {
 	testutil.Eventually(t, 2*time.Second, "the missing file reported", func() bool {
 		return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "failed") == 3
 	})
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r3", "s1"))
+	writeFileAtomic(t, f.configPath, configJSON("r3", "s1"))
 	testutil.Eventually(t, 2*time.Second, "the file's return", func() bool {
 		resp, _ := f.do(http.MethodGet, "/v1/supervisors/sup-1/config", tokSup1, nil)
 		return resp.Header.Get("ETag") == `"r3"`
@@ -797,7 +797,7 @@ func TestGatewayBadReloadKeepsOld(t *testing.T) {
 }
 
 func TestGatewayDisablePush(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{disablePush: true})
+	f := newFixture(t, fixtureOptions{disablePush: true})
 	resp, body := f.do(http.MethodGet, "/v1/supervisors/sup-1/config?watch=1", tokSup1, nil)
 	if resp.StatusCode != http.StatusNotImplemented {
 		t.Fatalf("status %d %q", resp.StatusCode, body)
@@ -809,7 +809,7 @@ func TestGatewayDisablePush(t *testing.T) {
 }
 
 func TestGatewayInstallations(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	const path = "/v1/supervisors/sup-1/installations"
 	good := `{"installations": [{"hostname": "team--demo--web.apps.test", "workspace": "team", "sandbox": "demo",
 	  "name": "web", "installation_version": 3, "declaration_revision": 7,
@@ -875,7 +875,7 @@ func TestGatewayInstallations(t *testing.T) {
 }
 
 func TestGatewayCloseEndsWatches(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{})
+	f := newFixture(t, fixtureOptions{})
 	w1 := f.watch("sup-1", tokSup1)
 	w2 := f.watch("sup-2", tokSup2)
 	w1.next(2 * time.Second)
@@ -895,18 +895,18 @@ func TestGatewayCloseEndsWatches(t *testing.T) {
 }
 
 func TestGatewayWatchHTTP2(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{http2: true, keepalive: 50 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{http2: true, keepalive: 50 * time.Millisecond})
 	w := f.watch("sup-1", tokSup1)
 	if w.resp.ProtoMajor != 2 {
 		t.Fatalf("protocol %s, want HTTP/2", w.resp.Proto)
 	}
-	if l := w.next(2 * time.Second); l.text != gwDoc1("r1") {
+	if l := w.next(2 * time.Second); l.text != doc1("r1") {
 		t.Fatalf("first line %q", l.text)
 	}
-	writeFileAtomic(t, f.configPath, gwConfigJSON("r2", "s1"))
+	writeFileAtomic(t, f.configPath, configJSON("r2", "s1"))
 	written := time.Now()
 	l := w.nextDocument(time.Second)
-	if l.text != gwDoc1("r2") {
+	if l.text != doc1("r2") {
 		t.Fatalf("pushed line %q", l.text)
 	}
 	t.Logf("HTTP/2 push latency: %v", l.at.Sub(written))
@@ -920,7 +920,7 @@ func TestGatewayWatchHTTP2(t *testing.T) {
 // A supervisor that stops reading is disconnected when a write times out;
 // the gateway never queues more than the latest document for it.
 func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
-	f := newGatewayFixture(t, gwOptions{writeTimeout: 200 * time.Millisecond})
+	f := newFixture(t, fixtureOptions{writeTimeout: 200 * time.Millisecond})
 	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)

@@ -6,9 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// gatewayMetrics are the metrics of the control protocol, the store, the
+// metrics are the metrics of the control protocol, the store, the
 // sessions and the write API (discovery has its own, discoveryMetrics).
-type gatewayMetrics struct {
+type metrics struct {
 	requests        *prometheus.CounterVec
 	watchers        prometheus.Gauge
 	reloads         *prometheus.CounterVec
@@ -16,10 +16,11 @@ type gatewayMetrics struct {
 	storeUp         prometheus.Gauge
 	sessions        prometheus.Gauge
 	endpointRefused prometheus.Counter
+	rejected        prometheus.Counter
 }
 
-func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
-	m := &gatewayMetrics{
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "applistener_gateway_requests_total", Help: "Gateway requests, by endpoint and status code.",
 		}, []string{"endpoint", "code"}),
@@ -41,24 +42,27 @@ func newGatewayMetrics(reg prometheus.Registerer) *gatewayMetrics {
 		endpointRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "applistener_gateway_endpoint_policy_refused_total", Help: "Advertised routes whose endpoint the endpoint policy refused (never published).",
 		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_gateway_installations_rejected_total", Help: "Advertised installations not published because they failed validation.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes, m.storeUp, m.sessions, m.endpointRefused)
+		reg.MustRegister(m.requests, m.watchers, m.reloads, m.pushes, m.storeUp, m.sessions, m.endpointRefused, m.rejected)
 	}
 	return m
 }
 
 // Request endpoints, the values of the "endpoint" label.
 const (
-	gwEndpointConfig        = "config"
-	gwEndpointWatch         = "watch"
-	gwEndpointInstallations = "installations"
-	gwEndpointWithdraw      = "withdraw"
-	gwEndpointInstances     = "instances"
-	gwEndpointPoolMembers   = "pool_members"
-	gwEndpointOther         = "other"
+	endpointConfig        = "config"
+	endpointWatch         = "watch"
+	endpointInstallations = "installations"
+	endpointWithdraw      = "withdraw"
+	endpointInstances     = "instances"
+	endpointPoolMembers   = "pool_members"
+	endpointOther         = "other"
 )
 
-func (m *gatewayMetrics) request(endpoint string, code int) {
+func (m *metrics) request(endpoint string, code int) {
 	m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
 }

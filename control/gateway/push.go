@@ -3,46 +3,21 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/applistener/applistener/control/internal/ndjson"
 )
-
-// gatewayWatcher is one open watch stream. pending, ended and reason are
-// guarded by Gateway.mu.
-type gatewayWatcher struct {
-	supervisor string
-	session    string // the request's session id ("" for none)
-	pool       bool   // opened with a pool token
-	digest     [sha256.Size]byte
-	notify     chan struct{} // capacity 1: "pending has a document"
-	done       chan struct{} // closed when the stream must end
-	pending    []byte        // the latest document not yet written, or nil
-	ended      bool
-	reason     string
-}
-
-// endWatcherLocked tells w to end; it reports whether w was still open.
-// g.mu is held.
-func (g *Gateway) endWatcherLocked(w *gatewayWatcher, reason string) bool {
-	if w.ended {
-		return false
-	}
-	w.ended, w.reason, w.pending = true, reason, nil
-	close(w.done)
-	return true
-}
 
 // serveConfig serves GET /v1/supervisors/{id}/config: a poll (ETag,
 // If-None-Match) or, with ?watch=1, a push stream. Both record the
 // request's session (?session=).
 func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := g.getOrWatch(w, r, gwEndpointConfig, gwEndpointWatch)
+	watch, endpoint, ok := getOrWatch(w, r, g.m, endpointConfig, endpointWatch)
 	if !ok {
 		return
 	}
@@ -51,7 +26,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	if tok == nil {
 		return
 	}
-	sid, ok := requestSession(r)
+	sid, order, ok := requestSession(r)
 	if !ok {
 		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
 		return
@@ -73,20 +48,21 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
-	out := g.touchSession(ctx, sup, sid, remoteIP(r))
+	out := g.touchSession(ctx, sup, sid, order, remoteIP(r))
 	cancel()
 	if out.code != 0 {
 		g.failSession(w, endpoint, out)
 		return
 	}
+	setSessionOrder(w, out)
 	if watch {
-		g.serveWatch(w, r, &gatewayWatcher{
+		g.serveWatch(w, r, &pushWatcher{
 			supervisor: sup,
 			session:    sid,
+			order:      out.order,
 			pool:       tok.pool != "",
 			digest:     tok.digest,
-			notify:     make(chan struct{}, 1),
-			done:       make(chan struct{}),
+			box:        ndjson.NewMailbox(),
 		}, grant)
 		return
 	}
@@ -104,7 +80,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	g.m.request(endpoint, http.StatusOK)
 	_, _ = w.Write(doc.body)
-	_, _ = w.Write(gatewayNewline)
+	_, _ = w.Write(ndjson.Newline)
 }
 
 // etagMatches applies If-None-Match (weak comparison) to etag.
@@ -126,14 +102,14 @@ func etagMatches(values []string, etag string) bool {
 // every grant and, in a goroutine of its own that a slow store cannot hold
 // the keepalives up with, renews the session every grant or third of the
 // session TTL, whichever is shorter.
-func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gatewayWatcher, grant time.Duration) {
+func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWatcher, grant time.Duration) {
 	sup := wt.supervisor
 	first, code, why := g.addWatcher(wt)
 	if code != 0 {
 		if code == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "5")
 		}
-		g.fail(w, gwEndpointWatch, code, why)
+		g.fail(w, endpointWatch, code, why)
 		return
 	}
 	defer g.removeWatcher(wt)
@@ -141,32 +117,18 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 	defer g.m.watchers.Dec()
 
 	w.Header().Set(KeepaliveHeader, grant.String())
-	rc := g.startStream(w, gwEndpointWatch, first.etag)
+	w.Header().Set("ETag", first.etag)
+	stream := ndjson.Start(w, g.writeTimeout)
+	g.m.request(endpointWatch, http.StatusOK)
 
 	started := time.Now()
 	log := g.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("gateway watch opened", "keepalive", grant)
-	write := func(parts ...[]byte) error {
-		if err := rc.SetWriteDeadline(time.Now().Add(g.writeTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("set write deadline: %w", err)
-		}
-		for _, p := range parts {
-			if _, err := w.Write(p); err != nil {
-				return fmt.Errorf("write: %w", err)
-			}
-		}
-		if err := rc.Flush(); err != nil {
-			return fmt.Errorf("flush: %w", err)
-		}
-		// Clear the deadline: over HTTP/2 a pending one resets an idle stream.
-		_ = rc.SetWriteDeadline(time.Time{})
-		return nil
-	}
 	source := remoteIP(r)
 	renew := func(parent context.Context) sessionOutcome {
 		ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
 		defer cancel()
-		return g.touchSession(ctx, sup, wt.session, source)
+		return g.touchSession(ctx, sup, wt.session, wt.order, source)
 	}
 	end := func(reason string, err error) {
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
@@ -181,7 +143,7 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		}
 	}
 
-	if err := write(first.body, gatewayNewline); err != nil {
+	if err := stream.Send(first.body, ndjson.Newline); err != nil {
 		end("write failed", err)
 		return
 	}
@@ -218,27 +180,27 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 		case <-r.Context().Done():
 			end("client gone", nil)
 			return
-		case <-wt.done:
-			end(g.watcherReason(wt), nil)
+		case <-wt.box.Done():
+			end(wt.box.Reason(), nil)
 			return
 		case why := <-superseded:
 			end(why, nil)
 			return
 		case <-ticker.C:
-			if err := write(gatewayKeepaliveLine); err != nil {
+			if err := stream.Send(ndjson.KeepaliveLine); err != nil {
 				end("write failed", err)
 				return
 			}
-		case <-wt.notify:
-			doc, open := g.takePending(wt)
+		case <-wt.box.Posted():
+			doc, open := wt.box.Take()
 			if !open {
-				end(g.watcherReason(wt), nil)
+				end(wt.box.Reason(), nil)
 				return
 			}
 			if doc == nil || bytes.Equal(doc, last) {
 				continue
 			}
-			if err := write(doc, gatewayNewline); err != nil {
+			if err := stream.Send(doc, ndjson.Newline); err != nil {
 				end("write failed", err)
 				return
 			}
@@ -250,11 +212,11 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *gateway
 
 // addWatcher registers w and returns the current document of its
 // supervisor, or a status code and reason when the watch is refused.
-func (g *Gateway) addWatcher(w *gatewayWatcher) (gatewayDocument, int, string) {
+func (g *Gateway) addWatcher(w *pushWatcher) (document, int, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return gatewayDocument{}, http.StatusServiceUnavailable, "the gateway is shutting down"
+		return document{}, http.StatusServiceUnavailable, "the gateway is shutting down"
 	}
 	n := 0
 	for o := range g.watchers {
@@ -263,54 +225,19 @@ func (g *Gateway) addWatcher(w *gatewayWatcher) (gatewayDocument, int, string) {
 		}
 	}
 	if n >= MaxWatchesPerSupervisor {
-		return gatewayDocument{}, http.StatusTooManyRequests,
+		return document{}, http.StatusTooManyRequests,
 			fmt.Sprintf("too many watch streams for this supervisor (limit %d)", MaxWatchesPerSupervisor)
 	}
 	if why := g.storeUnusable(); why != "" {
-		return gatewayDocument{}, http.StatusServiceUnavailable, why
+		return document{}, http.StatusServiceUnavailable, why
 	}
 	g.watchers[w] = struct{}{}
 	return g.state.Load().documentFor(w.supervisor, w.pool), 0, ""
 }
 
-func (g *Gateway) removeWatcher(w *gatewayWatcher) {
+func (g *Gateway) removeWatcher(w *pushWatcher) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.watchers, w)
-	if !w.ended {
-		w.ended = true
-		close(w.done)
-	}
-}
-
-// takePending returns and clears w's pending document; open is false when
-// w has been told to end.
-func (g *Gateway) takePending(w *gatewayWatcher) (doc []byte, open bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	doc, w.pending = w.pending, nil
-	return doc, !w.ended
-}
-
-func (g *Gateway) watcherReason(w *gatewayWatcher) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return w.reason
-}
-
-// startStream answers 200 with the headers of a streamed NDJSON watch (no
-// caching, no buffering by proxies in between, etag when not empty) and
-// returns the controller that flushes it.
-func (g *Gateway) startStream(w http.ResponseWriter, endpoint, etag string) *http.ResponseController {
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Accel-Buffering", "no")
-	if etag != "" {
-		h.Set("ETag", etag)
-	}
-	w.WriteHeader(http.StatusOK)
-	g.m.request(endpoint, http.StatusOK)
-	return http.NewResponseController(w)
+	w.box.End("")
 }

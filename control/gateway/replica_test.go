@@ -29,9 +29,9 @@ const (
 	repTokPoolB = "rep-pool-b-S3CRET"
 )
 
-// replicaTokens is discTokens plus an admin token and two pool tokens.
+// replicaTokens is routesTokensText plus an admin token and two pool tokens.
 func replicaTokens() string {
-	base := strings.TrimSuffix(strings.TrimSpace(discTokens()), "\n]}")
+	base := strings.TrimSuffix(strings.TrimSpace(routesTokensText()), "\n]}")
 	return base + `,
   {"token": "` + repTokAdmin + `", "admin": true},
   {"token": "` + repTokPoolA + `", "pool": "pool-a"},
@@ -59,16 +59,16 @@ type replica struct {
 	srv    *httptest.Server
 	client *http.Client
 	reg    *prometheus.Registry
-	logs   *gwLogBuffer
+	logs   *logBuffer
 	stop   func()
 }
 
 // replicaFiles writes a tokens file (replicaTokens) and a configuration
-// file (discDefaultConfig) and returns their paths.
+// file (defaultConfigText) and returns their paths.
 func replicaFiles(t testing.TB) (configPath, tokensPath string) {
 	dir := t.TempDir()
 	configPath, tokensPath = filepath.Join(dir, "gateway.json"), filepath.Join(dir, "tokens.json")
-	writeFileAtomicTB(t, configPath, discDefaultConfig())
+	writeFileAtomicTB(t, configPath, defaultConfigText())
 	writeFileAtomicTB(t, tokensPath, replicaTokens())
 	return configPath, tokensPath
 }
@@ -97,7 +97,7 @@ func checkLeaks(t *testing.T) {
 // caller checks leaks (checkLeaks before anything else starts).
 func newReplica(t testing.TB, o replicaOptions) *replica {
 	t.Helper()
-	r := &replica{t: t, reg: prometheus.NewRegistry(), logs: &gwLogBuffer{}}
+	r := &replica{t: t, reg: prometheus.NewRegistry(), logs: &logBuffer{}}
 	cfg := Config{
 		ConfigPath:            o.configPath,
 		TokensPath:            o.tokensPath,
@@ -144,7 +144,7 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 	t.Cleanup(r.stop)
 	t.Cleanup(func() {
 		logs := r.logs.String()
-		for _, tok := range append(discAllTokens, repTokAdmin, repTokPoolA, repTokPoolB) {
+		for _, tok := range append(routesAllTokens, repTokAdmin, repTokPoolA, repTokPoolB) {
 			if strings.Contains(logs, tok) {
 				t.Errorf("a token value appears in the logs")
 			}
@@ -195,9 +195,9 @@ func (r *replica) metric(name string, labels ...string) float64 {
 // sessionID returns a valid session id made from n.
 func sessionID(n int) string { return fmt.Sprintf("%032x", n) }
 
-// genRoute is a discRoute with a generation.
+// genRoute is a testRoute with a generation.
 type genRoute struct {
-	discRoute
+	testRoute
 	generation string
 }
 
@@ -258,5 +258,5 @@ func (r *replica) snapshot(ws, token string) []string {
 // webRoute is sup-1's team/demo/web route at generation "1" (the default
 // configuration's), expiring in a minute.
 func webRoute(version uint64) genRoute {
-	return genRoute{discRoute{ws: "team", sb: "demo", name: "web", version: version, expires: time.Now().Add(time.Minute)}, "1"}
+	return genRoute{testRoute{ws: "team", sb: "demo", name: "web", version: version, expires: time.Now().Add(time.Minute)}, "1"}
 }

@@ -34,26 +34,26 @@ func twoReplicas(t *testing.T, members int, o replicaOptions) (*etcdCluster, *re
 // other; a withdrawal on the second leaves the first's watch.
 func TestReplicasDiscovery(t *testing.T) {
 	_, a, b := twoReplicas(t, 1, replicaOptions{})
-	wb := b.discoveryWatch(t, "team", discTokTeam)
+	wb := b.discoveryWatch(t, "team", routesTokTeam)
 	waitRoutes(wb, time.Second)
-	wa := a.discoveryWatch(t, "team", discTokTeam)
+	wa := a.discoveryWatch(t, "team", routesTokTeam)
 	waitRoutes(wa, time.Second)
 	sent := time.Now()
-	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
 		t.Fatal(code)
 	}
 	at := waitRoutes(wb, 2*time.Second, webHost+"@sup-1")
 	t.Logf("advertisement on replica A → discovery watch on replica B: %v", at.Sub(sent))
-	if got := b.snapshot("team", discTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
+	if got := b.snapshot("team", routesTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
 		t.Fatalf("B's snapshot %v", got)
 	}
 	waitRoutes(wa, 2*time.Second, webHost+"@sup-1")
 	// Withdrawal on B.
-	if resp, body := b.do(http.MethodDelete, "/v1/supervisors/sup-1/installations?session="+sessionID(1), discTokSup1, nil); resp.StatusCode != http.StatusNoContent {
+	if resp, body := b.do(http.MethodDelete, "/v1/supervisors/sup-1/installations?session="+sessionID(1), routesTokSup1, nil); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("withdraw: %d %q", resp.StatusCode, body)
 	}
 	waitRoutes(wa, 2*time.Second)
-	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusConflict {
+	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(1)); code != http.StatusConflict {
 		t.Errorf("advertisement of a withdrawn session on the other replica: %d", code)
 	}
 }
@@ -63,8 +63,9 @@ func TestReplicasDiscovery(t *testing.T) {
 // other.
 func TestReplicasWriteAPIAndSupersession(t *testing.T) {
 	_, a, b := twoReplicas(t, 1, replicaOptions{})
-	stream, _ := b.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	stream, streamResp := b.openConfigWatch(t, "sup-1", routesTokSup1, "session="+sessionID(1))
 	first := stream.nextDocument(2 * time.Second)
+	order := sessionOrder(t, streamResp)
 	if !strings.Contains(first.text, `"sandbox":"demo"`) {
 		t.Fatalf("first document %q", first.text)
 	}
@@ -85,18 +86,37 @@ func TestReplicasWriteAPIAndSupersession(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*replica{a, b} {
-		resp, _ := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), discTokSup1, nil)
+		resp, _ := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), routesTokSup1, nil)
 		if resp.Header.Get("ETag") != `"`+put.Revision+`"` {
 			t.Errorf("ETag %q, want the revision %q", resp.Header.Get("ETag"), put.Revision)
 		}
 	}
 	// A new session on A supersedes the stream's session on B.
-	if resp, body := a.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(2), discTokSup1, nil); resp.StatusCode != http.StatusOK {
+	if resp, body := a.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(2), routesTokSup1, nil); resp.StatusCode != http.StatusOK {
 		t.Fatalf("poll of the new session: %d %q", resp.StatusCode, body)
 	}
 	stream.waitEnd(2 * time.Second)
-	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1), discTokSup1, nil); resp.StatusCode != http.StatusConflict {
+	if resp, _ := b.do(http.MethodGet, "/v1/supervisors/sup-1/config?session="+sessionID(1)+"&order="+order, routesTokSup1, nil); resp.StatusCode != http.StatusConflict {
 		t.Errorf("the superseded session on B: %d", resp.StatusCode)
+	}
+}
+
+// A session superseded by 100 later sessions, opened on either replica,
+// never takes its supervisor id back on either (issue 23), also once its
+// own record would long have been forgotten by a bounded memory.
+func TestReplicasSupersededByManyNeverReturns(t *testing.T) {
+	_, a, b := twoReplicas(t, 1, replicaOptions{})
+	stream, streamResp := a.openConfigWatch(t, "sup-1", routesTokSup1, "session="+sessionID(1))
+	stream.nextDocument(2 * time.Second)
+	order := sessionOrder(t, streamResp)
+	last := supersedeMany(t, []*replica{a, b}, "sup-1", routesTokSup1, 2, 100)
+	stream.waitEnd(2 * time.Second)
+	for _, r := range []*replica{a, b} {
+		checkSuperseded(t, r, "sup-1", routesTokSup1, sessionID(1), order)
+		q := "session=" + sessionID(101) + "&order=" + last
+		if resp, body := r.do(http.MethodGet, "/v1/supervisors/sup-1/config?"+q, routesTokSup1, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("the current session: %d %q", resp.StatusCode, body)
+		}
 	}
 }
 
@@ -140,13 +160,13 @@ func TestReplicasPoolBinding(t *testing.T) {
 	if resp, body := a.do(http.MethodPut, "/v1/supervisors/host-7/instances/team/pooled", repTokAdmin, strings.NewReader(entry)); resp.StatusCode != http.StatusOK {
 		t.Fatalf("PUT: %d %q", resp.StatusCode, body)
 	}
-	route := genRoute{discRoute{ws: "team", sb: "pooled", name: "web", version: 1, expires: time.Now().Add(time.Minute)}, "g1"}
+	route := genRoute{testRoute{ws: "team", sb: "pooled", name: "web", version: 1, expires: time.Now().Add(time.Minute)}, "g1"}
 	if code := b.advertise("host-7", repTokPoolA, sessionID(7), route); code != http.StatusNoContent {
 		t.Fatal(code)
 	}
 	const host = "team--pooled--web.apps.test@host-7"
 	testutil.Eventually(t, 2*time.Second, "the pool member published on A", func() bool {
-		return slices.Equal(a.snapshot("team", discTokTeam), []string{host})
+		return slices.Equal(a.snapshot("team", routesTokTeam), []string{host})
 	})
 	// The pool token leaves the tokens file: its members are unpublished.
 	a.g.reloadMu.Lock()
@@ -157,7 +177,7 @@ func TestReplicasPoolBinding(t *testing.T) {
 		if err := r.g.Reload(); err != nil {
 			t.Fatal(err)
 		}
-		if got := r.snapshot("team", discTokTeam); len(got) != 0 {
+		if got := r.snapshot("team", routesTokTeam); len(got) != 0 {
 			t.Errorf("published after the pool token was removed: %v", got)
 		}
 	}
@@ -168,12 +188,12 @@ func TestReplicasPoolBinding(t *testing.T) {
 // by itself and publishes again.
 func TestReplicasQuorumLoss(t *testing.T) {
 	c, a, _ := twoReplicas(t, 3, replicaOptions{})
-	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
 		t.Fatal(code)
 	}
-	w := a.discoveryWatch(t, "team", discTokTeam)
+	w := a.discoveryWatch(t, "team", routesTokTeam)
 	waitRoutes(w, time.Second, webHost+"@sup-1")
-	stream, _ := a.openConfigWatch(t, "sup-1", discTokSup1, "session="+sessionID(1))
+	stream, _ := a.openConfigWatch(t, "sup-1", routesTokSup1, "session="+sessionID(1))
 	stream.nextDocument(time.Second)
 
 	lost := time.Now()
@@ -191,7 +211,7 @@ func TestReplicasQuorumLoss(t *testing.T) {
 			t.Errorf("GET %s without quorum: %d %q", path, resp.StatusCode, body)
 		}
 	}
-	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(2)); code != http.StatusServiceUnavailable {
+	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(2)); code != http.StatusServiceUnavailable {
 		t.Errorf("advertisement without quorum: %d", code)
 	}
 	if ok, why := a.g.Ready(); ok || why == "" {
@@ -205,10 +225,10 @@ func TestReplicasQuorumLoss(t *testing.T) {
 	t.Logf("replica usable again %v after the members returned", time.Since(back).Round(time.Millisecond))
 	// The advertisement survived in etcd (its session is renewed by the
 	// supervisor's next request).
-	if code := a.advertise("sup-1", discTokSup1, sessionID(1), webRoute(3)); code != http.StatusNoContent {
+	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(3)); code != http.StatusNoContent {
 		t.Fatalf("advertisement after recovery: %d", code)
 	}
-	if got := a.snapshot("team", discTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
+	if got := a.snapshot("team", routesTokTeam); !slices.Equal(got, []string{webHost + "@sup-1"}) {
 		t.Fatalf("after recovery: %v", got)
 	}
 	if a.metric("applistener_gateway_store_up") != 1 {
@@ -219,9 +239,9 @@ func TestReplicasQuorumLoss(t *testing.T) {
 // tokenFor returns the token a request path needs in the replica tests.
 func tokenFor(path string) string {
 	if strings.HasPrefix(path, "/v1/workspaces/") {
-		return discTokTeam
+		return routesTokTeam
 	}
-	return discTokSup1
+	return routesTokSup1
 }
 
 // A replica that starts while etcd is unreachable answers 503 and loads the
@@ -271,14 +291,14 @@ func TestEtcdFootprint(t *testing.T) {
 	c := startEtcd(t, 1)
 	configPath, tokensPath := replicaFiles(t)
 	const sups, perSup = 100, 10
-	sections := make(map[string][]discInstance, sups)
+	sections := make(map[string][]testInstance, sups)
 	for s := range sups {
 		sup := fmt.Sprintf("host-%03d", s)
 		for i := range perSup {
-			sections[sup] = append(sections[sup], discInstance{"team", fmt.Sprintf("s%03d-%02d", s, i), []string{"web"}})
+			sections[sup] = append(sections[sup], testInstance{"team", fmt.Sprintf("s%03d-%02d", s, i), []string{"web"}})
 		}
 	}
-	writeFileAtomic(t, configPath, discConfig(sections))
+	writeFileAtomic(t, configPath, sectionsConfig(sections))
 	// Sessions live long enough for the count below on a slow machine
 	// (they are not renewed here).
 	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath, prefix: "/fp/", sessionTTL: 5 * time.Minute})
@@ -289,7 +309,7 @@ func TestEtcdFootprint(t *testing.T) {
 	for s := range sups {
 		var rs []genRoute
 		for i := range perSup {
-			rs = append(rs, genRoute{discRoute{ws: "team", sb: fmt.Sprintf("s%03d-%02d", s, i), name: "web", version: uint64(i + 1),
+			rs = append(rs, genRoute{testRoute{ws: "team", sb: fmt.Sprintf("s%03d-%02d", s, i), name: "web", version: uint64(i + 1),
 				expires: time.Now().Add(time.Minute), host: fmt.Sprintf("10.1.%d.%d", s/250, s%250+1), domain: "apps.example.com"}, "1"})
 		}
 		sem <- struct{}{}
@@ -316,7 +336,7 @@ func TestEtcdFootprint(t *testing.T) {
 	// The discovery view follows etcd through a watch: wait for it.
 	var routes int
 	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%d routes published", sups*perSup), func() bool {
-		routes = len(r.snapshot("team", discTokTeam))
+		routes = len(r.snapshot("team", routesTokTeam))
 		return routes == sups*perSup
 	})
 	keys, size := etcdKeys(t, c.endpoints(), "/fp/")
@@ -339,20 +359,20 @@ func TestReplicaValueTooLarge(t *testing.T) {
 	r := newReplica(t, replicaOptions{etcd: c.endpoints(), configPath: configPath, tokensPath: tokensPath})
 	var rs []genRoute
 	for i := range 8000 {
-		rs = append(rs, genRoute{discRoute{ws: "team", sb: "demo", name: fmt.Sprintf("s%d", i), version: 1,
+		rs = append(rs, genRoute{testRoute{ws: "team", sb: "demo", name: fmt.Sprintf("s%d", i), version: 1,
 			expires: time.Now().Add(time.Minute)}, "1"})
 	}
 	body := advBody(sessionID(1), rs...)
 	if len(body) <= etcdMaxValueBytes || len(body) > MaxInstallationsBytes {
 		t.Fatalf("body of %d bytes", len(body))
 	}
-	if code := r.advertise("sup-1", discTokSup1, sessionID(1), rs...); code != http.StatusRequestEntityTooLarge {
+	if code := r.advertise("sup-1", routesTokSup1, sessionID(1), rs...); code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("advertisement of %d bytes: %d", len(body), code)
 	}
 	if ok, _ := r.g.Ready(); !ok {
 		t.Error("the replica went down")
 	}
-	if code := r.advertise("sup-1", discTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
+	if code := r.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(1)); code != http.StatusNoContent {
 		t.Errorf("a normal advertisement afterwards: %d", code)
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
+	"strconv"
 	"time"
+
+	"github.com/applistener/applistener/control/api"
 )
 
 // Sessions. A supervisor makes a session id at process start (32 lower-case
@@ -17,10 +19,18 @@ import (
 //   - a request of that session renews it (poll, advertisement, stream end),
 //     and so does an open push stream, at every keepalive it writes (and at
 //     least every third of the TTL);
-//   - a request with another session id supersedes it at once: the record
-//     names the new session and keeps the last superseded ids, whose
-//     requests are then refused with 409 (so that a lingering old process
-//     cannot take the id back), and push streams of the old session end;
+//   - every session has an order, assigned by the gateway when the session
+//     opens (above every order the supervisor's record ever had: the
+//     store's revision, which only grows, and survives the record's
+//     expiry), stored in the record and told to the supervisor in the
+//     X-Applistener-Session-Order header of every answer; the supervisor
+//     sends it back (?order=) with every request;
+//   - a request with another session id supersedes the current one at once
+//     (push streams of the old session end), unless it names an order
+//     below the current session's: that session was superseded, however
+//     many sessions ago, and is refused with 409, so that a lingering old
+//     process never takes the id back. A session id without an order is a
+//     new process's first request, and opens a session of a new order;
 //   - a withdrawal (DELETE .../installations?session=) removes the
 //     session's advertisement and marks the session withdrawn; its later
 //     requests get 409 too;
@@ -43,43 +53,9 @@ const DefaultKeepaliveMin = 250 * time.Millisecond
 // granted keepalive interval (a Go duration).
 const KeepaliveHeader = "X-Applistener-Keepalive"
 
-// maxSupersededKept is how many superseded session ids a record keeps.
-const maxSupersededKept = 8
-
-// sessionRecord is the stored value of sessions/<supervisor>.
-type sessionRecord struct {
-	Session    string    `json:"session"`
-	Since      time.Time `json:"since"`
-	Source     string    `json:"source,omitempty"`
-	Withdrawn  bool      `json:"withdrawn,omitempty"`
-	Superseded []string  `json:"superseded,omitempty"`
-}
-
-// sessionView is a session record as the view holds it.
-type sessionView struct {
-	rec    sessionRecord
-	modRev int64
-}
-
-// holds reports whether the session is live (not withdrawn).
-func (s sessionView) holds() bool { return !s.rec.Withdrawn }
-
-// validSessionID reports whether s is a session id: "" (none) or 32
-// lower-case hexadecimal characters.
-func validSessionID(s string) bool {
-	if s == "" {
-		return true
-	}
-	if len(s) != 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
+// SessionOrderHeader is the response header that tells a supervisor the
+// order of its session (a decimal integer), to be sent back as ?order=.
+const SessionOrderHeader = api.SessionOrderHeader
 
 // sessionOutcome is what touchSession made of a request's session.
 type sessionOutcome struct {
@@ -87,25 +63,32 @@ type sessionOutcome struct {
 	// current session; false for a request without a session while a real
 	// session holds.
 	current bool
+	// order is the session's order when current (SessionOrderHeader).
+	order int64
 	// code and why, when code is not 0, refuse the request.
 	code int
 	why  string
 }
 
-// touchSession records a request of supervisor sup's session sid, made
-// from source: it renews the session, creates it, or supersedes the
-// current one; or it refuses a superseded or withdrawn session (409), or
-// answers 503 when the store cannot be written.
-func (g *Gateway) touchSession(ctx context.Context, sup, sid, source string) sessionOutcome {
+// touchSession records a request of supervisor sup's session sid of order
+// order (0: not known yet), made from source: it renews the session,
+// creates it, or supersedes the current one; or it refuses a superseded or
+// withdrawn session (409), or answers 503 when the store cannot be
+// written. The decision is made on the view and written on the condition
+// that the stored record is still the one the view has (a compare and
+// swap on its modification revision), so that two replicas never both
+// decide on the same record.
+func (g *Gateway) touchSession(ctx context.Context, sup, sid string, order int64, source string) sessionOutcome {
 	key := keySessions + sup
 	for range 4 {
 		g.mu.Lock()
 		cur, ok := g.sessions[sup]
+		applied := g.appliedRev
 		g.mu.Unlock()
 		next := sessionRecord{Session: sid, Since: time.Now().UTC().Truncate(time.Millisecond), Source: source}
 		cond := mustNotExist
 		switch {
-		case ok && sid != "" && slices.Contains(cur.rec.Superseded, sid):
+		case ok && sid != "" && cur.rec.Session != sid && cur.rec.Session != "" && order > 0 && order <= cur.rec.Order:
 			return sessionOutcome{code: http.StatusConflict, why: "this session was superseded by a newer session of the same supervisor"}
 		case ok && sid != "" && cur.rec.Session == sid && cur.rec.Withdrawn:
 			return sessionOutcome{code: http.StatusConflict, why: "this session was withdrawn"}
@@ -116,19 +99,17 @@ func (g *Gateway) touchSession(ctx context.Context, sup, sid, source string) ses
 				return sessionOutcome{code: http.StatusServiceUnavailable, why: "the store cannot be written"}
 			}
 			if renewed {
-				return sessionOutcome{current: true}
+				return sessionOutcome{current: true, order: cur.rec.Order}
 			}
 			// Its lease ended a moment ago: write it again.
-			next.Since, next.Superseded, cond = cur.rec.Since, cur.rec.Superseded, cur.modRev
+			next.Since, next.Order, cond = cur.rec.Since, cur.rec.Order, cur.modRev
 		case ok && sid == "" && cur.rec.Session != "" && cur.holds():
 			return sessionOutcome{}
 		case ok:
-			next.Superseded = cur.rec.Superseded
-			if cur.rec.Session != "" && cur.rec.Session != sid {
-				next.Superseded = append([]string{cur.rec.Session}, cur.rec.Superseded...)
-			}
-			next.Superseded = next.Superseded[:min(len(next.Superseded), maxSupersededKept)]
 			cond = cur.modRev
+		}
+		if next.Order == 0 {
+			next.Order = newSessionOrder(sid, order, applied, cur.rec.Order)
 		}
 		value, err := json.Marshal(next)
 		if err != nil {
@@ -148,12 +129,26 @@ func (g *Gateway) touchSession(ctx context.Context, sup, sid, source string) ses
 			} else if !ok || cur.rec.Session != sid {
 				g.log.Info("session opened", "supervisor", sup, "session", sid, "remote", source)
 			}
-			return sessionOutcome{current: true}
+			return sessionOutcome{current: true, order: next.Order}
 		}
 		// Another request changed the record first: the view has caught
 		// up with it (waitApplied), look again.
 	}
 	return sessionOutcome{code: http.StatusServiceUnavailable, why: "the session record keeps changing; retry"}
+}
+
+// newSessionOrder returns the order of a session sid that opens (or takes
+// the record back) with the request's order: its own when it has one (it
+// opened before and is not older than the current session), else one
+// above every order the record has had. The view has every write of the
+// record up to applied (the write is conditional on that), and every order
+// was at most the revision of the write that stored it, so applied+1 is
+// above all of them; stored is the current record's, which the view has.
+func newSessionOrder(sid string, order, applied, stored int64) int64 {
+	if sid != "" && order > 0 {
+		return order
+	}
+	return max(applied, stored) + 1
 }
 
 // withdrawSession removes the advertisement of sup's session sid and marks
@@ -215,25 +210,28 @@ func (g *Gateway) keepaliveGrant(requested string) (time.Duration, error) {
 	return min(max(d, g.keepaliveMin), g.keepalive), nil
 }
 
-// sessionsHoldingLocked counts the sessions that hold, for the gauge. g.mu
-// is held.
-func (g *Gateway) sessionsHoldingLocked() int {
-	n := 0
-	for _, s := range g.sessions {
-		if s.holds() {
-			n++
-		}
+// requestSession returns the session id of r (?session=) and the order the
+// supervisor names (?order=, 0 when none); ok is false when either is not
+// a valid one.
+func requestSession(r *http.Request) (sid string, order int64, ok bool) {
+	q := r.URL.Query()
+	if len(q["session"]) > 1 || len(q["order"]) > 1 {
+		return "", 0, false
 	}
-	return n
+	sid = q.Get("session")
+	if v := q.Get("order"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return "", 0, false
+		}
+		order = n
+	}
+	return sid, order, validSessionID(sid)
 }
 
-// requestSession returns the session id of r (?session=); ok is false
-// when it is not a valid one.
-func requestSession(r *http.Request) (string, bool) {
-	q := r.URL.Query()
-	if len(q["session"]) > 1 {
-		return "", false
+// setSessionOrder tells the supervisor the order of its current session.
+func setSessionOrder(w http.ResponseWriter, out sessionOutcome) {
+	if out.current && out.order > 0 {
+		w.Header().Set(SessionOrderHeader, strconv.FormatInt(out.order, 10))
 	}
-	sid := q.Get("session")
-	return sid, validSessionID(sid)
 }

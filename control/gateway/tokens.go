@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,85 +17,10 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// gatewayState is one immutable generation of the gateway's documents
-// (the store's, as the view last saw them) and tokens (the tokens file's).
-type gatewayState struct {
-	docs   map[string]gatewayDocument
-	tokens []gatewayToken
-	// grants are, per supervisor, the services its document declares, with
-	// the generation of their instance: what discovery may publish from its
-	// advertisements.
-	grants map[string]map[grantKey]string
-}
-
-// gatewayToken is one entry of the tokens file. Only the SHA-256 digest of
-// the token is kept. Exactly one of supervisor, workspaces, admin and pool
-// is set.
-type gatewayToken struct {
-	digest     [sha256.Size]byte
-	supervisor string
-	workspaces []string
-	// admin tokens use the write API (instances, pool members).
-	admin bool
-	// pool tokens may open sessions for any supervisor id that no
-	// supervisor token names and that no other pool has bound.
-	pool string
-}
-
-// lookupDigest returns the token whose digest is d, or nil. It compares d
-// with every token in constant time.
-func (s *gatewayState) lookupDigest(d [sha256.Size]byte) *gatewayToken {
-	var found *gatewayToken
-	for i := range s.tokens {
-		if subtle.ConstantTimeCompare(d[:], s.tokens[i].digest[:]) == 1 {
-			found = &s.tokens[i]
-		}
-	}
-	return found
-}
-
-// tokenIndex maps token digests to tokens, for checks that do not answer a
-// request (the credential epoch of stored advertisements): no constant-time
-// comparison is needed there.
-func (s *gatewayState) tokenIndex() map[[sha256.Size]byte]*gatewayToken {
-	m := make(map[[sha256.Size]byte]*gatewayToken, len(s.tokens))
-	for i := range s.tokens {
-		m[s.tokens[i].digest] = &s.tokens[i]
-	}
-	return m
-}
-
-// namesSupervisor reports whether a supervisor token names sup: such an id
-// belongs to that token, and no pool token may claim it.
-func (s *gatewayState) namesSupervisor(sup string) bool {
-	for i := range s.tokens {
-		if s.tokens[i].supervisor == sup {
-			return true
-		}
-	}
-	return false
-}
-
-// grantsSupervisor reports whether token t may act as supervisor sup, whose
-// pool binding is bound ("" when none): a supervisor token for sup, or the
-// token of the pool sup is bound to (an unbound id is granted to no pool
-// here; binding it is authorize's job).
-func (s *gatewayState) grantsSupervisor(t *gatewayToken, sup, bound string) bool {
-	switch {
-	case t == nil:
-		return false
-	case t.supervisor != "":
-		return t.supervisor == sup
-	case t.pool != "":
-		return bound == t.pool && !s.namesSupervisor(sup)
-	}
-	return false
-}
-
 // authorize checks the bearer token for supervisor sup: a supervisor token
 // for sup, or a pool token, which binds sup to its pool on first use. On
 // failure it answers the request and returns nil.
-func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, endpoint, sup string) *gatewayToken {
+func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, endpoint, sup string) *tokenGrant {
 	token, ok := bearerToken(r.Header)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", "Bearer")
@@ -140,7 +64,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, endpoint, su
 // authorizePool checks pool token t for supervisor sup and binds sup to
 // t's pool when no pool has it yet (the binding is stored: the first pool
 // wins). On failure it answers the request and returns false.
-func (g *Gateway) authorizePool(w http.ResponseWriter, r *http.Request, endpoint string, st *gatewayState, t *gatewayToken, sup string) bool {
+func (g *Gateway) authorizePool(w http.ResponseWriter, r *http.Request, endpoint string, st *stateSnapshot, t *tokenGrant, sup string) bool {
 	if err := validSupervisorID(sup); err != nil {
 		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
 		return false
@@ -203,12 +127,12 @@ func bearerToken(h http.Header) (string, bool) {
 	return token, token != ""
 }
 
-// gatewayTokensFile is the tokens file.
-type gatewayTokensFile struct {
-	Tokens *[]gatewayTokenEntry `json:"tokens"`
+// tokensFile is the tokens file.
+type tokensFile struct {
+	Tokens *[]tokenEntry `json:"tokens"`
 }
 
-type gatewayTokenEntry struct {
+type tokenEntry struct {
 	Token      string   `json:"token"`
 	Supervisor string   `json:"supervisor"`
 	Workspaces []string `json:"workspaces"`
@@ -216,32 +140,32 @@ type gatewayTokenEntry struct {
 	Pool       string   `json:"pool"`
 }
 
-// loadGatewayTokens reads and parses the tokens file.
-func loadGatewayTokens(path string) (pollfile.Identity, []gatewayToken, error) {
+// loadTokens reads and parses the tokens file.
+func loadTokens(path string) (pollfile.Identity, []tokenGrant, error) {
 	id, _ := pollfile.Stat(path)
 	data, err := pollfile.ReadLimited(path, MaxTokensBytes)
 	if err != nil {
 		return id, nil, fmt.Errorf("tokens file: %w", err)
 	}
-	tokens, err := parseGatewayTokens(data)
+	tokens, err := parseTokens(data)
 	if err != nil {
 		return id, nil, fmt.Errorf("tokens file %s: %w", path, err)
 	}
 	return id, tokens, nil
 }
 
-// parseGatewayTokens parses {"tokens": [...]}. Unknown fields are refused.
+// parseTokens parses {"tokens": [...]}. Unknown fields are refused.
 // Each entry has a token (1 to MaxTokenLen visible ASCII characters, not
 // repeated) and exactly one of a supervisor id, a non-empty list of
 // workspace names, "admin": true or a pool name. Errors never contain a
 // token.
-func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
+func parseTokens(data []byte) ([]tokenGrant, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var f gatewayTokensFile
+	var f tokensFile
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("cannot parse: %w", err)
 	}
@@ -251,7 +175,7 @@ func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 	if f.Tokens == nil {
 		return nil, errors.New(`missing "tokens" array`)
 	}
-	out := make([]gatewayToken, 0, len(*f.Tokens))
+	out := make([]tokenGrant, 0, len(*f.Tokens))
 	seen := make(map[[sha256.Size]byte]int, len(*f.Tokens))
 	for i, e := range *f.Tokens {
 		if e.Token == "" {
@@ -265,7 +189,7 @@ func parseGatewayTokens(data []byte) ([]gatewayToken, error) {
 				return nil, fmt.Errorf("tokens[%d]: token has a character outside visible ASCII", i)
 			}
 		}
-		t := gatewayToken{digest: sha256.Sum256([]byte(e.Token))}
+		t := tokenGrant{digest: sha256.Sum256([]byte(e.Token))}
 		if j, dup := seen[t.digest]; dup {
 			return nil, fmt.Errorf("tokens[%d]: same token as tokens[%d]", i, j)
 		}

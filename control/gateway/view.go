@@ -3,16 +3,17 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/sha256"
 	"fmt"
 	"maps"
 	"net/http"
-	"time"
+
+	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
 // The view: every replica holds the whole store in memory, in the fields
 // guarded by Gateway.mu (installations, sessions, pools) and in the
-// immutable gatewayState (documents and grants). The store calls the
+// immutable stateSnapshot (documents and grants). The store calls the
 // storeSink methods below with its contents and each change; they update
 // the view, push changed documents to open push streams, end the streams of
 // superseded or withdrawn sessions, and republish discovery.
@@ -20,15 +21,15 @@ import (
 // storeLoaded replaces the view by the store's contents (at start, and
 // after every reconnection to etcd) and marks the store usable.
 func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
-	docs := make(map[string]gatewayDocument)
-	ads := make(map[string]gatewayAdvertisement)
+	docs := make(map[string]document)
+	ads := make(map[string]advertisement)
 	sessions := make(map[string]sessionView)
 	pools := make(map[string]string)
 	for _, kv := range kvs {
 		kind, sup := splitKey(kv.key)
 		switch kind {
 		case keyDocs:
-			docs[sup] = newGatewayDocument(kv.value, kv.modRev)
+			docs[sup] = newDocument(kv.value, kv.modRev)
 		case keyAds:
 			if adv, err := decodeAdvertisement(sup, kv.value, kv.modRev); err == nil {
 				ads[sup] = adv
@@ -49,7 +50,7 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := g.state.Load()
-	next := &gatewayState{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
+	next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
 	g.state.Store(next)
 	changed := make(map[string]struct{})
 	for sup := range old.docs {
@@ -67,15 +68,29 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	for sup := range sessions {
 		g.endSupersededLocked(sup)
 	}
-	g.discRepublishLocked(time.Now(), nil)
+	wasUp := g.storeUp.Swap(true)
+	g.feedDiscoveryLocked(nil)
 	g.appliedLocked(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
-	if !g.storeUp.Load() {
-		g.storeUp.Store(true)
+	if !wasUp {
 		g.m.storeUp.Set(1)
 		g.log.Info("gateway store loaded", "store", g.storeKind, "revision", rev, "documents", len(docs),
 			"advertisements", len(ads), "sessions", len(sessions), "pool_bindings", len(pools))
 	}
+}
+
+// feedDiscoveryLocked hands discovery a view of the current state, for it
+// to republish the workspaces in touched (all when nil). g.mu is held; the
+// maps handed over are never written again (storeChanged copies them
+// first).
+func (g *Gateway) feedDiscoveryLocked(touched map[string]struct{}) {
+	g.discovery.update(&discoveryView{
+		state:         g.state.Load(),
+		installations: g.installations,
+		sessions:      g.sessions,
+		pools:         g.pools,
+		unusable:      g.storeUnusable(),
+	}, touched)
 }
 
 // storeChanged applies the store's changes to the view.
@@ -83,11 +98,24 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := g.state.Load()
-	var docs map[string]gatewayDocument // copied on the first document change
+	var docs map[string]document // copied on the first document change
 	var grants map[string]map[grantKey]string
 	docChanged := make(map[string]struct{})
 	touched := make(map[string]struct{}) // supervisors whose publication may change
 	sessionChanged := make(map[string]struct{})
+	// Discovery holds the current maps: write copies.
+	var copied [3]bool
+	for _, ev := range events {
+		kind, _ := splitKey(ev.key)
+		switch {
+		case kind == keyAds && !copied[0]:
+			g.installations, copied[0] = maps.Clone(g.installations), true
+		case kind == keySessions && !copied[1]:
+			g.sessions, copied[1] = maps.Clone(g.sessions), true
+		case kind == keyPools && !copied[2]:
+			g.pools, copied[2] = maps.Clone(g.pools), true
+		}
+	}
 	for _, ev := range events {
 		kind, sup := splitKey(ev.key)
 		switch kind {
@@ -99,7 +127,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 				delete(docs, sup)
 				delete(grants, sup)
 			} else {
-				d := newGatewayDocument(ev.value, ev.modRev)
+				d := newDocument(ev.value, ev.modRev)
 				docs[sup] = d
 				grants[sup] = documentGrants(d.body)
 				if grants[sup] == nil {
@@ -141,7 +169,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 		}
 	}
 	if docs != nil {
-		next := &gatewayState{docs: docs, tokens: old.tokens, grants: grants}
+		next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: grants}
 		g.state.Store(next)
 		g.pushChangedLocked(old, next, docChanged)
 	}
@@ -154,9 +182,9 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	for sup := range sessionChanged {
 		g.touchWorkspacesLocked(sup, touched)
 	}
-	if len(touched) > 0 {
-		g.discRepublishLocked(time.Now(), touched)
-	}
+	// Always fed (the view must be the current one), republishing only the
+	// touched workspaces (none when touched is empty).
+	g.feedDiscoveryLocked(touched)
 	g.appliedLocked(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 }
@@ -175,11 +203,7 @@ func (g *Gateway) storeDown(why string) {
 	} else {
 		g.log.Debug("gateway store still unavailable", "store", g.storeKind, "err", why)
 	}
-	for _, set := range g.disc.watchers {
-		for w := range set {
-			g.discEndLocked(w, discEndUnusable)
-		}
-	}
+	g.feedDiscoveryLocked(nil)
 	for w := range g.watchers {
 		g.endWatcherLocked(w, "store unavailable")
 	}
@@ -247,23 +271,19 @@ func (g *Gateway) poolBinding(sup string) (string, int64) {
 
 // pushChangedLocked hands the changed documents of the supervisors in
 // changed to their open push streams. g.mu is held.
-func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]struct{}) {
+func (g *Gateway) pushChangedLocked(old, next *stateSnapshot, changed map[string]struct{}) {
 	if len(changed) == 0 {
 		return
 	}
 	for w := range g.watchers {
-		if _, ok := changed[w.supervisor]; !ok || w.ended {
+		if _, ok := changed[w.supervisor]; !ok || w.box.Ended() {
 			continue
 		}
 		d := next.documentFor(w.supervisor, w.pool)
 		if bytes.Equal(d.body, old.documentFor(w.supervisor, w.pool).body) {
 			continue
 		}
-		w.pending = d.body
-		select {
-		case w.notify <- struct{}{}:
-		default:
-		}
+		w.box.Post(d.body)
 	}
 }
 
@@ -274,7 +294,7 @@ func (g *Gateway) pushChangedLocked(old, next *gatewayState, changed map[string]
 func (g *Gateway) endSupersededLocked(sup string) {
 	cur, ok := g.sessions[sup]
 	for w := range g.watchers {
-		if w.supervisor != sup || w.session == "" || w.ended || !ok {
+		if w.supervisor != sup || w.session == "" || w.box.Ended() || !ok {
 			continue
 		}
 		switch {
@@ -294,11 +314,32 @@ func (g *Gateway) touchWorkspacesLocked(sup string, set map[string]struct{}) {
 	}
 }
 
-// decodeSession decodes a stored session record.
-func decodeSession(value []byte, modRev int64) (sessionView, error) {
-	var rec sessionRecord
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return sessionView{}, fmt.Errorf("session record: %w", err)
+// pushWatcher is one open watch stream.
+type pushWatcher struct {
+	supervisor string
+	session    string // the request's session id ("" for none)
+	order      int64  // the session's order
+	pool       bool   // opened with a pool token
+	digest     [sha256.Size]byte
+	// box hands the stream the latest document not yet written, and tells
+	// it to end.
+	box *ndjson.Mailbox
+}
+
+// endWatcherLocked tells w to end; it reports whether w was still open.
+// g.mu is held.
+func (g *Gateway) endWatcherLocked(w *pushWatcher, reason string) bool {
+	return w.box.End(reason)
+}
+
+// sessionsHoldingLocked counts the sessions that hold, for the gauge. g.mu
+// is held.
+func (g *Gateway) sessionsHoldingLocked() int {
+	n := 0
+	for _, s := range g.sessions {
+		if s.holds() {
+			n++
+		}
 	}
-	return sessionView{rec: rec, modRev: modRev}, nil
+	return n
 }

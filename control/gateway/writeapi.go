@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -86,7 +87,7 @@ func (g *Gateway) authorizeAdmin(w http.ResponseWriter, r *http.Request, endpoin
 
 // serveDocument serves GET /v1/supervisors/{id}/instances.
 func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointInstances
+	const endpoint = endpointInstances
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
@@ -113,13 +114,13 @@ func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	g.m.request(endpoint, http.StatusOK)
 	_, _ = w.Write(doc.body)
-	_, _ = w.Write(gatewayNewline)
+	_, _ = w.Write(ndjson.Newline)
 }
 
 // serveInstance serves PUT and DELETE of
 // /v1/supervisors/{id}/instances/{ws}/{sb}.
 func (g *Gateway) serveInstance(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointInstances
+	const endpoint = endpointInstances
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
 		w.Header().Set("Allow", "PUT, DELETE")
 		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use PUT or DELETE")
@@ -296,7 +297,7 @@ func nextRevision(prev string) string {
 // servePoolMembers serves GET /v1/pools/{pool}/members: the supervisors
 // bound to the pool whose session holds.
 func (g *Gateway) servePoolMembers(w http.ResponseWriter, r *http.Request) {
-	const endpoint = gwEndpointPoolMembers
+	const endpoint = endpointPoolMembers
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/applistener/applistener/control/api"
@@ -68,7 +69,7 @@ type Advertiser struct {
 // Run advertises until ctx ends. The client must be initialised (Init).
 func (a *Advertiser) Run(ctx context.Context) {
 	changes := a.Table.Subscribe()
-	failures := 0
+	backoff := a.Client.newBackoff()
 	var retry <-chan time.Time
 	var lastSent []byte
 	var lastSentTo string
@@ -99,11 +100,10 @@ func (a *Advertiser) Run(ctx context.Context) {
 					"supervisor", a.Client.SupervisorID, "err", err)
 			}
 			a.Client.failed(gateway, err)
-			retry = time.After(a.Client.backoff(failures))
-			failures++
+			retry = time.After(backoff.Next(0))
 			continue
 		}
-		failures = 0
+		backoff.Reset()
 		if lastErr != "" {
 			a.logger().Info("advertising installations works again", "endpoint", gateway)
 			lastErr = ""
@@ -123,7 +123,9 @@ func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error
 	c := a.Client
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := c.newRequest(ctx, http.MethodPut, c.supervisorURL(gateway, "/installations"), body)
+	q := url.Values{}
+	c.sessionQuery(q)
+	req, err := c.newRequest(ctx, http.MethodPut, c.supervisorURL(gateway, "/installations")+"?"+q.Encode(), body)
 	if err != nil {
 		return err
 	}
@@ -133,6 +135,7 @@ func (a *Advertiser) put(ctx context.Context, gateway string, body []byte) error
 		return &api.GatewayConnError{Err: fmt.Errorf("PUT installations: %w", err)}
 	}
 	defer func() { _ = resp.Body.Close() }()
+	c.noteOrder(resp.Header)
 	if resp.StatusCode/100 != 2 {
 		return readStatusError(resp)
 	}

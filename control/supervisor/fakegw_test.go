@@ -108,6 +108,7 @@ func writeCAFile(t *testing.T, path string, pems ...[]byte) string {
 type fakeRequest struct {
 	method, path string
 	session      string
+	order        string // the session order the request named (?order=)
 	keepalive    string // the push request's keepalive parameter
 	watch        bool
 	ifNoneMatch  string
@@ -132,6 +133,7 @@ type fakeGateway struct {
 	status     int           // when not 0, every request gets it
 	pushCode   int           // when not 0, push requests get it
 	deleteCode int           // answer to DELETE installations (204 when 0)
+	order      string        // X-Applistener-Session-Order of every answer ("" = not sent)
 	requests   []fakeRequest
 	streams    map[chan struct{}]struct{} // close one to end its stream
 	changed    chan struct{}              // closed and replaced when doc changes
@@ -233,11 +235,14 @@ const fakeSupervisor = "sup-1"
 func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	q := r.URL.Query()
-	req := fakeRequest{method: r.Method, path: r.URL.Path, session: q.Get("session"), keepalive: q.Get("keepalive"),
+	req := fakeRequest{method: r.Method, path: r.URL.Path, session: q.Get("session"), order: q.Get("order"), keepalive: q.Get("keepalive"),
 		watch: q.Get("watch") == "1", ifNoneMatch: r.Header.Get("If-None-Match"), proto: r.ProtoMajor, body: body, at: time.Now()}
 	g.mu.Lock()
 	g.requests = append(g.requests, req)
 	status, pushCode, deleteCode, onDelete := g.status, g.pushCode, g.deleteCode, g.onDelete
+	if g.order != "" {
+		w.Header().Set(api.SessionOrderHeader, g.order)
+	}
 	g.mu.Unlock()
 	if r.Header.Get("Authorization") != "Bearer t1" {
 		http.Error(w, "401 Unauthorized: unknown token", http.StatusUnauthorized)

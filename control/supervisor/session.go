@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	cryptorand "crypto/rand"
@@ -10,16 +9,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/internal/ndjson"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/routes"
 )
@@ -75,6 +75,11 @@ type GatewayClient struct {
 
 	client    *http.Client
 	endpoints *api.GatewayEndpoints
+	// order is the order the gateway gave this session
+	// (api.SessionOrderHeader), 0 until it said; every request sends it
+	// back (?order=), so that once this session is superseded the gateway
+	// never lets it take the supervisor id back.
+	order     atomic.Int64
 	connected atomic.Bool
 	// withdrawing is set by Withdraw: the session is over, Run reconnects
 	// no more (the gateway would refuse the withdrawn session with 409).
@@ -232,8 +237,25 @@ func (c *GatewayClient) configURL(endpoint string, watch bool) string {
 		q.Set("watch", "1")
 		q.Set("keepalive", c.wantKeepalive().String())
 	}
-	q.Set("session", c.Session)
+	c.sessionQuery(q)
 	return c.supervisorURL(endpoint, "/config") + "?" + q.Encode()
+}
+
+// sessionQuery adds the session and, once the gateway told it, its order
+// to q.
+func (c *GatewayClient) sessionQuery(q url.Values) {
+	q.Set("session", c.Session)
+	if o := c.order.Load(); o > 0 {
+		q.Set("order", strconv.FormatInt(o, 10))
+	}
+}
+
+// noteOrder keeps the session order a gateway's answer tells
+// (api.SessionOrderHeader); answers that do not say leave it.
+func (c *GatewayClient) noteOrder(h http.Header) {
+	if n, err := strconv.ParseInt(h.Get(api.SessionOrderHeader), 10, 64); err == nil && n > 0 {
+		c.order.Store(n)
+	}
 }
 
 // failed moves to the next endpoint when err is a failure of endpoint.
@@ -302,12 +324,10 @@ func readStatusError(resp *http.Response) error {
 	return &statusError{code: resp.StatusCode, body: api.ReadStatusBody(resp.Body)}
 }
 
-// backoff returns the delay for attempt n (0-based): exponential from
-// 250 ms, capped, with ±50 % jitter.
-func (c *GatewayClient) backoff(n int) time.Duration {
-	d := 250 * time.Millisecond << min(n, 10)
-	d = min(d, c.MaxBackoff)
-	return d/2 + rand.N(d/2+1)
+// newBackoff returns the retry spacing of one kind of request:
+// exponential from 250 ms, capped at MaxBackoff, with ±50 % jitter.
+func (c *GatewayClient) newBackoff() ndjson.Backoff {
+	return ndjson.Backoff{Base: 250 * time.Millisecond, Max: c.MaxBackoff}
 }
 
 // Run holds the session until ctx ends.
@@ -318,7 +338,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 	}
 	defer c.client.CloseIdleConnections()
-	failures := 0
+	pushBackoff := c.newBackoff()
 	for ctx.Err() == nil {
 		pushEndpoint := c.endpoints.Current()
 		accepted, err := c.push(ctx, pushEndpoint)
@@ -327,10 +347,10 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 		c.setConnected(false)
 		if accepted {
-			failures = 0
+			pushBackoff.Reset()
 		}
 		c.failed(pushEndpoint, err)
-		pushRetry := c.backoff(failures)
+		pushRetry := pushBackoff.Next(0)
 		var se *statusError
 		if errors.As(err, &se) && (se.code == http.StatusNotImplemented || se.code == http.StatusNotFound) {
 			// The gateway does not offer push: poll, and ask again later.
@@ -339,11 +359,10 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		if err != nil {
 			c.reportErr("gateway push session failed; polling", err)
 		}
-		failures++
 		// Poll until it is time to try the push session again, or until
 		// the client moved to another endpoint (which may offer push).
 		retryAt := time.Now().Add(pushRetry)
-		pollFailures := 0
+		pollBackoff := c.newBackoff()
 		for ctx.Err() == nil && !c.withdrawing.Load() {
 			wait := c.PollInterval
 			endpoint := c.endpoints.Current()
@@ -354,21 +373,20 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 				c.setConnected(false)
 				c.reportErr("gateway poll failed", err)
 				c.failed(endpoint, err)
-				wait = min(c.backoff(pollFailures), c.PollInterval)
-				pollFailures++
+				wait = pollBackoff.Next(c.PollInterval)
 			} else {
-				pollFailures = 0
-				if failures > 3 && pushRetry < 5*time.Minute {
+				pollBackoff.Reset()
+				if pushRetry < 5*time.Minute {
 					// Polls work but the push session keeps failing:
 					// don't hammer it.
-					failures = 3
+					pushBackoff.Hold(3)
 				}
 			}
 			left := time.Until(retryAt)
 			if left <= 0 {
 				break
 			}
-			if !sleepCtx(ctx, min(wait, left)) {
+			if !ndjson.Sleep(ctx, min(wait, left)) {
 				break
 			}
 			if c.endpoints.Current() != pushEndpoint {
@@ -384,17 +402,6 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // pollTimeout bounds one poll.
@@ -422,6 +429,7 @@ func (c *GatewayClient) poll(ctx context.Context, endpoint, source string) error
 		return &api.GatewayConnError{Err: err}
 	}
 	defer func() { _ = resp.Body.Close() }()
+	c.noteOrder(resp.Header)
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		c.Sink.Renew()
@@ -599,6 +607,7 @@ func (c *GatewayClient) push(ctx context.Context, endpoint string) (accepted boo
 	if resp.StatusCode != http.StatusOK {
 		return false, readStatusError(resp)
 	}
+	c.noteOrder(resp.Header)
 	granted, explicit := grantedKeepalive(resp.Header)
 	idleFor := c.StreamIdleTimeout
 	if explicit {
@@ -611,23 +620,14 @@ func (c *GatewayClient) push(ctx context.Context, endpoint string) (accepted boo
 		wg.Go(func() { c.fallbackPoll(sctx, endpoint, want) })
 	}
 	// A silent stream is a dead stream: cancel it after idleFor.
-	idle := time.AfterFunc(idleFor, cancel)
-	defer idle.Stop()
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	lines := ndjson.NewReader(resp.Body, routes.MaxDocumentBytes, idleFor, cancel)
+	defer lines.Stop()
 	for {
-		line, err := api.ReadLine(br, routes.MaxDocumentBytes)
+		line, keepalive, err := lines.Next()
 		if err != nil {
-			if sctx.Err() != nil && ctx.Err() == nil {
-				err = fmt.Errorf("push session silent for %v", idleFor)
-			}
-			return accepted, &api.GatewayConnError{Err: err}
+			return accepted, &api.GatewayConnError{Err: fmt.Errorf("push session: %w", err)}
 		}
-		idle.Reset(idleFor)
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		if isKeepalive(line) {
+		if keepalive {
 			if accepted {
 				c.Sink.Renew()
 				c.Metrics.delivery("push", "renewed")
@@ -682,7 +682,9 @@ func (c *GatewayClient) Withdraw(ctx context.Context) error {
 func (c *GatewayClient) withdrawAt(ctx context.Context, endpoint string) error {
 	ctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
-	u := c.supervisorURL(endpoint, "/installations") + "?" + url.Values{"session": {c.Session}}.Encode()
+	q := url.Values{}
+	c.sessionQuery(q)
+	u := c.supervisorURL(endpoint, "/installations") + "?" + q.Encode()
 	req, err := c.newRequest(ctx, http.MethodDelete, u, nil)
 	if err != nil {
 		return err
@@ -696,15 +698,4 @@ func (c *GatewayClient) withdrawAt(ctx context.Context, endpoint string) error {
 		return readStatusError(resp)
 	}
 	return nil
-}
-
-var keepaliveLine = []byte(`{"keepalive":true}`)
-
-func isKeepalive(line []byte) bool {
-	if bytes.Equal(line, keepaliveLine) {
-		return true
-	}
-	// Tolerate whitespace variations: {"keepalive": true}
-	compact := bytes.ReplaceAll(line, []byte(" "), nil)
-	return bytes.Equal(compact, keepaliveLine)
 }

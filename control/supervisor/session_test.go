@@ -19,12 +19,14 @@ func (g *fakeGateway) count(match func(fakeRequest) bool) int { return len(g.log
 
 // The session id: 32 lowercase hex characters, on the push request, on
 // polls (while push is refused), in the advertisements and on the
-// withdrawal, and the same across reconnections. The push request asks for
-// keepalives every freshness/3; every request goes over HTTP/2.
+// withdrawal, and the same across reconnections, with the session order
+// the gateway told (X-Applistener-Session-Order) on every request after its
+// first answer. The push request asks for keepalives every freshness/3;
+// every request goes over HTTP/2.
 func TestSessionIDSentAndStable(t *testing.T) {
 	ca := newTestCA(t, "gateway CA")
 	g := newFakeGateway(t, ca, testDocument("r1", "3"))
-	g.set(func(g *fakeGateway) { g.grant = "100ms" })
+	g.set(func(g *fakeGateway) { g.grant, g.order = "100ms", "7" })
 	c := newTestClient(t, g.url, 3*time.Second, ca)
 	if !ValidSessionID(c.Session) {
 		t.Fatalf("session id %q: want 32 lowercase hex characters", c.Session)
@@ -58,7 +60,10 @@ func TestSessionIDSentAndStable(t *testing.T) {
 	}
 
 	sessions := map[string]int{}
-	for _, r := range g.log(nil) {
+	for i, r := range g.log(nil) {
+		if want := map[bool]string{true: "", false: "7"}[i == 0]; r.order != want {
+			t.Errorf("request %d (%s %s) named the session order %q; want %q", i, r.method, r.path, r.order, want)
+		}
 		if r.proto != 2 {
 			t.Errorf("%s %s over HTTP/%d; want HTTP/2", r.method, r.path, r.proto)
 		}
