@@ -33,7 +33,7 @@ type expect struct {
 	healthPort    int
 	adminPort     int
 	source        string // gateway | routesFile
-	endpoint      string // --gateway-endpoint ("" for routesFile)
+	endpoint      string // --gateway ("" for routesFile)
 	tokenSecret   string
 	tokenKey      string
 	netns         bool
@@ -431,11 +431,11 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 	// Configuration source.
 	switch e.source {
 	case "gateway":
-		if args["gateway-endpoint"] != e.endpoint {
-			t.Errorf("--gateway-endpoint=%q, want %q", args["gateway-endpoint"], e.endpoint)
+		if args["gateway"] != e.endpoint {
+			t.Errorf("--gateway=%q, want %q", args["gateway"], e.endpoint)
 		}
 		if _, ok := args["routes-file"]; ok {
-			t.Error("--routes-file given together with --gateway-endpoint")
+			t.Error("--routes-file given together with --gateway")
 		}
 		if args["supervisor-id"] != "$(POD_NAME)" {
 			t.Errorf("--supervisor-id=%q, want $(POD_NAME)", args["supervisor-id"])
@@ -447,7 +447,7 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 			t.Errorf("--gateway-token-file=%s is not key %q of Secret %q: %+v", tf, e.tokenKey, e.tokenSecret, v.VolumeSource)
 		}
 	case "routesFile":
-		for _, f := range []string{"gateway-endpoint", "gateway-token-file", "gateway-ca-file", "supervisor-id"} {
+		for _, f := range []string{"gateway", "gateway-token-file", "gateway-ca-file", "supervisor-id"} {
 			if _, ok := args[f]; ok {
 				t.Errorf("--%s given with a routes file", f)
 			}
