@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/routes"
 )
 
 // fuzzKeys is the key set of the fuzz tests: two ids, so that a token can
@@ -93,6 +95,22 @@ func FuzzVerify(f *testing.F) {
 			if _, err := ks.Verify(changed, req); err == nil {
 				t.Fatalf("modified token %q (of %q) verified", changed, tok)
 			}
+		}
+	})
+}
+
+// FuzzNameRules: a token's names follow the hostname rules exactly
+// (routes.ValidName), so that every routable service can get a token and
+// no token names a service that cannot exist.
+func FuzzNameRules(f *testing.F) {
+	for _, s := range []string{"web", "a", "a-b", "a--b", "-a", "a-", "Web", "", strings.Repeat("a", 63), strings.Repeat("a", 64), "a_b", "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ours := checkName("service", s) == nil
+		theirs := routes.ValidName(s) == nil
+		if ours != theirs || validNameBytes([]byte(s)) != ours {
+			t.Fatalf("%q: accesstoken says %v, routes.ValidName %v", s, ours, theirs)
 		}
 	})
 }
