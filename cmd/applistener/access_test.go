@@ -142,3 +142,21 @@ func TestAccessTokenFromEnvironment(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }
+
+// `applistener validate` tells an operator that a token-mode service is
+// refused by this version, at its path, with the other access problems.
+func TestCheckDocumentAccessPolicy(t *testing.T) {
+	doc := `{"instances": [
+	  {"workspace": "team", "sandbox": "a", "services": [{"name": "web", "port": 8080, "access": {"mode": "token"}}]},
+	  {"workspace": "team", "sandbox": "b", "services": [{"name": "web", "port": 8080, "access": {"mode": "public", "cors_origins": ["https://App.example.com"]}}]},
+	  {"workspace": "team", "sandbox": "c", "services": [{"name": "web", "port": 8080, "access": {"mode": "public", "generation": 2}}]}
+	]}`
+	got := lines(checkDocument("routes.json", "", []byte(doc)))
+	want := []string{
+		`routes.json: instances[0].services[0].access.mode: service "web": access mode token is not enforced by this version`,
+		`routes.json: instances[1].services[0].access.cors_origins[0]: service "web": CORS origin "https://App.example.com" is not as browsers send it (want "https://app.example.com")`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
