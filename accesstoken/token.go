@@ -118,7 +118,8 @@ type Request struct {
 	Workspace, Sandbox, Service string
 	// Generation is the service's access policy generation.
 	Generation uint64
-	// Now is the time of the check.
+	// Now is the time of the check; zero means time.Now() (never "no
+	// expiry check").
 	Now time.Time
 	// MaxLifetime bounds Claims.Lifetime: MaxURLLifetime for a token
 	// carried in a URL; 0 means MaxLifetime.
@@ -343,7 +344,7 @@ func encodeClaims(c *Claims) ([]byte, error) {
 	return p, nil
 }
 
-// Verify checks token against req and returns its claims. The strings of
+// Verify checks token against req (not nil) and returns its claims. The strings of
 // the claims are req's own (the scope matched), the key's id and an
 // interned subject, so that on the warm path nothing is allocated.
 func (ks *KeySet) Verify(token string, req *Request) (Claims, error) {
@@ -396,7 +397,11 @@ func (ks *KeySet) Verify(token string, req *Request) (Claims, error) {
 	if !ok {
 		return Claims{}, ErrMalformed
 	}
-	now := req.Now.Unix()
+	nowT := req.Now
+	if nowT.IsZero() {
+		nowT = time.Now()
+	}
+	now := nowT.Unix()
 	if now >= int64(p.exp) {
 		return Claims{}, ErrExpired
 	}

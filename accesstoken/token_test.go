@@ -142,6 +142,24 @@ func TestVerifyTimesAndGeneration(t *testing.T) {
 	}
 }
 
+// A request without a time is checked at time.Now(), never as "no
+// expiry".
+func TestVerifyZeroNowIsNow(t *testing.T) {
+	ks := mustKeySet(t, Key{ID: "k1", Secret: secret(1)})
+	past := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	old := mint(t, ks, "k1", Claims{Workspace: "team", Sandbox: "demo", IssuedAt: past, Expires: past.Add(time.Hour)})
+	if _, err := ks.Verify(old, &Request{Workspace: "team", Sandbox: "demo", Now: past.Add(time.Minute)}); err != nil {
+		t.Fatalf("at its time: %v", err)
+	}
+	if _, err := ks.Verify(old, &Request{Workspace: "team", Sandbox: "demo"}); !errors.Is(err, ErrExpired) {
+		t.Fatalf("zero Now: %v, want ErrExpired", err)
+	}
+	fresh := mint(t, ks, "k1", Claims{Workspace: "team", Sandbox: "demo", Expires: time.Now().Add(time.Hour)})
+	if _, err := ks.Verify(fresh, &Request{Workspace: "team", Sandbox: "demo"}); err != nil {
+		t.Fatalf("zero Now, fresh token: %v", err)
+	}
+}
+
 func TestMintRefuses(t *testing.T) {
 	ks := mustKeySet(t, Key{ID: "k1", Secret: secret(1)})
 	ok := Claims{Workspace: "team", Sandbox: "demo", Service: "web", IssuedAt: t0, Expires: t0.Add(time.Hour)}
