@@ -179,11 +179,19 @@ func NewKeySet(keys ...Key) (*KeySet, error) {
 	return ks, nil
 }
 
-// IDs returns the key ids of the set, sorted.
-func (ks *KeySet) IDs() []string { return slices.Clone(ks.ids) }
+// IDs returns the key ids of the set, sorted. A nil set has none.
+func (ks *KeySet) IDs() []string {
+	if ks == nil {
+		return nil
+	}
+	return slices.Clone(ks.ids)
+}
 
 // Has reports whether the set holds a key with this id.
 func (ks *KeySet) Has(id string) bool {
+	if ks == nil {
+		return false
+	}
 	_, ok := ks.keys[id]
 	return ok
 }
@@ -191,14 +199,14 @@ func (ks *KeySet) Has(id string) bool {
 // Removed returns the ids of old's keys that ks does not verify the same
 // way: ids no longer present and ids whose secret changed. Tokens signed
 // under them no longer verify, so whatever they authenticated must end.
-// old may be nil.
+// Either set may be nil (no keys).
 func (ks *KeySet) Removed(old *KeySet) []string {
 	if old == nil {
 		return nil
 	}
 	var out []string
 	for _, id := range old.ids {
-		if k, ok := ks.keys[id]; !ok || !hmac.Equal(k.secret, old.keys[id].secret) {
+		if !ks.Has(id) || !hmac.Equal(ks.keys[id].secret, old.keys[id].secret) {
 			out = append(out, id)
 		}
 	}
@@ -265,10 +273,10 @@ func checkSubject(s string) error {
 // MaxLifetime later, with invalid names or subject, or with AllServices
 // and a service.
 func (ks *KeySet) Mint(keyID string, c Claims) (string, error) {
-	k, ok := ks.keys[keyID]
-	if !ok {
+	if !ks.Has(keyID) {
 		return "", fmt.Errorf("accesstoken: mint: %w %q", ErrUnknownKey, keyID)
 	}
+	k := ks.keys[keyID]
 	payload, err := encodeClaims(&c)
 	if err != nil {
 		return "", fmt.Errorf("accesstoken: mint: %w", err)
@@ -344,9 +352,10 @@ func encodeClaims(c *Claims) ([]byte, error) {
 	return p, nil
 }
 
-// Verify checks token against req (not nil) and returns its claims. The strings of
-// the claims are req's own (the scope matched), the key's id and an
-// interned subject, so that on the warm path nothing is allocated.
+// Verify checks token against req (not nil) and returns its claims. The
+// strings of the claims are req's own (the scope matched), the key's id and
+// an interned subject, so that on the warm path nothing is allocated. A nil
+// set verifies nothing (ErrUnknownKey for a well-formed token).
 func (ks *KeySet) Verify(token string, req *Request) (Claims, error) {
 	// Shape first, before any decoding: v1.<kid>.<payload>.<mac>, bounded,
 	// every character from the base64url alphabet or a dot.
@@ -372,6 +381,9 @@ func (ks *KeySet) Verify(token string, req *Request) (Claims, error) {
 	}
 	if macDot-payStart > base64.RawURLEncoding.EncodedLen(maxPayloadLen) {
 		return Claims{}, ErrMalformed
+	}
+	if ks == nil {
+		return Claims{}, ErrUnknownKey
 	}
 	k, ok := ks.keys[kid]
 	if !ok {

@@ -310,6 +310,17 @@ func TestKeySetRemoved(t *testing.T) {
 	if got := next.Removed(nil); got != nil {
 		t.Fatalf("Removed(nil) = %v", got)
 	}
+	var none *KeySet
+	if got := strings.Join(none.Removed(old), ","); got != "a,b,c" || none.Has("a") || none.IDs() != nil {
+		t.Fatalf("nil set: Removed %q", got)
+	}
+	tok := mint(t, old, "a", Claims{Workspace: "team", Sandbox: "demo", IssuedAt: t0, Expires: t0.Add(time.Hour)})
+	if _, err := none.Verify(tok, &Request{Workspace: "team", Sandbox: "demo", Now: t0}); !errors.Is(err, ErrUnknownKey) {
+		t.Fatalf("nil set Verify: %v", err)
+	}
+	if _, err := none.Mint("a", Claims{}); !errors.Is(err, ErrUnknownKey) {
+		t.Fatalf("nil set Mint: %v", err)
+	}
 	if got := strings.Join(next.IDs(), ","); got != "a,b,d" || !next.Has("d") || next.Has("c") {
 		t.Fatalf("IDs %q", got)
 	}
