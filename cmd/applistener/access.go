@@ -36,7 +36,7 @@ type accessTokenOptions struct {
 }
 
 func (o *accessTokenOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.keysFile, "keys-file", "", "the access keys file, as serve's --access-keys-file (required)")
+	fs.StringVar(&o.keysFile, "keys-file", "", "the access keys file: {\"keys\":[{\"id\":\"k1\",\"secret\":\"<base64>\"}]} (required)")
 	fs.StringVar(&o.keyID, "key-id", "", "id of the key to sign with (required)")
 	fs.StringVar(&o.service, "service", "", "what the token opens: WS/SB (every service of the sandbox), WS/SB/SVC or WS/SB/ (the unnamed service) (required)")
 	fs.DurationVar(&o.ttl, "ttl", 0, "how long the token is valid: 1s to 720h; at most 24h for a token carried in a URL (required)")
