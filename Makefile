@@ -14,6 +14,8 @@ FUZZ_TARGETS = \
 	./routes:FuzzNormalizeHost \
 	./routes:FuzzParseHostname \
 	./routes:FuzzParseDocument \
+	./accesstoken:FuzzParse \
+	./accesstoken:FuzzVerify \
 	./dispatch:FuzzParseRequestHead \
 	./dispatch:FuzzCopyChunked \
 	./dispatch:FuzzParseResponseHead \

@@ -159,6 +159,8 @@ type ServiceSpec struct {
 	// ParseDocument normalizes to "") for HTTP/1.1, ProtocolH2C for HTTP/2
 	// with prior knowledge.
 	Protocol string `json:"protocol,omitempty"`
+	// Access is the service's access policy; nil (absent) is public.
+	Access *AccessPolicy `json:"access,omitempty"`
 }
 
 // RejectedInstance is an instance entry that failed validation. Its routes
@@ -197,6 +199,15 @@ func (p Problem) String() string {
 	return p.Path + ": " + p.Msg
 }
 
+// parseOptions change what ParseDocument accepts.
+type parseOptions struct {
+	// accessTokens accepts services with access mode "token". Until the
+	// data plane enforces it (issue 26), ParseDocument refuses such a
+	// service rather than serve a "private" preview publicly; tests of the
+	// policy's validation and change detection set it.
+	accessTokens bool
+}
+
 // maxProblems bounds the problems kept for one entry.
 const maxProblems = 32
 
@@ -216,7 +227,16 @@ const maxProblems = 32
 // canonically. An entry that fails goes to Rejected with a one-line reason;
 // when two or more entries name the same workspace/sandbox, all of them are
 // rejected.
+//
+// A service whose access policy has mode "token" rejects its entry: this
+// version does not enforce it yet, and a preview must not be believed
+// private while it is served to anyone.
 func ParseDocument(data []byte) (*Document, error) {
+	return parseDocument(data, parseOptions{})
+}
+
+// parseDocument is ParseDocument with options.
+func parseDocument(data []byte, opts parseOptions) (*Document, error) {
 	y := newYielder()
 	defer y.close()
 	revision, entries, err := parseTopLevel(data, y)
@@ -239,7 +259,7 @@ func ParseDocument(data []byte) (*Document, error) {
 	for i, raw := range entries {
 		y.step()
 		r := &results[i]
-		spec, problems := parseInstance(raw)
+		spec, problems := parseInstance(raw, opts)
 		if len(problems) > 0 {
 			r.problems = problems
 			r.reason = summary(problems)
@@ -494,7 +514,7 @@ func jsonErr(err error) error {
 
 // parseInstance decodes one instance entry strictly, validates it and
 // returns it normalized, or every problem found in it.
-func parseInstance(raw []byte) (InstanceSpec, []Problem) {
+func parseInstance(raw []byte, opts parseOptions) (InstanceSpec, []Problem) {
 	var spec InstanceSpec
 	if first := firstByte(raw); first != '{' {
 		return spec, []Problem{{Msg: fmt.Sprintf("entry is %s, not an object", jsonKind(first))}}
@@ -510,7 +530,7 @@ func parseInstance(raw []byte) (InstanceSpec, []Problem) {
 			return InstanceSpec{}, []Problem{{Msg: "invalid entry: data after the object"}}
 		}
 		var ps problemList
-		spec.validate(&ps)
+		spec.validate(&ps, opts)
 		if len(ps) > 0 {
 			return InstanceSpec{}, ps
 		}
@@ -526,7 +546,7 @@ func parseInstance(raw []byte) (InstanceSpec, []Problem) {
 	spec = InstanceSpec{}
 	_ = json.Unmarshal(raw, &spec) // keeps every value of the right type
 	var semantic problemList
-	spec.validate(&semantic)
+	spec.validate(&semantic, opts)
 	for _, p := range semantic {
 		if !ps.covers(p.Path) {
 			ps.add(p.Path, "%s", p.Msg)
@@ -537,7 +557,7 @@ func parseInstance(raw []byte) (InstanceSpec, []Problem) {
 
 // validate checks a decoded entry, normalizes its connector, and adds
 // every problem found to ps.
-func (s *InstanceSpec) validate(ps *problemList) {
+func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 	if err := ValidName(s.Workspace); err != nil {
 		ps.add("workspace", "%v", err)
 	}
@@ -606,6 +626,9 @@ func (s *InstanceSpec) validate(ps *problemList) {
 			svc.Protocol = ""
 		default:
 			ps.add(at+".protocol", "%s: protocol %s not supported (use http1 or h2c)", what, quoteShort(svc.Protocol))
+		}
+		if svc.Access != nil {
+			svc.Access.validate(ps, at+".access", what, opts)
 		}
 	}
 }
@@ -758,7 +781,8 @@ func cutString(s string, n int) string {
 	return s[:n]
 }
 
-// maxKeyDepth bounds the nesting checkKeys follows; the schema needs 3.
+// maxKeyDepth bounds the nesting checkKeys follows; the schema needs 4
+// (services[].access.cors_origins[]).
 const maxKeyDepth = 16
 
 // maxObjectKeys bounds the fields of one object; the schema needs 6.

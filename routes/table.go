@@ -167,6 +167,12 @@ type Route struct {
 	Instance            *Instance
 	Lease               *Lease
 
+	// Access is the service's access policy (Mode AccessPublic when the
+	// document sets none). A change of policy is a change of target: the
+	// route is reinstalled and its streams are revoked, so that they are
+	// decided again under the new policy.
+	Access AccessPolicy
+
 	table       *Table
 	declaration atomic.Int64
 	startGrace  atomic.Int64 // 0: the supervisor's default; else 1 + nanoseconds
@@ -221,7 +227,7 @@ func (r *Route) Data(create func() any) any {
 
 func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
 	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector &&
-		r.Protocol == svc.Protocol
+		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access)
 }
 
 // Snapshot is an immutable view of the installed routes.
@@ -514,6 +520,7 @@ func (t *Table) newRoute(from *Route) *Route {
 	r := &Route{
 		Host: from.Host, Workspace: from.Workspace, Sandbox: from.Sandbox, Service: from.Service,
 		Port: from.Port, Generation: from.Generation, Connector: from.Connector, Protocol: from.Protocol,
+		Access:              *from.Access.Clone(),
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
 	r.declaration.Store(from.declaration.Load())
@@ -567,6 +574,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			r := &Route{
 				Host: host, Workspace: spec.Workspace, Sandbox: spec.Sandbox, Service: svc.Name,
 				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector, Protocol: svc.Protocol,
+				Access:              *svc.Access.orDefault().Clone(),
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
 			r.declaration.Store(svc.Revision)
