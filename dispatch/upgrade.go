@@ -25,6 +25,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	h := &h1WebSocket{s: c.s, inst: c.route.Instance, release: c.release}
 	sp := &h.sp
 	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
+	sp.log, sp.who = c.s.log, &c.ci
 
 	// Bytes that arrived with the heads belong to the stream: those read
 	// with the request head, then those the client watch read while the

@@ -30,6 +30,7 @@ import (
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
@@ -126,6 +127,7 @@ type spliceKey struct {
 // splice is one client connection spliced to a supervisor.
 type splice struct {
 	client, backend net.Conn
+	key             spliceKey // the hostname and the endpoint it was spliced to
 	once            sync.Once
 }
 
@@ -485,8 +487,19 @@ func (e *Edge) serveConn(c net.Conn) {
 		_ = c.Close()
 		e.wg.Done()
 	}()
-	accepted := time.Now()
 	src := c.RemoteAddr().String()
+	var host string
+	var sp *splice
+	defer func() {
+		if r := recover(); r != nil { // this connection only
+			if sp != nil {
+				sp.close()
+			}
+			_ = c.Close()
+			panicguard.Report(e.log, panicguard.EdgeConn, r, "sni", host, "src", src)
+		}
+	}()
+	accepted := time.Now()
 	_ = c.SetDeadline(accepted.Add(e.cfg.HelloTimeout))
 	hello, err := tlshello.ReadClientHello(c, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
@@ -494,6 +507,7 @@ func (e *Edge) serveConn(c net.Conn) {
 		return
 	}
 	host, ok := routes.NormalizeHost(hello.ServerName)
+	panicguard.Point(panicguard.EdgeConn, host)
 	var r *route
 	if ok {
 		r = e.lookup(host, time.Now())
@@ -513,7 +527,6 @@ func (e *Edge) serveConn(c net.Conn) {
 
 	// Dial the owner. If the owner changes while dialing, follow it.
 	var backend net.Conn
-	var sp *splice
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
 		backend, err = e.cfg.Dial(ctx, "tcp", r.endpoint)
@@ -573,6 +586,13 @@ func (e *Edge) serveConn(c net.Conn) {
 // gives the other direction HalfCloseTimeout to finish; on an error it
 // closes the splice.
 func (e *Edge) pipe(sp *splice, dst, src net.Conn, n prometheus.Counter, firstByteSince time.Time) {
+	defer func() {
+		if r := recover(); r != nil {
+			sp.close() // this splice only; serveConn then ends
+			panicguard.Report(e.log, panicguard.EdgePipe, r, "sni", sp.key.host, "src", sp.client.RemoteAddr().String(), "endpoint", sp.key.endpoint)
+		}
+	}()
+	panicguard.Point(panicguard.EdgePipe, sp.key.host)
 	var first int64
 	var err error
 	if !firstByteSince.IsZero() {
@@ -629,7 +649,7 @@ func (e *Edge) register(host, endpoint string, c, backend net.Conn) (sp *splice,
 		set = make(map[*splice]struct{})
 		e.splices[key] = set
 	}
-	sp = &splice{client: c, backend: backend}
+	sp = &splice{client: c, backend: backend, key: key}
 	set[sp] = struct{}{}
 	delete(e.pending, c)
 	return sp, nil, false
