@@ -51,6 +51,11 @@ const (
 	DefaultDialTimeout      = 5 * time.Second
 	DefaultHalfCloseTimeout = 60 * time.Second
 	DefaultWithdrawGrace    = 2 * time.Second
+	// DefaultDrainTimeout is how long a draining edge (SIGTERM) keeps its
+	// spliced connections (WebSockets, long polls) open for them to end on
+	// their own: an edge rollout must not cut them. A Pod needs a
+	// terminationGracePeriodSeconds at least this long.
+	DefaultDrainTimeout = time.Hour
 	// refusedRetry is the delay before a refused workspace is watched again.
 	refusedRetry = 5 * time.Second
 	// writeHelloTimeout bounds replaying the ClientHello to the supervisor.
@@ -155,8 +160,9 @@ type Edge struct {
 	have     map[string]bool // a usable snapshot arrived (and was not refused since)
 	splices  map[spliceKey]map[*splice]struct{}
 	// lingering are splices of withdrawn routes waiting out
-	// WithdrawGrace for their supervisor to close them.
-	lingering  map[*splice]struct{}
+	// WithdrawGrace for their supervisor to close them, each with the
+	// withdrawal (its grace timer) that put it there.
+	lingering  map[*splice]*int
 	pending    map[net.Conn]struct{} // accepted, not yet spliced
 	active     int                   // client connections being served
 	closed     bool
@@ -215,7 +221,7 @@ func New(cfg Config) (*Edge, error) {
 		have:      make(map[string]bool),
 		splices:   make(map[spliceKey]map[*splice]struct{}),
 		pending:   make(map[net.Conn]struct{}),
-		lingering: make(map[*splice]struct{}),
+		lingering: make(map[*splice]*int),
 		wake:      make(chan struct{}, 1),
 	}
 	empty := map[string]*route{}
@@ -367,6 +373,7 @@ func (e *Edge) rebuildLocked(now time.Time, why string) {
 			e.log.Info("edge route removed", "hostname", host, "endpoint", o.endpoint, "reason", reason, "cause", why)
 		}
 	}
+	e.restoreLingeringLocked(table)
 	for key, set := range e.splices {
 		r := table[key.host]
 		if r != nil && r.endpoint == key.endpoint {
@@ -655,12 +662,40 @@ func (e *Edge) register(host, endpoint string, c, backend net.Conn) (sp *splice,
 	return sp, nil, false
 }
 
+// restoreLingeringLocked cancels the withdrawal grace of the lingering
+// splices whose route is back in table with the same endpoint (a
+// withdrawal that was undone, e.g. by a gateway restart): they are spliced
+// connections of a live route again, which only a later withdrawal or
+// expiry closes. e.mu is held.
+func (e *Edge) restoreLingeringLocked(table map[string]*route) {
+	restored := map[spliceKey]int{}
+	for sp := range e.lingering {
+		r := table[sp.key.host]
+		if r == nil || r.endpoint != sp.key.endpoint {
+			continue
+		}
+		delete(e.lingering, sp)
+		set := e.splices[sp.key]
+		if set == nil {
+			set = make(map[*splice]struct{})
+			e.splices[sp.key] = set
+		}
+		set[sp] = struct{}{}
+		restored[sp.key]++
+	}
+	for key, n := range restored {
+		e.log.Info("edge route returned: withdrawal grace cancelled, spliced connections kept", "hostname", key.host,
+			"endpoint", key.endpoint, "connections", n)
+	}
+}
+
 // lingerLocked keeps the splices of a withdrawn route open for
 // WithdrawGrace, then closes those still open. e.mu is held.
 func (e *Edge) lingerLocked(set map[*splice]struct{}, reason string) {
 	batch := make([]*splice, 0, len(set))
+	withdrawal := new(int) // identifies this grace: a splice restored and withdrawn again waits out its new one
 	for sp := range set {
-		e.lingering[sp] = struct{}{}
+		e.lingering[sp] = withdrawal
 		batch = append(batch, sp)
 	}
 	time.AfterFunc(e.cfg.WithdrawGrace, func() {
@@ -668,7 +703,7 @@ func (e *Edge) lingerLocked(set map[*splice]struct{}, reason string) {
 		defer e.mu.Unlock()
 		closed := 0
 		for _, sp := range batch {
-			if _, ok := e.lingering[sp]; ok {
+			if w, ok := e.lingering[sp]; ok && w == withdrawal {
 				delete(e.lingering, sp)
 				sp.close()
 				closed++
@@ -720,8 +755,10 @@ func truncate(s string, n int) string {
 }
 
 // Shutdown stops accepting, closes connections that are not spliced yet,
-// lets spliced connections finish until ctx ends, then closes the rest. It
-// returns when every connection goroutine is done.
+// lets spliced connections finish until ctx ends, then closes the rest
+// and logs them (closeAllSplices). It returns when every connection
+// goroutine is done. Routes keep following discovery meanwhile: a
+// withdrawn or expired route still closes its connections.
 func (e *Edge) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
@@ -732,7 +769,14 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 	if e.ln != nil {
 		err = e.ln.Close()
 	}
+	n := len(e.lingering)
+	for _, set := range e.splices {
+		n += len(set)
+	}
 	e.mu.Unlock()
+	if deadline, ok := ctx.Deadline(); ok {
+		e.log.Info("edge draining: no longer accepting; spliced connections may finish", "connections", n, "until", deadline)
+	}
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 drain:
@@ -762,24 +806,31 @@ func (e *Edge) spliceCount() int {
 }
 
 // closeAllSplices closes every spliced connection (drain timeout).
+// It logs what it cut: one line per hostname and endpoint, then the total.
 func (e *Edge) closeAllSplices() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	cut := map[spliceKey]int{}
 	closed := 0
 	for key, set := range e.splices {
 		for sp := range set {
 			sp.close()
+			cut[key]++
 			closed++
 		}
 		delete(e.splices, key)
 	}
 	for sp := range e.lingering {
 		sp.close()
+		cut[sp.key]++
 		closed++
 		delete(e.lingering, sp)
 	}
 	e.m.revoked.WithLabelValues("shutdown").Add(float64(closed))
-	e.log.Warn("drain timeout: closing the remaining spliced connections", "connections", closed)
+	for key, n := range cut {
+		e.log.Warn("drain timeout: spliced connections cut", "hostname", key.host, "endpoint", key.endpoint, "connections", n)
+	}
+	e.log.Warn("drain timeout: closed the remaining spliced connections", "connections", closed)
 }
 
 type metrics struct {

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"context"
 	"crypto/x509"
 	"log/slog"
 	"strings"
@@ -88,5 +89,143 @@ func TestPanicEdgeClosesOnlyItsConnection(t *testing.T) {
 				return f.metric("applistener_edge_active_splices") == 1
 			})
 		})
+	}
+}
+
+// A route withdrawn and back (same endpoint) within the grace keeps its
+// spliced connections: the grace is cancelled, not left to close them.
+// A later withdrawal gets a grace of its own, never cut short by the
+// first one's timer.
+func TestEdgeWithdrawGraceCancelledWhenRouteReturns(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	const grace = 2 * time.Second
+	f, logs := newLoggingEdge(t, grace, src, ca.Pool())
+	exp := time.Now().Add(time.Minute)
+	src.send(t, "team", routeTo(hostA, sup, 1, exp), routeTo(hostB, sup, 1, exp))
+	a := f.mustDial(hostA)
+	first := time.Now()
+	src.send(t, "team", routeTo(hostB, sup, 1, exp))
+	f.expectUnrecognized(hostA)
+	src.send(t, "team", routeTo(hostA, sup, 1, exp), routeTo(hostB, sup, 1, exp))
+	f.expectOwner(hostA, sup)
+	testutil.Eventually(t, 5*time.Second, "the cancelled grace's log line", func() bool {
+		return strings.Contains(logs.String(), "withdrawal grace cancelled")
+	})
+	// Well into the first grace, withdraw again.
+	time.Sleep(grace / 2)
+	second := time.Now()
+	src.send(t, "team", routeTo(hostB, sup, 1, exp))
+	// Past the end of the first grace the connection still echoes.
+	for time.Since(first) < grace+grace/4 {
+		a.echo(t, "the first grace is over, the second is not")
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := f.metric("applistener_edge_splices_closed_total", "reason", "route_gone"); n != 0 {
+		t.Fatalf("%v connections closed by a grace; want none yet", n)
+	}
+	a.expectClosed(t, grace+5*time.Second)
+	if took := time.Since(second); took < grace {
+		t.Fatalf("closed %v after the second withdrawal; want its full %v grace", took, grace)
+	}
+}
+
+// The same, without a second withdrawal: well past the grace, the
+// connection of the returned route is open and counted nowhere.
+func TestEdgeReturnedRouteOutlivesGrace(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	const grace = 500 * time.Millisecond
+	f := newEdgeFixtureGrace(t, grace, src, ca.Pool(), "team")
+	exp := time.Now().Add(time.Minute)
+	src.send(t, "team", routeTo(hostA, sup, 1, exp))
+	a := f.mustDial(hostA)
+	src.send(t, "team")
+	f.expectUnrecognized(hostA)
+	src.send(t, "team", routeTo(hostA, sup, 1, exp))
+	f.expectOwner(hostA, sup)
+	time.Sleep(3 * grace) // the grace timer has fired by now
+	a.echo(t, "after the grace")
+	if n := f.metric("applistener_edge_splices_closed_total", "reason", "route_gone"); n != 0 {
+		t.Fatalf("%v connections closed by the cancelled grace", n)
+	}
+	// It is a live splice again: removing the route closes it (grace).
+	src.send(t, "team")
+	a.expectClosed(t, grace+5*time.Second)
+}
+
+// Draining keeps spliced connections until they end: Shutdown returns as
+// soon as the last one has, long before its (long) deadline, and cuts
+// nothing.
+func TestEdgeDrainWaitsForSplices(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	f, logs := newLoggingEdge(t, -1, src, ca.Pool())
+	src.send(t, "team", routeTo(hostA, sup, 1, time.Now().Add(time.Minute)))
+	c := f.mustDial(hostA)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done <- f.e.Shutdown(ctx)
+	}()
+	testutil.Eventually(t, 5*time.Second, "the draining log line", func() bool {
+		return strings.Contains(logs.String(), "edge draining")
+	})
+	for range 5 {
+		c.echo(t, "during drain")
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned (%v) while a connection was spliced", err)
+	default:
+	}
+	_ = c.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown still waiting 10 s after the last connection ended")
+	}
+	if n := f.metric("applistener_edge_splices_closed_total", "reason", "shutdown"); n != 0 {
+		t.Errorf("%v connections cut by the drain; want none", n)
+	}
+	if strings.Contains(logs.String(), "spliced connections cut") {
+		t.Errorf("the drain logged a cut:\n%s", logs.String())
+	}
+}
+
+// A drain that times out cuts what is left and logs it per hostname.
+func TestEdgeDrainTimeoutLogsWhatItCut(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := newFakeSource()
+	f, logs := newLoggingEdge(t, -1, src, ca.Pool())
+	exp := time.Now().Add(time.Minute)
+	src.send(t, "team", routeTo(hostA, sup, 1, exp), routeTo(hostB, sup, 1, exp))
+	a1, a2, b := f.mustDial(hostA), f.mustDial(hostA), f.mustDial(hostB)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := f.e.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	for _, c := range []*clientConn{a1, a2, b} {
+		c.expectClosed(t, 2*time.Second)
+	}
+	out := logs.String()
+	for _, want := range []string{
+		`"msg":"drain timeout: spliced connections cut","hostname":"` + hostA + `","endpoint":"` + sup.endpoint().String() + `","connections":2`,
+		`"msg":"drain timeout: spliced connections cut","hostname":"` + hostB + `"`,
+		`"msg":"drain timeout: closed the remaining spliced connections","connections":3`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the drain's log lacks %s:\n%s", want, out)
+		}
 	}
 }

@@ -58,7 +58,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
 	fs.DurationVar(&o.withdrawGrace, "withdraw-grace", edge.DefaultWithdrawGrace, "how long connections of a withdrawn route stay open for their supervisor to close them (WebSocket close frames); 0: close at once")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", edge.DefaultDrainTimeout, "on SIGTERM (or SIGINT), the edge stops accepting and keeps its spliced connections (WebSockets) until they end or this long has passed, then cuts the rest and logs them; a Pod's terminationGracePeriodSeconds must cover it")
 	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
