@@ -169,6 +169,7 @@ type Edge struct {
 	ln         net.Listener
 	nextExpiry time.Time
 	wake       chan struct{} // capacity 1: the expiry loop re-reads nextExpiry
+	rewatch    chan struct{} // closed by Rewatch: every discovery watch is reopened
 	wg         sync.WaitGroup
 }
 
@@ -223,6 +224,7 @@ func New(cfg Config) (*Edge, error) {
 		pending:   make(map[net.Conn]struct{}),
 		lingering: make(map[*splice]*int),
 		wake:      make(chan struct{}, 1),
+		rewatch:   make(chan struct{}),
 	}
 	empty := map[string]*route{}
 	e.table.Store(&empty)
@@ -275,9 +277,16 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 	log := e.log.With("workspace", ws)
 	failures := 0
 	for ctx.Err() == nil {
-		err := e.cfg.Source.Watch(ctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
+		rewatched, err := e.watchOnce(ctx, ws)
 		if ctx.Err() != nil {
 			return
+		}
+		if rewatched {
+			// Reopened at once, keeping the cache: the next request
+			// re-reads the token file and the CA file.
+			log.Info("discovery watch reopened", "err", err)
+			failures = 0
+			continue
 		}
 		wait := min(100*time.Millisecond<<min(failures, 8), 30*time.Second)
 		failures++
@@ -297,6 +306,42 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 		case <-t.C:
 		}
 	}
+}
+
+// watchOnce runs one Source.Watch of ws; rewatched: Rewatch ended it.
+func (e *Edge) watchOnce(ctx context.Context, ws string) (rewatched bool, err error) {
+	e.mu.Lock()
+	rw := e.rewatch
+	e.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-rw:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	err = e.cfg.Source.Watch(wctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
+	cancel()
+	<-ended
+	select {
+	case <-rw:
+		return ctx.Err() == nil, err
+	default:
+		return false, err
+	}
+}
+
+// Rewatch reopens every discovery watch now (SIGHUP), so that a changed
+// token or CA file applies at once; the cached routes stay in use
+// meanwhile, each until its expires_at.
+func (e *Edge) Rewatch() {
+	e.mu.Lock()
+	close(e.rewatch)
+	e.rewatch = make(chan struct{})
+	e.mu.Unlock()
 }
 
 // update replaces the routes of ws with snapshot s.

@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/control/api"
 
 	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/testutil"
@@ -227,5 +230,40 @@ func TestEdgeDrainTimeoutLogsWhatItCut(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the drain's log lacks %s:\n%s", want, out)
 		}
+	}
+}
+
+// countingSource counts the watches a Source was asked for.
+type countingSource struct {
+	*fakeSource
+	watches atomic.Int64
+}
+
+func (c *countingSource) Watch(ctx context.Context, ws string, fn func(*api.RouteSnapshot)) error {
+	c.watches.Add(1)
+	return c.fakeSource.Watch(ctx, ws, fn)
+}
+
+// Rewatch (SIGHUP) reopens every discovery watch at once, without a
+// retry delay, and keeps the cache: routes and spliced connections stay.
+func TestEdgeRewatchReopensWatchesKeepingRoutes(t *testing.T) {
+	ca := newCA(t)
+	sup := newFakeSupervisor(t, ca, "sup-1")
+	src := &countingSource{fakeSource: newFakeSource()}
+	f, logs := newLoggingEdge(t, -1, src, ca.Pool())
+	src.send(t, "team", routeTo(hostA, sup, 1, time.Now().Add(time.Minute)))
+	a := f.mustDial(hostA)
+	before := src.watches.Load()
+	f.e.Rewatch()
+	testutil.Eventually(t, 5*time.Second, "the watch reopened", func() bool { return src.watches.Load() == before+1 })
+	if !strings.Contains(logs.String(), `"msg":"discovery watch reopened"`) {
+		t.Errorf("no log line of the reopened watch:\n%s", logs.String())
+	}
+	a.echo(t, "kept across the rewatch")
+	f.expectOwner(hostA, sup)
+	src.send(t, "team", routeTo(hostA, sup, 1, time.Now().Add(time.Minute)), routeTo(hostB, sup, 1, time.Now().Add(time.Minute)))
+	f.expectOwner(hostB, sup)
+	if n := src.watches.Load(); n != before+1 {
+		t.Errorf("%d watches after one Rewatch; want %d", n, before+1)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -127,6 +128,8 @@ func (o *edgeOptions) validate() error {
 }
 
 func edgeCommand(args []string, stderr io.Writer) error {
+	hup, stopHup := catchHangup()
+	defer stopHup()
 	var o edgeOptions
 	if err := parseCommand("edge", args, &o); err != nil {
 		return err
@@ -136,12 +139,14 @@ func edgeCommand(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	return runEdge(ctx, &o, logger, sinks, nil)
+	return runEdge(ctx, &o, logger, sinks, hup, nil)
 }
 
-// runEdge serves the edge until ctx ends, then drains. onStarted, if not
-// nil, is told the bound addresses.
-func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks logSinks, onStarted func(addr, admin string)) error {
+// runEdge serves the edge until ctx ends, then drains. Each signal on hup
+// checks the token file and reopens the discovery watches, so that a new
+// token or CA file applies at once (both are also re-read on use).
+// onStarted, if not nil, is told the bound addresses.
+func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks logSinks, hup <-chan os.Signal, onStarted func(addr, admin string)) error {
 	reg := newRegistry()
 	if sinks.diag != nil {
 		reg.MustRegister(droppedCounter(sinks))
@@ -186,6 +191,14 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks log
 		return fmt.Errorf("edge listener: %w", err)
 	}
 	wg.Go(func() { e.Run(bg) })
+	onHangup(bg, &wg, hup, logger, "gateway token file, gateway CA file (discovery watches reopened)", func() error {
+		if _, err := api.ReadTokenFile(o.tokenFile); err != nil {
+			return err // the watches keep the token they have
+		}
+		client.CloseIdleConnections() // the next connection re-checks the CA file
+		e.Rewatch()
+		return nil
+	})
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- e.Serve(ln) })
 	admAddr := adm.Addr()
