@@ -103,6 +103,13 @@ type Config struct {
 	// PP2_TYPE_AUTHORITY) before the ClientHello (proxy.go). Supervisors
 	// must list the edge in --trusted-proxies or --require-proxy-protocol.
 	ProxyProtocol bool
+	// ProxyFallback (with ProxyProtocol: the auto mode) copes with a
+	// supervisor that does not accept the header from the edge (one
+	// started with its defaults): when it closes the connection without a
+	// byte after the header, the edge logs why, redials and sends the
+	// ClientHello alone, and sends that endpoint no header for
+	// ProxyRecheck; the client's address is then the edge's.
+	ProxyFallback bool
 	// Dial connects to supervisors; nil uses a net.Dialer.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Logger receives the edge's logs; nil means slog.Default().
@@ -133,11 +140,14 @@ type spliceKey struct {
 type splice struct {
 	client, backend net.Conn
 	key             spliceKey // the hostname and the endpoint it was spliced to
+	proxyHeader     bool      // it started with a PROXY protocol header
 	once            sync.Once
+	closed          atomic.Bool // close was called (the edge ended it)
 }
 
 func (s *splice) close() {
 	s.once.Do(func() {
+		s.closed.Store(true)
 		_ = s.client.Close()
 		_ = s.backend.Close()
 	})
@@ -150,6 +160,10 @@ type Edge struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+
+	// proxy is the PROXY protocol state by endpoint (proxy.go).
+	proxyMu sync.Mutex
+	proxy   map[string]*endpointProxy
 
 	// table is the current host → route map, immutable, replaced whole.
 	table atomic.Pointer[map[string]*route]
@@ -225,6 +239,7 @@ func New(cfg Config) (*Edge, error) {
 		lingering: make(map[*splice]*int),
 		wake:      make(chan struct{}, 1),
 		rewatch:   make(chan struct{}),
+		proxy:     make(map[string]*endpointProxy),
 	}
 	empty := map[string]*route{}
 	e.table.Store(&empty)
@@ -577,8 +592,76 @@ func (e *Edge) serveConn(c net.Conn) {
 	}
 	_ = c.SetDeadline(time.Time{})
 
-	// Dial the owner. If the owner changes while dialing, follow it.
+	// Dial the owner and send it the preamble. In the PROXY protocol's
+	// auto mode (ProxyFallback), an owner that closes the connection
+	// without a byte after the header refuses it: the edge redials and
+	// sends the ClientHello alone (proxy.go).
 	var backend net.Conn
+	var pending []byte // the owner's first bytes, read by the auto mode
+	withoutHeader, header := false, false
+	for {
+		backend, sp, r = e.connect(c, host, r, src)
+		if sp == nil {
+			return
+		}
+		header = !withoutHeader && e.sendsProxyHeader(r.endpoint)
+		_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
+		if _, err := backend.Write(e.preamble(c, host, hello.Raw, header)); err != nil {
+			e.unregister(host, r.endpoint, sp)
+			sp.close()
+			return
+		}
+		_ = backend.SetWriteDeadline(time.Time{})
+		if !header || !e.cfg.ProxyFallback {
+			break
+		}
+		var refused bool
+		pending, refused = e.awaitAnswer(backend, accepted)
+		if !refused {
+			break
+		}
+		if sp.closed.Load() {
+			// The edge closed it meanwhile (a revoked route, the drain's
+			// end), not the supervisor.
+			e.unregister(host, r.endpoint, sp)
+			return
+		}
+		e.proxyHeaderRefused(host, r)
+		e.unregister(host, r.endpoint, sp)
+		_ = backend.Close()
+		withoutHeader = true
+	}
+	defer e.unregister(host, r.endpoint, sp)
+	sp.proxyHeader = header
+	e.m.conns.WithLabelValues(resultSpliced).Inc()
+	e.m.active.Inc()
+	defer e.m.active.Dec()
+	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
+	e.ocsfConn(c, ocsf.NetOpen, host, "", "")
+
+	firstByteSince := accepted
+	if pending != nil {
+		// The auto mode read the owner's first bytes (and observed them).
+		n, err := c.Write(pending)
+		e.m.bytesDown.Add(float64(n))
+		if err != nil {
+			sp.close()
+			return
+		}
+		firstByteSince = time.Time{}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { e.pipe(sp, backend, c, e.m.bytesUp, time.Time{}) })
+	wg.Go(func() { e.pipe(sp, c, backend, e.m.bytesDown, firstByteSince) })
+	wg.Wait()
+	sp.close()
+}
+
+// connect dials the owner of host (r) and registers the splice of c to
+// it; if the owner changes while dialing, it follows it. A nil sp: c was
+// answered (an alert) or the edge is draining, and must be closed.
+func (e *Edge) connect(c net.Conn, host string, r *route, src string) (backend net.Conn, sp *splice, _ *route) {
+	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
 		backend, err = e.cfg.Dial(ctx, "tcp", r.endpoint)
@@ -589,45 +672,27 @@ func (e *Edge) serveConn(c net.Conn) {
 				"supervisor", r.supervisor, "src", src, "err", err)
 			e.ocsfConn(c, ocsf.NetFail, host, "supervisor unreachable: "+err.Error(), r.endpoint)
 			_ = tlshello.WriteAlert(c, tlshello.AlertInternalError)
-			return
+			return nil, nil, r
 		}
 		var current *route
 		var closing bool
 		sp, current, closing = e.register(host, r.endpoint, c, backend)
 		if sp != nil {
-			break
+			return backend, sp, r
 		}
 		_ = backend.Close()
 		if closing {
 			e.m.conns.WithLabelValues(resultDraining).Inc()
-			return
+			return nil, nil, r
 		}
 		if current == nil || attempt == 2 {
 			// The route went away (or kept moving) while dialing.
 			e.m.conns.WithLabelValues(resultUnknownName).Inc()
 			_ = tlshello.WriteAlert(c, tlshello.AlertUnrecognizedName)
-			return
+			return nil, nil, r
 		}
 		r = current
 	}
-	defer e.unregister(host, r.endpoint, sp)
-	e.m.conns.WithLabelValues(resultSpliced).Inc()
-	e.m.active.Inc()
-	defer e.m.active.Dec()
-	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
-	e.ocsfConn(c, ocsf.NetOpen, host, "", "")
-
-	_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
-	if _, err := backend.Write(e.preamble(c, host, hello.Raw)); err != nil {
-		sp.close()
-		return
-	}
-	_ = backend.SetWriteDeadline(time.Time{})
-	var wg sync.WaitGroup
-	wg.Go(func() { e.pipe(sp, backend, c, e.m.bytesUp, time.Time{}) })
-	wg.Go(func() { e.pipe(sp, c, backend, e.m.bytesDown, accepted) })
-	wg.Wait()
-	sp.close()
 }
 
 // pipe copies src to dst, counting the bytes in n when it ends. With
@@ -651,6 +716,9 @@ func (e *Edge) pipe(sp *splice, dst, src net.Conn, n prometheus.Counter, firstBy
 		buf := make([]byte, 4096)
 		var r int
 		r, err = src.Read(buf)
+		if r == 0 && err != nil && !timedOut(err) {
+			e.closedWithoutAnswer(sp)
+		}
 		if r > 0 {
 			e.m.firstByte.Observe(time.Since(firstByteSince).Seconds())
 			w, werr := dst.Write(buf[:r])

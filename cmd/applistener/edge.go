@@ -62,7 +62,7 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", edge.DefaultDrainTimeout, "on SIGTERM (or SIGINT), the edge stops accepting and keeps its spliced connections (WebSockets) until they end or this long has passed, then cuts the rest and logs them; a Pod's terminationGracePeriodSeconds must cover it")
 	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
-	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
+	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "auto", "what the edge sends supervisors before each connection's bytes: auto (a PROXY protocol v2 header with the client's address to supervisors that accept it from the edge, i.e. list it in --trusted-proxies or --require-proxy-protocol; a supervisor that refuses it gets none, with a log line on both sides), v2 (always the header) or off (never)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	logFileFlags(fs, &o.logFiles, false, true)
@@ -111,9 +111,9 @@ func (o *edgeOptions) validate() error {
 		return usagef("--log-format must be text or json, not %q", o.logFormat)
 	}
 	switch o.proxyProtocol {
-	case "v2", "off":
+	case "auto", "v2", "off":
 	default:
-		return usagef("--proxy-protocol must be v2 or off, not %q", o.proxyProtocol)
+		return usagef("--proxy-protocol must be auto, v2 or off, not %q", o.proxyProtocol)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
@@ -167,7 +167,8 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks log
 		HalfCloseTimeout: o.halfClose,
 		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
-		ProxyProtocol:    o.proxyProtocol == "v2",
+		ProxyProtocol:    o.proxyProtocol != "off",
+		ProxyFallback:    o.proxyProtocol == "auto",
 		OCSF:             newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf),
 		Logger:           logger,
 		Registerer:       reg,
