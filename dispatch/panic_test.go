@@ -90,6 +90,19 @@ func expectPanicLogged(t *testing.T, logs *lineLog, where, sni string) {
 	}
 }
 
+// expectPanicCount waits until applistener_panics_total{where} is want
+// (the connection is closed before the panic is counted), then checks
+// that it stays there.
+func expectPanicCount(t *testing.T, where string, want float64) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, "applistener_panics_total{where="+where+"} counted", func() bool {
+		return panicguard.Count(where) >= want
+	})
+	if got := panicguard.Count(where); got != want {
+		t.Fatalf("applistener_panics_total{where=%s} = %v; want %v", where, got, want)
+	}
+}
+
 // bystanderH1 is a keep-alive HTTP/1.1 connection of the bystander that
 // answered once; check asks again on the same connection.
 func bystanderH1(t *testing.T, e *h2Env) (check func(what string)) {
@@ -140,9 +153,7 @@ func TestPanicHTTP1ConnClosesOnlyItsConnection(t *testing.T) {
 		_ = resp.Body.Close()
 		t.Fatalf("the victim's connection answered %d; want it closed", resp.StatusCode)
 	}
-	if got := panicguard.Count(panicguard.HTTP1Conn); got != before+1 {
-		t.Fatalf("applistener_panics_total{where=http1_conn} = %v; want %v", got, before+1)
-	}
+	expectPanicCount(t, panicguard.HTTP1Conn, before+1)
 	expectPanicLogged(t, logs, panicguard.HTTP1Conn, panicVictimHost)
 	check1("after the panic")
 	check2("after the panic")
@@ -164,9 +175,7 @@ func TestPanicH2StreamClosesOnlyItsStream(t *testing.T) {
 		_ = resp.Body.Close()
 		t.Fatalf("the victim's stream answered %d; want it reset", resp.StatusCode)
 	}
-	if got := panicguard.Count(panicguard.H2Stream); got != before+1 {
-		t.Fatalf("applistener_panics_total{where=h2_stream} = %v; want %v", got, before+1)
-	}
+	expectPanicCount(t, panicguard.H2Stream, before+1)
 	expectPanicLogged(t, logs, panicguard.H2Stream, panicVictimHost)
 	check1("after the panic")
 	check2("after the panic")
@@ -208,9 +217,7 @@ func TestPanicH2ConnClosesOnlyItsConnection(t *testing.T) {
 				_ = resp.Body.Close()
 				t.Fatalf("the victim's connection answered %d; want it closed", resp.StatusCode)
 			}
-			if got := panicguard.Count(where); got != before+1 {
-				t.Fatalf("applistener_panics_total{where=%s} = %v; want %v", where, got, before+1)
-			}
+			expectPanicCount(t, where, before+1)
 			expectPanicLogged(t, logs, where, panicVictimHost)
 			check1("after the panic")
 			check2("after the panic")
@@ -252,15 +259,16 @@ func TestPanicWebSocketClosesOnlyItsWebSocket(t *testing.T) {
 		if c.resp.StatusCode != 200 {
 			t.Fatalf("status %d", c.resp.StatusCode)
 		}
-		c.send(t, 1, []byte("hi"))
+		// The WebSocket may have ended already: the write may fail.
+		_, _ = c.w.Write(wsFrame(true, 1, []byte("hi"), true, 0))
 		if op, p, err := c.recv(); err == nil && op != 8 {
 			t.Fatalf("the victim's WebSocket sent op %d %q; want it closed", op, p)
 		}
 	})
 	// Both directions of each WebSocket start at the entry point.
-	if got := panicguard.Count(panicguard.WebSocket); got < before+2 {
-		t.Fatalf("applistener_panics_total{where=websocket} = %v; want at least %v", got, before+2)
-	}
+	testutil.Eventually(t, 5*time.Second, "applistener_panics_total{where=websocket} counted", func() bool {
+		return panicguard.Count(panicguard.WebSocket) >= before+2
+	})
 	expectPanicLogged(t, logs, panicguard.WebSocket, panicVictimWSHost)
 	check1("after the panic")
 	check2("after the panic")
@@ -286,4 +294,29 @@ func openWSHost(t *testing.T, cc *http2.ClientConn, host, path string) (*h2wsCli
 	c := &h2wsClient{resp: resp, w: pw, r: bufio.NewReader(resp.Body)}
 	t.Cleanup(c.close)
 	return c, nil
+}
+
+// A keep-alive connection that parked while idle is resumed by a new
+// goroutine when its next request arrives: a panic there (the same entry
+// point) closes that connection only.
+func TestPanicResumedParkedHTTP1Conn(t *testing.T) {
+	h2Verify(t)
+	e, logs := newPanicEnv(t)
+	check1 := bystanderH1(t, e)
+	c := e.h1(panicVictimHost)
+	if status, _, body := c.do(t, "GET /?a HTTP/1.1\r\nHost: "+panicVictimHost+"\r\n\r\n"); status != 200 || body != "web a" {
+		t.Fatalf("victim before parking: %d %q", status, body)
+	}
+	// Both keep-alive connections (victim and bystander) park.
+	testutil.Eventually(t, 5*time.Second, "the idle connections parked", func() bool { return e.srv.idleH1.waiters() == 2 })
+	before := panicguard.Count(panicguard.HTTP1Conn)
+	injectPanic(t, panicguard.HTTP1Conn, panicVictimHost)
+	_, _ = io.WriteString(c.conn, "GET /?b HTTP/1.1\r\nHost: "+panicVictimHost+"\r\n\r\n")
+	if resp, err := http.ReadResponse(c.br, nil); err == nil {
+		_ = resp.Body.Close()
+		t.Fatalf("the resumed victim answered %d; want it closed", resp.StatusCode)
+	}
+	expectPanicCount(t, panicguard.HTTP1Conn, before+1)
+	expectPanicLogged(t, logs, panicguard.HTTP1Conn, panicVictimHost)
+	check1("resumed after the victim's panic")
 }
