@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 )
@@ -122,11 +124,18 @@ func (c *clientConn) revokedErr() error {
 func (c *clientConn) serve() {
 	parked := false
 	defer func() {
-		if parked || c.handedOff {
-			return // resume, or the WebSocket, ends the connection
+		r := recover()
+		if r != nil {
+			c.abort() // this connection only: its socket and its app connection
 		}
-		c.end()
+		if !parked && !c.handedOff { // else resume, or the WebSocket, ends the connection
+			c.end()
+		}
+		if r != nil {
+			panicguard.Report(c.s.log, panicguard.HTTP1Conn, r, c.identity()...)
+		}
 	}()
+	panicguard.Point(panicguard.HTTP1Conn, c.sni)
 	for {
 		var head []byte
 		var ok bool
@@ -142,6 +151,31 @@ func (c *clientConn) serve() {
 		}
 		c.yieldBeforeNextRequest() // keepalive.go
 	}
+}
+
+// abort closes the client connection and the app connection in use, if
+// any, after a panic in the connection's goroutine.
+func (c *clientConn) abort() {
+	c.mu.Lock()
+	be := c.backend
+	c.mu.Unlock()
+	_ = c.raw.Close()
+	if be != nil {
+		_ = be.conn.Close()
+	}
+}
+
+// identity is the connection's identity for a panic's log line.
+func (c *clientConn) identity() []any {
+	return []any{"sni", c.sni, "peer", c.peer.String(), "route", routeName(c.route)}
+}
+
+// routeName names r in a panic's log line: workspace/sandbox/service:port.
+func routeName(r *routes.Route) string {
+	if r == nil {
+		return ""
+	}
+	return r.Workspace + "/" + r.Sandbox + "/" + r.Service + ":" + strconv.Itoa(r.Port)
 }
 
 // end closes the connection and releases it (c.release).

@@ -49,6 +49,8 @@ func (s *Server) h2Config(hc *h2Conn, idle time.Duration) h2engine.Config {
 		ReadTimeout:   s.cfg.BodyTimeout,
 		HeaderTimeout: s.cfg.HeaderTimeout,
 		OnError:       hc.engineError,
+		OnPanic:       hc.panicked,
+		Identity:      hc.sni,
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -80,8 +81,22 @@ func (hc *h2Conn) removeBackend(bc *backendConn) {
 // streams in flight may finish).
 func (hc *h2Conn) shutdown() { hc.ec.Shutdown() }
 
+// panicked reports a panic recovered on one of the connection's
+// goroutines with the connection's identity (h2engine.Config.OnPanic).
+func (hc *h2Conn) panicked(where string, r any) {
+	panicguard.Report(hc.s.log, where, r, "sni", hc.sni, "peer", hc.peer.String(), "route", routeName(hc.route))
+}
+
 // ServeStream handles one stream (the engine's Handler).
 func (hc *h2Conn) ServeStream(es *h2engine.Stream) {
+	defer func() {
+		if r := recover(); r != nil {
+			// The engine resets the stream, which is not ended, once this
+			// returns; the connection and its other streams go on.
+			hc.panicked(panicguard.H2Stream, r)
+		}
+	}()
+	panicguard.Point(panicguard.H2Stream, hc.sni)
 	st := h2StreamPool.Get().(*h2Stream)
 	st.start(hc, es)
 	st.rec.begin(protoH2)

@@ -221,6 +221,7 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	s, hc := st.s, st.hc
 	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
+	sp.log, sp.who = s.log, &hc.ci
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.
 	appPending := append([]byte(nil), bc.in.bytes()...)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // An HTTP/1.1 keep-alive connection between requests first waits in place
@@ -80,6 +81,13 @@ func (c *clientConn) park(deadline time.Time) bool {
 // readable (or hung up): it reads the first byte of the next request and
 // serves on.
 func (c *clientConn) resume() {
+	defer func() { // serve recovers its own; this covers the first read
+		if r := recover(); r != nil {
+			c.abort()
+			c.end()
+			panicguard.Report(c.s.log, panicguard.HTTP1Conn, r, c.identity()...)
+		}
+	}()
 	c.mu.Lock()
 	c.parkID = 0
 	deadline := c.parkDeadline

@@ -25,6 +25,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	h := &h1WebSocket{s: c.s, inst: c.route.Instance, release: c.release}
 	sp := &h.sp
 	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
+	sp.log, sp.who = c.s.log, &c.ci
 
 	// The record's method, path, user agent and referer become strings
 	// before the buffer of the request head goes back to its pool below.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -190,6 +192,10 @@ type wsSplice struct {
 	parkMu  sync.Mutex   // orders parking against closeBoth
 	running atomic.Int32 // directions not yet ended
 	onDone  func()       // runs once both directions have ended
+
+	// For a panic's log line: the server's logger and the connection.
+	log *slog.Logger
+	who *connInfo
 }
 
 func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
@@ -323,6 +329,23 @@ type wsPump struct {
 // run copies until the direction ends or parks; the last direction to end
 // finishes the splice.
 func (p *wsPump) run() {
+	ended := false // this direction was counted out of p.w.running
+	defer func() {
+		if r := recover(); r != nil {
+			p.w.closeBoth() // this WebSocket only
+			if !ended && p.w.running.Add(-1) == 0 && p.w.onDone != nil {
+				p.w.onDone()
+			}
+			var who []any
+			if ci := p.w.who; ci != nil {
+				who = []any{"sni", ci.sni, "peer", ci.peer.String(), "route", routeName(ci.route)}
+			}
+			panicguard.Report(p.w.log, panicguard.WebSocket, r, who...)
+		}
+	}()
+	if ci := p.w.who; ci != nil {
+		panicguard.Point(panicguard.WebSocket, ci.sni)
+	}
 	p.w.parkMu.Lock()
 	p.parked = 0
 	p.w.parkMu.Unlock()
@@ -330,6 +353,7 @@ func (p *wsPump) run() {
 		return
 	}
 	p.w.closeBoth()
+	ended = true
 	if p.w.running.Add(-1) == 0 && p.w.onDone != nil {
 		p.w.onDone()
 	}

@@ -265,7 +265,7 @@ func TestDiscoveryCommandErrors(t *testing.T) {
 		{[]string{"routes", "get", "--gateway", gw.url(), "--gateway-token-file", "/nonexistent", "--workspace", "team"}, 1, "token file"},
 		{[]string{"edge", "--address", "127.0.0.1:0"}, 2, "--gateway is required"},
 		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--gateway-token-file", "x", "--workspace", "team,team"}, 2, "twice"},
-		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--gateway-token-file", "x", "--workspace", "team", "--proxy-protocol", "v1"}, 2, "--proxy-protocol must be v2 or off"},
+		{[]string{"edge", "--address", "127.0.0.1:0", "--gateway", gw.url(), "--gateway-token-file", "x", "--workspace", "team", "--proxy-protocol", "v1"}, 2, "--proxy-protocol must be auto, v2 or off"},
 		{[]string{"gateway", "--address", "127.0.0.1:0", "--config", "c", "--tokens", "t", "--discovery-send-timeout", "0s"}, 2, "--discovery-send-timeout"},
 	} {
 		_, stderr, code := runCommandOnce(t, c.args...)

@@ -30,6 +30,7 @@ import (
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
@@ -50,6 +51,11 @@ const (
 	DefaultDialTimeout      = 5 * time.Second
 	DefaultHalfCloseTimeout = 60 * time.Second
 	DefaultWithdrawGrace    = 2 * time.Second
+	// DefaultDrainTimeout is how long a draining edge (SIGTERM) keeps its
+	// spliced connections (WebSockets, long polls) open for them to end on
+	// their own: an edge rollout must not cut them. A Pod needs a
+	// terminationGracePeriodSeconds at least this long.
+	DefaultDrainTimeout = time.Hour
 	// refusedRetry is the delay before a refused workspace is watched again.
 	refusedRetry = 5 * time.Second
 	// writeHelloTimeout bounds replaying the ClientHello to the supervisor.
@@ -97,6 +103,13 @@ type Config struct {
 	// PP2_TYPE_AUTHORITY) before the ClientHello (proxy.go). Supervisors
 	// must list the edge in --trusted-proxies or --require-proxy-protocol.
 	ProxyProtocol bool
+	// ProxyFallback (with ProxyProtocol: the auto mode) copes with a
+	// supervisor that does not accept the header from the edge (one
+	// started with its defaults): when it closes the connection without a
+	// byte after the header, the edge logs why, redials and sends the
+	// ClientHello alone, and sends that endpoint no header for
+	// ProxyRecheck; the client's address is then the edge's.
+	ProxyFallback bool
 	// Dial connects to supervisors; nil uses a net.Dialer.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Logger receives the edge's logs; nil means slog.Default().
@@ -126,11 +139,15 @@ type spliceKey struct {
 // splice is one client connection spliced to a supervisor.
 type splice struct {
 	client, backend net.Conn
+	key             spliceKey // the hostname and the endpoint it was spliced to
+	proxyHeader     bool      // it started with a PROXY protocol header
 	once            sync.Once
+	closed          atomic.Bool // close was called (the edge ended it)
 }
 
 func (s *splice) close() {
 	s.once.Do(func() {
+		s.closed.Store(true)
 		_ = s.client.Close()
 		_ = s.backend.Close()
 	})
@@ -144,6 +161,10 @@ type Edge struct {
 	log *slog.Logger
 	m   *metrics
 
+	// proxy is the PROXY protocol state by endpoint (proxy.go).
+	proxyMu sync.Mutex
+	proxy   map[string]*endpointProxy
+
 	// table is the current host → route map, immutable, replaced whole.
 	table atomic.Pointer[map[string]*route]
 
@@ -153,14 +174,16 @@ type Edge struct {
 	have     map[string]bool // a usable snapshot arrived (and was not refused since)
 	splices  map[spliceKey]map[*splice]struct{}
 	// lingering are splices of withdrawn routes waiting out
-	// WithdrawGrace for their supervisor to close them.
-	lingering  map[*splice]struct{}
+	// WithdrawGrace for their supervisor to close them, each with the
+	// withdrawal (its grace timer) that put it there.
+	lingering  map[*splice]*int
 	pending    map[net.Conn]struct{} // accepted, not yet spliced
 	active     int                   // client connections being served
 	closed     bool
 	ln         net.Listener
 	nextExpiry time.Time
 	wake       chan struct{} // capacity 1: the expiry loop re-reads nextExpiry
+	rewatch    chan struct{} // closed by Rewatch: every discovery watch is reopened
 	wg         sync.WaitGroup
 }
 
@@ -213,8 +236,10 @@ func New(cfg Config) (*Edge, error) {
 		have:      make(map[string]bool),
 		splices:   make(map[spliceKey]map[*splice]struct{}),
 		pending:   make(map[net.Conn]struct{}),
-		lingering: make(map[*splice]struct{}),
+		lingering: make(map[*splice]*int),
 		wake:      make(chan struct{}, 1),
+		rewatch:   make(chan struct{}),
+		proxy:     make(map[string]*endpointProxy),
 	}
 	empty := map[string]*route{}
 	e.table.Store(&empty)
@@ -267,9 +292,16 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 	log := e.log.With("workspace", ws)
 	failures := 0
 	for ctx.Err() == nil {
-		err := e.cfg.Source.Watch(ctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
+		rewatched, err := e.watchOnce(ctx, ws)
 		if ctx.Err() != nil {
 			return
+		}
+		if rewatched {
+			// Reopened at once, keeping the cache: the next request
+			// re-reads the token file and the CA file.
+			log.Info("discovery watch reopened", "err", err)
+			failures = 0
+			continue
 		}
 		wait := min(100*time.Millisecond<<min(failures, 8), 30*time.Second)
 		failures++
@@ -289,6 +321,42 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 		case <-t.C:
 		}
 	}
+}
+
+// watchOnce runs one Source.Watch of ws; rewatched: Rewatch ended it.
+func (e *Edge) watchOnce(ctx context.Context, ws string) (rewatched bool, err error) {
+	e.mu.Lock()
+	rw := e.rewatch
+	e.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-rw:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	err = e.cfg.Source.Watch(wctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
+	cancel()
+	<-ended
+	select {
+	case <-rw:
+		return ctx.Err() == nil, err
+	default:
+		return false, err
+	}
+}
+
+// Rewatch reopens every discovery watch now (SIGHUP), so that a changed
+// token or CA file applies at once; the cached routes stay in use
+// meanwhile, each until its expires_at.
+func (e *Edge) Rewatch() {
+	e.mu.Lock()
+	close(e.rewatch)
+	e.rewatch = make(chan struct{})
+	e.mu.Unlock()
 }
 
 // update replaces the routes of ws with snapshot s.
@@ -365,6 +433,7 @@ func (e *Edge) rebuildLocked(now time.Time, why string) {
 			e.log.Info("edge route removed", "hostname", host, "endpoint", o.endpoint, "reason", reason, "cause", why)
 		}
 	}
+	e.restoreLingeringLocked(table)
 	for key, set := range e.splices {
 		r := table[key.host]
 		if r != nil && r.endpoint == key.endpoint {
@@ -485,8 +554,19 @@ func (e *Edge) serveConn(c net.Conn) {
 		_ = c.Close()
 		e.wg.Done()
 	}()
-	accepted := time.Now()
 	src := c.RemoteAddr().String()
+	var host string
+	var sp *splice
+	defer func() {
+		if r := recover(); r != nil { // this connection only
+			if sp != nil {
+				sp.close()
+			}
+			_ = c.Close()
+			panicguard.Report(e.log, panicguard.EdgeConn, r, "sni", host, "src", src)
+		}
+	}()
+	accepted := time.Now()
 	_ = c.SetDeadline(accepted.Add(e.cfg.HelloTimeout))
 	hello, err := tlshello.ReadClientHello(c, tlshello.DefaultMaxClientHelloBytes)
 	if err != nil {
@@ -494,6 +574,7 @@ func (e *Edge) serveConn(c net.Conn) {
 		return
 	}
 	host, ok := routes.NormalizeHost(hello.ServerName)
+	panicguard.Point(panicguard.EdgeConn, host)
 	var r *route
 	if ok {
 		r = e.lookup(host, time.Now())
@@ -511,9 +592,76 @@ func (e *Edge) serveConn(c net.Conn) {
 	}
 	_ = c.SetDeadline(time.Time{})
 
-	// Dial the owner. If the owner changes while dialing, follow it.
+	// Dial the owner and send it the preamble. In the PROXY protocol's
+	// auto mode (ProxyFallback), an owner that closes the connection
+	// without a byte after the header refuses it: the edge redials and
+	// sends the ClientHello alone (proxy.go).
 	var backend net.Conn
-	var sp *splice
+	var pending []byte // the owner's first bytes, read by the auto mode
+	withoutHeader, header := false, false
+	for {
+		backend, sp, r = e.connect(c, host, r, src)
+		if sp == nil {
+			return
+		}
+		header = !withoutHeader && e.sendsProxyHeader(r.endpoint)
+		_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
+		if _, err := backend.Write(e.preamble(c, host, hello.Raw, header)); err != nil {
+			e.unregister(host, r.endpoint, sp)
+			sp.close()
+			return
+		}
+		_ = backend.SetWriteDeadline(time.Time{})
+		if !header || !e.cfg.ProxyFallback {
+			break
+		}
+		var refused bool
+		pending, refused = e.awaitAnswer(backend, accepted)
+		if !refused {
+			break
+		}
+		if sp.closed.Load() {
+			// The edge closed it meanwhile (a revoked route, the drain's
+			// end), not the supervisor.
+			e.unregister(host, r.endpoint, sp)
+			return
+		}
+		e.proxyHeaderRefused(host, r)
+		e.unregister(host, r.endpoint, sp)
+		_ = backend.Close()
+		withoutHeader = true
+	}
+	defer e.unregister(host, r.endpoint, sp)
+	sp.proxyHeader = header
+	e.m.conns.WithLabelValues(resultSpliced).Inc()
+	e.m.active.Inc()
+	defer e.m.active.Dec()
+	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
+	e.ocsfConn(c, ocsf.NetOpen, host, "", "")
+
+	firstByteSince := accepted
+	if pending != nil {
+		// The auto mode read the owner's first bytes (and observed them).
+		n, err := c.Write(pending)
+		e.m.bytesDown.Add(float64(n))
+		if err != nil {
+			sp.close()
+			return
+		}
+		firstByteSince = time.Time{}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { e.pipe(sp, backend, c, e.m.bytesUp, time.Time{}) })
+	wg.Go(func() { e.pipe(sp, c, backend, e.m.bytesDown, firstByteSince) })
+	wg.Wait()
+	sp.close()
+}
+
+// connect dials the owner of host (r) and registers the splice of c to
+// it; if the owner changes while dialing, it follows it. A nil sp: c was
+// answered (an alert) or the edge is draining, and must be closed.
+func (e *Edge) connect(c net.Conn, host string, r *route, src string) (backend net.Conn, sp *splice, _ *route) {
+	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
 		backend, err = e.cfg.Dial(ctx, "tcp", r.endpoint)
@@ -524,45 +672,27 @@ func (e *Edge) serveConn(c net.Conn) {
 				"supervisor", r.supervisor, "src", src, "err", err)
 			e.ocsfConn(c, ocsf.NetFail, host, "supervisor unreachable: "+err.Error(), r.endpoint)
 			_ = tlshello.WriteAlert(c, tlshello.AlertInternalError)
-			return
+			return nil, nil, r
 		}
 		var current *route
 		var closing bool
 		sp, current, closing = e.register(host, r.endpoint, c, backend)
 		if sp != nil {
-			break
+			return backend, sp, r
 		}
 		_ = backend.Close()
 		if closing {
 			e.m.conns.WithLabelValues(resultDraining).Inc()
-			return
+			return nil, nil, r
 		}
 		if current == nil || attempt == 2 {
 			// The route went away (or kept moving) while dialing.
 			e.m.conns.WithLabelValues(resultUnknownName).Inc()
 			_ = tlshello.WriteAlert(c, tlshello.AlertUnrecognizedName)
-			return
+			return nil, nil, r
 		}
 		r = current
 	}
-	defer e.unregister(host, r.endpoint, sp)
-	e.m.conns.WithLabelValues(resultSpliced).Inc()
-	e.m.active.Inc()
-	defer e.m.active.Dec()
-	e.log.Debug("edge splicing", "hostname", host, "endpoint", r.endpoint, "supervisor", r.supervisor, "src", src)
-	e.ocsfConn(c, ocsf.NetOpen, host, "", "")
-
-	_ = backend.SetWriteDeadline(time.Now().Add(writeHelloTimeout))
-	if _, err := backend.Write(e.preamble(c, host, hello.Raw)); err != nil {
-		sp.close()
-		return
-	}
-	_ = backend.SetWriteDeadline(time.Time{})
-	var wg sync.WaitGroup
-	wg.Go(func() { e.pipe(sp, backend, c, e.m.bytesUp, time.Time{}) })
-	wg.Go(func() { e.pipe(sp, c, backend, e.m.bytesDown, accepted) })
-	wg.Wait()
-	sp.close()
 }
 
 // pipe copies src to dst, counting the bytes in n when it ends. With
@@ -573,12 +703,22 @@ func (e *Edge) serveConn(c net.Conn) {
 // gives the other direction HalfCloseTimeout to finish; on an error it
 // closes the splice.
 func (e *Edge) pipe(sp *splice, dst, src net.Conn, n prometheus.Counter, firstByteSince time.Time) {
+	defer func() {
+		if r := recover(); r != nil {
+			sp.close() // this splice only; serveConn then ends
+			panicguard.Report(e.log, panicguard.EdgePipe, r, "sni", sp.key.host, "src", sp.client.RemoteAddr().String(), "endpoint", sp.key.endpoint)
+		}
+	}()
+	panicguard.Point(panicguard.EdgePipe, sp.key.host)
 	var first int64
 	var err error
 	if !firstByteSince.IsZero() {
 		buf := make([]byte, 4096)
 		var r int
 		r, err = src.Read(buf)
+		if r == 0 && err != nil && !timedOut(err) {
+			e.closedWithoutAnswer(sp)
+		}
 		if r > 0 {
 			e.m.firstByte.Observe(time.Since(firstByteSince).Seconds())
 			w, werr := dst.Write(buf[:r])
@@ -629,18 +769,46 @@ func (e *Edge) register(host, endpoint string, c, backend net.Conn) (sp *splice,
 		set = make(map[*splice]struct{})
 		e.splices[key] = set
 	}
-	sp = &splice{client: c, backend: backend}
+	sp = &splice{client: c, backend: backend, key: key}
 	set[sp] = struct{}{}
 	delete(e.pending, c)
 	return sp, nil, false
+}
+
+// restoreLingeringLocked cancels the withdrawal grace of the lingering
+// splices whose route is back in table with the same endpoint (a
+// withdrawal that was undone, e.g. by a gateway restart): they are spliced
+// connections of a live route again, which only a later withdrawal or
+// expiry closes. e.mu is held.
+func (e *Edge) restoreLingeringLocked(table map[string]*route) {
+	restored := map[spliceKey]int{}
+	for sp := range e.lingering {
+		r := table[sp.key.host]
+		if r == nil || r.endpoint != sp.key.endpoint {
+			continue
+		}
+		delete(e.lingering, sp)
+		set := e.splices[sp.key]
+		if set == nil {
+			set = make(map[*splice]struct{})
+			e.splices[sp.key] = set
+		}
+		set[sp] = struct{}{}
+		restored[sp.key]++
+	}
+	for key, n := range restored {
+		e.log.Info("edge route returned: withdrawal grace cancelled, spliced connections kept", "hostname", key.host,
+			"endpoint", key.endpoint, "connections", n)
+	}
 }
 
 // lingerLocked keeps the splices of a withdrawn route open for
 // WithdrawGrace, then closes those still open. e.mu is held.
 func (e *Edge) lingerLocked(set map[*splice]struct{}, reason string) {
 	batch := make([]*splice, 0, len(set))
+	withdrawal := new(int) // identifies this grace: a splice restored and withdrawn again waits out its new one
 	for sp := range set {
-		e.lingering[sp] = struct{}{}
+		e.lingering[sp] = withdrawal
 		batch = append(batch, sp)
 	}
 	time.AfterFunc(e.cfg.WithdrawGrace, func() {
@@ -648,7 +816,7 @@ func (e *Edge) lingerLocked(set map[*splice]struct{}, reason string) {
 		defer e.mu.Unlock()
 		closed := 0
 		for _, sp := range batch {
-			if _, ok := e.lingering[sp]; ok {
+			if w, ok := e.lingering[sp]; ok && w == withdrawal {
 				delete(e.lingering, sp)
 				sp.close()
 				closed++
@@ -700,8 +868,10 @@ func truncate(s string, n int) string {
 }
 
 // Shutdown stops accepting, closes connections that are not spliced yet,
-// lets spliced connections finish until ctx ends, then closes the rest. It
-// returns when every connection goroutine is done.
+// lets spliced connections finish until ctx ends, then closes the rest
+// and logs them (closeAllSplices). It returns when every connection
+// goroutine is done. Routes keep following discovery meanwhile: a
+// withdrawn or expired route still closes its connections.
 func (e *Edge) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
@@ -712,7 +882,14 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 	if e.ln != nil {
 		err = e.ln.Close()
 	}
+	n := len(e.lingering)
+	for _, set := range e.splices {
+		n += len(set)
+	}
 	e.mu.Unlock()
+	if deadline, ok := ctx.Deadline(); ok {
+		e.log.Info("edge draining: no longer accepting; spliced connections may finish", "connections", n, "until", deadline)
+	}
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 drain:
@@ -742,24 +919,31 @@ func (e *Edge) spliceCount() int {
 }
 
 // closeAllSplices closes every spliced connection (drain timeout).
+// It logs what it cut: one line per hostname and endpoint, then the total.
 func (e *Edge) closeAllSplices() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	cut := map[spliceKey]int{}
 	closed := 0
 	for key, set := range e.splices {
 		for sp := range set {
 			sp.close()
+			cut[key]++
 			closed++
 		}
 		delete(e.splices, key)
 	}
 	for sp := range e.lingering {
 		sp.close()
+		cut[sp.key]++
 		closed++
 		delete(e.lingering, sp)
 	}
 	e.m.revoked.WithLabelValues("shutdown").Add(float64(closed))
-	e.log.Warn("drain timeout: closing the remaining spliced connections", "connections", closed)
+	for key, n := range cut {
+		e.log.Warn("drain timeout: spliced connections cut", "hostname", key.host, "endpoint", key.endpoint, "connections", n)
+	}
+	e.log.Warn("drain timeout: closed the remaining spliced connections", "connections", closed)
 }
 
 type metrics struct {

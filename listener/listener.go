@@ -20,6 +20,7 @@ import (
 
 	"github.com/applistener/applistener/internal/buckets"
 	"github.com/applistener/applistener/internal/ocsf"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/tlshello"
 	"github.com/applistener/applistener/routes"
 )
@@ -175,6 +176,20 @@ func (l *Listener) Serve() error {
 }
 
 func (l *Listener) serveConn(raw net.Conn) {
+	// A panic closes this connection only (the deferred releases below run
+	// first); dispatch recovers its own after the handoff.
+	var host string
+	var client netip.AddrPort
+	var done func()
+	defer func() {
+		if r := recover(); r != nil {
+			_ = raw.Close()
+			if done != nil {
+				done()
+			}
+			panicguard.Report(l.log, panicguard.ListenerConn, r, "sni", host, "peer", raw.RemoteAddr().String(), "client", client.String())
+		}
+	}()
 	handedOff := false
 	slotPassed := false // the handler releases the connection slot (done)
 	releaseSlot := func() {
@@ -207,7 +222,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	host, ok := routes.NormalizeHost(hello.ServerName)
+	host, ok = routes.NormalizeHost(hello.ServerName)
 	var route *routes.Route
 	if ok {
 		route = l.cfg.Routes.Lookup(host)
@@ -225,6 +240,7 @@ func (l *Listener) serveConn(raw net.Conn) {
 		_ = raw.Close()
 		return
 	}
+	panicguard.Point(panicguard.ListenerConn, host)
 	pc := tlshello.NewPrefixConn(raw, hello.Raw)
 	tc := tls.Server(pc, l.cfg.TLS)
 	if err := tc.Handshake(); err != nil {
@@ -249,7 +265,8 @@ func (l *Listener) serveConn(raw net.Conn) {
 		return
 	}
 	slotPassed = true
-	c := Conn{Conn: tc, Raw: raw, Client: client, SNI: host, Route: route, Done: sync.OnceFunc(releaseSlot)}
+	done = sync.OnceFunc(releaseSlot)
+	c := Conn{Conn: tc, Raw: raw, Client: client, SNI: host, Route: route, Done: done}
 	if b, ok := pc.(WriteBatcher); ok {
 		c.Batcher = b
 	}

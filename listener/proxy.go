@@ -63,12 +63,15 @@ func (l *Listener) readPreamble(raw net.Conn, peer netip.AddrPort) (client netip
 	switch {
 	case !isV2 && !isV1:
 		if required {
-			l.refuseProxy(peer, reasonProxyRequired, errors.New("no PROXY protocol v2 header from a peer in --require-proxy-protocol"))
+			l.refuseProxy(peer, reasonProxyRequired, errors.New("no PROXY protocol v2 header from a peer in --require-proxy-protocol "+
+				"(an applistener edge sends one with --proxy-protocol auto or v2, not off)"))
 			return peer, nil, false
 		}
 		return peer, &prefixReader{prefix: head, r: raw}, true
 	case !allowed:
-		l.refuseProxy(peer, reasonProxyUntrusted, errors.New("PROXY protocol header from a peer outside --trusted-proxies and --require-proxy-protocol"))
+		l.refuseProxy(peer, reasonProxyUntrusted, errors.New("PROXY protocol header from a peer outside --trusted-proxies and --require-proxy-protocol "+
+			"(an applistener edge: list its address in --trusted-proxies to receive client addresses; "+
+			"with --proxy-protocol auto it retries without the header, v2 does not)"))
 		return peer, nil, false
 	case isV1:
 		l.refuseProxy(peer, reasonProxyMalformed, errors.New("PROXY protocol v1 (text) header: only v2 is accepted"))

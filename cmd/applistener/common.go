@@ -20,6 +20,7 @@ import (
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/internal/logsink"
 	"github.com/applistener/applistener/internal/ocsf"
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // logFiles are a command's log destinations: diag is the diagnostic log
@@ -252,11 +253,12 @@ func (a *adminServer) Stop() {
 }
 
 // newRegistry is a command's metrics registry: Go runtime and process
-// metrics and applistener_build_info.
+// metrics, applistener_build_info and applistener_panics_total.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(buildInfoGauge(readBuildInfo()))
+	reg.MustRegister(panicguard.Collector())
 	return reg
 }
 

@@ -147,7 +147,7 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 	var gwErr error // set before gwExited is closed
 	go func() {
 		defer close(gwExited)
-		gwErr = runGateway(gwCtx, &gwOpts, logger.With("component", "gateway"), func(addr string) { gwAddr <- addr })
+		gwErr = runGateway(gwCtx, &gwOpts, logger.With("component", "gateway"), nil, func(addr string) { gwAddr <- addr })
 		stopSupervisor()
 	}()
 	defer func() {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -58,10 +59,10 @@ func (o *edgeOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.dialTimeout, "dial-timeout", edge.DefaultDialTimeout, "timeout connecting to the owning supervisor")
 	fs.DurationVar(&o.halfClose, "half-close-timeout", edge.DefaultHalfCloseTimeout, "how long a connection may stay half-closed")
 	fs.DurationVar(&o.withdrawGrace, "withdraw-grace", edge.DefaultWithdrawGrace, "how long connections of a withdrawn route stay open for their supervisor to close them (WebSocket close frames); 0: close at once")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long spliced connections may finish")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", edge.DefaultDrainTimeout, "on SIGTERM (or SIGINT), the edge stops accepting and keeps its spliced connections (WebSockets) until they end or this long has passed, then cuts the rest and logs them; a Pod's terminationGracePeriodSeconds must cover it")
 	fs.DurationVar(&o.streamIdle, "gateway-stream-timeout", api.DefaultDiscoveryStreamIdleTimeout, "a discovery watch silent this long is reopened")
 	fs.IntVar(&o.maxConnections, "max-connections", 100000, "concurrent client connections accepted (0: no bound)")
-	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "v2", "what the edge sends supervisors before each connection's bytes: v2 (a PROXY protocol v2 header with the client's address; supervisors must list the edge in --trusted-proxies or --require-proxy-protocol) or off")
+	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "auto", "what the edge sends supervisors before each connection's bytes: auto (a PROXY protocol v2 header with the client's address to supervisors that accept it from the edge, i.e. list it in --trusted-proxies or --require-proxy-protocol; a supervisor that refuses it gets none, with a log line on both sides), v2 (always the header) or off (never)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	logFileFlags(fs, &o.logFiles, false, true)
@@ -110,9 +111,9 @@ func (o *edgeOptions) validate() error {
 		return usagef("--log-format must be text or json, not %q", o.logFormat)
 	}
 	switch o.proxyProtocol {
-	case "v2", "off":
+	case "auto", "v2", "off":
 	default:
-		return usagef("--proxy-protocol must be v2 or off, not %q", o.proxyProtocol)
+		return usagef("--proxy-protocol must be auto, v2 or off, not %q", o.proxyProtocol)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return usagef("%v", err)
@@ -127,6 +128,8 @@ func (o *edgeOptions) validate() error {
 }
 
 func edgeCommand(args []string, stderr io.Writer) error {
+	hup, stopHup := catchHangup()
+	defer stopHup()
 	var o edgeOptions
 	if err := parseCommand("edge", args, &o); err != nil {
 		return err
@@ -136,12 +139,14 @@ func edgeCommand(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	return runEdge(ctx, &o, logger, sinks, nil)
+	return runEdge(ctx, &o, logger, sinks, hup, nil)
 }
 
-// runEdge serves the edge until ctx ends, then drains. onStarted, if not
-// nil, is told the bound addresses.
-func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks logSinks, onStarted func(addr, admin string)) error {
+// runEdge serves the edge until ctx ends, then drains. Each signal on hup
+// checks the token file and reopens the discovery watches, so that a new
+// token or CA file applies at once (both are also re-read on use).
+// onStarted, if not nil, is told the bound addresses.
+func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks logSinks, hup <-chan os.Signal, onStarted func(addr, admin string)) error {
 	reg := newRegistry()
 	if sinks.diag != nil {
 		reg.MustRegister(droppedCounter(sinks))
@@ -162,7 +167,8 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks log
 		HalfCloseTimeout: o.halfClose,
 		WithdrawGrace:    withdrawGrace(o.withdrawGrace),
 		MaxConnections:   o.maxConnections,
-		ProxyProtocol:    o.proxyProtocol == "v2",
+		ProxyProtocol:    o.proxyProtocol != "off",
+		ProxyFallback:    o.proxyProtocol == "auto",
 		OCSF:             newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf),
 		Logger:           logger,
 		Registerer:       reg,
@@ -186,6 +192,14 @@ func runEdge(ctx context.Context, o *edgeOptions, logger *slog.Logger, sinks log
 		return fmt.Errorf("edge listener: %w", err)
 	}
 	wg.Go(func() { e.Run(bg) })
+	onHangup(bg, &wg, hup, logger, "gateway token file, gateway CA file (discovery watches reopened)", func() error {
+		if _, err := api.ReadTokenFile(o.tokenFile); err != nil {
+			return err // the watches keep the token they have
+		}
+		client.CloseIdleConnections() // the next connection re-checks the CA file
+		e.Rewatch()
+		return nil
+	})
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- e.Serve(ln) })
 	admAddr := adm.Addr()

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -192,6 +193,8 @@ func isLoopbackHost(host string) bool {
 }
 
 func gatewayCommand(args []string, stderr io.Writer) error {
+	hup, stopHup := catchHangup()
+	defer stopHup()
 	var o gatewayOptions
 	if err := parseCommand("gateway", args, &o); err != nil {
 		return err
@@ -201,7 +204,7 @@ func gatewayCommand(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	return runGateway(ctx, &o, logger, nil)
+	return runGateway(ctx, &o, logger, hup, nil)
 }
 
 // gatewayShutdownTimeout is how long in-flight requests may finish on
@@ -212,9 +215,10 @@ const gatewayShutdownTimeout = 5 * time.Second
 const gatewayTLSPoll = 500 * time.Millisecond
 
 // runGateway serves the gateway until ctx ends, then ends the watch streams
-// and shuts the server down. onStarted, if not nil, is told the bound
-// address.
-func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onStarted func(addr string)) error {
+// and shuts the server down. Each signal on hup re-reads the tokens file,
+// the configuration file (memory store) and the TLS pair (--tls-dir).
+// onStarted, if not nil, is told the bound address.
+func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, hup <-chan os.Signal, onStarted func(addr string)) error {
 	reg := newRegistry()
 	var etcd *gateway.EtcdConfig
 	if o.store == "etcd" {
@@ -261,11 +265,13 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		Protocols:         new(http.Protocols),
 	}
 	srv.Protocols.SetHTTP1(true)
+	var tlsStore *tlsconf.Store
 	if o.tlsDir != "" {
 		store, err := tlsconf.NewStore(o.tlsDir, logger)
 		if err != nil {
 			return err
 		}
+		tlsStore = store
 		reg.MustRegister(store.ExpiryCollector())
 		wg.Go(func() { store.Watch(bg, gatewayTLSPoll) })
 		srv.TLSConfig = tlsconf.ServerConfig(store.GetCertificate, []string{"h2", "http/1.1"})
@@ -294,6 +300,20 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, onS
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	wg.Go(func() { gw.Run(bg) })
+	what := "tokens file"
+	if o.configFile != "" {
+		what += ", configuration file"
+	}
+	if tlsStore != nil {
+		what += ", TLS pair"
+	}
+	onHangup(bg, &wg, hup, logger, what, func() error {
+		err := gw.Reload()
+		if tlsStore != nil {
+			err = errors.Join(err, tlsStore.Reload())
+		}
+		return err
+	})
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.Serve(ln) })
 	admAddr := adm.Addr()

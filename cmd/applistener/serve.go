@@ -13,10 +13,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -314,6 +312,8 @@ func durationSeconds(_ []string, a slog.Attr) slog.Attr {
 }
 
 func serveCommand(args []string, stderr io.Writer) error {
+	hup, stopHup := catchHangup()
+	defer stopHup()
 	var o serveOptions
 	if err := parseCommand("serve", args, &o); err != nil {
 		return err
@@ -326,9 +326,6 @@ func serveCommand(args []string, stderr io.Writer) error {
 	if o.parentLiveness {
 		ctx = watchParentLiveness(ctx, os.Stdin, logger)
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	return runSupervisor(ctx, &o, logger, sinks, hup, nil)
 }
 

@@ -108,6 +108,16 @@ type Config struct {
 	// errors (RST_STREAM, or a 431). It runs on the connection's
 	// goroutines and must not block.
 	OnError func(ErrorEvent)
+
+	// OnPanic, when set, is told of a panic recovered on one of the
+	// connection's goroutines (where: panicguard's entry point). It runs
+	// in the recovering deferred call (the stack is still the panicking
+	// one), after the connection (or, for a handler, the stream) was
+	// closed. Unset: panicguard.Report on the default logger.
+	OnPanic func(where string, r any)
+	// Identity names the connection at panicguard.Point, the test hook
+	// that injects panics (the SNI in dispatch).
+	Identity string
 }
 
 // ErrorEvent describes an error the engine answered.

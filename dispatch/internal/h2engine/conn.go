@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // clientPreface is what every HTTP/2 connection starts with.
@@ -150,7 +152,7 @@ func (c *Conn) now() int64 { return int64(time.Since(c.epoch)) }
 // and every stream handler has returned. The error tells why it ended
 // (nil: the peer or Shutdown closed it normally).
 func (c *Conn) Serve() error {
-	err := c.serve()
+	err := c.serveRecovering()
 	c.mu.Lock()
 	c.closing, c.closed = true, true
 	c.releaseWorkersLocked()
@@ -178,6 +180,30 @@ func (c *Conn) Serve() error {
 	c.out.release()
 	c.wmu.Unlock()
 	return err
+}
+
+// serveRecovering is serve; a panic closes the connection (Serve then
+// ends its streams as for any other end) and is reported (panicked).
+func (c *Conn) serveRecovering() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			_ = c.nc.Close()
+			c.panicked(panicguard.H2Conn, r)
+			err = fmt.Errorf("h2engine: panic: %v", r)
+		}
+	}()
+	panicguard.Point(panicguard.H2Conn, c.cfg.Identity)
+	return c.serve()
+}
+
+// panicked reports a recovered panic (Config.OnPanic); it must be called
+// from the recovering deferred function.
+func (c *Conn) panicked(where string, r any) {
+	if c.cfg.OnPanic != nil {
+		c.cfg.OnPanic(where, r)
+		return
+	}
+	panicguard.Report(nil, where, r)
 }
 
 func (c *Conn) serve() error {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // The goroutines that run handlers: startStream starts a stream's
@@ -60,6 +62,7 @@ func (c *Conn) runStreams(st *Stream) {
 func (c *Conn) runStream(st *Stream) {
 	defer func() {
 		if r := recover(); r != nil {
+			c.panicked(panicguard.H2Stream, r)
 			c.report(ErrorEvent{StreamID: st.id, Code: http2.ErrCodeInternal, Reason: fmt.Sprintf("handler panic: %v", r)})
 		}
 		c.finishStream(st)

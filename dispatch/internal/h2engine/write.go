@@ -11,6 +11,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/internal/httpgrammar"
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // The write path. Every goroutine that writes (stream handlers, the
@@ -339,6 +340,13 @@ func (c *Conn) startFlusher() {
 // frames to the buffer meanwhile, and one write carries them all.
 func (c *Conn) runFlusher() {
 	defer c.wg.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			_ = c.nc.Close() // the reader then ends the connection
+			c.panicked(panicguard.H2Flusher, r)
+		}
+	}()
+	panicguard.Point(panicguard.H2Flusher, c.cfg.Identity)
 	for {
 		runtime.Gosched()
 		c.lockWrite()
