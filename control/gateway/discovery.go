@@ -578,6 +578,13 @@ func (d *discoveryService) authorizeWorkspace(w http.ResponseWriter, r *http.Req
 	return t
 }
 
+// stateless reports whether no view with state was fed yet.
+func (d *discoveryService) stateless() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.view.state == nil
+}
+
 // currentState returns the documents and tokens of the current view.
 func (d *discoveryService) currentState() *stateSnapshot {
 	d.mu.Lock()
@@ -601,6 +608,13 @@ func (d *discoveryService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ws := r.PathValue("ws")
+	if d.stateless() {
+		// No tokens yet either: a replica that is still loading answers
+		// 503, never 401 (the token may well be valid) nor a set.
+		w.Header().Set("Retry-After", "1")
+		d.fail(w, endpoint, http.StatusServiceUnavailable, "the gateway has no state yet")
+		return
+	}
 	tok := d.authorizeWorkspace(w, r, endpoint, ws)
 	if tok == nil {
 		return
