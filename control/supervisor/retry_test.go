@@ -1,0 +1,79 @@
+package supervisor
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/applistener/applistener/control/internal/controltest"
+	"github.com/applistener/applistener/internal/testutil"
+)
+
+// The session rides out outages shorter than the freshness: the only
+// gateway goes away (connections refused, the push stream cut) and, later,
+// answers 503 (an etcd quorum loss), each for most of the routes'
+// validity, with a backoff allowed to grow to 30 s. The route never goes
+// stale, and the session renews it within a fraction of the validity left
+// once the gateway is back.
+func TestSessionRetryBoundedByFreshness(t *testing.T) {
+	const freshness = 6 * time.Second
+	ca := newTestCA(t, "gateway CA")
+	g := newFakeGateway(t, ca, testDocument("r1", "1"))
+	out := controltest.NewOutage(t, strings.TrimPrefix(g.url, "https://"))
+	c := newTestClient(t, "https://"+out.Addr(), freshness, ca)
+	c.MaxBackoff = 30 * time.Second
+	c.PollInterval = time.Second
+	c.run(t, false)
+	testutil.Eventually(t, 5*time.Second, "an accepted session", func() bool { return c.Connected() && c.routed() })
+
+	var stale atomic.Int64
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			if !c.routed() {
+				stale.Add(1)
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-watched
+	}()
+
+	outage := freshness * 2 / 3
+	gap := func(what string, down, up func()) {
+		down()
+		deadline := time.Now().Add(outage)
+		for time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		back := time.Now()
+		up()
+		testutil.Eventually(t, freshness, "a renewal after "+what, func() bool { return c.validUntil.Load()-int64(freshness) > back.UnixNano() })
+		g := time.Unix(0, c.validUntil.Load()-int64(freshness)).Sub(back)
+		t.Logf("%s of %v: renewed %v after the gateway's return", what, outage, g.Round(time.Millisecond))
+		if g > time.Second {
+			t.Errorf("%s: renewal %v after the gateway's return; want within a fraction of the validity left (~2 s)", what, g)
+		}
+	}
+	gap("outage", out.Down, out.Up)
+	testutil.Eventually(t, 5*time.Second, "the push session back", func() bool { return c.Connected() })
+	gap("503s", func() {
+		g.set(func(g *fakeGateway) { g.status = http.StatusServiceUnavailable })
+		g.endStreams()
+	}, func() { g.set(func(g *fakeGateway) { g.status = 0 }) })
+	if n := stale.Load(); n != 0 {
+		t.Errorf("the route was not routed on %d checks during outages shorter than its freshness", n)
+	}
+}
