@@ -77,3 +77,39 @@ func TestSessionRetryBoundedByFreshness(t *testing.T) {
 		t.Errorf("the route was not routed on %d checks during outages shorter than its freshness", n)
 	}
 }
+
+// What cannot be applied renews nothing, on push and poll alike: a pushed
+// document the supervisor cannot parse (here a top-level field of a newer
+// gateway, withdrawing the route) leaves the session not accepted, so the
+// keepalives and polls that follow renew nothing and the route goes stale
+// within its freshness; a valid document afterwards restores it.
+func TestUnparsableDocumentRenewsNothing(t *testing.T) {
+	const freshness = 2 * time.Second
+	ca := newTestCA(t, "gateway CA")
+	g := newFakeGateway(t, ca, testDocument("r1", "1"))
+	c := newTestClient(t, g.url, freshness, ca)
+	c.run(t, false)
+	testutil.Eventually(t, 5*time.Second, "an accepted session", func() bool { return c.Connected() && c.routed() })
+
+	sent := time.Now()
+	g.setDoc(`{"revision":"r2","from_a_newer_gateway":true,"instances":[]}`)
+	testutil.Eventually(t, freshness+3*time.Second, "the route stale", func() bool { return !c.routed() })
+	took := time.Since(sent)
+	t.Logf("route stale %v after the unparsable document (freshness %v)", took.Round(time.Millisecond), freshness)
+	if took > freshness+time.Second {
+		t.Errorf("route went stale %v after the unparsable document; want within its freshness %v", took, freshness)
+	}
+	if c.Connected() {
+		t.Error("the session still counts as accepted after a document that cannot be applied")
+	}
+	if n := c.deliveries("push", "unparsable"); n == 0 {
+		t.Error("the unparsable push document was not counted")
+	}
+	// Keepalives kept coming on the push stream, and renewed nothing.
+	if n := g.count(isPush); n != 1 {
+		t.Errorf("%d push sessions; want the one stream kept", n)
+	}
+
+	g.setDoc(testDocument("r3", "1"))
+	testutil.Eventually(t, 5*time.Second, "the route restored by a valid document", func() bool { return c.Connected() && c.routed() })
+}
