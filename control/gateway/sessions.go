@@ -57,6 +57,10 @@ const KeepaliveHeader = "X-Applistener-Keepalive"
 // order of its session (a decimal integer), to be sent back as ?order=.
 const SessionOrderHeader = api.SessionOrderHeader
 
+// SessionTTLHeader is the response header that tells a supervisor the
+// session TTL (api.SessionTTLHeader).
+const SessionTTLHeader = api.SessionTTLHeader
+
 // sessionOutcome is what touchSession made of a request's session.
 type sessionOutcome struct {
 	// current is true when the request's session is (now) the supervisor's

@@ -113,3 +113,30 @@ func TestUnparsableDocumentRenewsNothing(t *testing.T) {
 	g.setDoc(testDocument("r3", "1"))
 	testutil.Eventually(t, 5*time.Second, "the route restored by a valid document", func() bool { return c.Connected() && c.routed() })
 }
+
+// A gateway that tells a session TTL shorter than three poll intervals:
+// with the push session down, the supervisor polls every third of the TTL
+// (so its session never lapses between polls) and says why, once.
+func TestPollIntervalBoundedBySessionTTL(t *testing.T) {
+	ca := newTestCA(t, "gateway CA")
+	g := newFakeGateway(t, ca, testDocument("r1", "1"))
+	g.set(func(g *fakeGateway) {
+		g.pushCode = http.StatusNotImplemented
+		g.sessionTTL = "900ms"
+	})
+	c := newTestClient(t, g.url, 30*time.Second, ca)
+	c.PollInterval = 5 * time.Second
+	c.run(t, false)
+	testutil.Eventually(t, 5*time.Second, "a session by polling", func() bool { return c.Connected() && c.routed() })
+	start := time.Now()
+	polls := g.count(isPoll)
+	testutil.Eventually(t, 5*time.Second, "five more polls", func() bool { return g.count(isPoll) >= polls+5 })
+	took := time.Since(start)
+	t.Logf("five polls in %v (poll interval 5s, session TTL 900ms)", took.Round(time.Millisecond))
+	if took > 4*time.Second {
+		t.Errorf("five polls took %v; want about one every 300ms", took)
+	}
+	if n := strings.Count(c.logs.String(), "too long for the gateway's session TTL"); n != 1 {
+		t.Errorf("the poll interval warning was logged %d times; want once", n)
+	}
+}

@@ -85,6 +85,10 @@ type GatewayClient struct {
 	// valid (unix nanoseconds; 0 before the first delivery): the last
 	// renewal plus Freshness. It bounds the retry delays (api.RetryBound).
 	validUntil atomic.Int64
+	// sessionTTL is the session TTL the gateway told (api.SessionTTLHeader;
+	// nanoseconds, 0 until it said): polls while the push session is down
+	// are at most a third of it apart.
+	sessionTTL atomic.Int64
 	// withdrawing is set by Withdraw: the session is over, Run reconnects
 	// no more (the gateway would refuse the withdrawn session with 409).
 	withdrawing atomic.Bool
@@ -285,6 +289,21 @@ func (c *GatewayClient) noteOrder(h http.Header) {
 	if n, err := strconv.ParseInt(h.Get(api.SessionOrderHeader), 10, 64); err == nil && n > 0 {
 		c.order.Store(n)
 	}
+	if d, err := time.ParseDuration(h.Get(api.SessionTTLHeader)); err == nil && d > 0 {
+		if old := time.Duration(c.sessionTTL.Swap(int64(d))); old != d && c.PollInterval > d/3 {
+			c.Logger.Warn("--gateway-poll-interval is too long for the gateway's session TTL: while the push session is down, polling every third of the TTL instead so that the session does not lapse",
+				"poll_interval", c.PollInterval, "gateway_session_ttl", d, "polling_every", d/3, "endpoint", c.endpoints.Current())
+		}
+	}
+}
+
+// pollInterval is the time between polls while the push session is down:
+// PollInterval, at most a third of the session TTL the gateway told.
+func (c *GatewayClient) pollInterval() time.Duration {
+	if ttl := time.Duration(c.sessionTTL.Load()); ttl > 0 {
+		return min(c.PollInterval, max(ttl/3, time.Millisecond))
+	}
+	return c.PollInterval
 }
 
 // failed moves to the next endpoint when err is a failure of endpoint.
@@ -403,9 +422,10 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		// the client moved to another endpoint (which may offer push).
 		retryAt := time.Now().Add(pushRetry)
 		for ctx.Err() == nil && !c.withdrawing.Load() {
-			wait := c.PollInterval
 			endpoint := c.endpoints.Current()
-			if err := c.poll(ctx, endpoint, "poll"); err != nil {
+			err := c.poll(ctx, endpoint, "poll")
+			wait := c.pollInterval() // after the poll: its answer may tell the session TTL
+			if err != nil {
 				if ctx.Err() != nil {
 					break
 				}
