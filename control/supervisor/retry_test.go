@@ -140,3 +140,33 @@ func TestPollIntervalBoundedBySessionTTL(t *testing.T) {
 		t.Errorf("the poll interval warning was logged %d times; want once", n)
 	}
 }
+
+// Two gateway URLs, both answering 503, and no routes held: one backoff
+// spans both endpoints and both kinds of request, so the attempts thin out
+// exponentially (250 ms doubling) instead of restarting at each switch of
+// URL.
+func TestOneBackoffAcrossEndpoints(t *testing.T) {
+	ca := newTestCA(t, "gateway CA")
+	a := newFakeGateway(t, ca, testDocument("r1", "1"))
+	b := newFakeGateway(t, ca, testDocument("r1", "1"))
+	for _, g := range []*fakeGateway{a, b} {
+		g.set(func(g *fakeGateway) { g.status = http.StatusServiceUnavailable })
+	}
+	c := newTestClient(t, a.url+","+b.url, 30*time.Second, ca)
+	c.MaxBackoff = 30 * time.Second
+	stop := c.run(t, false)
+	testutil.Eventually(t, 5*time.Second, "both endpoints tried", func() bool { return a.count(nil) > 0 && b.count(nil) > 0 })
+	start := time.Now()
+	for time.Since(start) < 4*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	n := a.count(nil) + b.count(nil)
+	t.Logf("%d requests to two failing endpoints in about 4 s", n)
+	// 250 ms doubling (jittered over the upper half) is at most ~7
+	// backoff steps in 4 s, each a push and a poll: a backoff that restarts
+	// at each switch of URL makes several times as many.
+	if n > 24 {
+		t.Errorf("%d requests in about 4 s to two failing endpoints; want the attempts to thin out", n)
+	}
+}
