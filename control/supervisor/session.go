@@ -216,9 +216,6 @@ func (c *GatewayClient) Init() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = DefaultPollInterval
-	}
 	if c.StreamIdleTimeout <= 0 {
 		c.StreamIdleTimeout = DefaultStreamIdleTimeout
 	}
@@ -227,6 +224,10 @@ func (c *GatewayClient) Init() error {
 	}
 	if c.Freshness <= 0 {
 		c.Freshness = routes.DefaultFreshness
+	}
+	if c.PollInterval <= 0 {
+		// DefaultPollInterval, or a third of a shorter freshness.
+		c.PollInterval = min(DefaultPollInterval, c.wantKeepalive())
 	}
 	if c.Session == "" {
 		c.Session = NewSessionID()
