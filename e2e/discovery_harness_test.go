@@ -188,7 +188,8 @@ func newDiscoveryGateway(t testing.TB, sections map[string][]discoveryInstance, 
 		{"token": "`+edgeToken+`", "workspaces": ["team"]}]}`))
 	g.proc = launchReady(t, "gateway", func(addr, admin string) []string {
 		return append([]string{"gateway", "--address", addr, "--config", g.configPath, "--tokens", g.tokensPath,
-			"--admin-address", admin, "--keepalive", discoveryKeepalive.String(), "--log-format", "json"}, extra...)
+			"--admin-address", admin, "--keepalive", discoveryKeepalive.String(), "--log-format", "json",
+			"--discovery-warmup", "0"}, extra...)
 	}, func(p *proc) bool { return p.readyz() == http.StatusOK })
 	return g
 }

@@ -167,6 +167,8 @@ func (g *memGateway) start(t testing.TB) {
 				"--tokens", g.tokensPath,
 				"--admin-address", g.adminAddr,
 				"--log-format", "json",
+				// No discovery warmup unless a test asks for one (extra).
+				"--discovery-warmup", "0",
 			}, g.extra...)
 		},
 		env:           childEnv(),

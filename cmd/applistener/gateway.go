@@ -40,6 +40,7 @@ type gatewayOptions struct {
 	discSendTimeout  time.Duration
 	discMaxLifetime  time.Duration
 	discReauthPeriod time.Duration
+	discWarmup       time.Duration // negative: the default for the session TTL
 
 	store           string
 	etcdEndpoints   string
@@ -79,6 +80,15 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.discSendTimeout, "discovery-send-timeout", gateway.DefaultDiscoverySendTimeout, "a discovery watcher that does not take a line within this is disconnected")
 	fs.DurationVar(&o.discMaxLifetime, "discovery-max-watch-lifetime", gateway.DefaultDiscoveryMaxWatchLifetime, "discovery watches end cleanly after this (clients reconnect)")
 	fs.DurationVar(&o.discReauthPeriod, "discovery-reauth-period", gateway.DefaultDiscoveryReauthPeriod, "how often an open discovery watch re-checks its token's grant")
+	fs.DurationVar(&o.discWarmup, "discovery-warmup", -time.Second, "memory store: discovery answers 503 this long after a start, until the supervisors' sessions can be back (never a partial set); negative: --session-ttl + 2s; 0: off")
+}
+
+// discoveryWarmup is --discovery-warmup, its default resolved.
+func (o *gatewayOptions) discoveryWarmup() time.Duration {
+	if o.discWarmup < 0 {
+		return gateway.DefaultDiscoveryWarmup(o.sessionTTL)
+	}
+	return o.discWarmup
 }
 
 // validate checks the flags together; every problem is a usage error.
@@ -247,6 +257,7 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, hup
 		DiscoverySendTimeout:         o.discSendTimeout,
 		DiscoveryMaxWatchLifetime:    o.discMaxLifetime,
 		DiscoveryReauthPeriod:        o.discReauthPeriod,
+		DiscoveryWarmup:              o.discoveryWarmup(),
 	})
 	if err != nil {
 		return err

@@ -23,6 +23,15 @@ import (
 // session whose order is below the current session's (it was superseded).
 const SessionOrderHeader = "X-Applistener-Session-Order"
 
+// SessionTTLHeader is the gateway's response header, on the answers to a
+// supervisor's configuration requests, that tells how long a session holds
+// after its last request (a Go duration, the gateway's --session-ttl). A
+// supervisor whose push session is down polls at least three times per
+// TTL, so that its session (and so its advertised routes) never lapses
+// between two polls, and warns that its --gateway-poll-interval is too
+// long for this gateway.
+const SessionTTLHeader = "X-Applistener-Session-TTL"
+
 // OneLineReason makes s safe for a one-line response body.
 func OneLineReason(s string) string {
 	s = strings.Map(func(r rune) rune {

@@ -267,6 +267,11 @@ func (c *DiscoveryClient) getOnce(ctx context.Context, ws string) (string, *Rout
 //
 // fn sees complete replacements; routes in them still expire at their
 // ExpiresAt (see Unexpired and WatchUnexpired).
+//
+// One backoff spans every endpoint; while the latest snapshot holds routes
+// that are still valid, no reconnection is further away than a fraction of
+// the validity the earliest of them still has (RetryBound), so an outage
+// (or a run of 503s) shorter than the freshness drops no route.
 func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSnapshot)) error {
 	if err := c.init(); err != nil {
 		return err
@@ -277,8 +282,13 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 	log := c.logger().With("workspace", ws)
 	backoff := c.newBackoff()
 	lastErr := ""
+	var held *RouteSnapshot // the latest snapshot delivered to fn
+	deliver := func(s *RouteSnapshot) {
+		held = s
+		fn(s)
+	}
 	for {
-		endpoint, got, err := c.watchOnce(ctx, ws, fn)
+		endpoint, got, err := c.watchOnce(ctx, ws, deliver)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -297,7 +307,7 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 			log.Debug("discovery watch ended by the gateway; reconnecting", "gateway", endpoint)
 			lastErr = ""
 		} else {
-			wait = backoff.Next(0)
+			wait = backoff.Next(RetryBound(held.validUntil(time.Now()), time.Now()))
 			if msg := err.Error(); msg != lastErr {
 				log.Warn("discovery watch failed; retrying", "gateway", endpoint, "err", err,
 					"retry_in", wait.Round(time.Millisecond), "next_gateway", c.endpoints.Current())
@@ -308,6 +318,22 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 			return ctx.Err()
 		}
 	}
+}
+
+// validUntil returns the earliest ExpiresAt of s's routes that are still
+// valid at now: how long everything s holds stays usable. Zero when s holds
+// no valid route.
+func (s *RouteSnapshot) validUntil(now time.Time) time.Time {
+	var until time.Time
+	if s == nil {
+		return until
+	}
+	for _, r := range s.Routes {
+		if r.ExpiresAt.After(now) && (until.IsZero() || r.ExpiresAt.Before(until)) {
+			until = r.ExpiresAt
+		}
+	}
+	return until
 }
 
 // watchOnce holds one stream at the current endpoint, which it returns;

@@ -136,7 +136,10 @@ type discoveryService struct {
 	// beat is when the maintenance loop last ran (Unix nanoseconds), 0
 	// when it is not running; wake (capacity 1) makes it look again.
 	beat atomic.Int64
-	wake chan struct{}
+	// warmUntil is when a memory store's warmup ends (unix nanoseconds; 0:
+	// none): discovery answers 503 until then (Config.DiscoveryWarmup).
+	warmUntil atomic.Int64
+	wake      chan struct{}
 
 	// mu guards the fields below it.
 	mu sync.Mutex
@@ -494,6 +497,9 @@ func (d *discoveryService) unusable(now time.Time) string {
 	switch {
 	case v.unusable != "":
 		return v.unusable
+	case now.UnixNano() < d.warmUntil.Load():
+		return fmt.Sprintf("the gateway started with an empty memory store: its supervisors' sessions may not be back yet (%v left)",
+			time.Unix(0, d.warmUntil.Load()).Sub(now).Round(time.Second))
 	case v.state == nil:
 		return "the gateway has no state"
 	case beat == 0:

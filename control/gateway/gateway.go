@@ -78,6 +78,13 @@ type Config struct {
 	// Keepalive is the longest (and default) keepalive interval of a push
 	// stream (DefaultKeepalive when not positive).
 	Keepalive time.Duration
+	// DiscoveryWarmup applies to the memory store only: for this long after
+	// Run starts, discovery answers 503, because a gateway that (re)starts
+	// with an empty memory store cannot know the routes its supervisors
+	// still hold until their sessions come back; a 200 then would withdraw
+	// valid routes at every consumer (DESIGN, "Faults"). Zero: no warmup.
+	// The command's default is DefaultDiscoveryWarmup(session TTL).
+	DiscoveryWarmup time.Duration
 	// KeepaliveMin is the shortest keepalive interval granted
 	// (DefaultKeepaliveMin when not positive).
 	KeepaliveMin time.Duration
@@ -125,12 +132,14 @@ type Gateway struct {
 	keepalive    time.Duration
 	keepaliveMin time.Duration
 	sessionTTL   time.Duration
-	poll         time.Duration
-	disablePush  bool
-	writeTimeout time.Duration
-	policy       endpointPolicy
-	log          *slog.Logger
-	m            *metrics
+	// discoveryWarmup is Config.DiscoveryWarmup.
+	discoveryWarmup time.Duration
+	poll            time.Duration
+	disablePush     bool
+	writeTimeout    time.Duration
+	policy          endpointPolicy
+	log             *slog.Logger
+	m               *metrics
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *discoveryService
@@ -199,24 +208,25 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{
-		configPath:    cfg.ConfigPath,
-		tokensPath:    cfg.TokensPath,
-		keepalive:     cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
-		keepaliveMin:  cmp.Or(max(cfg.KeepaliveMin, 0), DefaultKeepaliveMin),
-		sessionTTL:    cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
-		poll:          cmp.Or(max(cfg.Poll, 0), DefaultPoll),
-		disablePush:   cfg.DisablePush,
-		writeTimeout:  pushWriteTimeout,
-		policy:        policy,
-		log:           cfg.Logger,
-		m:             newMetrics(cfg.Registerer),
-		watchers:      make(map[*pushWatcher]struct{}),
-		installations: make(map[string]advertisement),
-		sessions:      make(map[string]sessionView),
-		pools:         make(map[string]string),
-		revWake:       make(chan struct{}),
-		policyWarned:  make(map[string]struct{}),
-		fileIDs:       make(map[string]struct{}),
+		configPath:      cfg.ConfigPath,
+		tokensPath:      cfg.TokensPath,
+		keepalive:       cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
+		keepaliveMin:    cmp.Or(max(cfg.KeepaliveMin, 0), DefaultKeepaliveMin),
+		sessionTTL:      cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
+		discoveryWarmup: max(cfg.DiscoveryWarmup, 0),
+		poll:            cmp.Or(max(cfg.Poll, 0), DefaultPoll),
+		disablePush:     cfg.DisablePush,
+		writeTimeout:    pushWriteTimeout,
+		policy:          policy,
+		log:             cfg.Logger,
+		m:               newMetrics(cfg.Registerer),
+		watchers:        make(map[*pushWatcher]struct{}),
+		installations:   make(map[string]advertisement),
+		sessions:        make(map[string]sessionView),
+		pools:           make(map[string]string),
+		revWake:         make(chan struct{}),
+		policyWarned:    make(map[string]struct{}),
+		fileIDs:         make(map[string]struct{}),
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -274,6 +284,11 @@ func New(cfg Config) (*Gateway, error) {
 // discovery loop (expiry of advertised routes); discovery answers 503 when
 // Run is not running. When Run returns, the store is closed.
 func (g *Gateway) Run(ctx context.Context) {
+	if g.storeKind == "memory" && g.discoveryWarmup > 0 {
+		g.discovery.warmUntil.Store(time.Now().Add(g.discoveryWarmup).UnixNano())
+		g.log.Info("discovery answers 503 until the supervisors' sessions can have come back (memory store)",
+			"warmup", g.discoveryWarmup)
+	}
 	g.running.Store(true)
 	var wg sync.WaitGroup
 	defer g.closeStore()

@@ -55,6 +55,7 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setSessionOrder(w, out)
+	w.Header().Set(SessionTTLHeader, g.sessionTTL.String())
 	if watch {
 		g.serveWatch(w, r, &pushWatcher{
 			supervisor: sup,

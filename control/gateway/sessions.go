@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -45,6 +46,20 @@ import (
 // DefaultSessionTTL is how long a session holds after its last request.
 const DefaultSessionTTL = 15 * time.Second
 
+// DiscoveryWarmupSlack is what DefaultDiscoveryWarmup adds to the session
+// TTL: a supervisor's reconnection and first advertisement.
+const DiscoveryWarmupSlack = 2 * time.Second
+
+// DefaultDiscoveryWarmup is the warmup of a memory-store gateway whose
+// session TTL is ttl (DefaultSessionTTL when not positive): one TTL plus
+// DiscoveryWarmupSlack. A session silent for a TTL is over on a gateway
+// that never stopped too, so after it the set is the one such a gateway
+// would publish; a supervisor that still holds routes retries within a
+// tenth of their validity (api.RetryBound), well within it.
+func DefaultDiscoveryWarmup(ttl time.Duration) time.Duration {
+	return cmp.Or(max(ttl, 0), DefaultSessionTTL) + DiscoveryWarmupSlack
+}
+
 // DefaultKeepaliveMin is the shortest keepalive interval granted to a push
 // session.
 const DefaultKeepaliveMin = 250 * time.Millisecond
@@ -56,6 +71,10 @@ const KeepaliveHeader = "X-Applistener-Keepalive"
 // SessionOrderHeader is the response header that tells a supervisor the
 // order of its session (a decimal integer), to be sent back as ?order=.
 const SessionOrderHeader = api.SessionOrderHeader
+
+// SessionTTLHeader is the response header that tells a supervisor the
+// session TTL (api.SessionTTLHeader).
+const SessionTTLHeader = api.SessionTTLHeader
 
 // sessionOutcome is what touchSession made of a request's session.
 type sessionOutcome struct {

@@ -100,7 +100,7 @@ func (a *Advertiser) Run(ctx context.Context) {
 					"supervisor", a.Client.SupervisorID, "err", err)
 			}
 			a.Client.failed(gateway, err)
-			retry = time.After(backoff.Next(0))
+			retry = time.After(backoff.Next(a.Client.retryBound()))
 			continue
 		}
 		backoff.Reset()

@@ -134,6 +134,7 @@ type fakeGateway struct {
 	pushCode   int           // when not 0, push requests get it
 	deleteCode int           // answer to DELETE installations (204 when 0)
 	order      string        // X-Applistener-Session-Order of every answer ("" = not sent)
+	sessionTTL string        // X-Applistener-Session-TTL of every answer ("" = not sent)
 	requests   []fakeRequest
 	streams    map[chan struct{}]struct{} // close one to end its stream
 	changed    chan struct{}              // closed and replaced when doc changes
@@ -242,6 +243,9 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 	status, pushCode, deleteCode, onDelete := g.status, g.pushCode, g.deleteCode, g.onDelete
 	if g.order != "" {
 		w.Header().Set(api.SessionOrderHeader, g.order)
+	}
+	if g.sessionTTL != "" {
+		w.Header().Set(api.SessionTTLHeader, g.sessionTTL)
 	}
 	g.mu.Unlock()
 	if r.Header.Get("Authorization") != "Bearer t1" {

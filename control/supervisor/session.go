@@ -81,6 +81,14 @@ type GatewayClient struct {
 	// never lets it take the supervisor id back.
 	order     atomic.Int64
 	connected atomic.Bool
+	// validUntil is when the routes this session delivered stop being
+	// valid (unix nanoseconds; 0 before the first delivery): the last
+	// renewal plus Freshness. It bounds the retry delays (api.RetryBound).
+	validUntil atomic.Int64
+	// sessionTTL is the session TTL the gateway told (api.SessionTTLHeader;
+	// nanoseconds, 0 until it said): polls while the push session is down
+	// are at most a third of it apart.
+	sessionTTL atomic.Int64
 	// withdrawing is set by Withdraw: the session is over, Run reconnects
 	// no more (the gateway would refuse the withdrawn session with 409).
 	withdrawing atomic.Bool
@@ -186,13 +194,27 @@ func (c *GatewayClient) clearErr() {
 	c.mu.Unlock()
 }
 
+// renewed notes a delivery that renewed the routes (a document applied,
+// a 304, a keepalive on an accepted push session).
+func (c *GatewayClient) renewed() {
+	c.validUntil.Store(time.Now().Add(c.Freshness).UnixNano())
+}
+
+// retryBound is the cap of the next retry delay: a fraction of the
+// validity the delivered routes still hold (api.RetryBound), 0 when they
+// hold none.
+func (c *GatewayClient) retryBound() time.Duration {
+	v := c.validUntil.Load()
+	if v == 0 {
+		return 0
+	}
+	return api.RetryBound(time.Unix(0, v), time.Now())
+}
+
 // Init validates the settings and builds the HTTP client; Run calls it.
 func (c *GatewayClient) Init() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = DefaultPollInterval
 	}
 	if c.StreamIdleTimeout <= 0 {
 		c.StreamIdleTimeout = DefaultStreamIdleTimeout
@@ -203,10 +225,22 @@ func (c *GatewayClient) Init() error {
 	if c.Freshness <= 0 {
 		c.Freshness = routes.DefaultFreshness
 	}
+	if c.PollInterval <= 0 {
+		// DefaultPollInterval, or a third of a shorter freshness.
+		c.PollInterval = min(DefaultPollInterval, c.wantKeepalive())
+	}
 	if c.Session == "" {
 		c.Session = NewSessionID()
 	} else if !ValidSessionID(c.Session) {
 		return fmt.Errorf("session id %q: want 32 lowercase hex characters", c.Session)
+	}
+	if c.PollInterval >= c.Freshness {
+		return fmt.Errorf("poll interval %v cannot keep a session: routes expire after %v without a renewal (want a poll interval below a third of it)",
+			c.PollInterval, c.Freshness)
+	}
+	if c.PollInterval > c.Freshness/3 {
+		c.Logger.Warn("the gateway poll interval leaves less than three polls per route-freshness: while the push session is down, one failed poll can let the routes expire",
+			"poll_interval", c.PollInterval, "route_freshness", c.Freshness, "want_at_most", c.Freshness/3)
 	}
 	eps, err := api.ParseGatewayEndpoints(c.Endpoint, c.Logger)
 	if err != nil {
@@ -256,6 +290,21 @@ func (c *GatewayClient) noteOrder(h http.Header) {
 	if n, err := strconv.ParseInt(h.Get(api.SessionOrderHeader), 10, 64); err == nil && n > 0 {
 		c.order.Store(n)
 	}
+	if d, err := time.ParseDuration(h.Get(api.SessionTTLHeader)); err == nil && d > 0 {
+		if old := time.Duration(c.sessionTTL.Swap(int64(d))); old != d && c.PollInterval > d/3 {
+			c.Logger.Warn("--gateway-poll-interval is too long for the gateway's session TTL: while the push session is down, polling every third of the TTL instead so that the session does not lapse",
+				"poll_interval", c.PollInterval, "gateway_session_ttl", d, "polling_every", d/3, "endpoint", c.endpoints.Current())
+		}
+	}
+}
+
+// pollInterval is the time between polls while the push session is down:
+// PollInterval, at most a third of the session TTL the gateway told.
+func (c *GatewayClient) pollInterval() time.Duration {
+	if ttl := time.Duration(c.sessionTTL.Load()); ttl > 0 {
+		return min(c.PollInterval, max(ttl/3, time.Millisecond))
+	}
+	return c.PollInterval
 }
 
 // failed moves to the next endpoint when err is a failure of endpoint.
@@ -331,6 +380,12 @@ func (c *GatewayClient) newBackoff() ndjson.Backoff {
 }
 
 // Run holds the session until ctx ends.
+//
+// Retries share one backoff across the push session, the polls and every
+// endpoint: a failure of any of them grows it, a delivery resets it, and
+// while the routes are valid no delay exceeds a fraction of the validity
+// they still hold (api.RetryBound), so an outage shorter than the
+// freshness costs no route.
 func (c *GatewayClient) Run(ctx context.Context) error {
 	if c.client == nil {
 		if err := c.Init(); err != nil {
@@ -338,6 +393,10 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 	}
 	defer c.client.CloseIdleConnections()
+	backoff := c.newBackoff()
+	// pushFailures counts the push sessions in a row that failed while
+	// polls worked: their retries are spaced by a backoff of their own,
+	// held low, so that the push session is tried again soon.
 	pushBackoff := c.newBackoff()
 	for ctx.Err() == nil {
 		pushEndpoint := c.endpoints.Current()
@@ -347,6 +406,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 		c.setConnected(false)
 		if accepted {
+			backoff.Reset()
 			pushBackoff.Reset()
 		}
 		c.failed(pushEndpoint, err)
@@ -362,20 +422,23 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		// Poll until it is time to try the push session again, or until
 		// the client moved to another endpoint (which may offer push).
 		retryAt := time.Now().Add(pushRetry)
-		pollBackoff := c.newBackoff()
 		for ctx.Err() == nil && !c.withdrawing.Load() {
-			wait := c.PollInterval
 			endpoint := c.endpoints.Current()
-			if err := c.poll(ctx, endpoint, "poll"); err != nil {
+			err := c.poll(ctx, endpoint, "poll")
+			wait := c.pollInterval() // after the poll: its answer may tell the session TTL
+			if err != nil {
 				if ctx.Err() != nil {
 					break
 				}
 				c.setConnected(false)
 				c.reportErr("gateway poll failed", err)
 				c.failed(endpoint, err)
-				wait = pollBackoff.Next(c.PollInterval)
+				wait = backoff.Next(c.retryBound())
+				// The push session is the next attempt when it is due
+				// first; it must come no later than the bound either.
+				retryAt = minTime(retryAt, time.Now().Add(wait))
 			} else {
-				pollBackoff.Reset()
+				backoff.Reset()
 				if pushRetry < 5*time.Minute {
 					// Polls work but the push session keeps failing:
 					// don't hammer it.
@@ -402,6 +465,13 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // pollTimeout bounds one poll.
@@ -433,6 +503,7 @@ func (c *GatewayClient) poll(ctx context.Context, endpoint, source string) error
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		c.Sink.Renew()
+		c.renewed()
 		c.Metrics.delivery(source, "renewed")
 		c.clearErr()
 		c.setConnected(true)
@@ -477,6 +548,7 @@ func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64,
 		return nil
 	}
 	res := c.Sink.Apply(doc)
+	c.renewed()
 	c.applied++
 	if since == nil {
 		etag = revisionETag(doc.Revision)
@@ -630,11 +702,18 @@ func (c *GatewayClient) push(ctx context.Context, endpoint string) (accepted boo
 		if keepalive {
 			if accepted {
 				c.Sink.Renew()
+				c.renewed()
 				c.Metrics.delivery("push", "renewed")
 			}
 			continue
 		}
 		if err := c.applyDocument(line, "push", nil, ""); err != nil {
+			// What cannot be applied renews nothing: the session is not
+			// accepted until a document applies, so the keepalives that
+			// follow renew nothing either and the routes go stale on time
+			// (their streams close, as for a rejected configuration).
+			accepted = false
+			c.setConnected(false)
 			c.reportErr("gateway push document rejected", err)
 			continue
 		}

@@ -228,7 +228,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	gwAddr := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	gwAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	gw := start(t, dir, "gateway", bin, "gateway", "--address", gwAddr, "--admin-address", gwAdmin,
-		"--config", gwConfig, "--tokens", tokens)
+		"--config", gwConfig, "--tokens", tokens, "--discovery-warmup", "0")
 	defer gw.stop()
 	edgeAdmin := "127.0.0.1:" + fmt.Sprint(freePort(t))
 	edge := start(t, dir, "edge", bin, "edge", "--address", "127.0.0.1:"+fmt.Sprint(freePort(t)), "--admin-address", edgeAdmin,
