@@ -136,7 +136,6 @@ func startCluster(t *testing.T) *cluster {
 		"--leader-elect=false", "--use-service-account-credentials=true",
 		"--service-account-private-key-file="+pki.file("sa.key"), "--root-ca-file="+pki.file("ca.crt"),
 		"--cluster-signing-cert-file="+pki.file("ca.crt"), "--cluster-signing-key-file="+pki.file("ca.key"),
-		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
 		"--concurrent-deployment-syncs=10", "--v=1")
 	c.start(t, "kube-scheduler", filepath.Join(bins, "kube-scheduler"),
 		"--kubeconfig="+pki.kubeconfig(t, "scheduler", server),
