@@ -17,6 +17,18 @@ dir="${XDG_CACHE_HOME:-$HOME/.cache}/applistener/k8s-$version"
 bins="kube-apiserver kube-controller-manager kube-scheduler kwok"
 missing=0
 for b in $bins; do [ -x "$dir/$b" ] || missing=1; done
+if [ ! -s "$dir/kwok.yaml" ]; then
+	# kwok alone (without kwokctl) needs its stages: the node and Pod
+	# lifecycles kwokctl uses by default, from the kwok module tools/k8s pins.
+	kwok_dir=$(cd tools/k8s && GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+	mkdir -p "$dir"
+	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+		cat "$kwok_dir/kustomize/stage/$f"
+		echo "---"
+	done > "$dir/kwok.yaml.tmp"
+	mv "$dir/kwok.yaml.tmp" "$dir/kwok.yaml"
+fi
 [ $missing = 0 ] && exit 0
 echo "k8s-bins: building the Kubernetes $version control plane and kwok into $dir (once; about 5 minutes)" >&2
 start=$SECONDS

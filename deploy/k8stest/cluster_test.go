@@ -79,7 +79,7 @@ func binDir(t *testing.T) string {
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	bins := binDir(t)
-	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"} {
+	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwok.yaml"} {
 		if _, err := os.Stat(filepath.Join(bins, b)); err != nil {
 			t.Fatalf("%s is missing from %s: run `make test-k8s`, which builds it (tools/k8s)", b, bins)
 		}
@@ -144,6 +144,7 @@ func startCluster(t *testing.T) *cluster {
 		"--bind-address=127.0.0.1", "--secure-port="+freePort(t),
 		"--leader-elect=false", "--v=1")
 	c.start(t, "kwok", filepath.Join(bins, "kwok"),
+		"--config="+filepath.Join(bins, "kwok.yaml"),
 		"--kubeconfig="+c.kubeconfig,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
