@@ -95,6 +95,9 @@ release-sign:
 ## kube-apiserver (RBAC and admission on) with controller-manager, scheduler
 ## and kwok's fake nodes on loopback (deploy/k8stest). The control plane is
 ## built once into the user cache (scripts/k8s-bins.sh, tools/k8s).
+## Not part of `make test`: a cold build of the control plane takes ~5 minutes
+## of 2 cores (far more on a loaded machine) and `make test` must stay well
+## under CI's 15 minutes; CI runs it as a step of its own after `make test`.
 .PHONY: test-k8s
 test-k8s:
 	GO=$(GO) bash scripts/k8s-bins.sh

@@ -99,7 +99,7 @@ func startCluster(t *testing.T) *cluster {
 		"--listen-client-urls=http://127.0.0.1:"+etcdClient, "--advertise-client-urls=http://127.0.0.1:"+etcdClient,
 		"--listen-peer-urls=http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls=http://127.0.0.1:"+etcdPeer,
 		"--initial-cluster=k8stest=http://127.0.0.1:"+etcdPeer, "--log-level=warn", "--logger=zap")
-	waitHTTP(t, "etcd", "http://127.0.0.1:"+etcdClient+"/health", nil, 60*time.Second)
+	c.waitHTTP(t, "etcd", "http://127.0.0.1:"+etcdClient+"/health", nil, 60*time.Second)
 
 	apiPort := freePort(t)
 	server := "https://127.0.0.1:" + apiPort
@@ -113,10 +113,13 @@ func startCluster(t *testing.T) *cluster {
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction,PodSecurity,ResourceQuota,LimitRanger,ServiceAccount",
 		"--service-cluster-ip-range=10.96.0.0/16",
+		// The kubernetes Service's endpoints would be the advertise address,
+		// which may not be loopback; nothing here needs that Service.
+		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
 		"--cert-dir="+filepath.Join(c.dir, "apiserver-certs"),
 		"--profiling=false", "--v=1")
-	waitHTTP(t, "kube-apiserver", server+"/readyz", pki.adminTLS(t), 120*time.Second)
+	c.waitHTTP(t, "kube-apiserver", server+"/readyz", pki.adminTLS(t), 120*time.Second)
 
 	c.kubeconfig = pki.kubeconfig(t, "admin", server)
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
@@ -278,13 +281,16 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 	}
 }
 
-func waitHTTP(t *testing.T, what, url string, tr *http.Transport, timeout time.Duration) {
+// waitHTTP waits for url to answer 200, failing at once when a component
+// has exited.
+func (c *cluster) waitHTTP(t *testing.T, what, url string, tr *http.Transport, timeout time.Duration) {
 	t.Helper()
 	cl := &http.Client{Timeout: 5 * time.Second}
 	if tr != nil {
 		cl.Transport = tr
 	}
 	waitFor(t, what+" ready", timeout, func() (bool, string) {
+		c.checkAlive(t)
 		resp, err := cl.Get(url)
 		if err != nil {
 			return false, err.Error()
