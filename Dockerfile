@@ -1,6 +1,10 @@
 # applistener image: a static binary on a distroless, non-root base.
 #
-#   docker build -t applistener --build-arg VERSION=$(git describe --tags --always --dirty) .
+#   docker build -t applistener --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg REVISION=$(git rev-parse HEAD) .
+#
+# Releases do not need Docker: `make release` builds the same binary and the
+# image (scratch, non-root 65532) with tools/release; see README.md "Install".
 #   docker run --rm applistener serve -h
 #
 # Checked by deploy/helm/dockerfile_test.go (stages, CGO_ENABLED=0, base, USER,
@@ -14,12 +18,16 @@ ARG TARGETARCH
 # The version stamped into the binary (applistener version); .git is not in
 # the build context, so it comes from the build argument.
 ARG VERSION=dev
+# The commit stamped beside it (applistener version's revision=).
+ARG REVISION=
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# The same flags as `make release` (scripts/release.sh), so that with the same
+# Go version the binary is byte for byte the release's.
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/applistener ./cmd/applistener
+    go build -trimpath -buildvcs=false -ldflags "-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/applistener ./cmd/applistener
 
 # Final stage: no shell, no package manager; CA certificates for the gateway's
 # HTTPS are included in distroless/static.

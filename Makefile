@@ -79,8 +79,35 @@ bench-compare:
 soak:
 	SOAK=1 $(GO) test -run TestSoak -timeout 30m -v ./e2e/
 
+## release: the artefacts of release VERSION=x.y.z in dist/x.y.z (archives, OCI
+## image, SBOMs, chart pinned by digest, SHA256SUMS); reproducible and offline
+## once the modules are downloaded. See README.md "Install" and SECURITY.md.
+.PHONY: release release-check release-sign
+release:
+	GO=$(GO) bash scripts/release.sh build $(VERSION)
+
+## release-check: two builds with identical SHA256SUMS, then every artefact checked.
+release-check:
+	GO=$(GO) bash scripts/release.sh check $(VERSION)
+
+## release-sign: ssh-keygen -Y sign dist/x.y.z/SHA256SUMS with SIGNING_KEY (offline).
+release-sign:
+	GO=$(GO) bash scripts/release.sh sign $(VERSION) $(SIGNING_KEY)
+
+## test-k8s: the Helm chart installed with the Helm library on a real
+## kube-apiserver (RBAC and admission on) with controller-manager, scheduler
+## and kwok's fake nodes on loopback (deploy/k8stest). The control plane is
+## built once into the user cache (scripts/k8s-bins.sh, tools/k8s).
+## Not part of `make test`: a cold build of the control plane takes ~5 minutes
+## of 2 cores (far more on a loaded machine) and `make test` must stay well
+## under CI's 15 minutes; CI runs it as a step of its own after `make test`.
+.PHONY: test-k8s
+test-k8s:
+	GO=$(GO) bash scripts/k8s-bins.sh
+	cd deploy/k8stest && $(GO) test -count=1 -timeout 20m -v ./...
+
 lint:
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 run ./...
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

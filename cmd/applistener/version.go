@@ -14,6 +14,12 @@ import (
 // builds report the module version from the build information instead.
 var version string
 
+// revision is stamped by release builds (make release), which build with
+// -buildvcs=false so that the Dockerfile, which has no .git, produces the
+// same binary: -ldflags "-X main.revision=<commit>". The VCS revision of the
+// build information takes precedence when there is one.
+var revision string
+
 // buildInfo is what `applistener version` reports.
 type buildInfo struct {
 	Version   string // the stamped version, else the module version, else "devel"
@@ -39,6 +45,7 @@ func readBuildInfo() buildInfo {
 			}
 		}
 	}
+	b.Revision = cmp.Or(b.Revision, revision)
 	b.Version = version
 	if b.Version == "" && b.Module != "" && b.Module != "(devel)" {
 		b.Version = b.Module

@@ -39,6 +39,7 @@ type expect struct {
 	netns         bool
 	unixRelay     string
 	appService    bool // a dedicated Service with the app port
+	edge          bool // the edge is deployed (and admitted to the app port)
 	serviceMon    bool
 	gateway       bool
 	gw            gatewayExpect // with gateway
@@ -510,17 +511,21 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 
 	// PodDisruptionBudget over the supervisors (and one over the gateway
 	// replicas when there are several).
-	var supPDBs []*policyv1.PodDisruptionBudget
+	// (The edge's own, with several edge replicas, is TestChartEdge's.)
+	var supPDBs, gwPDBs []*policyv1.PodDisruptionBudget
 	for _, p := range r.PDBs {
-		if p.Labels["app.kubernetes.io/component"] != "gateway" {
+		switch p.Labels["app.kubernetes.io/component"] {
+		case "supervisor":
 			supPDBs = append(supPDBs, p)
+		case "gateway":
+			gwPDBs = append(gwPDBs, p)
 		}
 	}
 	if len(supPDBs) != 1 {
 		t.Fatalf("%d supervisor PodDisruptionBudgets, want 1", len(supPDBs))
 	}
-	if want := map[bool]int{true: 1, false: 0}[e.gateway && e.gw.replicas > 1]; len(r.PDBs)-len(supPDBs) != want {
-		t.Errorf("%d gateway PodDisruptionBudgets, want %d", len(r.PDBs)-len(supPDBs), want)
+	if want := map[bool]int{true: 1, false: 0}[e.gateway && e.gw.replicas > 1]; len(gwPDBs) != want {
+		t.Errorf("%d gateway PodDisruptionBudgets, want %d", len(gwPDBs), want)
 	}
 	pdb := supPDBs[0]
 	mustSelect(t, "PodDisruptionBudget", pdb.Spec.Selector, podLabels)
@@ -957,6 +962,7 @@ func checkNetworkPolicy(t *testing.T, r *rendered, d *appsv1.Deployment, ports m
 	// App: the configured ingress namespaces / Pods only, and only when on.
 	peers, ok = admittedPeers(t, np, e.appPort, ports)
 	if e.app {
+		peers = checkEdgePeer(t, np.Name+" app port", peers, e.edge)
 		got := namespacePeers(t, "app port", peers, e.appPodLabels)
 		if !ok || !slices.Equal(got, e.appNamespaces) {
 			t.Errorf("%s: app port %d admitted from namespaces %v, want %v", np.Name, e.appPort, got, e.appNamespaces)
@@ -976,6 +982,34 @@ func checkNetworkPolicy(t *testing.T, r *rendered, d *appsv1.Deployment, ports m
 			}
 		}
 	}
+}
+
+// edgeLabels are the edge Pods' labels (release "rel").
+var edgeLabels = map[string]string{
+	"app.kubernetes.io/name": "applistener", "app.kubernetes.io/instance": releaseName, "app.kubernetes.io/component": "edge",
+}
+
+// checkEdgePeer checks that peers hold exactly one peer for this release's
+// edge Pods (in the release namespace) when edge is on, and none otherwise;
+// it returns the other peers.
+func checkEdgePeer(t *testing.T, what string, peers []networkingv1.NetworkPolicyPeer, edge bool) []networkingv1.NetworkPolicyPeer {
+	t.Helper()
+	var rest []networkingv1.NetworkPolicyPeer
+	n := 0
+	for _, p := range peers {
+		if p.NamespaceSelector == nil && p.IPBlock == nil && p.PodSelector != nil && p.PodSelector.MatchLabels["app.kubernetes.io/component"] == "edge" {
+			if !reflect.DeepEqual(p.PodSelector.MatchLabels, edgeLabels) || len(p.PodSelector.MatchExpressions) != 0 {
+				t.Errorf("%s: edge peer selects %v, want %v", what, p.PodSelector.MatchLabels, edgeLabels)
+			}
+			n++
+			continue
+		}
+		rest = append(rest, p)
+	}
+	if want := map[bool]int{true: 1, false: 0}[edge]; n != want {
+		t.Errorf("%s: %d peers for this release's edge, want %d", what, n, want)
+	}
+	return rest
 }
 
 // ---------------------------------------------------------------------------
@@ -1253,7 +1287,7 @@ func checkVolumeReferences(t *testing.T, r *rendered) {
 // template warnings) passes.
 func TestChartLint(t *testing.T) {
 	helm := helmBinary(t)
-	cmd := exec.Command(helm, "lint", "--strict", chartDir)
+	cmd := exec.Command(helm, "lint", "--strict", chartDir, "--set", "controlPlane.gatewayEndpoint=https://gateway:8080")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("helm lint --strict: %v\n%s", err, out)

@@ -282,3 +282,31 @@ func goDirective(t *testing.T, root string) string {
 	}
 	return string(m[1])
 }
+
+// TestDockerfileBuildsTheReleaseBinary: the Dockerfile's go build uses the
+// flags `make release` (scripts/release.sh) uses, so that with the same Go
+// version both produce the same binary.
+func TestDockerfileBuildsTheReleaseBinary(t *testing.T) {
+	root := moduleRoot(t)
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	norm := strings.NewReplacer("${VERSION}", "V", "$VERSION", "V", "${REVISION}", "C", "$commit", "C")
+	docker := regexp.MustCompile(`go build (-trimpath -buildvcs=false) -ldflags "([^"]*)"`).FindStringSubmatch(read("Dockerfile"))
+	script := read("scripts/release.sh")
+	rel := regexp.MustCompile(`build (-trimpath -buildvcs=false) -ldflags "\$ldflags"`).FindStringSubmatch(script)
+	relLdflags := regexp.MustCompile(`local ldflags="([^"]*)"`).FindStringSubmatch(script)
+	if docker == nil || rel == nil || relLdflags == nil {
+		t.Fatalf("go build flags not found (Dockerfile %q, release.sh %q, %q)", docker, rel, relLdflags)
+	}
+	if docker[1] != rel[1] || norm.Replace(docker[2]) != norm.Replace(relLdflags[1]) {
+		t.Errorf("Dockerfile builds with %s -ldflags %q; make release with %s -ldflags %q", docker[1], docker[2], rel[1], relLdflags[1])
+	}
+	if want := "-s -w -X main.version=V -X main.revision=C"; norm.Replace(docker[2]) != want {
+		t.Errorf("Dockerfile -ldflags %q, want %q", norm.Replace(docker[2]), want)
+	}
+}

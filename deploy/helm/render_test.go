@@ -300,21 +300,38 @@ type rendered struct {
 	ServiceMonitors []*serviceMonitor
 }
 
-// helmTemplate renders the chart with values (marshalled to a values file)
-// and returns helm's output and error.
+// operatorValues is what every install must set: the gateway the supervisors
+// use. A default install without it fails at render time with one line
+// saying so (TestChartDefaultInstallSaysWhatToSet); helmTemplate puts these
+// values under every case's values.
+var operatorValues = map[string]any{"controlPlane": map[string]any{"gatewayEndpoint": "https://gateway:8080"}}
+
+// helmTemplate renders the chart with operatorValues and values (each
+// marshalled to a values file, the latter overriding) and returns helm's
+// output and error.
 func helmTemplate(t *testing.T, values map[string]any) ([]byte, error) {
 	t.Helper()
+	return helmTemplateFiles(t, operatorValues, values)
+}
+
+// helmTemplateFiles renders the chart with one values file per map, in order.
+func helmTemplateFiles(t *testing.T, valueSets ...map[string]any) ([]byte, error) {
+	t.Helper()
 	helm := helmBinary(t)
-	vb, err := json.Marshal(values)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vf := filepath.Join(t.TempDir(), "values.json")
-	if err := os.WriteFile(vf, vb, 0o600); err != nil {
-		t.Fatal(err)
+	args := []string{"template", releaseName, chartDir, "--namespace", namespace}
+	for i, values := range valueSets {
+		vb, err := json.Marshal(values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vf := filepath.Join(t.TempDir(), fmt.Sprintf("values-%d.json", i))
+		if err := os.WriteFile(vf, vb, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--values", vf)
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(helm, "template", releaseName, chartDir, "--namespace", namespace, "--values", vf)
+	cmd := exec.Command(helm, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
 	if err := cmd.Run(); err != nil {

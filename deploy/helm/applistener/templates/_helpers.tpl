@@ -50,8 +50,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: gateway
 {{- end }}
 
+{{/* The image: by digest when image.digest is set (a release's chart), else by tag. */}}
+{{/* Selector labels of the edge Pods. */}}
+{{- define "applistener.edgeSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "applistener.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: edge
+{{- end }}
+
+{{- define "applistener.edgeName" -}}
+{{- printf "%s-edge" (include "applistener.fullname" .) }}
+{{- end }}
+
+{{/* The Secret with the edge's workspace token. */}}
+{{- define "applistener.edgeTokenSecret" -}}
+{{- if .Values.edge.token.value }}
+{{- printf "%s-token" (include "applistener.edgeName" .) }}
+{{- else }}
+{{- .Values.edge.token.existingSecret }}
+{{- end }}
+{{- end }}
+
 {{- define "applistener.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "applistener.serviceAccountName" -}}
@@ -137,6 +162,9 @@ would admit every source). */}}
 {{- fail "dedicated.service.enabled needs appListener.enabled: the Service exposes only the app port" }}
 {{- end }}
 {{- end }}
+{{- if and (eq $v.controlPlane.source "gateway") (not $v.gateway.enabled) (not $v.controlPlane.gatewayEndpoint) }}
+{{- fail "set controlPlane.gatewayEndpoint to your gateway's URL (and create the Secret controlPlane.token.secretName with the supervisors' token), or gateway.enabled=true for the reference gateway, or controlPlane.source=routesFile" }}
+{{- end }}
 {{- if eq $v.controlPlane.source "gateway" }}
 {{- $_ := required "controlPlane.token.secretName is required when controlPlane.source is gateway" $v.controlPlane.token.secretName }}
 {{- if and $v.controlPlane.ca.secretName $v.controlPlane.ca.configMapName }}
@@ -184,6 +212,27 @@ would admit every source). */}}
 {{- if not (regexMatch "^/(.*/)?$" ($g.etcd.prefix | default "")) }}
 {{- fail (printf "gateway.etcd.prefix %q must start and end with /" $g.etcd.prefix) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- if $v.edge.enabled }}
+{{- $e := $v.edge }}
+{{- if ne $v.controlPlane.source "gateway" }}
+{{- fail "edge.enabled needs controlPlane.source=gateway: the edge follows the gateway's discovery" }}
+{{- end }}
+{{- if not $v.appListener.enabled }}
+{{- fail "edge.enabled needs appListener.enabled: the edge forwards to the supervisors' app port" }}
+{{- end }}
+{{- if not $e.workspaces }}
+{{- fail "edge.workspaces is required when edge.enabled: the workspaces the edge serves (its token must cover them)" }}
+{{- end }}
+{{- if and $e.token.value $e.token.existingSecret }}
+{{- fail "edge.token: set value or existingSecret, not both" }}
+{{- end }}
+{{- if not (or $e.token.value $e.token.existingSecret) }}
+{{- fail "edge.token.existingSecret (a Secret with a workspace token of the gateway) or edge.token.value is required when edge.enabled" }}
+{{- end }}
+{{- if and (eq $e.proxyProtocol "v2") (not (or $v.appListener.requireProxyProtocol $v.appListener.trustedProxies)) }}
+{{- fail "edge.proxyProtocol=v2 needs appListener.requireProxyProtocol (the Pod CIDR the edge runs in), else the supervisors refuse its PROXY headers; or set edge.proxyProtocol=off" }}
 {{- end }}
 {{- end }}
 {{- $drain := int $v.drainTimeoutSeconds }}
