@@ -25,6 +25,11 @@ const (
 	// DefaultDiscoveryStreamIdleTimeout ends a watch that sent nothing, not
 	// even a keepalive, for this long (three keepalives of the gateway).
 	DefaultDiscoveryStreamIdleTimeout = 15 * time.Second
+	// EmptyRetryBound caps the delay between reconnections while the
+	// client holds no valid route (an edge then refuses every connection
+	// of the workspace, so coming back soon matters more than sparing the
+	// gateway one request every few seconds).
+	EmptyRetryBound = 5 * time.Second
 	// DefaultDiscoveryMaxBackoff caps the delay between reconnections.
 	DefaultDiscoveryMaxBackoff = 30 * time.Second
 )
@@ -307,7 +312,13 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 			log.Debug("discovery watch ended by the gateway; reconnecting", "gateway", endpoint)
 			lastErr = ""
 		} else {
-			wait = backoff.Next(RetryBound(held.validUntil(time.Now()), time.Now()))
+			// Holding nothing valid, the edge refuses every connection of
+			// the workspace: reconnect at least every EmptyRetryBound.
+			limit := RetryBound(held.validUntil(time.Now()), time.Now())
+			if limit <= 0 {
+				limit = EmptyRetryBound
+			}
+			wait = backoff.Next(limit)
 			if msg := err.Error(); msg != lastErr {
 				log.Warn("discovery watch failed; retrying", "gateway", endpoint, "err", err,
 					"retry_in", wait.Round(time.Millisecond), "next_gateway", c.endpoints.Current())

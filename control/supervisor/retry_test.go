@@ -154,6 +154,9 @@ func TestOneBackoffAcrossEndpoints(t *testing.T) {
 	}
 	c := newTestClient(t, a.url+","+b.url, 30*time.Second, ca)
 	c.MaxBackoff = 30 * time.Second
+	// Retries are capped at the poll interval too (as when polling works):
+	// a long one, so that only the backoff spaces them here.
+	c.PollInterval = 30 * time.Second
 	stop := c.run(t, false)
 	testutil.Eventually(t, 5*time.Second, "both endpoints tried", func() bool { return a.count(nil) > 0 && b.count(nil) > 0 })
 	start := time.Now()

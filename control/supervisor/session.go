@@ -433,7 +433,13 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 				c.setConnected(false)
 				c.reportErr("gateway poll failed", err)
 				c.failed(endpoint, err)
-				wait = backoff.Next(c.retryBound())
+				// At most the poll interval, as when nothing is held; while
+				// routes are valid, at most a fraction of what they hold.
+				limit := c.pollInterval()
+				if b := c.retryBound(); b > 0 {
+					limit = min(limit, b)
+				}
+				wait = backoff.Next(limit)
 				// The push session is the next attempt when it is due
 				// first; it must come no later than the bound either.
 				retryAt = minTime(retryAt, time.Now().Add(wait))
