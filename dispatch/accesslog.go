@@ -169,13 +169,13 @@ func loggedReferer[T string | []byte](v T) T {
 // indexScheme returns the index just past "://" in v, or -1.
 func indexScheme[T string | []byte](v T) int {
 	for i := 0; i+2 < len(v); i++ {
-		switch c := v[i]; {
-		case c == ':':
+		switch v[i] {
+		case ':':
 			if v[i+1] == '/' && v[i+2] == '/' {
 				return i + 3
 			}
 			return -1
-		case c == '/' || c == '?' || c == '#':
+		case '/', '?', '#':
 			return -1
 		}
 	}

@@ -282,7 +282,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 				return err == nil && v == 1
 			})
 		}
-		pushes := sup.proc.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"})
+		pushes := sup.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"})
 		probe := g.probeDiscovery(alive, demoHost, 50*time.Millisecond)
 		edgeRoutes := inBackground(t, name+": the edge's discovery cache holds the route", 20*time.Millisecond, func() error {
 			if v := edge.metricOrNegative("applistener_edge_routes", nil); v != 1 {
@@ -312,7 +312,7 @@ func TestControlPlaneReplicaFailover(t *testing.T) {
 		var supAt, edgeAt time.Duration
 		deadline := time.Now().Add(waitTimeout)
 		for (supAt == 0 || edgeAt == 0) && time.Now().Before(deadline) {
-			if supAt == 0 && sup.proc.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}) > pushes {
+			if supAt == 0 && sup.metricOrNegative("applistener_config_deliveries_total", map[string]string{"source": "push", "result": "applied"}) > pushes {
 				supAt = time.Since(t0)
 			}
 			if edgeAt == 0 {
@@ -437,7 +437,7 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	logFigure(t, "quorum lost -> both replicas answer 503 to discovery: %v", refusedAt.Round(time.Millisecond))
 	// The supervisor still serves: its routes are fresh for a while.
 	if refusedAt < freshness-time.Second {
-		if !sup.proc.handshakeOK(demoHost) {
+		if !sup.handshakeOK(demoHost) {
 			t.Fatalf("%v after quorum loss (freshness %v) the supervisor no longer serves its route", refusedAt, freshness)
 		}
 	} else {
@@ -483,7 +483,7 @@ func TestControlPlaneEtcdQuorum(t *testing.T) {
 	for i := range 2 {
 		g.waitRoute(t, i, demoHost, "sup-1", false)
 	}
-	testutil.Eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return sup.proc.handshakeOK(demoHost) })
+	testutil.Eventually(t, waitTimeout, "the supervisor to serve again", func() bool { return sup.handshakeOK(demoHost) })
 	testutil.Eventually(t, waitTimeout, "GET through the edge again", func() bool { _, err := edgeGet(edge.appAddr, demoHost); return err == nil })
 	logFigure(t, "members restarted -> route served through the edge again: %v", time.Since(t1).Round(time.Millisecond))
 	w := g.startWatch(t, 0)
@@ -527,7 +527,7 @@ func TestControlPlanePools(t *testing.T) {
 	for i, id := range ids {
 		g.waitRoute(t, 0, hosts[id], id, false)
 		for j, other := range ids {
-			ok := sups[i].proc.handshakeOK(hosts[other])
+			ok := sups[i].handshakeOK(hosts[other])
 			if ok != (i == j) {
 				t.Errorf("supervisor %s serves %s: %v", id, hosts[other], ok)
 			}
@@ -690,7 +690,7 @@ func TestControlPlaneTakeover(t *testing.T) {
 		}
 		return nil
 	}})
-	if !b.proc.handshakeOK(demoHost) {
+	if !b.handshakeOK(demoHost) {
 		t.Fatal("supervisor B has not installed the route")
 	}
 
@@ -716,7 +716,7 @@ func TestControlPlaneTakeover(t *testing.T) {
 	// A comes back (a new session) and advertises too, B keeps the name;
 	// then B dies without a word.
 	a2 := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-a", freshness: freshness})
-	testutil.Eventually(t, waitTimeout, "the new A to install the route", func() bool { return a2.proc.handshakeOK(demoHost) })
+	testutil.Eventually(t, waitTimeout, "the new A to install the route", func() bool { return a2.handshakeOK(demoHost) })
 	holdsFor(t, time.Second, &periodicCheck{name: "B keeps the name while the new A advertises it", every: 100 * time.Millisecond, fn: func() error {
 		if r := g.snapshot(t, 1).route(demoHost); r == nil || r.Supervisor != "sup-b" {
 			return fmt.Errorf("owner %+v", r)
@@ -760,7 +760,7 @@ func TestControlPlaneEndpointPolicySource(t *testing.T) {
 	good := g.startSupervisor(t, etcdSupervisorConfig{id: "good"})
 	bad := g.startSupervisor(t, etcdSupervisorConfig{id: "bad", advertise: "127.0.0.2"})
 	g.waitRoute(t, 1, hostGood, "good", false)
-	if !bad.proc.handshakeOK(hostBad) || !good.proc.handshakeOK(hostGood) {
+	if !bad.handshakeOK(hostBad) || !good.handshakeOK(hostGood) {
 		t.Fatal("the supervisors have not installed their routes")
 	}
 	testutil.Eventually(t, waitTimeout, "a replica to count and log the refused endpoint", func() bool {
@@ -829,7 +829,7 @@ func TestControlPlaneShortFreshnessQuiet(t *testing.T) {
 	quietStart := time.Now()
 	holdsFor(t, 20*time.Second,
 		&periodicCheck{name: "route installed and unchanged", every: time.Second, fn: func() error {
-			if !sup.proc.handshakeOK(demoHost) {
+			if !sup.handshakeOK(demoHost) {
 				return fmt.Errorf("handshake refused")
 			}
 			_, s, err := g.discovery(1, teamToken, "team")

@@ -308,7 +308,7 @@ func testGatewayOutage(t *testing.T, gatewayFlags []string) {
 	})
 	for _, sni := range []string{hostWeb, hostAPI} {
 		testutil.Eventually(t, waitTimeout, "handshakes for "+sni+" to succeed again", func() bool {
-			return p.proc.handshakeOK(sni)
+			return p.handshakeOK(sni)
 		})
 	}
 	t.Logf("gateway restarted: /readyz 200 after %v, routes after %v", back, time.Since(restart))

@@ -183,7 +183,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 			sup := sessSup(t, g.srv.URL, setup, extra...)
 			g.mu.Lock()
 			g.probe = func() error {
-				if !sup.proc.handshakeOK(hostWeb) {
+				if !sup.handshakeOK(hostWeb) {
 					return fmt.Errorf("no TLS handshake for %s", hostWeb)
 				}
 				return nil
@@ -221,7 +221,7 @@ func TestSessionWithdrawalBeforeListenerCloses(t *testing.T) {
 			if w.probeErr != nil {
 				t.Errorf("during the withdrawal the app listener no longer served the route: %v", w.probeErr)
 			}
-			if sup.proc.handshakeOK(hostWeb) {
+			if sup.handshakeOK(hostWeb) {
 				t.Error("the app listener still accepts after exit")
 			}
 			out := sup.stderr.String()
@@ -407,7 +407,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 		t.Fatalf("put: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	testutil.Eventually(t, waitTimeout, "the new instance served by the supervisor", func() bool {
-		return sup.proc.handshakeOK(hostOther)
+		return sup.handshakeOK(hostOther)
 	})
 	t.Logf("instances put -> served by the supervisor: %v", time.Since(start).Round(time.Millisecond))
 	c, _ := sup.client(t, hostOther)
@@ -451,7 +451,7 @@ func TestSessionInstancesCommand(t *testing.T) {
 	if _, errOut, code := cli("", append([]string{"delete", "--workspace", "team", "--sandbox", "other"}, common...)...); code != 1 || !strings.Contains(errOut, "404") {
 		t.Errorf("delete of an absent instance: exit %d, stderr %q", code, errOut)
 	}
-	if !sup.proc.handshakeOK(hostWeb) {
+	if !sup.handshakeOK(hostWeb) {
 		t.Error("the file's instance was disturbed")
 	}
 }

@@ -115,7 +115,7 @@ func TestSoak(t *testing.T) {
 			}()
 			for n := 0; ctx.Err() == nil; n++ {
 				if ws == nil {
-					c, err := p.proc.wsTryDial(host)
+					c, err := p.wsTryDial(host)
 					if err != nil {
 						if ctx.Err() == nil {
 							wsErrs.Add(1)
@@ -159,7 +159,7 @@ func TestSoak(t *testing.T) {
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			n := churnNames[rand.IntN(len(churnNames))]
-			ws, err := p.proc.wsTryDial(serviceHost("team", "demo", n))
+			ws, err := p.wsTryDial(serviceHost("team", "demo", n))
 			if err != nil {
 				sleepCtx(ctx, 100*time.Millisecond)
 				continue

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -68,7 +69,9 @@ func newListenerSupervisor(t *testing.T, ca *tlsconf.Authority, trusted, require
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = l.Shutdown(ctx)
-		<-served
+		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Logf("the supervisor's Serve ended with %v", err)
+		}
 	})
 	return api.RouteEndpoint{Host: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port}
 }

@@ -89,7 +89,7 @@ func commandSetup(stderr io.Writer, format, level string, files logFiles) (ctx c
 		if w := byPath[path]; w != nil {
 			return w, nil
 		}
-		var dst io.Writer = stderr
+		dst := stderr
 		if path != "" {
 			f, err := logsink.OpenFile(path)
 			if err != nil {

@@ -407,7 +407,7 @@ func (c *cluster) upgradeAndRollback(t *testing.T, h *action.Configuration, ch *
 	t.Helper()
 	before := c.podArgs(t, ns)
 	up := action.NewUpgrade(h)
-	up.Namespace, up.Wait, up.Timeout = ns, true, 4*time.Minute
+	up.Namespace, up.Wait, up.Timeout = ns, true, 8*time.Minute
 	changed := map[string]any{}
 	for k, v := range values {
 		changed[k] = v
@@ -421,7 +421,7 @@ func (c *cluster) upgradeAndRollback(t *testing.T, h *action.Configuration, ch *
 
 	upgraded := c.podArgs(t, ns)
 	rb := action.NewRollback(h)
-	rb.Version, rb.Wait, rb.Timeout = 1, true, 4*time.Minute
+	rb.Version, rb.Wait, rb.Timeout = 1, true, 8*time.Minute
 	if err := rb.Run(release); err != nil {
 		t.Fatalf("helm rollback: %v", err)
 	}
@@ -457,7 +457,7 @@ func (c *cluster) podArgs(t *testing.T, ns string) map[string]string {
 func (c *cluster) waitRolled(t *testing.T, ns, arg string, before map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	waitFor(t, "Pods rolled to "+arg, 4*time.Minute, func() (bool, string) {
+	waitFor(t, "Pods rolled to "+arg, 8*time.Minute, func() (bool, string) {
 		pods, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()

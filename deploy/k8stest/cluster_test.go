@@ -207,13 +207,13 @@ func (c *cluster) start(t *testing.T, name, bin string, args ...string) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
-		lf.Close()
+		_ = lf.Close()
 		t.Fatalf("starting %s: %v", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
-		lf.Close()
+		_ = lf.Close()
 		close(p.done)
 	}()
 	c.procs = append(c.procs, p)
@@ -295,7 +295,7 @@ func (c *cluster) waitHTTP(t *testing.T, what, url string, tr *http.Transport, t
 		if err != nil {
 			return false, err.Error()
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
 	})
 }
@@ -316,7 +316,7 @@ func freePort(t *testing.T) string {
 			t.Fatal(err)
 		}
 		p := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-		l.Close()
+		_ = l.Close()
 		if !ports[p] {
 			ports[p] = true
 			return p
@@ -455,9 +455,9 @@ func (p *pki) adminTLS(t *testing.T) *http.Transport {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TLSClientConfig.CAFile = p.file("ca.crt")
-	cfg.TLSClientConfig.CertFile = p.file("admin.crt")
-	cfg.TLSClientConfig.KeyFile = p.file("admin.key")
+	cfg.CAFile = p.file("ca.crt")
+	cfg.CertFile = p.file("admin.crt")
+	cfg.KeyFile = p.file("admin.key")
 	tlsCfg, err := rest.TLSConfigFor(cfg)
 	if err != nil {
 		t.Fatal(err)
