@@ -76,6 +76,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"edge", "--zzzzzz"}, "applistener edge: unknown flag --zzzzzz (see -h)\n"},
 		{[]string{"serve", "--app-max-header-bytes", "lots"}, `applistener serve: --app-max-header-bytes "lots": not a valid value`},
 		{[]string{"serve", "--routes-file"}, "applistener serve: --routes-file needs a value (see -h)\n"},
+		{[]string{"serve", "--app-listener=yes"}, `applistener serve: --app-listener "yes": not true or false (a boolean flag is given alone, or as --app-listener=false) (see -h)` + "\n"},
 		{[]string{"serve", "--routes-file", "r.json", "--trusted-proxies", "10.0.0.1"}, "applistener serve: --trusted-proxies: 10.0.0.1 is an address, not a CIDR: write 10.0.0.1/32 for it alone\n"},
 		{[]string{"serve", "--routes-file", "r.json", "--trusted-proxies", "ten"}, `applistener serve: --trusted-proxies: "ten" is not a CIDR like 10.0.0.0/8 or fd00::/8` + "\n"},
 	} {

@@ -120,6 +120,13 @@ func flagError(fs *flag.FlagSet, err error) string {
 	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
 		return "--" + strings.TrimPrefix(name, "-") + " needs a value"
 	}
+	// "invalid boolean value "x" for -n: parse error"
+	if rest, ok := strings.CutPrefix(msg, "invalid boolean value "); ok {
+		if v, after, ok := strings.Cut(rest, " for -"); ok {
+			name, _, _ := strings.Cut(after, ": ")
+			return fmt.Sprintf("--%s %s: not true or false (a boolean flag is given alone, or as --%s=false)", strings.TrimPrefix(name, "-"), v, strings.TrimPrefix(name, "-"))
+		}
+	}
 	// "invalid value "x" for flag -n: parse error"
 	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
 		if v, after, ok := strings.Cut(rest, " for flag -"); ok {
