@@ -2,16 +2,10 @@ package helm_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +18,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/internal/testutil"
+	"github.com/applistener/applistener/tlsconf"
 )
 
 // TestChartArgsRunTheBinary: the supervisor's container arguments, exactly
@@ -166,52 +161,26 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// writeWildcard writes a CA-signed *.domain pair as a TLS Secret directory
-// (tls.crt, tls.key) and returns the directory and the CA's pool.
+// writeWildcard writes a *.domain pair issued by a new tlsconf.Authority
+// (the CA of `applistener dev`) as a TLS Secret directory (tls.crt,
+// tls.key) and returns the directory and the CA's pool.
 func writeWildcard(t *testing.T, dir, domain string) (string, *x509.CertPool) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := tlsconf.NewAuthority("chart test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "chart test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + domain}, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + domain},
-		DNSNames: []string{"*." + domain}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, typ string, b []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
+	for name, b := range map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write("tls.crt", "CERTIFICATE", der)
-	write("tls.key", "EC PRIVATE KEY", keyDER)
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return dir, pool
+	return dir, ca.Pool()
 }
