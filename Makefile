@@ -1,7 +1,12 @@
 # applistener — see README.md.
 GO        ?= go
 BIN       ?= bin/applistener
-FUZZTIME  ?= 3s
+# FUZZTIME is a count of executions, not a duration: with a duration Go's
+# fuzz coordinator can report "context deadline exceeded" as a failure when
+# its deadline fires while a worker is mid-call (go.dev/issue/75804, fixed in
+# Go 1.27), which failed CI once with no failing input. A count has no
+# deadline to race; on a loaded 2-core machine it only runs longer.
+FUZZTIME  ?= 10000x
 LONGFUZZ  ?= 2m
 # VERSION is stamped into the binary (applistener version): the nearest tag,
 # commits since, abbreviated revision, -dirty; "dev" outside a git checkout.
