@@ -89,6 +89,11 @@ func TestChartOnAPIServer(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ns := "sbx-" + name
 			c.namespace(t, ns)
+			t.Cleanup(func() {
+				if t.Failed() {
+					c.describe(t, ns)
+				}
+			})
 			// A client-only dry run replaces its configuration's Kubernetes
 			// client with a printer: it gets a configuration of its own.
 			objs := c.strictDryRun(t, c.helm(t, ns), ch, ns, values)
