@@ -139,7 +139,17 @@ func startCluster(t *testing.T) *cluster {
 		"--leader-elect=false", "--use-service-account-credentials=true",
 		"--service-account-private-key-file="+pki.file("sa.key"), "--root-ca-file="+pki.file("ca.crt"),
 		"--cluster-signing-cert-file="+pki.file("ca.crt"), "--cluster-signing-key-file="+pki.file("ca.key"),
-		"--concurrent-deployment-syncs=10", "--v=1")
+		"--concurrent-deployment-syncs=10",
+		// kwok renews the fake nodes' leases; on a loaded machine a renewal
+		// can come later than the default 50 s grace, and the node
+		// lifecycle controller then marks every Pod on the node not Ready.
+		// kwok makes only Pending Pods Ready, so those Pods stayed not
+		// Ready for good and a rollout waited past its bound (seen in CI
+		// and reproduced: leases renewed 42 s ago, every Pod Ready=False
+		// with ContainersReady=True). Node health is not what this test
+		// checks: the grace outlasts the test.
+		"--node-monitor-grace-period=1h",
+		"--v=1")
 	c.start(t, "kube-scheduler", filepath.Join(bins, "kube-scheduler"),
 		"--kubeconfig="+pki.kubeconfig(t, "scheduler", server),
 		"--authentication-kubeconfig="+pki.kubeconfig(t, "scheduler", server),
