@@ -153,6 +153,9 @@ func (g *Gateway) serveInstance(w http.ResponseWriter, r *http.Request) {
 		g.unavailable(w, endpoint, why)
 		return
 	}
+	if r.Method == http.MethodPut && !g.admitSupervisor(w, sup) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*etcdOpTimeout)
 	defer cancel()
 	rev, found, err := g.editDocument(ctx, sup, ws, sb, entry)
