@@ -627,7 +627,10 @@ func TestGatewayAuth(t *testing.T) {
 		code         int
 	}{
 		{http.MethodGet, "/", 404},
-		{http.MethodGet, "/v1/supervisors/sup-1", 404},
+		{http.MethodGet, "/v1/supervisors/sup-1/unknown", 404},
+		{http.MethodGet, "/v1/supervisor/sup-1", 404},
+		// The write API's supervisor entry needs an admin token.
+		{http.MethodGet, "/v1/supervisors/sup-1", 403},
 		{http.MethodGet, "/v1/supervisors/sup-1/config/extra", 404},
 		{http.MethodPost, "/v1/supervisors/sup-1/config", 405},
 		{http.MethodGet, "/v1/supervisors/sup-1/installations", 405},
