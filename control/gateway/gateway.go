@@ -257,6 +257,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
 		if err != nil {
 			g.m.reloads.WithLabelValues("config", "failed").Inc()
+			logConfigProblems(g.log, g.configPath, err)
 			return nil, err
 		}
 		g.m.reloads.WithLabelValues("config", "ok").Inc()
@@ -378,6 +379,7 @@ func (g *Gateway) reloadConfigLocked(ctx context.Context) error {
 	if err != nil {
 		g.m.reloads.WithLabelValues("config", "failed").Inc()
 		g.log.Error("gateway config not reloaded; keeping the previous one", "path", g.configPath, "err", err)
+		logConfigProblems(g.log, g.configPath, err)
 		return err
 	}
 	g.m.reloads.WithLabelValues("config", "ok").Inc()

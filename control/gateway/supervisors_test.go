@@ -124,18 +124,20 @@ func TestWriteAPISupervisors(t *testing.T) {
 	if code := b.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(2)); code != http.StatusConflict {
 		t.Errorf("an advertisement of the forgotten session: %d, want 409", code)
 	}
-	list = b.listSupervisors(t)
-	if s1 := list["sup-1"]; !s1.Token || s1.Session != sessionWithdrawn || s1.Document || s1.Instances != 0 || s1.Routes != 0 {
-		t.Errorf("sup-1 after DELETE: %+v", s1)
-	}
+	// B's view follows the store: wait for it.
+	testutil.Eventually(t, 5*time.Second, "sup-1 forgotten in B's list", func() bool {
+		s1 := b.listSupervisors(t)["sup-1"]
+		return s1.Token && s1.Session == sessionWithdrawn && !s1.Document && s1.Instances == 0 && s1.Routes == 0
+	})
 	// Forget host-7: its document and pool binding go, another pool may
 	// take the id.
 	if resp, body := b.do(http.MethodDelete, "/v1/supervisors/host-7", repTokAdmin, nil); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("DELETE host-7: %d %q", resp.StatusCode, body)
 	}
-	if h := a.listSupervisors(t)["host-7"]; h.Pool != "" || h.Document || h.Session != sessionWithdrawn {
-		t.Errorf("host-7 after DELETE: %+v", h)
-	}
+	testutil.Eventually(t, 5*time.Second, "host-7 forgotten in A's list", func() bool {
+		h := a.listSupervisors(t)["host-7"]
+		return h.Pool == "" && !h.Document && h.Session == sessionWithdrawn
+	})
 	if resp, body := a.do(http.MethodGet, "/v1/supervisors/host-7/config?session="+sessionID(8), repTokPoolB, nil); resp.StatusCode != http.StatusOK {
 		t.Errorf("another pool takes the forgotten id: %d %q", resp.StatusCode, body)
 	}
