@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,5 +155,46 @@ func TestInstancesPutUnknownSupervisorWarns(t *testing.T) {
 	code, _, errOut = runInstances("", "put", "--gateway", gw.url, "--gateway-token-file", gw.adminToken, "--supervisor", "sup-1", "--file", entry)
 	if code != 0 || errOut != "" {
 		t.Errorf("a known id: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// validate gateway --strict-supervisors refuses a document for an id no
+// supervisor token names, as the gateway does (memory store); without the
+// flag the file is clean; the gateway's own check of the documents finds
+// the same paths as validate's.
+func TestCheckGatewayStrictSupervisors(t *testing.T) {
+	dir := t.TempDir()
+	cfg, tokens := filepath.Join(dir, "gateway.json"), filepath.Join(dir, "tokens.json")
+	write(t, cfg, `{"supervisors": {"sup-1": {"revision": "r1", "instances": []}, "host-typo": {"revision": "r1", "instances": []}}}`)
+	write(t, tokens, `{"tokens": [{"token": "0123456789abcdef0123456789abcdef", "supervisor": "sup-1"}]}`)
+	o := gatewayOptions{address: "127.0.0.1:0", configFile: cfg, tokensFile: tokens, store: "memory"}
+	if got := checkGateway(&o, false, time.Now()); len(got) != 0 {
+		t.Errorf("without --strict-supervisors: %q", lines(got))
+	}
+	o.strictSupervisors = true
+	got := checkGateway(&o, false, time.Now())
+	if len(got) != 1 || got[0].where != "gateway" || !strings.Contains(got[0].msg, "unknown supervisor ids") || !strings.Contains(got[0].msg, "host-typo") {
+		t.Errorf("with --strict-supervisors: %q", lines(got))
+	}
+
+	// Invalid documents: validate's paths are the gateway's.
+	o.strictSupervisors = false
+	write(t, cfg, `{"supervisors": {"sup-1": {"revision": "r1", "instances": [
+	  {"workspace": "Team", "sandbox": "a", "limits": {"max_streamz": 1}, "services": [{"name": "web", "port": 80800}]}]}}}`)
+	var want []string
+	for _, p := range checkGateway(&o, false, time.Now()) {
+		want = append(want, p.path)
+	}
+	_, err := gateway.New(gateway.Config{ConfigPath: cfg, TokensPath: tokens, Logger: slog.New(slog.DiscardHandler)})
+	var pe *gateway.ConfigProblemsError
+	if !errors.As(err, &pe) {
+		t.Fatalf("gateway.New: %v", err)
+	}
+	var paths []string
+	for _, p := range pe.Problems {
+		paths = append(paths, p.Path)
+	}
+	if len(want) != 3 || !slices.Equal(paths, want) {
+		t.Errorf("the gateway's problems at %q, validate's at %q", paths, want)
 	}
 }
