@@ -185,6 +185,9 @@ type Gateway struct {
 	fileDocs      map[string]document
 	fileIDs       map[string]struct{}
 	importPending bool
+	// importRefused is true while StrictSupervisors refused the file's
+	// last import: a tokens reload (which may name its ids) retries it.
+	importRefused bool
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
@@ -342,16 +345,18 @@ func (g *Gateway) closeStore() {
 func (g *Gateway) reloadChanged(ctx context.Context) {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	// Tokens first: a supervisor added to both files at once is known
+	// when its document is imported.
+	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
+		if err == nil || g.tokensSeen.Valid() {
+			_ = g.reloadTokensLocked()
+		}
+	}
 	if g.configPath != "" {
 		if id, err := pollfile.Stat(g.configPath); err != nil || id != g.configSeen {
 			if err == nil || g.configSeen.Valid() {
 				_ = g.reloadConfigLocked(ctx)
 			}
-		}
-	}
-	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
-		if err == nil || g.tokensSeen.Valid() {
-			_ = g.reloadTokensLocked()
 		}
 	}
 	if g.importPending && g.storeUnusable() == "" {
@@ -364,11 +369,12 @@ func (g *Gateway) reloadChanged(ctx context.Context) {
 func (g *Gateway) Reload() error {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	terr := g.reloadTokensLocked()
 	var cerr error
 	if g.configPath != "" {
 		cerr = g.reloadConfigLocked(context.Background())
 	}
-	return errors.Join(cerr, g.reloadTokensLocked())
+	return errors.Join(cerr, terr)
 }
 
 // reloadConfigLocked re-reads the configuration file and imports it into
@@ -469,6 +475,9 @@ func (g *Gateway) reloadTokensLocked() error {
 		return err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
+	if g.importRefused {
+		g.importPending = true // the new tokens may name its ids
+	}
 
 	g.mu.Lock()
 	old := g.state.Load()

@@ -358,14 +358,15 @@ func (g *Gateway) forgetSupervisor(ctx context.Context, sup string) (found bool,
 
 // checkFileSupervisorsLocked warns about the ids of the configuration file
 // that the gateway does not know and, under StrictSupervisors, refuses the
-// file (nothing of it is imported; it is looked at again when it changes).
-// reloadMu is held.
+// file (nothing of it is imported; it is looked at again when it or the
+// tokens file changes). reloadMu is held.
 func (g *Gateway) checkFileSupervisorsLocked() error {
 	ids := make([]string, 0, len(g.fileDocs))
 	for sup := range g.fileDocs {
 		ids = append(ids, sup)
 	}
 	unknown, refused := g.unknownSupervisors("config", ids)
+	g.importRefused = refused
 	if !refused {
 		return nil
 	}

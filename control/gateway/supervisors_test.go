@@ -188,6 +188,18 @@ func TestUnknownSupervisors(t *testing.T) {
 			if typo == strict || extra == strict {
 				t.Errorf("strict %v: host-typo stored %v, sup-1's new instance stored %v", strict, typo, extra)
 			}
+			if strict {
+				// A token for host-typo arrives: the refused file is
+				// imported at the tokens' reload.
+				tokens := strings.Replace(replicaTokens(), `{"token": "`+repTokAdmin+`", "admin": true}`,
+					`{"token": "`+repTokAdmin+`", "admin": true}, {"token": "rep-typo-S3CRET", "supervisor": "host-typo"}`, 1)
+				writeFileAtomic(t, r.g.tokensPath, tokens)
+				testutil.Eventually(t, 5*time.Second, "the refused file imported once host-typo has a token", func() bool {
+					st := r.g.state.Load()
+					_, typo := st.docs["host-typo"]
+					return typo && strings.Contains(string(st.docs["sup-1"].body), `"extra"`)
+				})
+			}
 			// The write API.
 			resp, body := r.do(http.MethodPut, "/v1/supervisors/other-typo/instances/team/x", repTokAdmin, strings.NewReader(pooledEntry("x")))
 			want := http.StatusOK
