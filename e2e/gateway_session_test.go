@@ -320,23 +320,42 @@ func testGatewayOutage(t *testing.T, gatewayFlags []string) {
 	}
 }
 
-// TestGatewayInvalidInstance: a delivered document in which one instance's
-// entry is invalid withdraws only that instance: its streams close, its
-// hostname is refused; the valid instance's streams are untouched.
+// TestGatewayInvalidInstance: the gateway refuses a configuration file in
+// which one instance's entry is invalid (as `applistener validate gateway`
+// would), logs the problem at its JSON path and keeps serving the document
+// it imported last: both instances stay served. A document that reaches a
+// supervisor with an invalid entry all the same (its routes file here; from
+// a gateway, one of another version) withdraws only that instance: its
+// streams close, its hostname is refused; the valid instance's streams are
+// untouched.
 func TestGatewayInvalidInstance(t *testing.T) {
 	t.Parallel()
 	a, b := newBackend(t, "alpha"), newBackend(t, "beta")
 	hostA, hostB := serviceHost("team", "alpha", "web"), serviceHost("team", "beta", "web")
-	doc := func(bPort int) []byte {
+	doc := func(aPort, bPort int) []byte {
 		return routesDocument(
-			docEntry{sandbox: "alpha", services: []service{{Name: "web", Port: a.port, Revision: 1}}},
+			docEntry{sandbox: "alpha", services: []service{{Name: "web", Port: aPort, Revision: 1}}},
 			docEntry{sandbox: "beta", services: []service{{Name: "web", Port: bPort, Revision: 1}}},
 		)
 	}
-	gw := newMemGateway(t, doc(b.port))
+	// The gateway's supervisor has backends of its own.
+	ga, gb := newBackend(t, "alpha"), newBackend(t, "beta")
+	gw := newMemGateway(t, doc(ga.port, gb.port))
 	gw.start(t)
-	p := gw.startSupervisor(t, supervisorConfig{})
+	gs := gw.startSupervisor(t, supervisorConfig{})
+	cGB, _ := gs.client(t, hostB)
+	if err := expect200(cGB, hostB, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	gw.writeDoc(t, doc(ga.port, 70000))
+	testutil.Eventually(t, waitTimeout, "the gateway to refuse the file", func() bool {
+		return strings.Contains(gw.stderr.String(), `"at":"supervisors.`+supervisorID+`.instances[1].services[0].port"`)
+	})
+	if err := expect200(cGB, hostB, "beta"); err != nil {
+		t.Fatalf("beta after the gateway refused the file: %v", err)
+	}
 
+	p := startProc(t, doc(a.port, b.port))
 	cA, dialsA := p.client(t, hostA)
 	cB, _ := p.client(t, hostB)
 	if err := expect200(cA, hostA, "alpha"); err != nil {
@@ -353,7 +372,7 @@ func TestGatewayInvalidInstance(t *testing.T) {
 
 	wsDone := watchClose(wsB, 5*time.Second)
 	start := time.Now()
-	gw.writeDoc(t, doc(70000))
+	p.writeRoutes(t, doc(a.port, 70000))
 	wc := awaitClose(t, "WebSocket of the rejected instance", wsDone)
 	t.Logf("beta's WebSocket closed %v after its entry became invalid: %v", wc.at.Sub(start), wc.err)
 	expectCloseCode(t, "WebSocket of the rejected instance", wc.err, websocket.ClosePolicyViolation)

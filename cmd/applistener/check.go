@@ -172,7 +172,11 @@ func checkGateway(o *gatewayOptions, ports bool, now time.Time) problems {
 		}
 		gw, err := gateway.New(gateway.Config{
 			ConfigPath: cfg, TokensPath: o.tokensFile, EndpointPolicy: o.endpointPolicy,
-			Logger: slog.New(slog.DiscardHandler),
+			// Without its store only token-named ids are known: strict
+			// is checked for the memory store, where that is all a
+			// starting gateway knows too.
+			StrictSupervisors: o.strictSupervisors && o.store == "memory",
+			Logger:            slog.New(slog.DiscardHandler),
 		})
 		if err != nil {
 			ps.add("gateway", "", "%s", oneLine(err.Error()))

@@ -30,6 +30,8 @@ func cliCommands() []cliCommand {
 		{"instances put", "add or replace an instance in a supervisor's document (the gateway's admin API)", (&instancesOptions{sub: "put"}).flags},
 		{"instances delete", "remove an instance from a supervisor's document", (&instancesOptions{sub: "delete"}).flags},
 		{"instances list", "print a supervisor's document", (&instancesOptions{sub: "list"}).flags},
+		{"supervisors list", "print the supervisors the gateway knows (the gateway's admin API)", (&supervisorsOptions{sub: "list"}).flags},
+		{"supervisors delete", "forget a supervisor: its document, advertisement, session and pool binding", (&supervisorsOptions{sub: "delete"}).flags},
 		{"access token", "print an access token for a private service (a sandbox, or one of its services)", (&accessTokenOptions{}).flags},
 		{"validate", "check serve's flags and files without starting (takes serve's flags)", (&serveOptions{}).flags},
 		{"validate gateway", "check the gateway's flags and files without starting (takes gateway's flags)", (&gatewayOptions{}).flags},

@@ -52,6 +52,9 @@ type gatewayOptions struct {
 	sessionTTL      time.Duration
 	keepaliveMin    time.Duration
 	endpointPolicy  string
+
+	idleGrace         time.Duration
+	strictSupervisors bool
 }
 
 func (o *gatewayOptions) flags(fs *flag.FlagSet) {
@@ -63,6 +66,8 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.keepaliveMin, "keepalive-min", 0, "shortest keepalive interval granted to a push session that asks for one (?keepalive=); default 250ms, or --keepalive when that is shorter")
 	fs.DurationVar(&o.sessionTTL, "session-ttl", gateway.DefaultSessionTTL, "a supervisor session holds this long after its last request (push streams renew it)")
 	fs.StringVar(&o.endpointPolicy, "endpoint-policy", gateway.EndpointPolicyAny, `which advertised endpoints are published: "any", "source" (the endpoint host is the advertisement's source IP) or "cidr:PREFIX[,PREFIX...]"`)
+	fs.DurationVar(&o.idleGrace, "idle-grace", gateway.DefaultIdleGrace, "a supervisor id without session, advertisement or push stream keeps its empty document and its pool binding this long; then they are removed")
+	fs.BoolVar(&o.strictSupervisors, "strict-supervisors", false, "refuse a configuration file (and write API edits) giving a document to a supervisor id that no supervisor token names and that never connected; without it they are warned about")
 	fs.StringVar(&o.store, "store", "memory", `where the gateway keeps its state: "memory" (one process) or "etcd" (shared by replicas)`)
 	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd client URLs (required with --store etcd)")
 	fs.StringVar(&o.etcdPrefix, "etcd-prefix", gateway.DefaultEtcdPrefix, "prefix of every etcd key the gateway uses")
@@ -175,6 +180,9 @@ func (o *gatewayOptions) validateStore() error {
 	if o.sessionTTL < 2*o.keepalive || o.sessionTTL < time.Second {
 		return usagef("--session-ttl must be at least 1s and at least twice --keepalive (push streams renew their session at every keepalive)")
 	}
+	if o.idleGrace < time.Second {
+		return usagef("--idle-grace must be at least 1s")
+	}
 	if err := gateway.ParseEndpointPolicy(o.endpointPolicy); err != nil {
 		return usagef("--endpoint-policy: %v", err)
 	}
@@ -250,8 +258,11 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, hup
 		KeepaliveMin:   o.keepaliveMin,
 		EndpointPolicy: o.endpointPolicy,
 		DisablePush:    o.noPush,
+		IdleGrace:      o.idleGrace,
 		Logger:         logger,
-		Registerer:     reg,
+
+		StrictSupervisors: o.strictSupervisors,
+		Registerer:        reg,
 
 		DiscoveryMaxWatchersPerToken: o.discMaxWatchers,
 		DiscoverySendTimeout:         o.discSendTimeout,

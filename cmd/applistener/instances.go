@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -155,7 +156,11 @@ func instancesCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) 
 	defer cancel()
 	switch o.sub {
 	case "put":
-		return o.put(ctx, c, entry, stdout)
+		err := o.put(ctx, c, entry, stdout)
+		if c.warning != "" {
+			_, _ = fmt.Fprintf(stderr, "applistener instances: warning: supervisor %s: %s\n", o.supervisor, c.warning)
+		}
+		return err
 	case "delete":
 		return o.delete(ctx, c, stdout)
 	default:
@@ -350,6 +355,9 @@ type adminClient struct {
 	eps       *api.GatewayEndpoints
 	http      *http.Client
 	tokenFile string
+	// warning is the gateway's warning header of the last answer
+	// (gateway.UnknownSupervisorHeader), "" when none.
+	warning string
 }
 
 // adminStatus is an answer of 500 or above (api.GatewayStatusCode).
@@ -420,6 +428,7 @@ func (c *adminClient) once(ctx context.Context, method, u string, body []byte) (
 		return 0, nil, &api.GatewayConnError{Err: err}
 	}
 	defer func() { _ = resp.Body.Close() }()
+	c.warning = api.OneLineReason(resp.Header.Get(gateway.UnknownSupervisorHeader))
 	data, err := io.ReadAll(io.LimitReader(resp.Body, routes.MaxDocumentBytes+1))
 	if err != nil {
 		return 0, nil, &api.GatewayConnError{Err: fmt.Errorf("read the answer: %w", err)}

@@ -8,6 +8,7 @@
 //	applistener routes     read the gateway's discovery (get, watch); print a hostname (hostname)
 //	applistener edge       an SNI pass-through front door fed by discovery
 //	applistener instances  put, delete or list instances (the gateway's admin API)
+//	applistener supervisors list or forget supervisors (the gateway's admin API)
 //	applistener access     mint an access token for a private service (token)
 //	applistener dev        a self-contained demo on loopback
 //	applistener validate   check a supervisor's or gateway's configuration
@@ -37,6 +38,7 @@ commands:
   routes     read a workspace's published routes (get, watch); print a service's hostname (hostname)
   edge       run an SNI pass-through front door that follows discovery
   instances  put, delete or list a supervisor's instances (the gateway's admin API)
+  supervisors list the supervisors the gateway knows, or forget one (the gateway's admin API)
   access     print an access token for a private service (token)
   dev        run a self-contained demo (certificate, app and route) on loopback
   validate   check serve's flags and files (validate gateway ...: the gateway's) without starting
@@ -81,6 +83,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = edgeCommand(args[1:], stderr)
 	case "instances":
 		err = instancesCommand(args[1:], os.Stdin, stdout, stderr)
+	case "supervisors":
+		err = supervisorsCommand(args[1:], stdout, stderr)
 	case "access":
 		err = accessCommand(args[1:], stdout, stderr)
 	case "completion":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"unicode/utf8"
 
 	"github.com/applistener/applistener/control/internal/ndjson"
@@ -30,8 +31,8 @@ func loadConfigFile(path string) (pollfile.Identity, map[string]document, error)
 // parseConfigFile parses {"supervisors": {"<id>": {...}, ...}}: the top
 // level has exactly the key "supervisors", ids are distinct and valid, and
 // every section is a JSON object of at most routes.MaxDocumentBytes once
-// compacted (with its newline). Sections are not validated further: the
-// supervisor does that.
+// compacted (with its newline), which the supervisor's parser takes in full
+// (checkDocuments: every problem of every section, at its JSON path).
 //
 // The file is validated and compacted by one pass of json.Compact; the
 // result is then read member by member with encoding/json's Decoder, which
@@ -43,6 +44,20 @@ func loadConfigFile(path string) (pollfile.Identity, map[string]document, error)
 // reload that reads it spends more time parsing its sections for the
 // discovery grants (discoveryGrants) than reading it.
 func parseConfigFile(data []byte) (map[string]document, error) {
+	docs, err := parseConfigSections(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDocuments(docs); err != nil {
+		return nil, err
+	}
+	return docs, nil
+}
+
+// parseConfigSections is the structural pass of parseConfigFile: the top
+// level, the ids and each section's shape and size, the sections kept as
+// written (compacted) and not parsed as documents.
+func parseConfigSections(data []byte) (map[string]document, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("not valid UTF-8")
 	}
@@ -71,6 +86,22 @@ func parseConfigFile(data []byte) (map[string]document, error) {
 		return nil, errors.New(`missing "supervisors"`)
 	}
 	return docs, nil
+}
+
+// logConfigProblems logs every problem of a refused configuration file,
+// one line each, at most maxLoggedProblems.
+func logConfigProblems(log *slog.Logger, path string, err error) {
+	var pe *ConfigProblemsError
+	if !errors.As(err, &pe) {
+		return
+	}
+	for i, p := range pe.Problems {
+		if i == maxLoggedProblems {
+			log.Error("gateway config: more problems not logged", "path", path, "problems", len(pe.Problems))
+			return
+		}
+		log.Error("gateway config: invalid document", "path", path, "at", p.Path, "problem", p.Msg)
+	}
 }
 
 // parseSupervisors parses the "supervisors" object that dec is at.

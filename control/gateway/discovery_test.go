@@ -674,9 +674,18 @@ func TestDiscoveryConfigReloadRevokes(t *testing.T) {
 	if len(s.Routes) != 1 || s.Routes[0].Supervisor != "sup-2" || s.Routes[0].Endpoint.Host != "10.0.0.2" {
 		t.Fatalf("after sup-2 advertised: %+v", s.Routes)
 	}
-	// A section that does not parse grants nothing (fail closed).
+	// A file with a section that does not parse is refused: the stored
+	// documents, and what they grant, stay.
 	writeFileAtomic(t, f.configPath, `{"supervisors": {"sup-2": {"instances": "nope"}}}`)
-	if err := f.g.Reload(); err != nil {
+	if err := f.g.Reload(); err == nil || !strings.Contains(err.Error(), `supervisors.sup-2: "instances" must be an array`) {
+		t.Fatalf("Reload of an unparsable section: %v", err)
+	}
+	if got := controltest.Hostnames(f.snapshot("team", routesTokTeam)); len(got) != 1 {
+		t.Fatalf("after a refused file: %v", got)
+	}
+	// A stored section that does not parse (written by an older gateway)
+	// grants nothing (fail closed).
+	if _, _, err := f.g.store.put(context.Background(), keyDocs+"sup-2", []byte(`{"instances":"nope"}`), putOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if s, _ := w.next(time.Second); len(s.Routes) != 0 {

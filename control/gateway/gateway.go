@@ -112,6 +112,16 @@ type Config struct {
 	// its token's grant; a tokens reload re-checks at once too
 	// (DefaultDiscoveryReauthPeriod when not positive).
 	DiscoveryReauthPeriod time.Duration
+	// IdleGrace is how long a supervisor id with no session, no
+	// advertisement and no push stream keeps its empty document and its
+	// pool binding before they are removed (gc.go; DefaultIdleGrace when
+	// not positive).
+	IdleGrace time.Duration
+	// StrictSupervisors refuses a configuration file that gives a
+	// document to a supervisor id the gateway does not know, and write
+	// API edits of such a document (supervisors.go); without it they are
+	// warned about and counted.
+	StrictSupervisors bool
 	// Logger receives the gateway's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics; nil registers none.
@@ -143,6 +153,12 @@ type Gateway struct {
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *discoveryService
+	// idle removes what idle supervisor ids leave in the store (gc.go).
+	idle *idleCollector
+	// strictSupervisors is Config.StrictSupervisors; unknown counts the
+	// documents of unknown supervisor ids (supervisors.go).
+	strictSupervisors bool
+	unknown           unknownMetric
 
 	store     store
 	storeKind string // "memory" or "etcd"
@@ -169,6 +185,9 @@ type Gateway struct {
 	fileDocs      map[string]document
 	fileIDs       map[string]struct{}
 	importPending bool
+	// importRefused is true while StrictSupervisors refused the file's
+	// last import: a tokens reload (which may name its ids) retries it.
+	importRefused bool
 
 	// mu guards the fields below it, and is held while state is replaced
 	// so that a watcher never misses a change.
@@ -208,25 +227,28 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{
-		configPath:      cfg.ConfigPath,
-		tokensPath:      cfg.TokensPath,
-		keepalive:       cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
-		keepaliveMin:    cmp.Or(max(cfg.KeepaliveMin, 0), DefaultKeepaliveMin),
-		sessionTTL:      cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
-		discoveryWarmup: max(cfg.DiscoveryWarmup, 0),
-		poll:            cmp.Or(max(cfg.Poll, 0), DefaultPoll),
-		disablePush:     cfg.DisablePush,
-		writeTimeout:    pushWriteTimeout,
-		policy:          policy,
-		log:             cfg.Logger,
-		m:               newMetrics(cfg.Registerer),
-		watchers:        make(map[*pushWatcher]struct{}),
-		installations:   make(map[string]advertisement),
-		sessions:        make(map[string]sessionView),
-		pools:           make(map[string]string),
-		revWake:         make(chan struct{}),
-		policyWarned:    make(map[string]struct{}),
-		fileIDs:         make(map[string]struct{}),
+		configPath:        cfg.ConfigPath,
+		tokensPath:        cfg.TokensPath,
+		keepalive:         cmp.Or(max(cfg.Keepalive, 0), DefaultKeepalive),
+		keepaliveMin:      cmp.Or(max(cfg.KeepaliveMin, 0), DefaultKeepaliveMin),
+		sessionTTL:        cmp.Or(max(cfg.SessionTTL, 0), DefaultSessionTTL),
+		discoveryWarmup:   max(cfg.DiscoveryWarmup, 0),
+		poll:              cmp.Or(max(cfg.Poll, 0), DefaultPoll),
+		disablePush:       cfg.DisablePush,
+		writeTimeout:      pushWriteTimeout,
+		policy:            policy,
+		log:               cfg.Logger,
+		m:                 newMetrics(cfg.Registerer),
+		watchers:          make(map[*pushWatcher]struct{}),
+		installations:     make(map[string]advertisement),
+		sessions:          make(map[string]sessionView),
+		pools:             make(map[string]string),
+		revWake:           make(chan struct{}),
+		policyWarned:      make(map[string]struct{}),
+		fileIDs:           make(map[string]struct{}),
+		idle:              newIdleCollector(cmp.Or(max(cfg.IdleGrace, 0), DefaultIdleGrace), cfg.Registerer),
+		strictSupervisors: cfg.StrictSupervisors,
+		unknown:           newUnknownMetric(cfg.Registerer),
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -238,6 +260,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
 		if err != nil {
 			g.m.reloads.WithLabelValues("config", "failed").Inc()
+			logConfigProblems(g.log, g.configPath, err)
 			return nil, err
 		}
 		g.m.reloads.WithLabelValues("config", "ok").Inc()
@@ -295,6 +318,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { g.discovery.run(ctx) })
 	wg.Go(func() { g.store.run(ctx, g) })
+	wg.Go(func() { g.collectIdle(ctx) })
 	ticker := time.NewTicker(g.poll)
 	defer ticker.Stop()
 	for {
@@ -321,16 +345,18 @@ func (g *Gateway) closeStore() {
 func (g *Gateway) reloadChanged(ctx context.Context) {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	// Tokens first: a supervisor added to both files at once is known
+	// when its document is imported.
+	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
+		if err == nil || g.tokensSeen.Valid() {
+			_ = g.reloadTokensLocked()
+		}
+	}
 	if g.configPath != "" {
 		if id, err := pollfile.Stat(g.configPath); err != nil || id != g.configSeen {
 			if err == nil || g.configSeen.Valid() {
 				_ = g.reloadConfigLocked(ctx)
 			}
-		}
-	}
-	if id, err := pollfile.Stat(g.tokensPath); err != nil || id != g.tokensSeen {
-		if err == nil || g.tokensSeen.Valid() {
-			_ = g.reloadTokensLocked()
 		}
 	}
 	if g.importPending && g.storeUnusable() == "" {
@@ -343,11 +369,12 @@ func (g *Gateway) reloadChanged(ctx context.Context) {
 func (g *Gateway) Reload() error {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	terr := g.reloadTokensLocked()
 	var cerr error
 	if g.configPath != "" {
 		cerr = g.reloadConfigLocked(context.Background())
 	}
-	return errors.Join(cerr, g.reloadTokensLocked())
+	return errors.Join(cerr, terr)
 }
 
 // reloadConfigLocked re-reads the configuration file and imports it into
@@ -358,6 +385,7 @@ func (g *Gateway) reloadConfigLocked(ctx context.Context) error {
 	if err != nil {
 		g.m.reloads.WithLabelValues("config", "failed").Inc()
 		g.log.Error("gateway config not reloaded; keeping the previous one", "path", g.configPath, "err", err)
+		logConfigProblems(g.log, g.configPath, err)
 		return err
 	}
 	g.m.reloads.WithLabelValues("config", "ok").Inc()
@@ -377,6 +405,9 @@ func (g *Gateway) importConfigLocked(ctx context.Context) error {
 	if g.configPath == "" {
 		g.importPending = false
 		return nil
+	}
+	if err := g.checkFileSupervisorsLocked(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 4*etcdOpTimeout)
 	defer cancel()
@@ -444,6 +475,9 @@ func (g *Gateway) reloadTokensLocked() error {
 		return err
 	}
 	g.m.reloads.WithLabelValues("tokens", "ok").Inc()
+	if g.importRefused {
+		g.importPending = true // the new tokens may name its ids
+	}
 
 	g.mu.Lock()
 	old := g.state.Load()
@@ -508,6 +542,8 @@ func (g *Gateway) isClosed() bool {
 //	PUT, DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  write API: one instance of the document
 //	GET /v1/supervisors/{id}/instances          write API: the document
 //	GET /v1/pools/{pool}/members                write API: the live sessions of a pool
+//	GET /v1/supervisors                         write API: every known supervisor id (supervisors.go)
+//	GET, DELETE /v1/supervisors/{id}            write API: one of them; forget it
 //	GET /v1/workspaces/{ws}/service-routes          discovery: the published routes of ws
 //	GET /v1/workspaces/{ws}/service-routes?watch=1  NDJSON: that snapshot, then every change and keepalives
 //
@@ -517,6 +553,8 @@ func (g *Gateway) isClosed() bool {
 // text/plain body.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/supervisors", g.serveSupervisors)
+	mux.HandleFunc("/v1/supervisors/{id}", g.serveSupervisor)
 	mux.HandleFunc("/v1/supervisors/{id}/config", g.serveConfig)
 	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
 	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -429,10 +430,30 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 		"a": {"instances": []},
 		"b": {"revision": "has space", "instances": []},
 		"c": {"revision": "q\"uote", "instances": []},
-		"d": {"revision": 7, "instances": []},
-		"e": {"revision": "v-1.2", "instances": [], "x": 1}}}`))
+		"e": {"revision": "v-1.2",   "instances": []}}}`))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A revision that is not a string, or a section with a field a
+	// supervisor does not know, refuses the file (at the section's path);
+	// such a document can still be in the store (written by an older
+	// gateway), and gets the ETag of its bytes.
+	odd := `{"supervisors": {"d": {"revision": 7, "instances": []}, "x": {"revision": "v-1.2", "instances": [], "x": 1}}}`
+	_, err = parseConfigFile([]byte(odd))
+	var pe *ConfigProblemsError
+	if !errors.As(err, &pe) || len(pe.Problems) != 2 || pe.Problems[0].Path != "supervisors.d" || pe.Problems[1].Path != "supervisors.x" {
+		t.Fatalf("parseConfigFile(%s) = %v", odd, err)
+	}
+	sections, err := parseConfigSections([]byte(odd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs["d"] = sections["d"]
+	if et := sections["x"].etag; et != `"v-1.2"` {
+		t.Errorf("x: ETag %q", et)
+	}
+	if got := string(sections["x"].body); got != `{"revision":"v-1.2","instances":[],"x":1}` {
+		t.Errorf("x: body %q (the structural pass keeps a section as written)", got)
 	}
 	for _, sup := range []string{"a", "b", "c", "d"} {
 		if et := docs[sup].etag; !strings.HasPrefix(et, `"sha256:`) || len(et) != 25 {
@@ -445,13 +466,18 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 	if et := docs["e"].etag; et != `"v-1.2"` {
 		t.Errorf("e: ETag %q", et)
 	}
-	if got := string(docs["e"].body); got != `{"revision":"v-1.2","instances":[],"x":1}` {
-		t.Errorf("e: body %q (the gateway does not validate sections)", got)
+	if got := string(docs["e"].body); got != `{"revision":"v-1.2","instances":[]}` {
+		t.Errorf("e: body %q (compacted, as written)", got)
 	}
 
-	// Strings that look like structure do not confuse the parser.
+	// Strings that look like structure do not confuse the structural pass
+	// (parseConfigFile then refuses x and y: a and b are unknown fields, y
+	// has no instances).
 	tricky := `{"supervisors": {"x": {"a": "q\"}{\\", "b": ["}", {"c": "\\\\"}, -1.5e3, null], "revision": "rev-7"}, "y": {}}}`
-	docs, err = parseConfigFile([]byte(tricky))
+	if _, err := parseConfigFile([]byte(tricky)); !errors.As(err, &pe) || len(pe.Problems) != 2 {
+		t.Errorf("parseConfigFile(tricky) = %v", err)
+	}
+	docs, err = parseConfigSections([]byte(tricky))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,16 +492,20 @@ func TestGatewayETagWithoutRevision(t *testing.T) {
 	}
 }
 
-// FuzzGatewayParseConfig checks parseConfigFile against
+// FuzzGatewayParseConfig checks parseConfigFile's structural pass against
 // encoding/json: every accepted file is valid JSON, and each section is the
-// compacted value encoding/json finds.
+// compacted value encoding/json finds; parseConfigFile accepts only files
+// the structural pass accepts, with the same sections.
 func FuzzGatewayParseConfig(f *testing.F) {
 	f.Add([]byte(configJSON("r1", "s1")))
 	f.Add([]byte(`{"supervisors": {"x": {"a": "q\"}{\\", "b": ["}", {"c": "\\\\"}], "revision": "r"}}}`))
 	f.Add([]byte(`{"supervisors": {"a\u002db": {"revision": "\u0072"}}}`))
 	f.Add([]byte(`{"supervisors": {}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		docs, err := parseConfigFile(data)
+		docs, err := parseConfigSections(data)
+		if checked, cerr := parseConfigFile(data); cerr == nil && (err != nil || len(checked) != len(docs)) {
+			t.Fatalf("parseConfigFile accepted %d sections, the structural pass %d (%v)", len(checked), len(docs), err)
+		}
 		if err != nil {
 			return
 		}
@@ -627,7 +657,10 @@ func TestGatewayAuth(t *testing.T) {
 		code         int
 	}{
 		{http.MethodGet, "/", 404},
-		{http.MethodGet, "/v1/supervisors/sup-1", 404},
+		{http.MethodGet, "/v1/supervisors/sup-1/unknown", 404},
+		{http.MethodGet, "/v1/supervisor/sup-1", 404},
+		// The write API's supervisor entry needs an admin token.
+		{http.MethodGet, "/v1/supervisors/sup-1", 403},
 		{http.MethodGet, "/v1/supervisors/sup-1/config/extra", 404},
 		{http.MethodPost, "/v1/supervisors/sup-1/config", 405},
 		{http.MethodGet, "/v1/supervisors/sup-1/installations", 405},
@@ -941,7 +974,7 @@ func TestGatewayWatchStuckReaderDisconnected(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("a stuck watcher was never disconnected")
 		}
-		writeFileAtomic(t, f.configPath, fmt.Sprintf(`{"supervisors": {"sup-1": {"revision": "big%d", "instances": [], "pad": %q}}}`, i, pad))
+		writeFileAtomic(t, f.configPath, fmt.Sprintf(`{"supervisors": {"sup-1": {"revision": "big%d-%s", "instances": []}}}`, i, pad))
 		testutil.Eventually(t, 10*time.Second, "the reload", func() bool {
 			return f.metric("applistener_gateway_reloads_total", "file", "config", "result", "ok") >= float64(i+2)
 		})

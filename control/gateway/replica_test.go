@@ -50,6 +50,8 @@ type replicaOptions struct {
 	keepaliveMin time.Duration
 	policy       string
 	reauth       time.Duration
+	idleGrace    time.Duration
+	strict       bool
 }
 
 // replica is one Gateway served on loopback, with Run running.
@@ -107,6 +109,8 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 		EndpointPolicy:        o.policy,
 		Poll:                  20 * time.Millisecond,
 		DiscoveryReauthPeriod: o.reauth,
+		IdleGrace:             o.idleGrace,
+		StrictSupervisors:     o.strict,
 		Logger:                slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:            r.reg,
 	}

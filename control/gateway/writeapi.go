@@ -25,6 +25,7 @@ import (
 //	DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  -> 204, 404 when absent
 //	GET    /v1/supervisors/{id}/instances            -> the document
 //	GET    /v1/pools/{pool}/members                  -> {"members":[{"supervisor","session","since","source"}]}
+//	GET    /v1/supervisors, GET/DELETE /v1/supervisors/{id}  -> the known supervisor ids; forget one (supervisors.go)
 //
 // An instance entry is validated exactly as the supervisor validates an
 // entry of its document (routes.ParseDocument). Each write gives the
@@ -151,6 +152,9 @@ func (g *Gateway) serveInstance(w http.ResponseWriter, r *http.Request) {
 	}
 	if why := g.storeUnusable(); why != "" {
 		g.unavailable(w, endpoint, why)
+		return
+	}
+	if r.Method == http.MethodPut && !g.admitSupervisor(w, sup) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*etcdOpTimeout)

@@ -170,8 +170,7 @@ func (s *FileSource) Run(ctx context.Context) error {
 					if s.Metrics != nil {
 						s.Metrics.rejected.Inc()
 					}
-					log.Warn("instance rejected", "class_uid", 3004, "index", rj.Index,
-						"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
+					logRejected(log, rj)
 					ocsfRejected(s.OCSF, doc, rj)
 				}
 			}

@@ -566,8 +566,7 @@ func (c *GatewayClient) applyDocument(data []byte, source string, since *uint64,
 		if c.Metrics != nil {
 			c.Metrics.rejected.Inc()
 		}
-		c.Logger.Warn("instance rejected", "class_uid", 3004, "index", rj.Index,
-			"workspace", rj.Workspace, "sandbox", rj.Sandbox, "reason", rj.Reason)
+		logRejected(c.Logger, rj)
 		ocsfRejected(c.OCSF, doc, rj)
 	}
 	if res.Installed+res.Changed+res.Withdrawn+res.Rejected+len(doc.Rejected) > 0 {
