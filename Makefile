@@ -105,7 +105,7 @@ release-sign:
 ## built once into the user cache (scripts/k8s-bins.sh, tools/k8s).
 ## Not part of `make test`: a cold build of the control plane takes ~5 minutes
 ## of 2 cores (far more on a loaded machine) and `make test` must stay well
-## under CI's 15 minutes. Not in .ci/run yet (see there): run it after changing deploy/.
+## under CI's 15 minutes. .ci/run runs it as a step of its own.
 .PHONY: test-k8s
 test-k8s:
 	GO=$(GO) bash scripts/k8s-bins.sh
