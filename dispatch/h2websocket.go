@@ -101,6 +101,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 	x := &st.x
 	x.reset(s, hc.route, hc.sni, req, st)
 	fi := s.forwardInfo(x.pool, hc.sni, hc.peer, hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
+	st.accessForwarding(&fi, x.pool.access)
 	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, hc.route)
 	if err := x.connect(context.Background(), st.head, true); err != nil {
