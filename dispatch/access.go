@@ -150,7 +150,7 @@ type accessInput[T string | []byte] struct {
 	// The credentials found, the first of each kind.
 	header, bearer, cookie, subproto T
 	hasHeader, hasBearer, hasCookie  bool
-	hasSubproto                      bool
+	hasSubproto, onlyTokenProtocol   bool
 	// The intent's fields.
 	fetchMode, accept, origin, acrMethod, acrHeaders, contentType T
 	hasFetchMode, hasOrigin, hasACRMethod                         bool
@@ -187,6 +187,7 @@ func (in *accessInput[T]) field(name, value T, bearerOK bool) {
 	case 22:
 		if !in.hasSubproto && httpgrammar.EqualFold(name, "sec-websocket-protocol") {
 			in.subproto, in.hasSubproto = subprotocolToken(value)
+			in.onlyTokenProtocol = in.hasSubproto && indexByte(value, ',') < 0
 		}
 	case 29:
 		if httpgrammar.EqualFold(name, "access-control-request-method") {
@@ -236,8 +237,28 @@ type accessDecision struct {
 	reason string
 	// claims of the credential that passed (KeyID, Subject, Expires).
 	claims accesstoken.Claims
-	// token is the valid query token exchanged for the cookie (accessExchange).
+	// token is the valid query token exchanged for the cookie
+	// (accessExchange), or the subprotocol token of a WebSocket.
 	token string
+	// onlyTokenProtocol: the WebSocket offered no subprotocol but the
+	// token's (echoSubprotocol).
+	onlyTokenProtocol bool
+}
+
+// echoSubprotocol makes the app's WebSocket acceptance name the token's
+// subprotocol when the client offered no other and the app chose none: a
+// browser that offered subprotocols fails a handshake whose answer names
+// none. The client's own token goes back to it only.
+func (d *accessDecision) echoSubprotocol(resp *response) {
+	if d.source != credSubprotocol || !d.onlyTokenProtocol {
+		return
+	}
+	for i := range resp.fields {
+		if equalFoldDash(resp.fields[i].name, "sec-websocket-protocol") {
+			return
+		}
+	}
+	resp.fields = append(resp.fields, headField{name: []byte("Sec-WebSocket-Protocol"), value: []byte(accessSubprotocol + d.token)})
 }
 
 // decideAccess decides a request to a token-mode route. str turns a
@@ -279,7 +300,7 @@ func decideAccess[T string | []byte](ar *accessRoute, keys *accesstoken.KeySet, 
 			return false
 		}
 		d.source, d.claims = src, c
-		if src == credQuery {
+		if src == credQuery || src == credSubprotocol {
 			d.token = s
 		}
 		return true
@@ -298,6 +319,7 @@ func decideAccess[T string | []byte](ar *accessRoute, keys *accesstoken.KeySet, 
 		in.hasCookie && try(credCookie, in.cookie, false),
 		in.hasSubproto && d.intent == intentWebSocket && try(credSubprotocol, in.subproto, false):
 		d.verdict = accessAllow
+		d.onlyTokenProtocol = d.source == credSubprotocol && in.onlyTokenProtocol
 		return d
 	}
 	d.source, d.reason = firstSrc, first

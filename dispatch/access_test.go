@@ -641,6 +641,21 @@ func TestAccessWebSocket(t *testing.T) {
 		if _, msg, err := conn.ReadMessage(); err != nil || string(msg) != "hi" {
 			t.Fatalf("echo %q %v", msg, err)
 		}
+		// A client that offers the token's subprotocol alone (a browser's
+		// new WebSocket(url, ["applistener.token.<t>"])) gets it named in
+		// the answer, or it would fail the handshake; the app sees none.
+		d.Subprotocols = []string{accessSubprotocol + tok}
+		conn2, resp, err := d.Dial("wss://"+accWeb+"/ws", hdr)
+		if err != nil {
+			t.Fatalf("with the token's subprotocol alone: %v %v", resp, err)
+		}
+		defer func() { _ = conn2.Close() }()
+		if conn2.Subprotocol() != accessSubprotocol+tok {
+			t.Fatalf("subprotocol %q", conn2.Subprotocol())
+		}
+		if up := <-e.app.upgrades; len(up.Header.Values("Sec-Websocket-Protocol")) != 0 {
+			t.Fatalf("the app saw subprotocols %q", up.Header.Values("Sec-Websocket-Protocol"))
+		}
 	})
 	t.Run("h2", func(t *testing.T) {
 		cc := e.dialH2Access(accWeb)

@@ -602,6 +602,7 @@ func (c *clientConn) proxy() bool {
 			x.abort()
 			return c.exchangeFailed(x, &badResponseError{errors.New("101 without a WebSocket upgrade")})
 		}
+		c.acc.echoSubprotocol(resp)
 		return c.websocket(x.bc, resp)
 	}
 	addAccessCORS(resp, c.acc.origin)

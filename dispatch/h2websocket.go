@@ -143,6 +143,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 		bc.close()
 		return true
 	}
+	st.acc.echoSubprotocol(resp)
 	fields := st.responseFields(resp, false, -1)
 	kept := fields[:0]
 	for _, f := range fields {
