@@ -188,7 +188,7 @@ func newAccessEnv(t *testing.T) *accessEnv {
 		AccessLog:       AccessLogJSON,
 		AccessLogWriter: e,
 		AccessLogRate:   -1, AccessLogTotalRate: -1,
-		OCSF:            ocsf.NewEmitter(&e.ocsfOut, slog.LevelInfo, ocsf.Product{Version: "test"}),
+		OCSF: ocsf.NewEmitter(&e.ocsfOut, slog.LevelInfo, ocsf.Product{Version: "test"}),
 	})
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
