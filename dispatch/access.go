@@ -503,11 +503,14 @@ func withoutTokenSubprotocols(v []byte) ([]byte, bool) {
 	return out, removed
 }
 
+// indexByte is strings.IndexByte or bytes.IndexByte (vectorised), for
+// either form.
 func indexByte[T string | []byte](s T, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
+	switch v := any(s).(type) {
+	case string:
+		return strings.IndexByte(v, c)
+	case []byte:
+		return bytes.IndexByte(v, c)
 	}
 	return -1
 }
