@@ -79,7 +79,7 @@ func answerFor(ar *accessRoute, d *accessDecision, ri *accessRequestInfo) access
 		return a
 	case accessExchange:
 		a.status = http.StatusSeeOther
-		add("location", withoutQueryParam(ri.path, accessQueryParam))
+		add("location", sameOriginLocation(withoutQueryParam(ri.path, accessQueryParam)))
 		add("set-cookie", accessSetCookie(d.token, d.claims.Expires, ar.policy.Embed))
 		add("cache-control", "no-store")
 		return a
@@ -116,6 +116,16 @@ func answerFor(ar *accessRoute, d *accessDecision, ri *accessRequestInfo) access
 		add("vary", "Origin")
 	}
 	return a
+}
+
+// sameOriginLocation keeps a redirect to the request's own path on its
+// origin: "//host/..." (or "/\\host") would be read by browsers as another
+// host.
+func sameOriginLocation(path string) string {
+	if strings.HasPrefix(path, "//") || strings.HasPrefix(path, "/\\") {
+		return "/" + strings.TrimLeft(path, "/\\")
+	}
+	return path
 }
 
 // accessSetCookie is the Set-Cookie that carries token until it expires.

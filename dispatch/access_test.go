@@ -1141,6 +1141,20 @@ func TestAccessHelpers(t *testing.T) {
 	if !isGRPCType("application/grpc+proto") || isGRPCType("application/grpcx") || !isGRPCType([]byte("Application/GRPC")) {
 		t.Error("isGRPCType")
 	}
+	for in, want := range map[string]string{"//evil.example/x": "/evil.example/x", "/\\evil.example": "/evil.example", "/a//b": "/a//b"} {
+		if got := sameOriginLocation(in); got != want {
+			t.Errorf("sameOriginLocation(%q) = %q, want %q", in, got, want)
+		}
+	}
+	exp := time.Now().Add(time.Hour)
+	if c := accessSetCookie("T", exp, true); !strings.HasSuffix(c, "; Secure; HttpOnly; SameSite=None; Partitioned") ||
+		!strings.HasPrefix(c, accessCookie+"=T; Path=/; Max-Age=3") {
+		t.Errorf("embed cookie %q", c)
+	}
+	ri := &accessRequestInfo{host: accWeb, port: 8443, path: "/p?q=1&_al_token=x"}
+	if got, want := loginRedirect("https://login.example.com/in", ri), "https://login.example.com/in?return_to="+url.QueryEscape("https://"+accWeb+":8443/p?q=1"); got != want {
+		t.Errorf("loginRedirect = %q, want %q", got, want)
+	}
 	if errors.Is(nil, accesstoken.ErrMalformed) {
 		t.Fatal("unreachable")
 	}
