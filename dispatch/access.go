@@ -12,13 +12,15 @@ import (
 )
 
 // Access enforcement for services in access mode token (issue 26; the
-// contract is DESIGN.md's "Private services"). One decision, the same for
-// HTTP/1.1 (conn.go), HTTP/2 (h2stream.go), h2c (h2c.go) and WebSockets
-// on both (h2websocket.go): the request's fields are collected into an
-// accessInput (collectH1, collectH2), decideAccess finds its credential
-// and its intent and returns a verdict, and the protocol's answer writer
-// (access_answer.go) or the forwarding rules (forward.go: the consumed
-// credentials removed, X-Forwarded-User set) act on it.
+// contract is docs/operations.md's "Private services"). One decision, the
+// same for HTTP/1.1 (conn.go), HTTP/2 (h2stream.go), h2c (h2c.go) and
+// WebSockets on both (h2websocket.go): each protocol's checkAccess
+// (access_conn.go) collects the request's fields into an accessInput,
+// decideAccess finds its credential and its intent and returns a verdict,
+// and the answer (access_answer.go) or the forwarding rules (forward.go:
+// the consumed credentials removed, X-Forwarded-User set) act on it. The
+// decision is made before the instance's stream slot is taken: a refused
+// request never reaches, nor counts against, the sandbox.
 //
 // The warm path, a valid cookie on a keep-alive connection, allocates
 // nothing: the fields stay slices of the request head (HTTP/1.1) or the
@@ -227,12 +229,10 @@ func (in *accessInput[T]) intent() accessIntent {
 type accessDecision struct {
 	verdict accessVerdict
 	intent  accessIntent
-	source  credSource
+	source  credSource // the credential that passed or, when none did, the first one that failed (credNone: none)
 	// origin is the request's Origin when the policy allows it (the
 	// policy's bytes), else nil.
 	origin []byte
-	// source is the credential that passed or, when none did, the first
-	// one found (credNone: none).
 	// reason is the denial reason ("" when allowed or a preflight).
 	reason string
 	// claims of the credential that passed (KeyID, Subject, Expires).
