@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -156,4 +157,62 @@ func TestAccessWithoutKeysFile(t *testing.T) {
 		t.Fatalf("public service: %v %v", resp, err)
 	}
 	_ = resp.Body.Close()
+}
+
+// TestAccessThroughGateway: a private service delivered by the gateway
+// (serve --gateway, the supervisor's push session) is enforced the same
+// way, and the supervisor advertises its mode, nothing else of the policy.
+func TestAccessThroughGateway(t *testing.T) {
+	be := newBackend(t, "app")
+	keys := filepath.Join(t.TempDir(), "keys.json")
+	writeAtomic(t, keys, accessKeysFile("k1"))
+	gw := newMemGateway(t, accessDoc(be.port))
+	gw.start(t)
+	s := gw.startSupervisor(t, supervisorConfig{extra: []string{"--access-keys-file", keys}})
+	web := serviceHost("team", "demo", "web")
+	c, _ := s.client(t, web)
+	get := func(tok string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "https://"+web+"/x", nil)
+		req.Header.Set("Accept", "application/json")
+		if tok != "" {
+			req.Header.Set("X-Applistener-Token", tok)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	testutil.Eventually(t, waitTimeout, "the private route installed", func() bool { return s.handshakeOK(web) })
+	if code := get(""); code != 401 {
+		t.Fatalf("without a token: %d", code)
+	}
+	if code := get(accessToken(t, "k1", "erin")); code != 200 {
+		t.Fatalf("with a token: %d", code)
+	}
+	if r := be.last(t, "/x"); r.Header.Get("X-Forwarded-User") != "erin" || r.Header.Get("X-Applistener-Token") != "" {
+		t.Fatalf("the app saw %v", r.Header)
+	}
+	resp, err := adminClient.Get("http://" + s.adminAddr + "/v1/installations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	var set struct {
+		Installations []map[string]any `json:"installations"`
+	}
+	if err := json.Unmarshal(body, &set); err != nil {
+		t.Fatalf("installations: %v: %s", err, body)
+	}
+	modes := map[string]any{}
+	for _, in := range set.Installations {
+		modes[in["hostname"].(string)] = in["access"]
+	}
+	if modes[web] != "token" || modes[serviceHost("team", "open", "")] != nil || len(modes) != 2 || strings.Contains(string(body), "login") {
+		t.Fatalf("installations: %s", body)
+	}
 }
