@@ -222,6 +222,7 @@ type testRoute struct {
 	port         int    // endpoint port; 8443 when 0
 	domain       string // apps.test when empty
 	protocol     string // "protocol" of the entry, omitted when empty
+	access       string // "access" of the entry, omitted when empty
 }
 
 func (r testRoute) hostname() string {
@@ -245,6 +246,9 @@ func (r testRoute) entry() map[string]any {
 		"installation_version": r.version, "declaration_revision": 7,
 		"expires_at": r.expires.UTC().Format(time.RFC3339Nano),
 		"endpoint":   map[string]any{"host": host, "port": port},
+	}
+	if r.access != "" {
+		e["access"] = r.access
 	}
 	if r.protocol != "" {
 		e["protocol"] = r.protocol
@@ -458,7 +462,7 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
 	f.put("sup-1", routesTokSup1,
 		testRoute{ws: "team", sb: "demo", name: "web", version: 3, expires: exp, host: "10.42.1.27", port: 8443, protocol: "h2c"},
-		testRoute{ws: "team", sb: "demo", name: "", version: 4, expires: exp, host: "10.42.1.27", port: 8443},
+		testRoute{ws: "team", sb: "demo", name: "", version: 4, expires: exp, host: "10.42.1.27", port: 8443, access: "token"},
 		testRoute{ws: "lab", sb: "x", name: "api", version: 5, expires: exp, host: "10.42.1.27", port: 8443},
 		// Not granted to sup-1 (sup-2's sandbox; a service sup-1 does not declare).
 		testRoute{ws: "team", sb: "other", name: "web", version: 6, expires: exp},
@@ -470,7 +474,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 			InstallationVersion: 3, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443},
 			Protocol: "h2c"},
 		{Hostname: "team--demo.apps.test", Workspace: "team", Sandbox: "demo", Name: "", Supervisor: "sup-1",
-			InstallationVersion: 4, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443}},
+			InstallationVersion: 4, DeclarationRevision: 7, ExpiresAt: exp, Endpoint: api.RouteEndpoint{Host: "10.42.1.27", Port: 8443},
+			Access: "token"},
 	}
 	slices.SortFunc(want, func(a, b api.ServiceRoute) int { return strings.Compare(a.Hostname, b.Hostname) })
 	if !api.EqualRoutes(s.Routes, want) {
@@ -506,6 +511,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 			"installation_version": "x", "expires_at": exp, "endpoint": map[string]any{"host": "10.0.0.9", "port": 1}},
 		// A protocol the listener does not speak to apps.
 		testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, protocol: "h3"}.entry(),
+		// An access mode the listener does not enforce.
+		testRoute{ws: "team", sb: "demo", name: "web", version: 1, expires: exp, access: "secret"}.entry(),
 		testRoute{ws: "team", sb: "demo", name: "", version: 9, expires: exp}.entry(),
 	}
 	b, _ := json.Marshal(map[string]any{"installations": bad})
@@ -517,8 +524,8 @@ func TestDiscoverySnapshotFields(t *testing.T) {
 	if got := controltest.Hostnames(s); !slices.Equal(got, []string{"team--demo.apps.test"}) || s.Routes[0].InstallationVersion != 9 {
 		t.Errorf("after invalid entries: %+v", s.Routes)
 	}
-	if n := f.metric("applistener_gateway_installations_rejected_total"); n != 7 {
-		t.Errorf("rejected metric %v, want 7", n)
+	if n := f.metric("applistener_gateway_installations_rejected_total"); n != 8 {
+		t.Errorf("rejected metric %v, want 8", n)
 	}
 	if !strings.Contains(f.logs.String(), "advertised installations not published") {
 		t.Errorf("no log of the rejected entries")
