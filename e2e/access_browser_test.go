@@ -19,19 +19,22 @@ import (
 //	site   public: the allowed sibling origin, and the login page
 //	other  public: an origin not in cors_origins
 //
-// and team/demo2 with a private web, all on recording apps.
+// and team/demo2 with a private web, all on recording apps, plus extra
+// services of team/demo.
 type accessWebEnv struct {
-	p    *proc
-	pc   protoCase
-	keys *accessKeys
+	p          *proc
+	pc         protoCase
+	keys       *accessKeys
+	generation int             // of the private services' policies
+	extra      []accessService // more services of team/demo
 
 	web, api, site, other, web2 *accessApp
 }
 
-func newAccessWebEnv(t testing.TB, pc protoCase) *accessWebEnv {
+func newAccessWebEnv(t testing.TB, pc protoCase, extra ...accessService) *accessWebEnv {
 	t.Helper()
 	e := &accessWebEnv{
-		pc: pc, keys: newAccessKeys(t, t.TempDir(), "k1", "k2"),
+		pc: pc, keys: newAccessKeys(t, t.TempDir(), "k1", "k2"), generation: 1, extra: extra,
 		web: newAccessApp(t, "web"), api: newAccessApp(t, "api"), site: newAccessApp(t, "site"),
 		other: newAccessApp(t, "other"), web2: newAccessApp(t, "web2"),
 	}
@@ -45,21 +48,29 @@ func newAccessWebEnv(t testing.TB, pc protoCase) *accessWebEnv {
 }
 
 // doc is the routes document; port "" makes every service public.
+// The private services' policies have generation e.generation.
 func (e *accessWebEnv) doc(port string) ([]byte, string) {
 	var private, privateNoLogin, private2 map[string]any
 	if port != "" {
 		site := "https://" + accessHost("demo", "site") + ":" + port
-		private = tokenPolicy(1, site+"/login", site)
-		privateNoLogin = tokenPolicy(1, "", site)
-		private2 = tokenPolicy(1, "")
+		private = tokenPolicy(e.generation, site+"/login", site)
+		privateNoLogin = tokenPolicy(e.generation, "", site)
+		private2 = tokenPolicy(e.generation, "")
+	}
+	demo := []accessService{
+		{name: "web", port: e.web.port, access: private},
+		{name: "api", port: e.api.port, access: privateNoLogin},
+		{name: "site", port: e.site.port},
+		{name: "other", port: e.other.port},
+	}
+	for _, s := range e.extra {
+		if port == "" {
+			s.access = nil
+		}
+		demo = append(demo, s)
 	}
 	return accessDoc(
-		accessSandbox{sandbox: "demo", services: []accessService{
-			{name: "web", port: e.web.port, access: private},
-			{name: "api", port: e.api.port, access: privateNoLogin},
-			{name: "site", port: e.site.port},
-			{name: "other", port: e.other.port},
-		}},
+		accessSandbox{sandbox: "demo", services: demo},
 		accessSandbox{sandbox: "demo2", services: []accessService{
 			{name: "web", port: e.web2.port, access: private2},
 		}},
