@@ -27,6 +27,7 @@ import (
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
+	"github.com/gorilla/websocket"
 )
 
 // Names of the access credentials (the contract).
@@ -196,7 +197,7 @@ func (a *accessApp) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Unlock()
 	switch r.URL.Path {
 	case "/ws":
-		a.ws.serve(w, r)
+		a.serveWS(w, r)
 	case "/api":
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]string{
@@ -218,6 +219,25 @@ func (a *accessApp) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = fmt.Fprintf(w, "<!doctype html><title>%s</title><p>hello from %s</p>", a.name, a.name)
 	}
+}
+
+// appSubprotocol is the WebSocket subprotocol the app speaks when the
+// client offers it, as Vite's HMR server does with "vite-hmr".
+const appSubprotocol = "vite-hmr"
+
+// serveWS is a WebSocket echo that selects appSubprotocol when offered.
+func (a *accessApp) serveWS(w http.ResponseWriter, r *http.Request) {
+	var h http.Header
+	for _, p := range websocket.Subprotocols(r) {
+		if p == appSubprotocol {
+			h = http.Header{"Sec-Websocket-Protocol": {p}}
+		}
+	}
+	c, err := wsUpgrader.Upgrade(w, r, h)
+	if err != nil {
+		return
+	}
+	a.ws.track(c)
 }
 
 // requests returns a copy of what the app received so far.

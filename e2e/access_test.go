@@ -141,7 +141,7 @@ func TestAccessNoCredential(t *testing.T) {
 
 			// A navigation: 303 to the login page with return_to.
 			nav := []string{"Accept", "text/html,application/xhtml+xml", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}
-			resp, body := doRequest(t, c, newRequest(t, "GET", webOrigin+"/app?x=1", "", nav...), pc.h2)
+			resp, _ := doRequest(t, c, newRequest(t, "GET", webOrigin+"/app?x=1", "", nav...), pc.h2)
 			if resp.StatusCode != http.StatusSeeOther {
 				t.Errorf("navigation: status %d; want 303", resp.StatusCode)
 			} else if loc, err := url.Parse(resp.Header.Get("Location")); err != nil ||
@@ -154,9 +154,10 @@ func TestAccessNoCredential(t *testing.T) {
 				t.Errorf("navigation without Sec-Fetch-Mode: status %d; want 303", resp.StatusCode)
 			}
 			// No login_url: the small HTML 401 page.
-			resp, body = doRequest(t, c, newRequest(t, "GET", e.origin(t, "demo", "api")+"/app", "", nav...), pc.h2)
-			if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
-				t.Errorf("navigation without login_url: %d %q; want 401 text/html", resp.StatusCode, resp.Header.Get("Content-Type"))
+			resp, body := doRequest(t, c, newRequest(t, "GET", e.origin(t, "demo", "api")+"/app", "", nav...), pc.h2)
+			if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") ||
+				!strings.Contains(strings.ToLower(body), "<html") && !strings.Contains(strings.ToLower(body), "<!doctype html") {
+				t.Errorf("navigation without login_url: %d %q %.200q; want a 401 HTML page", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 			}
 
 			// Everything that is not a navigation: 401 JSON, never a 3xx.
@@ -396,7 +397,13 @@ func TestAccessKeyRotation(t *testing.T) {
 	e := newAccessEnv(t)
 	webHost, webOrigin := accessHost("demo", "web"), e.origin(t, "demo", "web")
 	tok1 := e.keys.mint(t, tokenSpec{keyID: "k1", sandbox: "demo", service: "web", generation: 1})
-	tok2 := e.keys.mint(t, tokenSpec{keyID: "k2", sandbox: "demo", service: "web", generation: 1})
+	// k2's token comes from the CLI a platform would run.
+	out, stderr, code := runBin(t, "", "access", "token", "--keys-file", e.keys.path, "--key-id", "k2",
+		"--service", "team/demo/web", "--ttl", "1h", "--generation", "1")
+	if code != 0 {
+		t.Fatalf("applistener access token: exit %d: %s", code, stderr)
+	}
+	tok2 := strings.TrimSpace(out)
 	clients := map[bool]*http.Client{true: e.p.httpClient(t, true), false: e.p.httpClient(t, false)}
 	status := func(h2 bool, tok string) int {
 		t.Helper()
@@ -534,6 +541,12 @@ func TestAccessGenerationRevokes(t *testing.T) {
 					opened{"HTTP/1.1 stream", sse})
 			}
 
+			// A WebSocket of the public sibling, which the change leaves alone.
+			public, resp, err := e.p.wsDialHeader(t, accessHost("demo", "site"), "/ws", nil)
+			if err != nil {
+				t.Fatalf("WebSocket to the public service: %v (%v)", err, resp)
+			}
+
 			e.generation = 2
 			doc, rev := e.doc(e.p.port(t))
 			e.p.applyRoutes(t, doc, rev)
@@ -549,6 +562,10 @@ func TestAccessGenerationRevokes(t *testing.T) {
 				if d > revocationBound {
 					t.Errorf("%s closed %v after the new generation was installed; want within %v", s.what, d, revocationBound)
 				}
+			}
+
+			if err := wsEcho(public, websocket.TextMessage, []byte("still here")); err != nil {
+				t.Errorf("the public service's WebSocket after web's generation was raised: %v", err)
 			}
 
 			c := e.p.httpClient(t, pc.h2)
@@ -599,7 +616,10 @@ func (p *proc) h1Stream(t testing.TB, host, path, tok string) func() (time.Time,
 		t.Fatal(err)
 	}
 	_ = tc.SetDeadline(time.Now().Add(waitTimeout))
-	fmt.Fprintf(tc, "GET %s HTTP/1.1\r\nHost: %s:%s\r\n%s: %s\r\n\r\n", path, host, p.port(t), tokenHeader, tok)
+	if _, err := fmt.Fprintf(tc, "GET %s HTTP/1.1\r\nHost: %s:%s\r\n%s: %s\r\n\r\n", path, host, p.port(t), tokenHeader, tok); err != nil {
+		_ = tc.Close()
+		t.Fatal(err)
+	}
 	br := bufio.NewReader(tc)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -623,4 +643,111 @@ func (p *proc) h1Stream(t testing.TB, host, path, tok string) func() (time.Time,
 		}
 		return err
 	}, func() { _ = tc.Close() })
+}
+
+// TestAccessCredentialSources (issue 26), over HTTP/2 and HTTP/1.1: the
+// ?_al_token= of a navigation is exchanged for the cookie with a 303 to
+// the same URL without it (the app never sees that request); the same
+// parameter on a fetch is no credential; a URL-carried token valid for
+// more than 24 h is refused; a WebSocket client that cannot set headers
+// authenticates with the subprotocol applistener.token.<token>, which the
+// app never sees while its own subprotocol is negotiated.
+func TestAccessCredentialSources(t *testing.T) {
+	t.Parallel()
+	e := newAccessEnv(t)
+	webHost, webOrigin := accessHost("demo", "web"), e.origin(t, "demo", "web")
+	siteOrigin := e.origin(t, "demo", "site")
+	tok := e.webToken(t)
+	long := e.keys.mint(t, tokenSpec{sandbox: "demo", service: "web", generation: 1, ttl: 48 * time.Hour})
+	nav := []string{"Accept", "text/html", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}
+
+	for _, pc := range accessProtocols {
+		t.Run(pc.name, func(t *testing.T) {
+			c := e.p.httpClient(t, pc.h2)
+			before := len(e.web.requests())
+
+			// The exchange: 303 to the same path and query, the cookie.
+			minted := time.Now()
+			resp, _ := doRequest(t, c, newRequest(t, "GET", webOrigin+"/app?a=1&"+tokenQuery+"="+url.QueryEscape(tok)+"&b=2", "", nav...), pc.h2)
+			if resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("navigation with %s: status %d; want 303", tokenQuery, resp.StatusCode)
+			}
+			base, _ := url.Parse(webOrigin + "/app")
+			if loc, err := base.Parse(resp.Header.Get("Location")); err != nil || loc.String() != webOrigin+"/app?a=1&b=2" {
+				t.Errorf("Location %q; want %s/app?a=1&b=2", resp.Header.Get("Location"), webOrigin)
+			}
+			if got := resp.Header.Get("Cache-Control"); got != "no-store" {
+				t.Errorf("Cache-Control %q; want no-store", got)
+			}
+			var cookie *http.Cookie
+			for _, ck := range resp.Cookies() {
+				if ck.Name == tokenCookie {
+					cookie = ck
+				}
+			}
+			switch {
+			case cookie == nil:
+				t.Errorf("no %s in %q", tokenCookie, resp.Header.Values("Set-Cookie"))
+			case cookie.Value != tok || cookie.Path != "/" || cookie.Domain != "" || !cookie.Secure || !cookie.HttpOnly ||
+				cookie.SameSite != http.SameSiteLaxMode || cookie.Partitioned:
+				t.Errorf("Set-Cookie %q; want the token, Path=/, no Domain, Secure, HttpOnly, SameSite=Lax", resp.Header.Get("Set-Cookie"))
+			default:
+				if want := time.Until(minted.Add(time.Hour)); time.Duration(cookie.MaxAge)*time.Second < want-10*time.Second ||
+					time.Duration(cookie.MaxAge)*time.Second > want+10*time.Second {
+					t.Errorf("Max-Age %d; want about %v (until the token expires)", cookie.MaxAge, want.Round(time.Second))
+				}
+			}
+
+			// The parameter on a fetch is not a credential, and no 3xx.
+			resp, body := doRequest(t, c, newRequest(t, "GET", webOrigin+"/api?"+tokenQuery+"="+url.QueryEscape(tok), "",
+				"Accept", "*/*", "Sec-Fetch-Mode", "cors"), pc.h2)
+			expectJSONError(t, tokenQuery+" on a fetch", resp, body, http.StatusUnauthorized, "unauthenticated")
+
+			// A token valid for 48 h is refused in a URL: to the login page.
+			resp, _ = doRequest(t, c, newRequest(t, "GET", webOrigin+"/app?"+tokenQuery+"="+url.QueryEscape(long), "", nav...), pc.h2)
+			if loc, _ := url.Parse(resp.Header.Get("Location")); resp.StatusCode != http.StatusSeeOther || loc == nil ||
+				!strings.HasPrefix(loc.String(), siteOrigin+"/login?") || loc.Query().Get("return_to") != webOrigin+"/app" {
+				t.Errorf("navigation with a 48 h token in the URL: %d Location %q; want 303 to the login page with return_to %s/app",
+					resp.StatusCode, resp.Header.Get("Location"), webOrigin)
+			}
+			if len(resp.Cookies()) != 0 {
+				t.Errorf("a refused URL token set cookies: %q", resp.Header.Values("Set-Cookie"))
+			}
+			// ... and accepted in a header.
+			resp, body = doRequest(t, c, newRequest(t, "GET", webOrigin+"/api", "", tokenHeader, long), pc.h2)
+			if resp.StatusCode != 200 {
+				t.Errorf("a 48 h token in the header: %d %.200q; want 200", resp.StatusCode, body)
+			}
+			if got := e.web.requestsSince(before); len(got) != 1 || got[0].URI != "/api" {
+				t.Errorf("the app received %d requests; want only the one with the header", len(got))
+			}
+
+			// The subprotocol credential, next to the app's own subprotocol.
+			offered := "applistener.token." + tok + ", " + appSubprotocol
+			if pc.h2 {
+				h2 := e.p.dialH2(t, webHost)
+				s := h2.websocket(t, webHost+":"+e.p.port(t), "/ws", [2]string{"sec-websocket-protocol", offered})
+				st, h := s.response(t)
+				if st != 200 || h.Get("Sec-Websocket-Protocol") != appSubprotocol {
+					t.Fatalf("HTTP/2 WebSocket with the token subprotocol: %d %v; want 200 with %s", st, h, appSubprotocol)
+				}
+				h2.sendWS(t, s, "sub")
+				s.waitData(t, wsTextFrame("sub"))
+			} else {
+				ws, resp, err := e.p.wsDialHeader(t, webHost, "/ws", http.Header{"Sec-Websocket-Protocol": {offered}})
+				if err != nil {
+					t.Fatalf("WebSocket with the token subprotocol: %v (%v)", err, resp)
+				}
+				if got := ws.Subprotocol(); got != appSubprotocol {
+					t.Errorf("negotiated subprotocol %q; want %s", got, appSubprotocol)
+				}
+				must(t, wsEcho(ws, websocket.TextMessage, []byte("sub")))
+			}
+			rec := e.web.waitReceived(t, "/ws")
+			if got := websocket.Subprotocols(&http.Request{Header: rec.Header}); len(got) != 1 || got[0] != appSubprotocol {
+				t.Errorf("the app was offered the subprotocols %q; want only %s", got, appSubprotocol)
+			}
+			e.web.neverSawCredentials(t, tok, long)
+		})
+	}
 }
