@@ -429,9 +429,14 @@ func (p *proc) applyRoutes(t testing.TB, doc []byte, rev string) {
 // logLines returns the listener's JSON log lines whose msg is msg.
 func logLines(t testing.TB, p *proc, msg string) []map[string]any {
 	t.Helper()
+	return logLinesIn(p.output(), msg)
+}
+
+// logLinesIn returns the JSON log lines of output whose msg is msg.
+func logLinesIn(output, msg string) []map[string]any {
 	var out []map[string]any
 	needle := `"msg":` + strconv.Quote(msg)
-	for _, line := range strings.Split(p.output(), "\n") {
+	for _, line := range strings.Split(output, "\n") {
 		if !strings.Contains(line, needle) {
 			continue
 		}
