@@ -73,18 +73,24 @@ func (a *rpcApp) calls() []metadata.MD {
 }
 
 // accessEnv is accessWebEnv (listener offering HTTP/2 and HTTP/1.1: the
-// Go clients choose) with a private gRPC service team/demo/rpc.
+// Go clients choose) with a private gRPC service team/demo/rpc and a
+// private service team/demo/embed that takes Bearer and may be framed
+// (embed: its cookie is SameSite=None and Partitioned).
 type accessEnv struct {
 	*accessWebEnv
-	rpc *rpcApp
+	rpc   *rpcApp
+	embed *accessApp
 }
 
 func newAccessEnv(t testing.TB) *accessEnv {
 	t.Helper()
-	rpc := newRPCApp(t)
-	e := &accessEnv{accessWebEnv: newAccessWebEnv(t, accessProtocols[0], accessService{
-		name: "rpc", port: rpc.port, protocol: "h2c", access: tokenPolicy(1, ""),
-	}), rpc: rpc}
+	rpc, embed := newRPCApp(t), newAccessApp(t, "embed")
+	embedPolicy := tokenPolicy(1, "")
+	embedPolicy["bearer"], embedPolicy["embed"] = true, true
+	e := &accessEnv{accessWebEnv: newAccessWebEnv(t, accessProtocols[0],
+		accessService{name: "rpc", port: rpc.port, protocol: "h2c", access: tokenPolicy(1, "")},
+		accessService{name: "embed", port: embed.port, access: embedPolicy},
+	), rpc: rpc, embed: embed}
 	return e
 }
 
@@ -658,7 +664,9 @@ func (p *proc) h1Stream(t testing.TB, host, path, tok string) func() (time.Time,
 // parameter on a fetch is no credential; a URL-carried token valid for
 // more than 24 h is refused; a WebSocket client that cannot set headers
 // authenticates with the subprotocol applistener.token.<token>, which the
-// app never sees while its own subprotocol is negotiated.
+// app never sees while its own subprotocol is negotiated; a service with
+// "bearer" takes (and removes) Authorization: Bearer, and one with "embed"
+// gets a SameSite=None, Partitioned cookie.
 func TestAccessCredentialSources(t *testing.T) {
 	t.Parallel()
 	e := newAccessEnv(t)
@@ -755,6 +763,33 @@ func TestAccessCredentialSources(t *testing.T) {
 				t.Errorf("the app was offered the subprotocols %q; want only %s", got, appSubprotocol)
 			}
 			e.web.neverSawCredentials(t, tok, long)
+
+			// A service with "bearer": Authorization: Bearer is its
+			// credential, consumed; with "embed" its cookie is for frames.
+			embedOrigin := e.origin(t, "demo", "embed")
+			etok := e.keys.mint(t, tokenSpec{sandbox: "demo", service: "embed", subject: "carol", generation: 1})
+			n := len(e.embed.requests())
+			resp, body = doRequest(t, c, newRequest(t, "GET", embedOrigin+"/api", "", "Authorization", "Bearer "+etok), pc.h2)
+			if resp.StatusCode != 200 || !strings.Contains(body, `"user":"carol"`) {
+				t.Errorf("Bearer on a bearer service: %d %.200q; want 200 as carol", resp.StatusCode, body)
+			} else if got := e.embed.requestsSince(n)[0].Header.Get("Authorization"); got != "" {
+				t.Errorf("the app saw the consumed Authorization %q", got)
+			}
+			resp, _ = doRequest(t, c, newRequest(t, "GET", embedOrigin+"/app?"+tokenQuery+"="+url.QueryEscape(etok), "", nav...), pc.h2)
+			if resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("navigation with %s to the embed service: status %d; want 303", tokenQuery, resp.StatusCode)
+			}
+			set := strings.Join(resp.Header.Values("Set-Cookie"), "\n")
+			var ec *http.Cookie
+			for _, ck := range resp.Cookies() {
+				if ck.Name == tokenCookie {
+					ec = ck
+				}
+			}
+			if ec == nil || ec.SameSite != http.SameSiteNoneMode || !ec.Partitioned || !ec.Secure || !ec.HttpOnly || ec.Path != "/" || ec.Domain != "" {
+				t.Errorf("embed service's Set-Cookie %q; want SameSite=None, Partitioned, Secure, HttpOnly, Path=/, no Domain", set)
+			}
+			e.embed.neverSawCredentials(t, etok)
 		})
 	}
 }
