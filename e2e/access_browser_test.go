@@ -110,7 +110,9 @@ func headerValue(h map[string]string, name string) string {
 //
 //  1. TokenLink: a private app opened with ?_al_token= loads, the address
 //     bar ends without the token, the page's own WebSocket (HMR-style)
-//     connects on the cookie and echoes, and the app never saw the token.
+//     connects on the cookie and echoes, and the app never saw the token;
+//     without the cookie, a WebSocket whose only subprotocol is the token
+//     connects too.
 //  2. CORSFetch: a JSON POST with credentials from the allowed sibling
 //     origin passes its preflight and the script reads the app's answer;
 //     from another origin the script gets a TypeError; without a
@@ -199,15 +201,35 @@ func accessBrowserTokenLink(t *testing.T, b *browser, e *accessWebEnv) {
 	if got := rec.Header.Get(userHeader); got != "alice" {
 		t.Errorf("the app's WebSocket request had %s %q; want alice", userHeader, got)
 	}
+	wsBefore := len(accessLinesOf(t, e.p, "protocol", "ws"))
 	b.eval(t, "window.ws.close(1000)")
 	wantTransport := map[string]string{"h2": "h2", "http/1.1": "h1"}[e.pc.name]
 	var lines []map[string]any
 	testutil.Eventually(t, waitTimeout, "the WebSocket's access-log line", func() bool {
 		lines = accessLinesOf(t, e.p, "protocol", "ws")
-		return len(lines) > 0
+		return len(lines) > wsBefore
 	})
-	if l := lines[len(lines)-1]; l["transport"] != wantTransport {
-		t.Errorf("the page's WebSocket went over %v; want %s", l["transport"], wantTransport)
+	if l := lines[len(lines)-1]; l["transport"] != wantTransport || l["credential"] != "cookie" || l["user"] != "alice" {
+		t.Errorf("the page's WebSocket's access-log line: transport %v, credential %v, user %v; want %s, cookie, alice",
+			l["transport"], l["credential"], l["user"], wantTransport)
+	}
+
+	// A client that cannot set headers nor hold the cookie: the token as
+	// the WebSocket's only subprotocol, which the listener's acceptance
+	// names (a browser fails a handshake that names none).
+	b.clearCookies(t)
+	wsN := len(e.web.received("/ws"))
+	subproto := fmt.Sprintf(`new Promise((resolve, reject) => {
+		const ws = new WebSocket("wss://" + location.host + "/ws", [%q]);
+		ws.onopen = () => ws.send("by subprotocol");
+		ws.onmessage = (ev) => { resolve(ws.protocol === %q ? ev.data : "protocol " + ws.protocol); ws.close(1000); };
+		ws.onerror = () => reject(new Error("websocket error"));
+	})`, "applistener.token."+tok, "applistener.token."+tok)
+	if got := b.eval(t, subproto); got != "by subprotocol" {
+		t.Errorf("the WebSocket with the token subprotocol only: %q", got)
+	}
+	if got := e.web.received("/ws")[wsN:]; len(got) != 1 || len(got[0].Header.Values("Sec-Websocket-Protocol")) != 0 {
+		t.Errorf("the app got %d WebSocket requests after the subprotocol one; want 1, offered no subprotocol", len(got))
 	}
 
 	// The app served the page once (the request that carried the token

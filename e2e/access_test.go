@@ -242,6 +242,9 @@ func TestAccessNoCredential(t *testing.T) {
 				}
 			}
 
+			if got := e.p.metric(t, "applistener_access_denials_total"); got < 10 {
+				t.Errorf("applistener_access_denials_total = %v after at least 10 denials", got)
+			}
 			if got := e.web.requestsSince(webBefore); len(got) != 0 {
 				t.Errorf("a request without a credential reached the app: %s %s", got[0].Method, got[0].URI)
 			}
@@ -717,6 +720,16 @@ func TestAccessCredentialSources(t *testing.T) {
 			resp, body := doRequest(t, c, newRequest(t, "GET", webOrigin+"/api?"+tokenQuery+"="+url.QueryEscape(tok), "",
 				"Accept", "*/*", "Sec-Fetch-Mode", "cors"), pc.h2)
 			expectJSONError(t, tokenQuery+" on a fetch", resp, body, http.StatusUnauthorized, "unauthenticated")
+
+			// ... but it is removed from what the app receives.
+			resp, body = doRequest(t, c, newRequest(t, "GET", webOrigin+"/api?a=1&"+tokenQuery+"=whatever", "",
+				"Accept", "*/*", "Sec-Fetch-Mode", "cors", tokenHeader, tok), pc.h2)
+			if resp.StatusCode != 200 {
+				t.Errorf("a fetch with the header and %s: %d %.200q; want 200", tokenQuery, resp.StatusCode, body)
+			} else if got := e.web.requestsSince(before); len(got) != 1 || got[0].URI != "/api?a=1" {
+				t.Errorf("the app received %d requests (%v); want one, for /api?a=1", len(got), got)
+			}
+			before = len(e.web.requests())
 
 			// A token valid for 48 h is refused in a URL: to the login page.
 			resp, _ = doRequest(t, c, newRequest(t, "GET", webOrigin+"/app?"+tokenQuery+"="+url.QueryEscape(long), "", nav...), pc.h2)
