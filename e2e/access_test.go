@@ -493,10 +493,11 @@ func routeChangedAt(t testing.TB, p *proc, host string, mark int) time.Time {
 // streams to end, so a close can even be seen a little before it (a
 // negative interval); the file write is no reference (the routes file is
 // polled every 250 ms). The measurement includes the test's own reader
-// goroutine waking up. Measured under -race on the shared 2-core machine:
-// -1.3 ms to +0.5 ms, so 100 ms leaves two orders of magnitude for a
-// loaded CI, while a stream that outlives the change until some other
-// timeout (keep-alive, idle, drain: seconds) fails.
+// goroutine waking up. Measured under -race on the shared 2-core machine
+// at a load average of 10: -7.3 ms to +8.7 ms over 56 closes (most within
+// ±1 ms), so 100 ms leaves an order of magnitude for a loaded CI, while a
+// stream that outlives the change until some other timeout (keep-alive,
+// idle, drain: seconds) fails.
 const revocationBound = 100 * time.Millisecond
 
 // TestAccessGenerationRevokes (issue 26, test 5): raising the service's
