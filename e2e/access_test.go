@@ -755,7 +755,27 @@ func TestAccessCredentialSources(t *testing.T) {
 			offered := "applistener.token." + tok + ", " + appSubprotocol
 			if pc.h2 {
 				h2 := e.p.dialH2(t, webHost)
-				s := h2.websocket(t, webHost+":"+e.p.port(t), "/ws", [2]string{"sec-websocket-protocol", offered})
+				authority := webHost + ":" + e.p.port(t)
+				// HTTP/2 lets a client split Cookie into one field per
+				// crumb (RFC 9113, 8.2.3): the token's crumb is found and
+				// removed, the others reach the app.
+				n := len(e.web.requests())
+				s := h2.get(t, authority, "/api?split", [2]string{"cookie", "theme=dark"},
+					[2]string{"cookie", tokenCookie + "=" + tok}, [2]string{"cookie", "lang=fr"})
+				if st, _ := s.response(t); st != 200 {
+					t.Errorf("the token in a split cookie field: status %d; want 200", st)
+				} else if got := e.web.requestsSince(n); len(got) != 1 ||
+					strings.Join(got[0].Header.Values("Cookie"), "; ") != "theme=dark; lang=fr" {
+					t.Errorf("the app's cookies after a split Cookie: %d requests; want one with theme=dark; lang=fr", len(got))
+				}
+				// The exchange keeps the path and query as they were encoded.
+				s = h2.get(t, authority, "/a%20b/c%2Fd?x=%2F&"+tokenQuery+"="+url.QueryEscape(tok)+"&y=a+b",
+					[2]string{"sec-fetch-mode", "navigate"}, [2]string{"accept", "text/html"})
+				if st, h := s.response(t); st != http.StatusSeeOther || h.Get("Location") != "/a%20b/c%2Fd?x=%2F&y=a+b" &&
+					h.Get("Location") != webOrigin+"/a%20b/c%2Fd?x=%2F&y=a+b" {
+					t.Errorf("exchange of an encoded URL: %d Location %q; want 303 to /a%%20b/c%%2Fd?x=%%2F&y=a+b", st, h.Get("Location"))
+				}
+				s = h2.websocket(t, authority, "/ws", [2]string{"sec-websocket-protocol", offered})
 				st, h := s.response(t)
 				if st != 200 || h.Get("Sec-Websocket-Protocol") != appSubprotocol {
 					t.Fatalf("HTTP/2 WebSocket with the token subprotocol: %d %v; want 200 with %s", st, h, appSubprotocol)
