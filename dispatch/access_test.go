@@ -20,10 +20,13 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
 	"github.com/applistener/applistener/accesstoken"
+	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -119,6 +122,25 @@ type accessEnv struct {
 	webGen  int64
 	webOpts string
 	third   *accessApp // when set, team/third's public service pub routes to it
+	ocsfOut lockedBuffer
+}
+
+// lockedBuffer is a strings.Builder safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (e *accessEnv) Write(p []byte) (int, error) {
@@ -166,6 +188,7 @@ func newAccessEnv(t *testing.T) *accessEnv {
 		AccessLog:       AccessLogJSON,
 		AccessLogWriter: e,
 		AccessLogRate:   -1, AccessLogTotalRate: -1,
+		OCSF: ocsf.NewEmitter(&e.ocsfOut, slog.LevelInfo, ocsf.Product{Version: "test"}),
 	})
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -394,6 +417,13 @@ func TestAccessNoCredential(t *testing.T) {
 	if !strings.Contains(e.logText(), `"access_denial":"no_credential"`) {
 		t.Fatalf("access log lacks the denial reason:\n%s", e.logText())
 	}
+	// Each denial is an OCSF HTTP Activity record (denied, with the reason).
+	if out := e.ocsfOut.String(); !strings.Contains(out, `"status_detail":"access: no_credential"`) || !strings.Contains(out, `"class_uid":4002`) {
+		t.Fatalf("no OCSF denial record:\n%s", out)
+	}
+	if n := promtestCounter(t, e.srv.m.accessDenials.WithLabelValues(denialNoCredential)); n < 10 {
+		t.Fatalf("applistener_access_denials_total{reason=no_credential} = %v", n)
+	}
 }
 
 // A preflight from an allowed origin is answered by the listener (204,
@@ -433,9 +463,11 @@ func TestAccessPreflight(t *testing.T) {
 // X-Forwarded-User, never the client's.
 func TestAccessQueryTokenExchange(t *testing.T) {
 	e := newAccessEnv(t)
+	var used []string
 	forBoth(t, func(t *testing.T, h2 bool) {
 		c := e.client(h2)
 		tok := e.token("k1", "demo", "web", "alice", 0, time.Hour)
+		used = append(used, tok)
 		r := e.do(c, "GET", accWeb, "/p/a?x=1&_al_token="+tok+"&y=2", navigate)
 		wantProto(t, r, h2)
 		if r.status != 303 || r.header.Get("Location") != "/p/a?x=1&y=2" || r.header.Get("Cache-Control") != "no-store" {
@@ -480,9 +512,19 @@ func TestAccessQueryTokenExchange(t *testing.T) {
 		}
 		e.app.hits.Store(0)
 	})
-	if log := e.logText(); strings.Contains(log, e.token("k1", "demo", "web", "alice", 0, time.Hour)[:40]) ||
-		!strings.Contains(log, `"credential":"cookie"`) || !strings.Contains(log, `"user":"alice"`) {
-		t.Fatalf("access log: token present or fields missing:\n%s", log)
+	// The access log and the OCSF records never carry a token (neither
+	// its payload nor its MAC), only where it came from and its subject.
+	log, rec := e.logText(), e.ocsfOut.String()
+	for _, tok := range used {
+		parts := strings.Split(tok, ".")
+		for _, part := range parts[2:] {
+			if strings.Contains(log, part) || strings.Contains(rec, part) {
+				t.Fatalf("a token part is in the access log or the OCSF records:\n%s\n%s", log, rec)
+			}
+		}
+	}
+	if !strings.Contains(log, `"credential":"cookie"`) || !strings.Contains(log, `"credential":"query"`) || !strings.Contains(log, `"user":"alice"`) {
+		t.Fatalf("access log fields missing:\n%s", log)
 	}
 }
 
@@ -672,6 +714,23 @@ func TestAccessWebSocket(t *testing.T) {
 			t.Fatalf("the app saw subprotocols %q", got)
 		}
 		c.echo(t, websocket.TextMessage, []byte("over h2"))
+		// The token's subprotocol alone: named in the answer, not seen by the app.
+		c, err = openAccessWS(t, cc, accWeb, "/ws", http.Header{"Sec-Websocket-Protocol": {accessSubprotocol + tok}})
+		if err != nil || c.resp.StatusCode != 200 || c.resp.Header.Get("Sec-Websocket-Protocol") != accessSubprotocol+tok {
+			t.Fatalf("with the token's subprotocol alone: %v %v", c, err)
+		}
+		if up := <-e.app.upgrades; len(up.Header.Values("Sec-Websocket-Protocol")) != 0 {
+			t.Fatalf("the app saw subprotocols %q", up.Header.Values("Sec-Websocket-Protocol"))
+		}
+		// The cookie, as a browser's WebSocket sends it.
+		c, err = openAccessWS(t, cc, accWeb, "/ws", http.Header{"Cookie": {accessCookie + "=" + tok}, "Origin": {accOrigin}})
+		if err != nil || c.resp.StatusCode != 200 {
+			t.Fatalf("with the cookie: %v %v", c, err)
+		}
+		if up := <-e.app.upgrades; up.Header.Get("Cookie") != "" {
+			t.Fatalf("the app saw the cookie %q", up.Header.Get("Cookie"))
+		}
+		c.echo(t, websocket.TextMessage, []byte("cookie"))
 	})
 }
 
@@ -1013,4 +1072,9 @@ func TestAccessHelpers(t *testing.T) {
 	if errors.Is(nil, accesstoken.ErrMalformed) {
 		t.Fatal("unreachable")
 	}
+}
+
+func promtestCounter(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	return promtest.ToFloat64(c)
 }

@@ -159,3 +159,42 @@ func TestCheckDocumentAccessPolicy(t *testing.T) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// serve's --access-keys-file (or APPLISTENER_ACCESS_KEYS_FILE) is checked
+// by validate as serve loads it: a valid file passes, a missing or
+// invalid one is one problem naming the flag.
+func TestValidateAccessKeysFile(t *testing.T) {
+	dir := t.TempDir()
+	routesFile := filepath.Join(dir, "routes.json")
+	write(t, routesFile, `{"instances": [{"workspace": "team", "sandbox": "a", "services": [{"name": "web", "port": 8080, "access": {"mode": "token"}}]}]}`)
+	good := writeAccessKeys(t, "k1")
+	bad := filepath.Join(dir, "bad.json")
+	write(t, bad, `{"keys":[{"id":"k1","secret":"c2hvcnQ="}]}`)
+	for _, tc := range []struct {
+		name, keys string
+		env        bool
+		code       int
+		want       string
+	}{
+		{"valid", good, false, 0, "configuration ok\n"},
+		{"valid from the environment", good, true, 0, "configuration ok\n"},
+		{"missing", filepath.Join(dir, "missing.json"), false, 1, "access keys file (--access-keys-file):"},
+		{"invalid", bad, true, 1, "access keys file (--access-keys-file):"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"validate", "--routes-file", routesFile, "--admin-address", "127.0.0.1:0"}
+			if tc.env {
+				t.Setenv("APPLISTENER_ACCESS_KEYS_FILE", tc.keys)
+			} else {
+				args = append(args, "--access-keys-file", tc.keys)
+			}
+			var stdout, stderr bytes.Buffer
+			if code := run(args, &stdout, &stderr); code != tc.code || !strings.Contains(stdout.String(), tc.want) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want %d and %q", code, stdout.String(), stderr.String(), tc.code, tc.want)
+			}
+			if tc.code != 0 && strings.Count(stdout.String(), "\n") != 1 {
+				t.Fatalf("want one line: %q", stdout.String())
+			}
+		})
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/control/gateway"
 	"github.com/applistener/applistener/routes"
 )
@@ -120,6 +121,11 @@ func checkServe(o *serveOptions, ports bool, now time.Time) problems {
 	}
 	if o.gatewayCAFile != "" {
 		ps = append(ps, checkPEMBundle(o.gatewayCAFile, "--gateway-ca-file")...)
+	}
+	if o.accessKeysFile != "" {
+		if _, err := accesstoken.LoadKeysFile(o.accessKeysFile); err != nil {
+			ps.add(o.accessKeysFile, "", "access keys file (--access-keys-file): %v", err)
+		}
 	}
 	if o.appACMERoots != "" {
 		ps = append(ps, checkPEMBundle(o.appACMERoots, "--app-acme-ca-roots")...)

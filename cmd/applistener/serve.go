@@ -453,27 +453,8 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	}
 
 	em := newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf)
-	// The access keys load first: a listener told to enforce access
-	// tokens does not start without keys it can trust.
-	var keys *accesskeys.Watcher
-	var disp *dispatch.Server
-	if o.accessKeysFile != "" {
-		var err error
-		keys, err = accesskeys.New(accesskeys.Options{
-			Path:   o.accessKeysFile,
-			Logger: logger,
-			OnChange: func(ch accesskeys.Change) {
-				if disp != nil && len(ch.Removed) > 0 {
-					disp.RevokeAccessKeys(ch.Removed)
-				}
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("--access-keys-file: %w", err)
-		}
-	}
 	table := routes.NewTable(routes.Options{
-		AccessTokens:      keys != nil,
+		AccessTokens:      o.accessKeysFile != "",
 		Domain:            o.appDomain,
 		Freshness:         o.freshness,
 		DefaultMaxStreams: o.defaultMaxStreams,
@@ -494,6 +475,25 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	// then every listen address.
 	if err := checkServe(o, false, time.Now()).errors(false).asError(); err != nil {
 		return err
+	}
+	// A listener told to enforce access tokens does not start without
+	// keys it can trust (checkServe said why the file is not usable).
+	var keys *accesskeys.Watcher
+	var disp *dispatch.Server
+	if o.accessKeysFile != "" {
+		var err error
+		keys, err = accesskeys.New(accesskeys.Options{
+			Path:   o.accessKeysFile,
+			Logger: logger,
+			OnChange: func(ch accesskeys.Change) {
+				if disp != nil && len(ch.Removed) > 0 {
+					disp.RevokeAccessKeys(ch.Removed)
+				}
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("--access-keys-file: %w", err)
+		}
 	}
 	var ln net.Listener
 	if o.appListener {
