@@ -69,7 +69,7 @@ func (e *accessWebEnv) doc(port string) ([]byte, string) {
 		}
 		demo = append(demo, s)
 	}
-	return accessDoc(
+	return privateRoutesDoc(
 		accessSandbox{sandbox: "demo", services: demo},
 		accessSandbox{sandbox: "demo2", services: []accessService{
 			{name: "web", port: e.web2.port, access: private2},

@@ -322,7 +322,7 @@ func (a *accessApp) neverSawCredentials(t testing.TB, tokens ...string) {
 // ---------------------------------------------------------------------------
 // routes documents with access policies
 
-// accessService is one service of accessDoc.
+// accessService is one service of privateRoutesDoc.
 type accessService struct {
 	name     string
 	port     int
@@ -330,15 +330,15 @@ type accessService struct {
 	access   map[string]any // nil: public (no "access")
 }
 
-// accessSandbox is one instance of accessDoc.
+// accessSandbox is one instance of privateRoutesDoc.
 type accessSandbox struct {
 	sandbox  string
 	services []accessService
 }
 
-// accessDoc is a routes document of team/<sandbox> instances under a fresh
+// privateRoutesDoc is a routes document of team/<sandbox> instances under a fresh
 // revision, and that revision.
-func accessDoc(sbs ...accessSandbox) ([]byte, string) {
+func privateRoutesDoc(sbs ...accessSandbox) ([]byte, string) {
 	rev := fmt.Sprintf("r%d", revCounter.Add(1))
 	var list []any
 	for _, sb := range sbs {
