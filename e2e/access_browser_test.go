@@ -245,6 +245,7 @@ func accessBrowserTokenLink(t *testing.T, b *browser, e *accessWebEnv) {
 		t.Errorf("the app saw %s %q; want alice", userHeader, got)
 	}
 	e.web.neverSawCredentials(t, tok)
+	e.p.neverLogged(t, tok)
 }
 
 // corsFetch is a page script: a JSON POST with credentials to url; it

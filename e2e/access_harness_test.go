@@ -319,6 +319,19 @@ func (a *accessApp) neverSawCredentials(t testing.TB, tokens ...string) {
 	}
 }
 
+// neverLogged fails the test if the listener's output (its logs, the
+// access log) contains one of tokens, or the MAC that ends it.
+func (p *proc) neverLogged(t testing.TB, tokens ...string) {
+	t.Helper()
+	out := p.output()
+	for _, tok := range tokens {
+		mac := tok[strings.LastIndexByte(tok, '.')+1:]
+		if strings.Contains(out, tok) || len(mac) >= 16 && strings.Contains(out, mac) {
+			t.Errorf("the listener logged a token (%.12s...)", tok)
+		}
+	}
+}
+
 // ---------------------------------------------------------------------------
 // routes documents with access policies
 

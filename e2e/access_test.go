@@ -392,6 +392,7 @@ func TestAccessTokenScope(t *testing.T) {
 			for _, a := range []*accessApp{e.web, e.api, e.web2, e.site} {
 				a.neverSawCredentials(t, tokWeb, tokSandbox, tokDemo2, tokNoSub, expired, unknownKey)
 			}
+			e.p.neverLogged(t, tokWeb, tokSandbox, tokDemo2, tokNoSub, expired, unknownKey)
 		})
 	}
 }
@@ -824,6 +825,7 @@ func TestAccessCredentialSources(t *testing.T) {
 				t.Errorf("embed service's Set-Cookie %q; want SameSite=None, Partitioned, Secure, HttpOnly, Path=/, no Domain", set)
 			}
 			e.embed.neverSawCredentials(t, etok)
+			e.p.neverLogged(t, tok, long, etok)
 		})
 	}
 }
