@@ -114,7 +114,8 @@ func headerValue(h map[string]string, name string) string {
 //     without the cookie, a WebSocket whose only subprotocol is the token
 //     connects too.
 //  2. CORSFetch: a JSON POST with credentials from the allowed sibling
-//     origin passes its preflight and the script reads the app's answer;
+//     origin passes its preflight (answered 204 by the listener, as its
+//     access log says) and the script reads the app's answer;
 //     from another origin the script gets a TypeError; without a
 //     credential the script reads the 401 JSON body.
 //  3. NoCredentialNavigation: the navigation ends at login_url with
@@ -301,6 +302,18 @@ func accessBrowserCORSFetch(t *testing.T, b *browser, e *accessWebEnv) {
 	if len(posts) == 0 || posts[len(posts)-1].Header.Get("Origin") != siteOrigin {
 		t.Errorf("the app did not get the POST from %s", siteOrigin)
 	}
+	preflights := func(status float64) int {
+		n := 0
+		for _, l := range accessLinesOf(t, e.p, "method", "OPTIONS") {
+			if l["path"] == "/api" && l["status"] == status {
+				n++
+			}
+		}
+		return n
+	}
+	testutil.Eventually(t, waitTimeout, "the access-log line of the preflight the listener answered 204", func() bool {
+		return preflights(204) > 0
+	})
 	for _, rec := range e.web.requests() {
 		if rec.Method == "OPTIONS" {
 			t.Errorf("the app received a preflight (%s); the listener answers them", rec.URI)
@@ -320,6 +333,9 @@ func accessBrowserCORSFetch(t *testing.T, b *browser, e *accessWebEnv) {
 	if got := e.web.requestsSince(n); len(got) != 0 {
 		t.Errorf("a fetch from a disallowed origin reached the app: %s %s", got[0].Method, got[0].URI)
 	}
+	testutil.Eventually(t, waitTimeout, "the access-log line of the preflight the listener refused 403", func() bool {
+		return preflights(403) > 0
+	})
 
 	// Without a credential, from the allowed origin: the script reads the
 	// 401 and its JSON body.
