@@ -26,6 +26,7 @@ FUZZ_TARGETS = \
 	./dispatch:FuzzParseResponseHead \
 	./dispatch:FuzzFramingAliases \
 	./dispatch:FuzzH2CResponse \
+	./dispatch:FuzzAccessCredentials \
 	./dispatch/internal/h2engine:FuzzServeConn
 
 .PHONY: all build run test deps vet cross unit fuzz-brief fuzz bench bench-compare lint clean

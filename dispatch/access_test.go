@@ -24,6 +24,12 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/internal/ocsf"
@@ -41,6 +47,7 @@ const (
 	accRPC    = "team--demo--rpc." + h2Domain
 	accPub    = "team--demo--pub." + h2Domain
 	accOther  = "team--other--web." + h2Domain
+	accGRPC   = "team--demo--grpc." + h2Domain
 	accOrigin = "https://app.example.com"
 	accLogin  = "https://login.example.com/sso?app=1"
 )
@@ -123,6 +130,10 @@ type accessEnv struct {
 	webOpts string
 	third   *accessApp // when set, team/third's public service pub routes to it
 	ocsfOut lockedBuffer
+	// grpcPort is a real gRPC server (TestService) routed as team/demo's
+	// grpc (h2c, token); grpcMD receives the metadata of each call it gets.
+	grpcPort int
+	grpcMD   chan metadata.MD
 }
 
 // lockedBuffer is a strings.Builder safe for concurrent writes.
@@ -180,6 +191,24 @@ func newAccessEnv(t *testing.T) *accessEnv {
 		t.Fatal(err)
 	}
 	e.app, e.rpc = newAccessApp(t, false), newAccessApp(t, true)
+	e.grpcMD = make(chan metadata.MD, 16)
+	gs := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		e.grpcMD <- md
+		return h(ctx, req)
+	}))
+	testpb.RegisterTestServiceServer(gs, &rpcServer{})
+	gln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.grpcPort = gln.Addr().(*net.TCPAddr).Port
+	var gwg sync.WaitGroup
+	gwg.Go(func() { _ = gs.Serve(gln) })
+	t.Cleanup(func() {
+		gs.Stop()
+		gwg.Wait()
+	})
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler), AccessTokens: true})
 	e.apply()
 	e.srv = New(Config{
@@ -244,10 +273,11 @@ func (e *accessEnv) apply() {
 	    {"name":"web","port":%d,"access":{"mode":"token","generation":%d,"login_url":%q,"cors_origins":[%q]%s}},
 	    {"name":"api","port":%d,"access":{"mode":"token","bearer":true,"cors_origins":[%q]}},
 	    {"name":"rpc","port":%d,"protocol":"h2c","access":{"mode":"token"}},
+	    {"name":"grpc","port":%d,"protocol":"h2c","access":{"mode":"token"}},
 	    {"name":"pub","port":%d}]},
 	  {"workspace":"team","sandbox":"other","generation":"1","connector":{"type":"tcp","host":"127.0.0.1"},"services":[
 	    {"name":"web","port":%d,"access":{"mode":"token"}}]}%s]}`,
-		p, e.webGen, accLogin, accOrigin, e.webOpts, p, accOrigin, e.rpc.port(), p, p, e.thirdEntry())
+		p, e.webGen, accLogin, accOrigin, e.webOpts, p, accOrigin, e.rpc.port(), e.grpcPort, p, p, e.thirdEntry())
 	d, err := routes.ParseDocument([]byte(doc))
 	if err != nil || len(d.Rejected) > 0 {
 		e.t.Fatalf("document: %v %+v", err, d)
@@ -753,6 +783,48 @@ func TestAccessGRPC(t *testing.T) {
 	s := seen(t, e.do(c, "GET", accRPC, "/x?_al_token=a", map[string]string{"X-Applistener-Token": tok, "Cookie": accessCookie + "=" + tok + "; a=b"}))
 	if s.Header.Get("X-Applistener-Token") != "" || s.Header.Get("Cookie") != "a=b" || s.Header.Get("X-Forwarded-User") != "carol" || s.URI != "/x" {
 		t.Fatalf("h2c app saw %+v", s)
+	}
+}
+
+// A real gRPC client and server (h2c): UNAUTHENTICATED without a token,
+// PERMISSION_DENIED with another service's, the call with one; the server
+// never sees the token in its metadata and gets the subject.
+func TestAccessGRPCClient(t *testing.T) {
+	e := newAccessEnv(t)
+	creds := credentials.NewTLS(&tls.Config{ServerName: accGRPC, RootCAs: e.ca.Pool()})
+	cc, err := grpc.NewClient("passthrough:///"+e.ln.Addr().String(), grpc.WithTransportCredentials(creds), grpc.WithAuthority(accGRPC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cc.Close() }()
+	client := testpb.NewTestServiceClient(cc)
+	call := func(tok string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if tok != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "x-applistener-token", tok)
+		}
+		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: 3})
+		return err
+	}
+	if err := call(""); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("without a token: %v, want Unauthenticated", err)
+	}
+	if err := call(e.token("k1", "demo", "web", "", 0, time.Hour)); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("with another service's token: %v, want PermissionDenied", err)
+	}
+	select {
+	case md := <-e.grpcMD:
+		t.Fatalf("the server got a refused call: %v", md)
+	default:
+	}
+	tok := e.token("k2", "demo", "grpc", "dave", 0, time.Hour)
+	if err := call(tok); err != nil {
+		t.Fatalf("with a token: %v", err)
+	}
+	md := <-e.grpcMD
+	if len(md.Get("x-applistener-token")) != 0 || strings.Join(md.Get("x-forwarded-user"), ",") != "dave" {
+		t.Fatalf("the server saw %v", md)
 	}
 }
 

@@ -17,6 +17,9 @@ type target struct {
 	sni  string // TLS server name; empty: plain TCP
 	host string // Host header
 	path string
+	// header is an extra request header line ("Name: value"; "" none),
+	// e.g. the cookie of a private service.
+	header string
 }
 
 func (t *target) tlsConfig() *tls.Config {
@@ -33,7 +36,11 @@ func (t *target) tlsConfig() *tls.Config {
 }
 
 func (t *target) request() []byte {
-	return []byte("GET " + t.path + " HTTP/1.1\r\nHost: " + t.host + "\r\nUser-Agent: applistener-bench\r\nAccept: */*\r\n\r\n")
+	extra := ""
+	if t.header != "" {
+		extra = t.header + "\r\n"
+	}
+	return []byte("GET " + t.path + " HTTP/1.1\r\nHost: " + t.host + "\r\nUser-Agent: applistener-bench\r\nAccept: */*\r\n" + extra + "\r\n")
 }
 
 // dial connects (and, for TLS, handshakes) to the target.

@@ -61,6 +61,7 @@ func targetFlags(fs *flag.FlagSet) *target {
 	fs.StringVar(&t.sni, "sni", "team--demo--web.apps.test", "TLS server name (empty: plain HTTP)")
 	fs.StringVar(&t.host, "host", "team--demo--web.apps.test", "Host header")
 	fs.StringVar(&t.path, "path", "/", "request path")
+	fs.StringVar(&t.header, "header", "", "an extra request header line, \"Name: value\" (e.g. a private service's cookie)")
 	return t
 }
 
