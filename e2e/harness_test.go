@@ -373,6 +373,12 @@ func (e *wsEchoes) serve(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	e.track(c)
+}
+
+// track echoes every message of the upgraded c until the connection ends,
+// keeping track of it meanwhile.
+func (e *wsEchoes) track(c *websocket.Conn) {
 	e.mu.Lock()
 	if e.conns == nil {
 		e.conns = map[*websocket.Conn]struct{}{}
