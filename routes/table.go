@@ -173,7 +173,15 @@ type Route struct {
 	// decided again under the new policy.
 	Access AccessPolicy
 
+	// Sleeping is the instance's state: a sleeping instance's route is
+	// installed and fresh but nothing is dialled (see WakePolicy). A
+	// change of state is a change of target: the route is reinstalled;
+	// the streams of an instance put to sleep are revoked with
+	// ErrSleeping, those of a woken one with ErrChanged.
+	Sleeping bool
+
 	table       *Table
+	wake        atomic.Pointer[WakePolicy]
 	declaration atomic.Int64
 	startGrace  atomic.Int64 // 0: the supervisor's default; else 1 + nanoseconds
 	dataMu      sync.Mutex
@@ -194,6 +202,27 @@ func (r *Route) StartGrace() (d time.Duration, ok bool) {
 		return 0, false
 	}
 	return time.Duration(n - 1), true
+}
+
+// Wake is the service's wake policy from the last delivered document, with
+// its defaults filled in (On and HoldSeconds are set). Like the start grace
+// it may change without reinstalling the route. Callers must not modify it.
+func (r *Route) Wake() *WakePolicy {
+	if p := r.wake.Load(); p != nil {
+		return p
+	}
+	return defaultWake
+}
+
+// defaultWake is the wake policy of a route whose document sets none.
+var defaultWake = wakeOf(&ServiceSpec{})
+
+// setWake records svc's wake policy.
+func (r *Route) setWake(svc *ServiceSpec) {
+	if cur := r.wake.Load(); cur != nil && cur.Equal(svc.Wake) {
+		return
+	}
+	r.wake.Store(wakeOf(svc))
 }
 
 // setStartGrace records svc's start_grace_seconds.
@@ -227,7 +256,7 @@ func (r *Route) Data(create func() any) any {
 
 func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
 	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector &&
-		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access)
+		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access) && r.Sleeping == spec.Sleeping()
 }
 
 // Snapshot is an immutable view of the installed routes.
@@ -520,11 +549,12 @@ func (t *Table) newRoute(from *Route) *Route {
 	r := &Route{
 		Host: from.Host, Workspace: from.Workspace, Sandbox: from.Sandbox, Service: from.Service,
 		Port: from.Port, Generation: from.Generation, Connector: from.Connector, Protocol: from.Protocol,
-		Access:              *from.Access.Clone(),
+		Access: *from.Access.Clone(), Sleeping: from.Sleeping,
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
 	r.declaration.Store(from.declaration.Load())
 	r.startGrace.Store(from.startGrace.Load())
+	r.wake.Store(from.wake.Load())
 	return r
 }
 
@@ -566,6 +596,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) {
 				prev.declaration.Store(svc.Revision)
 				prev.setStartGrace(svc)
+				prev.setWake(svc)
 				next[host] = prev
 				res.Kept++
 				continue
@@ -574,11 +605,12 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			r := &Route{
 				Host: host, Workspace: spec.Workspace, Sandbox: spec.Sandbox, Service: svc.Name,
 				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector, Protocol: svc.Protocol,
-				Access:              *svc.Access.orDefault().Clone(),
+				Access: *svc.Access.orDefault().Clone(), Sleeping: spec.Sleeping(),
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
 			r.declaration.Store(svc.Revision)
 			r.setStartGrace(svc)
+			r.setWake(svc)
 			next[host] = r
 			switch {
 			case prev == nil:
@@ -593,7 +625,11 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 				events = append(events, routeEvent("installed", r))
 			default:
 				res.Changed++
-				revs = append(revs, revocation{prev, ErrChanged, len(events)})
+				cause := ErrChanged
+				if r.Sleeping && !prev.Sleeping {
+					cause = ErrSleeping
+				}
+				revs = append(revs, revocation{prev, cause, len(events)})
 				events = append(events, routeEvent("changed", r))
 			}
 		}
