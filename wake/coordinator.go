@@ -22,11 +22,14 @@ import (
 )
 
 // Key identifies one wake: the instance and its generation. A recreated
-// sandbox (a new generation) is a new wake.
+// sandbox (a new generation) is a new wake. Supervisor is "" in a
+// supervisor's own coordinator (its hook knows its id) and names the
+// instance's supervisor in the gateway's, which relays for all of them.
 type Key struct {
 	Workspace  string
 	Sandbox    string
 	Generation string
+	Supervisor string
 }
 
 // String returns "workspace/sandbox" and the generation when it is set.
@@ -220,17 +223,23 @@ func New(opts Options) (*Coordinator, error) {
 	return c, nil
 }
 
-// Wait holds the caller until the instance of key is active (Active or
-// Sync), for at most hold. The first request for a sleeping instance
-// starts the wake (the Waker is called once, whoever leaves); later ones
-// join it. Requests are released in arrival order.
+// Wait holds the caller until the instance of key is active (Active,
+// Sync, or stale closed), for at most hold. The first request for a
+// sleeping instance starts the wake (the Waker is called once, whoever
+// leaves); later ones join it. Requests are released in arrival order.
+//
+// stale, when not nil, is closed when the caller's view of the instance
+// is outdated: the data plane passes its route's lease (Lease.Done), which
+// ends when the instance's state changes. It releases the wake as Active
+// does, so that a change the coordinator was not told of yet (Sync runs
+// after every table change) releases the held requests at once.
 //
 // It returns ErrOverflow at once when the bounds are reached, a
 // *CannotWakeError while the negative cache holds a refusal,
 // ErrHoldExpired when hold passes first (hold 0 starts or joins the wake
 // and returns it at once), ErrFailed when the platform could not be asked,
 // ErrClosed, or ctx's error.
-func (c *Coordinator) Wait(ctx context.Context, key Key, hold time.Duration) (Ticket, error) {
+func (c *Coordinator) Wait(ctx context.Context, key Key, hold time.Duration, stale <-chan struct{}) (Ticket, error) {
 	start := time.Now()
 	c.mu.Lock()
 	f, coalesced, err := c.flightLocked(key, start, hold > 0)
@@ -255,12 +264,25 @@ func (c *Coordinator) Wait(ctx context.Context, key Key, hold time.Duration) (Ti
 	timer := time.NewTimer(hold)
 	defer timer.Stop()
 	var cause error
-	select {
-	case <-w.ch:
-	case <-timer.C:
-		cause = ErrHoldExpired
-	case <-ctx.Done():
-		cause = ctx.Err()
+wait:
+	for {
+		select {
+		case <-w.ch:
+			break wait
+		case <-stale:
+			stale = nil
+			c.mu.Lock()
+			if c.flights[key] == f {
+				c.activeLocked(key)
+			}
+			c.mu.Unlock()
+		case <-timer.C:
+			cause = ErrHoldExpired
+			break wait
+		case <-ctx.Done():
+			cause = ctx.Err()
+			break wait
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -53,8 +53,8 @@ const (
 type HookOptions struct {
 	// URL is the platform's hook: an absolute http or https URL.
 	URL string
-	// Supervisor is the "supervisor" of every request: the id of the
-	// supervisor whose instance is woken.
+	// Supervisor is the "supervisor" of a request whose Key names none:
+	// the id of the supervisor whose instance is woken.
 	Supervisor string
 	// Token, when set, is sent as "Authorization: Bearer <Token>".
 	Token string
@@ -125,7 +125,11 @@ type hookRequest struct {
 
 // Wake asks the platform to wake key (see the protocol above).
 func (h *Hook) Wake(ctx context.Context, key Key) error {
-	body, err := json.Marshal(hookRequest{key.Workspace, key.Sandbox, key.Generation, h.opts.Supervisor})
+	sup := key.Supervisor
+	if sup == "" {
+		sup = h.opts.Supervisor
+	}
+	body, err := json.Marshal(hookRequest{key.Workspace, key.Sandbox, key.Generation, sup})
 	if err != nil {
 		return fmt.Errorf("wake hook: encode the request: %w", err)
 	}

@@ -97,7 +97,7 @@ func TestHundredWaitersOneHookCall(t *testing.T) {
 	results := make(chan result, n)
 	for range n {
 		go func() {
-			tk, err := c.Wait(context.Background(), keyA, 30*time.Second)
+			tk, err := c.Wait(context.Background(), keyA, 30*time.Second, nil)
 			results <- result{tk, err}
 		}()
 	}
@@ -158,7 +158,7 @@ func TestReleaseInArrivalOrder(t *testing.T) {
 			ctx = ctx3
 		}
 		go func() {
-			tk, err := c.Wait(ctx, keyA, 30*time.Second)
+			tk, err := c.Wait(ctx, keyA, 30*time.Second, nil)
 			results <- arrived{i, result{tk, err}}
 		}()
 		itest.Eventually(t, 10*time.Second, "request held", func() bool { return c.Held() == i+1 })
@@ -207,17 +207,17 @@ func TestHoldDeadline(t *testing.T) {
 	p := newPlatform(t, nil)
 	c, _ := newCoordinator(t, p, Options{}, HookOptions{})
 	start := time.Now()
-	_, err := c.Wait(context.Background(), keyA, 300*time.Millisecond)
+	_, err := c.Wait(context.Background(), keyA, 300*time.Millisecond, nil)
 	if !errors.Is(err, ErrHoldExpired) || time.Since(start) < 300*time.Millisecond {
 		t.Fatalf("Wait = %v after %v, want ErrHoldExpired after the 300 ms hold", err, time.Since(start))
 	}
-	tk, err := c.Wait(context.Background(), keyA, 0)
+	tk, err := c.Wait(context.Background(), keyA, 0, nil)
 	if !errors.Is(err, ErrHoldExpired) || !tk.Coalesced {
 		t.Fatalf("hold 0: %+v %v, want a coalesced ErrHoldExpired", tk, err)
 	}
 	done := make(chan result, 1)
 	go func() {
-		tk, err := c.Wait(context.Background(), keyA, 30*time.Second)
+		tk, err := c.Wait(context.Background(), keyA, 30*time.Second, nil)
 		done <- result{tk, err}
 	}()
 	itest.Eventually(t, 10*time.Second, "request held", func() bool { return c.Held() == 1 })
@@ -239,7 +239,7 @@ func TestHookTimeout(t *testing.T) {
 	})
 	c, reg := newCoordinator(t, p, Options{}, HookOptions{Timeout: 200 * time.Millisecond, Attempts: 2, Backoff: 50 * time.Millisecond})
 	start := time.Now()
-	_, err := c.Wait(context.Background(), keyA, 30*time.Second)
+	_, err := c.Wait(context.Background(), keyA, 30*time.Second, nil)
 	if !errors.Is(err, ErrFailed) {
 		t.Fatalf("Wait = %v, want ErrFailed", err)
 	}
@@ -310,12 +310,12 @@ func TestNegativeCache(t *testing.T) {
 			_, _ = w.Write([]byte(`{"reason":"sandbox deleted\nby its owner"}`))
 		})
 		c, reg := newCoordinator(t, p, Options{NegativeTTL: time.Second}, HookOptions{})
-		_, err := c.Wait(context.Background(), keyA, 30*time.Second)
+		_, err := c.Wait(context.Background(), keyA, 30*time.Second, nil)
 		var cw *CannotWakeError
 		if !errors.As(err, &cw) || cw.Reason != "sandbox deleted by its owner" || !errors.Is(err, ErrCannotWake) {
 			t.Fatalf("%d: Wait = %v, want the platform's reason on one line", code, err)
 		}
-		_, err = c.Wait(context.Background(), keyA, 30*time.Second)
+		_, err = c.Wait(context.Background(), keyA, 30*time.Second, nil)
 		if !errors.As(err, &cw) || cw.Reason != "sandbox deleted by its owner" {
 			t.Fatalf("%d: cached: %v", code, err)
 		}
@@ -331,13 +331,13 @@ func TestNegativeCache(t *testing.T) {
 		if v := testutil.ToFloat64(mustCounter(t, reg, "applistener_wake_refused_cached_total")); v != 2 {
 			t.Fatalf("refused_cached %v, want 2", v)
 		}
-		other := Key{"team", "other", ""}
-		if _, err := c.Wait(context.Background(), other, 0); !errors.Is(err, ErrHoldExpired) {
+		other := Key{Workspace: "team", Sandbox: "other"}
+		if _, err := c.Wait(context.Background(), other, 0, nil); !errors.Is(err, ErrHoldExpired) {
 			t.Fatalf("another instance: %v", err)
 		}
 		itest.Eventually(t, 10*time.Second, "the hook asked for the other instance", func() bool { return p.calls.Load() == 2 })
 		time.Sleep(time.Second) // the TTL under test passes
-		if _, err := c.Wait(context.Background(), keyA, 30*time.Second); !errors.Is(err, ErrCannotWake) {
+		if _, err := c.Wait(context.Background(), keyA, 30*time.Second, nil); !errors.Is(err, ErrCannotWake) {
 			t.Fatalf("after the TTL: %v", err)
 		}
 		if p.calls.Load() != 3 {
@@ -365,7 +365,7 @@ func TestOverflow(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = c.Wait(ctx, k, 30*time.Second)
+			_, _ = c.Wait(ctx, k, 30*time.Second, nil)
 		}()
 	}
 	for i := range 3 {
@@ -373,15 +373,15 @@ func TestOverflow(t *testing.T) {
 		itest.Eventually(t, 10*time.Second, "held", func() bool { return c.Held() == i+1 })
 	}
 	start := time.Now()
-	if _, err := c.Wait(context.Background(), keyA, 30*time.Second); !errors.Is(err, ErrOverflow) || time.Since(start) > time.Second {
+	if _, err := c.Wait(context.Background(), keyA, 30*time.Second, nil); !errors.Is(err, ErrOverflow) || time.Since(start) > time.Second {
 		t.Fatalf("4th request for one instance: %v after %v, want ErrOverflow at once", err, time.Since(start))
 	}
-	b := Key{"team", "b", ""}
+	b := Key{Workspace: "team", Sandbox: "b"}
 	hold(b)
 	hold(b)
 	itest.Eventually(t, 10*time.Second, "5 held", func() bool { return c.Held() == 5 })
-	cKey := Key{"team", "c", ""}
-	if _, err := c.Wait(context.Background(), cKey, 30*time.Second); !errors.Is(err, ErrOverflow) {
+	cKey := Key{Workspace: "team", Sandbox: "c"}
+	if _, err := c.Wait(context.Background(), cKey, 30*time.Second, nil); !errors.Is(err, ErrOverflow) {
 		t.Fatalf("6th request in the process: %v, want ErrOverflow", err)
 	}
 	itest.Eventually(t, 10*time.Second, "two hook calls", func() bool { return p.calls.Load() == 2 })
@@ -389,7 +389,7 @@ func TestOverflow(t *testing.T) {
 	itest.Eventually(t, 10*time.Second, "b released", func() bool { return c.Held() == 3 })
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Wait(context.Background(), cKey, 30*time.Second)
+		_, err := c.Wait(context.Background(), cKey, 30*time.Second, nil)
 		done <- err
 	}()
 	itest.Eventually(t, 10*time.Second, "c held", func() bool { return c.Held() == 4 })
@@ -438,7 +438,7 @@ func TestClose(t *testing.T) {
 	c, _ := newCoordinator(t, p, Options{}, HookOptions{Timeout: time.Minute})
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Wait(context.Background(), keyA, time.Minute)
+		_, err := c.Wait(context.Background(), keyA, time.Minute, nil)
 		done <- err
 	}()
 	itest.Eventually(t, 10*time.Second, "hook called", func() bool { return p.calls.Load() == 1 })
@@ -446,7 +446,7 @@ func TestClose(t *testing.T) {
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait after Close: %v", err)
 	}
-	if _, err := c.Wait(context.Background(), keyA, time.Second); !errors.Is(err, ErrClosed) {
+	if _, err := c.Wait(context.Background(), keyA, time.Second, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait on a closed coordinator: %v", err)
 	}
 }
@@ -477,11 +477,11 @@ func TestSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	b := Key{"team", "b", ""}
+	b := Key{Workspace: "team", Sandbox: "b"}
 	res := make(chan error, 2)
 	for _, k := range []Key{keyA, b} {
 		go func() {
-			_, err := c.Wait(context.Background(), k, 30*time.Second)
+			_, err := c.Wait(context.Background(), k, 30*time.Second, nil)
 			res <- err
 		}()
 	}

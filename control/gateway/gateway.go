@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/internal/pollfile"
+	"github.com/applistener/applistener/wake"
 )
 
 // Defaults and limits of the reference gateway.
@@ -112,6 +113,10 @@ type Config struct {
 	// its token's grant; a tokens reload re-checks at once too
 	// (DefaultDiscoveryReauthPeriod when not positive).
 	DiscoveryReauthPeriod time.Duration
+	// WakeHook, when set, is the platform's wake hook: supervisors' wake
+	// requests (POST .../instances/{ws}/{sb}/wake) are forwarded to it
+	// (package wake). Its URL is required; Supervisor is set per request.
+	WakeHook *wake.HookOptions
 	// Logger receives the gateway's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics; nil registers none.
@@ -143,6 +148,9 @@ type Gateway struct {
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *discoveryService
+	// wake relays supervisors' wake requests to the platform's hook
+	// (coalesced per instance, refusals cached); nil without a hook.
+	wake *wake.Coordinator
 
 	store     store
 	storeKind string // "memory" or "etcd"
@@ -233,6 +241,16 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
 		"the gateway's store is not loaded yet")
+	if cfg.WakeHook != nil {
+		hook, err := wake.NewHook(*cfg.WakeHook)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		g.wake, err = wake.New(wake.Options{Waker: hook, Registerer: cfg.Registerer, Logger: g.log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	var tokens []tokenGrant
 	if g.configPath != "" {
 		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
@@ -481,6 +499,9 @@ func (g *Gateway) Close() {
 		g.endWatcherLocked(w, "gateway closing")
 	}
 	g.discovery.close()
+	if g.wake != nil {
+		g.wake.Close()
+	}
 }
 
 // Ready reports whether the gateway can answer (its store is loaded and
@@ -507,6 +528,7 @@ func (g *Gateway) isClosed() bool {
 //	DELETE /v1/supervisors/{id}/installations?session=  withdraw a session (204)
 //	PUT, DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  write API: one instance of the document
 //	GET /v1/supervisors/{id}/instances          write API: the document
+//	POST /v1/supervisors/{id}/instances/{ws}/{sb}/wake?session=  wake a sleeping instance (wake.go)
 //	GET /v1/pools/{pool}/members                write API: the live sessions of a pool
 //	GET /v1/workspaces/{ws}/service-routes          discovery: the published routes of ws
 //	GET /v1/workspaces/{ws}/service-routes?watch=1  NDJSON: that snapshot, then every change and keepalives
@@ -521,6 +543,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
 	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
 	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
+	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}/wake", g.serveWake)
 	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
 	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {

@@ -60,6 +60,7 @@ const (
 	endpointWithdraw      = "withdraw"
 	endpointInstances     = "instances"
 	endpointPoolMembers   = "pool_members"
+	endpointWake          = "wake"
 	endpointOther         = "other"
 )
 

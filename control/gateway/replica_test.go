@@ -20,6 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/wake"
 )
 
 // Tokens of the replica fixture, beside the discovery fixture's.
@@ -50,6 +52,7 @@ type replicaOptions struct {
 	keepaliveMin time.Duration
 	policy       string
 	reauth       time.Duration
+	wakeHook     *wake.HookOptions // nil: no wake hook
 }
 
 // replica is one Gateway served on loopback, with Run running.
@@ -107,6 +110,7 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 		EndpointPolicy:        o.policy,
 		Poll:                  20 * time.Millisecond,
 		DiscoveryReauthPeriod: o.reauth,
+		WakeHook:              o.wakeHook,
 		Logger:                slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:            r.reg,
 	}
