@@ -60,6 +60,9 @@ type Instance struct {
 	// wsOpen×now − wsStartSum, so that usage grows while they are open.
 	wsOpen     atomic.Int64
 	wsStartSum atomic.Int64
+	// act is what /v1/usage reports of the instance's activity: its
+	// last request, its WebSockets' last frame and their silence.
+	act activity
 }
 
 // WebSocketOpened counts a WebSocket of the instance open since start, so
