@@ -90,6 +90,14 @@ type accessRecord struct {
 	// detached).
 	uab, refb []byte
 	uas, refs string
+	// Private services (access.go): where the credential came from, the
+	// token's subject and why access was denied; never the token.
+	credential, user, accessDenial string
+}
+
+// noteAccess records the access decision d.
+func (r *accessRecord) noteAccess(d *accessDecision) {
+	r.credential, r.user, r.accessDenial = d.source.String(), d.claims.Subject, d.reason
 }
 
 // begin resets r for a request of proto starting now, with a new id.
@@ -468,6 +476,15 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	}
 	if r.reason != "" {
 		f.str("reason", r.reason)
+	}
+	if r.credential != "" {
+		f.str("credential", r.credential)
+	}
+	if r.user != "" {
+		f.str("user", r.user)
+	}
+	if r.accessDenial != "" {
+		f.str("access_denial", r.accessDenial)
 	}
 	f.num("installation_version", int64(rt.InstallationVersion))
 	if f.json {

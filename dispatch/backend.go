@@ -56,6 +56,9 @@ type backendPool struct {
 	// hostHeader is the Host sent to the app (unless the public one is
 	// preserved): host:port of its loopback address.
 	hostHeader string
+	// access is the route's access state when it is private (access.go);
+	// nil for a public route.
+	access *accessRoute
 	// cookieWarned: a widened cookie Domain was logged for this route.
 	cookieWarned atomic.Bool
 	// onStale, when set, counts an idle connection found closed by the
@@ -285,6 +288,7 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 			host = route.Connector.Host
 		}
 		p.hostHeader = net.JoinHostPort(host, strconv.Itoa(route.Port))
+		p.access = newAccessRoute(route)
 		return p
 	}).(*backendPool)
 }

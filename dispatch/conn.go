@@ -49,6 +49,13 @@ type clientConn struct {
 	rec    accessRecord
 	ci     connInfo
 	bodyIn atomic.Int64 // request body bytes sent to the app (the body copy's result)
+	// Private services (access_conn.go): the request's decision, what its
+	// forwarding removes and adds, the last token converted to a string,
+	// and the key ids that authenticated the connection's requests.
+	acc       accessDecision
+	accFwd    accessForward
+	lastToken string
+	keys      authKeys
 
 	mu      sync.Mutex
 	idle    bool
@@ -397,6 +404,12 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	if c.route.Protocol == routes.ProtocolH2C {
 		return c.deny(denyH2COnly) // h2c.go
 	}
+	c.acc = accessDecision{}
+	if ar := c.s.routePool(c.route).access; ar != nil {
+		if proceed, keep := c.checkAccess(ar); !proceed {
+			return keep
+		}
+	}
 	inst := c.route.Instance
 	if !inst.Acquire() {
 		return c.deny(denyLimit)
@@ -497,6 +510,7 @@ func (c *clientConn) proxy() bool {
 	x.reset(c.s, c.route, c.sni, req, c)
 	defer c.rec.timings(x)
 	fi := c.s.forwardInfo(x.pool, c.sni, c.peer, c.trusted, publicPortOf(req.host), c.rec.id.bytes())
+	c.accessForwarding(&fi, x.pool.access)
 	c.out = appendRequestHead(c.out[:0], req, &fi)
 	c.s.countDropped(&fi, c.route)
 	// A small body that has fully arrived goes out with the head.
@@ -588,8 +602,10 @@ func (c *clientConn) proxy() bool {
 			x.abort()
 			return c.exchangeFailed(x, &badResponseError{errors.New("101 without a WebSocket upgrade")})
 		}
+		c.acc.echoSubprotocol(resp)
 		return c.websocket(x.bc, resp)
 	}
+	addAccessCORS(resp, c.acc.origin)
 	// Frame the body towards the client.
 	out := resp.body
 	closeClient := req.close || c.s.draining.Load()

@@ -167,6 +167,13 @@ type forwardInfo struct {
 	// requestID is sent as X-Request-Id (the client's are dropped); none
 	// when empty.
 	requestID []byte
+	// access, for a token-mode route, removes the credentials the
+	// listener consumed and sets X-Forwarded-User (access.go); nil for a
+	// public route.
+	access *accessForward
+	// path, when set, is the target sent instead of the request's (the
+	// request's without its _al_token parameter).
+	path []byte
 }
 
 // forwardInfo returns what the listener adds to a request forwarded
@@ -242,7 +249,11 @@ func (s *Server) countDropped(fi *forwardInfo, route *routes.Route) {
 func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	dst = append(dst, r.method...)
 	dst = append(dst, ' ')
-	dst = append(dst, r.path...)
+	if fi.path != nil {
+		dst = append(dst, fi.path...)
+	} else {
+		dst = append(dst, r.path...)
+	}
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
 	dst = fi.appendAppHost(dst, r.host)
 	dst = append(dst, "\r\n"...)
@@ -252,7 +263,14 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 		if connectionNamed(f.name, r.connTokens) || !claims.keep(fi, f.name, f.value) {
 			continue
 		}
-		dst = appendField(dst, f.name, f.value)
+		value := f.value
+		if fi.access != nil {
+			var drop bool
+			if value, drop = fi.access.rewriteField(f.name, value); drop {
+				continue
+			}
+		}
+		dst = appendField(dst, f.name, value)
 	}
 	switch {
 	case r.body == bodyLength:
@@ -286,6 +304,10 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 	if len(fi.requestID) > 0 {
 		dst = append(dst, "\r\nX-Request-Id: "...)
 		dst = append(dst, fi.requestID...)
+	}
+	if fi.access != nil && fi.access.user != "" {
+		dst = append(dst, "\r\nX-Forwarded-User: "...)
+		dst = append(dst, fi.access.user...)
 	}
 	dst = append(dst, "\r\n\r\n"...)
 	return dst
@@ -327,7 +349,10 @@ func (c *forwardClaims) keep(fi *forwardInfo, name, value []byte) bool {
 		fi.dropped++
 		return false
 	}
-	if isRequestIDField(name) {
+	if isRequestIDField(name) || isForwardedUser(name) {
+		return false
+	}
+	if fi.access != nil && fi.access.consumedField(name, value) {
 		return false
 	}
 	if !forwardingHeader(name) {

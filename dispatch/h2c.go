@@ -97,6 +97,7 @@ func (st *h2Stream) proxyH2C() bool {
 	bp := s.routePool(hc.route)
 	pool := s.h2cPoolOf(hc.route, bp)
 	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
+	appPath := st.accessForwarding(&fi, bp.access)
 	clientHeader := h2cClientHeader(es.Header)
 	header := h2cRequestHeader(clientHeader, &fi)
 	s.countDropped(&fi, hc.route)
@@ -136,7 +137,7 @@ func (st *h2Stream) proxyH2C() bool {
 	})
 	out := &http.Request{
 		Method:     es.Method,
-		URL:        h2cURL(bp.hostHeader, es.Path),
+		URL:        h2cURL(bp.hostHeader, appPath),
 		Proto:      "HTTP/2.0",
 		ProtoMajor: 2,
 		Header:     header,
@@ -188,6 +189,10 @@ func (st *h2Stream) proxyH2C() bool {
 	publicPort := hostPort([]byte(st.host))
 	h := make(http.Header, len(resp.Header))
 	s.h2cResponseFields(h, resp.Header, false, hc.sni, publicPort, bp)
+	if o := st.acc.origin; o != nil && len(h.Values("Access-Control-Allow-Origin")) == 0 {
+		h["Access-Control-Allow-Origin"] = []string{string(o)}
+		h["Access-Control-Allow-Credentials"] = []string{"true"}
+	}
 	// The request's id in place of the app's (as for HTTP/1.1 apps).
 	h["X-Request-Id"] = []string{string(st.rec.id.bytes())}
 	rw := h2cResponse{st: st, status: resp.StatusCode, fields: h2Fields(h)}
@@ -565,6 +570,28 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 	dst["Forwarded"] = []string{string(claims.appendForwarded(nil, fi))}
 	if len(fi.requestID) > 0 {
 		dst["X-Request-Id"] = []string{string(fi.requestID)}
+	}
+	if fi.access != nil {
+		for _, k := range []string{"Cookie", "Sec-Websocket-Protocol"} {
+			vs, ok := dst[k]
+			if !ok {
+				continue
+			}
+			kept := make([]string, 0, len(vs))
+			for _, v := range vs {
+				if out, drop := fi.access.rewriteField([]byte(k), []byte(v)); !drop {
+					kept = append(kept, string(out))
+				}
+			}
+			if len(kept) == 0 {
+				delete(dst, k)
+			} else {
+				dst[k] = kept
+			}
+		}
+		if fi.access.user != "" {
+			dst["X-Forwarded-User"] = []string{fi.access.user}
+		}
 	}
 	return dst
 }

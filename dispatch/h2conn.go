@@ -24,6 +24,10 @@ type h2Conn struct {
 	nc      *h2NetConn     // what the engine reads and writes
 	ec      *h2engine.Conn // the engine serving the connection
 
+	// keys are the key ids that authenticated the connection's requests
+	// (access_conn.go).
+	keys authKeys
+
 	mu       sync.Mutex
 	revoked  error
 	backends map[*backendConn]struct{} // in use by a stream

@@ -41,6 +41,11 @@ type h2Stream struct {
 	// an app connection was attached); st must not go back to the pool.
 	noReuse bool
 
+	// acc is the request's access decision and accFwd what its
+	// forwarding removes and adds (access_conn.go).
+	acc    accessDecision
+	accFwd accessForward
+
 	req   request
 	head  []byte                 // the request head sent to the app
 	arena []byte                 // the request's names and values
@@ -115,6 +120,7 @@ func (st *h2Stream) release() {
 	resp := st.x.resp
 	st.x = exchange{resp: resp}
 	st.rec = accessRecord{}
+	st.acc, st.accFwd = accessDecision{}, accessForward{}
 	st.attached.Store(nil)
 	st.req.reset()
 	st.req.fields = st.req.fields[:0]
@@ -161,6 +167,9 @@ func (st *h2Stream) serve() bool {
 	}
 	if !routes.HostMatches(st.host, hc.sni) {
 		st.deny(denyMisdirected)
+		return false
+	}
+	if ar := st.s.routePool(hc.route).access; ar != nil && !st.checkAccess(ar) {
 		return false
 	}
 	if hc.route.Protocol == routes.ProtocolH2C {
@@ -408,6 +417,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	defer st.rec.timings(x)
 	hasBody := req.body != bodyNone
 	fi := s.forwardInfo(x.pool, st.hc.sni, st.hc.peer, st.hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
+	st.accessForwarding(&fi, x.pool.access)
 	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, st.hc.route)
 	if !hasBody {
@@ -469,6 +479,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	}
 
 	resp := &x.resp
+	addAccessCORS(resp, st.acc.origin)
 	length := int64(-1)
 	if resp.body == bodyLength {
 		length = resp.length

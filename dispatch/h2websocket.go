@@ -101,6 +101,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 	x := &st.x
 	x.reset(s, hc.route, hc.sni, req, st)
 	fi := s.forwardInfo(x.pool, hc.sni, hc.peer, hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
+	st.accessForwarding(&fi, x.pool.access)
 	st.head = appendRequestHead(st.head[:0], req, &fi)
 	s.countDropped(&fi, hc.route)
 	if err := x.connect(context.Background(), st.head, true); err != nil {
@@ -142,6 +143,7 @@ func (st *h2Stream) proxyWebSocket(req *request, key string) bool {
 		bc.close()
 		return true
 	}
+	st.acc.echoSubprotocol(resp)
 	fields := st.responseFields(resp, false, -1)
 	kept := fields[:0]
 	for _, f := range fields {

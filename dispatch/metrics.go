@@ -12,6 +12,7 @@ import (
 type metrics struct {
 	requests         *prometheus.CounterVec
 	denials          *prometheus.CounterVec
+	accessDenials    *prometheus.CounterVec
 	connsActive      prometheus.Gauge
 	streamsActive    prometheus.Gauge
 	websocketsActive prometheus.Gauge
@@ -83,12 +84,19 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Name: "applistener_request_headers_dropped_total",
 			Help: "Request header fields not forwarded to apps, by reason (underscore: a name containing '_').",
 		}, []string{"reason"}),
+		accessDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "applistener_access_denials_total",
+			Help: "Requests to private services (access mode token) refused, by reason: no_credential, malformed, unknown_key, bad_signature, expired, lifetime, wrong_scope, revoked, origin_not_allowed, no_keys.",
+		}, []string{"reason"}),
 		cookieDomains: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "applistener_cookie_domains_removed_total",
 			Help: "Set-Cookie Domain attributes removed because they named more than the request's host.",
 		}),
 	}
 	m.requestsByCode.vec, m.denialsByCode.vec = m.requests, m.denials
+	for _, r := range accessDenialReasons {
+		m.accessDenials.WithLabelValues(r)
+	}
 	for _, o := range startOutcomes {
 		m.startWaits.WithLabelValues(o) // every series exported from the start
 	}
@@ -124,7 +132,7 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",
 		}, parked)
 		reg.MustRegister(m.requests, m.denials, m.connsActive, m.streamsActive, m.websocketsActive, bytes, m.dials, idle,
-			m.staleConns, m.startWaits, m.startWaiting, m.headersDropped, m.cookieDomains)
+			m.staleConns, m.startWaits, m.startWaiting, m.headersDropped, m.cookieDomains, m.accessDenials)
 	}
 	return m
 }

@@ -43,6 +43,9 @@
 //	idlepark.go    idle HTTP/1.1 keep-alive connections without goroutine
 //	keepalive.go   the yield before the next request of a keep-alive connection
 //	metrics.go     the data plane's metrics
+//	access.go      private services: credentials, intent, the decision
+//	access_answer.go  the listener's access answers (401/403/303/204, gRPC)
+//	access_conn.go the decision's hooks in both protocols, key revocation
 //
 // The system calls on sockets (a conn's raw socket, the early ACK, a hang-up
 // seen without reading, the idle probe, the readable wait, a request written
@@ -64,6 +67,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/connector"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
@@ -125,6 +129,10 @@ type Config struct {
 	// WebSocketCloseGrace is how long a revoked WebSocket may take to reach
 	// a frame boundary before it is closed anyway.
 	WebSocketCloseGrace time.Duration
+	// AccessKeys returns the keys that verify the access tokens of
+	// services in access mode token (access.go); nil, or a nil set: none,
+	// and every request to such a service is refused.
+	AccessKeys func() *accesstoken.KeySet
 	// NewConnector builds the connector of a route.
 	NewConnector func(routes.ConnectorSpec) (connector.Connector, error)
 	// AccessLog is the access log's format, AccessLogText, AccessLogJSON or

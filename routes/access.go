@@ -13,8 +13,9 @@ const (
 	// AccessPublic serves every request (the default: no policy).
 	AccessPublic = "public"
 	// AccessToken serves only requests with an access token of the
-	// service's sandbox (package accesstoken). Not enforced yet:
-	// ParseDocument refuses it (see ParseDocument).
+	// service's sandbox (package accesstoken), enforced by the data plane
+	// (package dispatch). A table without access keys refuses such an
+	// instance (Options.AccessTokens).
 	AccessToken = "token"
 )
 
@@ -85,13 +86,10 @@ func (p *AccessPolicy) orDefault() *AccessPolicy {
 
 // validate adds the policy's problems to ps; at is the JSON path of
 // "access" and what names the service.
-func (p *AccessPolicy) validate(ps *problemList, at, what string, opts parseOptions) {
+func (p *AccessPolicy) validate(ps *problemList, at, what string) {
 	switch p.Mode {
 	case AccessPublic:
 	case AccessToken:
-		if !opts.accessTokens {
-			ps.add(at+".mode", "%s: access mode token is not enforced by this version", what)
-		}
 	case "":
 		ps.add(at+".mode", "%s: access.mode is required (public or token)", what)
 	default:

@@ -26,27 +26,64 @@ func parseAccess(t *testing.T, access string, opts parseOptions) *Document {
 	return doc
 }
 
-// Until enforcement exists, mode token rejects the entry (its routes are
-// withdrawn: fail closed) with a reason that says so, so that nobody
-// believes a preview private while anyone can open it.
-func TestAccessModeTokenRefusedUntilEnforced(t *testing.T) {
+// Mode token is accepted by validation (the data plane enforces it): the
+// entry is valid, through the exported entry point too.
+func TestAccessModeTokenAccepted(t *testing.T) {
 	doc := parseAccess(t, `{"mode":"token","login_url":"https://login.example.com/"}`, parseOptions{})
-	if len(doc.Instances) != 0 || len(doc.Rejected) != 1 {
-		t.Fatalf("instances %d, rejected %d; want the entry rejected", len(doc.Instances), len(doc.Rejected))
+	if len(doc.Instances) != 1 || len(doc.Rejected) != 0 || doc.Instances[0].Services[0].Access.Mode != AccessToken {
+		t.Fatalf("instances %d, rejected %+v; want the entry valid", len(doc.Instances), doc.Rejected)
 	}
-	want := `services[0].access.mode: service "web": access mode token is not enforced by this version`
-	if got := doc.Rejected[0].Reason; got != want {
-		t.Fatalf("reason %q, want %q", got, want)
-	}
-	// The exported entry point is the one that refuses.
 	pub, err := ParseDocument([]byte(`{"instances":[` + accessEntry(`{"mode":"token"}`) + `]}`))
-	if err != nil || len(pub.Rejected) != 1 || !strings.Contains(pub.Rejected[0].Reason, "not enforced by this version") {
+	if err != nil || len(pub.Instances) != 1 || len(pub.Rejected) != 0 {
 		t.Fatalf("ParseDocument: %+v, %v", pub, err)
 	}
-	// With enforcement the same entry is valid.
-	doc = parseAccess(t, `{"mode":"token","login_url":"https://login.example.com/"}`, parseOptions{accessTokens: true})
-	if len(doc.Instances) != 1 || doc.Instances[0].Services[0].Access.Mode != AccessToken {
-		t.Fatalf("with enforcement: %+v", doc)
+}
+
+// A table without access keys (Options.AccessTokens unset) refuses an
+// instance with a token-mode service, with a one-line reason naming the
+// service, and withdraws its routes if they were installed: a private
+// preview is never served publicly. Other instances are untouched.
+func TestTableRefusesTokenAccessWithoutKeys(t *testing.T) {
+	tbl, _ := newTB(t)
+	other := `{"workspace":"team","sandbox":"other","services":[{"name":"","port":3000}]}`
+	doc, err := ParseDocument([]byte(`{"instances":[` + accessEntry(`{"mode":"token"}`) + `,` + other + `]}`))
+	if err != nil || len(doc.Rejected) != 0 {
+		t.Fatalf("parse: %v %+v", err, doc)
+	}
+	res := tbl.Apply(doc)
+	if res.Installed != 1 || len(doc.Rejected) != 1 {
+		t.Fatalf("Apply = %+v, rejected %+v; want the private instance refused, the other installed", res, doc.Rejected)
+	}
+	want := `service "web": ` + NoAccessKeysReason
+	if rj := doc.Rejected[0]; rj.Reason != want || rj.Workspace != "team" || rj.Sandbox != "demo" || strings.Contains(rj.Reason, "\n") {
+		t.Fatalf("rejection %+v, want reason %q", rj, want)
+	}
+	if tbl.Lookup("team--demo--web.apps.test") != nil || tbl.Lookup("team--demo.apps.test") != nil {
+		t.Fatal("a route of the refused instance is installed")
+	}
+	if tbl.Lookup("team--other.apps.test") == nil {
+		t.Fatal("the public instance is not installed")
+	}
+	// Installed as public, then made private without keys: withdrawn.
+	pubDoc, _ := ParseDocument([]byte(`{"instances":[` + accessEntry(`{"mode":"public"}`) + `]}`))
+	tbl.Apply(pubDoc)
+	r := tbl.Lookup("team--demo--web.apps.test")
+	if r == nil {
+		t.Fatal("public route not installed")
+	}
+	priv, _ := ParseDocument([]byte(`{"instances":[` + accessEntry(`{"mode":"token"}`) + `]}`))
+	if res := tbl.Apply(priv); res.Rejected != 2 {
+		t.Fatalf("Apply = %+v, want both routes of the instance withdrawn as rejected", res)
+	}
+	wantCancelled(t, r, ErrRejected)
+	// With keys the same document installs.
+	withKeys, _ := newTB(t, func(o *Options) { o.AccessTokens = true })
+	again, _ := ParseDocument([]byte(`{"instances":[` + accessEntry(`{"mode":"token"}`) + `]}`))
+	if res := withKeys.Apply(again); res.Installed != 2 || len(again.Rejected) != 0 {
+		t.Fatalf("with keys: Apply = %+v, rejected %+v", res, again.Rejected)
+	}
+	if got := withKeys.Lookup("team--demo--web.apps.test").Access.Mode; got != AccessToken {
+		t.Fatalf("installed mode %q", got)
 	}
 }
 
@@ -60,7 +97,7 @@ func TestAccessPolicyValid(t *testing.T) {
 		`{"mode":"token","cors_origins":[]}`,
 	} {
 		t.Run(access, func(t *testing.T) {
-			doc := parseAccess(t, access, parseOptions{accessTokens: true})
+			doc := parseAccess(t, access, parseOptions{})
 			if len(doc.Rejected) != 0 {
 				t.Fatalf("rejected: %s", doc.Rejected[0].Reason)
 			}
@@ -123,7 +160,7 @@ func TestAccessPolicyProblems(t *testing.T) {
 		{`"token"`, "services[0].access", "must be an object, not a string"},
 	} {
 		t.Run(tc.access, func(t *testing.T) {
-			doc := parseAccess(t, tc.access, parseOptions{accessTokens: true})
+			doc := parseAccess(t, tc.access, parseOptions{})
 			if len(doc.Rejected) != 1 {
 				t.Fatalf("not rejected: %+v", doc.Instances)
 			}
@@ -146,7 +183,7 @@ func TestAccessPolicyProblems(t *testing.T) {
 	for i := 0; i <= MaxCORSOrigins; i++ {
 		many = append(many, `"https://a`+strings.Repeat("a", i)+`.example.com"`)
 	}
-	doc := parseAccess(t, `{"mode":"token","cors_origins":[`+strings.Join(many, ",")+`]}`, parseOptions{accessTokens: true})
+	doc := parseAccess(t, `{"mode":"token","cors_origins":[`+strings.Join(many, ",")+`]}`, parseOptions{})
 	if len(doc.Rejected) != 1 || !strings.Contains(doc.Rejected[0].Reason, "more than 32") {
 		t.Fatalf("33 origins: %+v", doc.Rejected)
 	}
@@ -156,7 +193,7 @@ func TestAccessPolicyProblems(t *testing.T) {
 // and serves them again); an absent policy stays absent.
 func TestAccessPolicyRoundTrip(t *testing.T) {
 	doc := parseAccess(t, `{"mode":"token","generation":4,"login_url":"https://login.example.com/","cors_origins":["https://app.example.com"],"bearer":true}`,
-		parseOptions{accessTokens: true})
+		parseOptions{})
 	b, err := json.Marshal(doc.Instances[0])
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +201,7 @@ func TestAccessPolicyRoundTrip(t *testing.T) {
 	if strings.Count(string(b), `"access"`) != 1 {
 		t.Fatalf("marshalled %s: want one access object (none for the unnamed service)", b)
 	}
-	again, err := parseDocument([]byte(`{"instances":[`+string(b)+`]}`), parseOptions{accessTokens: true})
+	again, err := parseDocument([]byte(`{"instances":[`+string(b)+`]}`), parseOptions{})
 	if err != nil || len(again.Instances) != 1 {
 		t.Fatalf("round trip: %v %+v", err, again)
 	}
@@ -179,7 +216,7 @@ func TestAccessPolicyRoundTrip(t *testing.T) {
 func TestTableAccessPolicyChange(t *testing.T) {
 	apply := func(t *testing.T, tbl *Table, access string) ApplyResult {
 		t.Helper()
-		doc := parseAccess(t, access, parseOptions{accessTokens: true})
+		doc := parseAccess(t, access, parseOptions{})
 		if len(doc.Rejected) != 0 {
 			t.Fatalf("rejected: %s", doc.Rejected[0].Reason)
 		}
@@ -205,7 +242,7 @@ func TestTableAccessPolicyChange(t *testing.T) {
 		{"public generation raised", `{"mode":"public"}`, `{"mode":"public","generation":5}`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tbl, clk := newTB(t)
+			tbl, clk := newTB(t, func(o *Options) { o.AccessTokens = true })
 			apply(t, tbl, tc.from)
 			old := tbLookupAll(t, tbl, web, unnamed)
 			streams := tbAttachAll(t, old)

@@ -208,13 +208,9 @@ func (p Problem) String() string {
 }
 
 // parseOptions change what ParseDocument accepts.
-type parseOptions struct {
-	// accessTokens accepts services with access mode "token". Until the
-	// data plane enforces it (issue 26), ParseDocument refuses such a
-	// service rather than serve a "private" preview publicly; tests of the
-	// policy's validation and change detection set it.
-	accessTokens bool
-}
+// None exist at the moment; the parameter stays so that one can be added
+// without touching every parse path.
+type parseOptions struct{}
 
 // maxProblems bounds the problems kept for one entry.
 const maxProblems = 32
@@ -236,9 +232,9 @@ const maxProblems = 32
 // when two or more entries name the same workspace/sandbox, all of them are
 // rejected.
 //
-// A service whose access policy has mode "token" rejects its entry: this
-// version does not enforce it yet, and a preview must not be believed
-// private while it is served to anyone.
+// A service whose access policy has mode "token" is valid here; a listener
+// without access keys refuses its instance when installing it
+// (Options.AccessTokens).
 func ParseDocument(data []byte) (*Document, error) {
 	return parseDocument(data, parseOptions{})
 }
@@ -637,7 +633,7 @@ func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 			ps.add(at+".protocol", "%s: protocol %s not supported (use http1 or h2c)", what, quoteShort(svc.Protocol))
 		}
 		if svc.Access != nil {
-			svc.Access.validate(ps, at+".access", what, opts)
+			svc.Access.validate(ps, at+".access", what)
 		}
 		if svc.Wake != nil {
 			svc.Wake.validate(ps, at+".wake", what)

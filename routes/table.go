@@ -5,6 +5,7 @@ import (
 	"iter"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -330,6 +331,11 @@ type Options struct {
 	// UsageRetention is how long Usage still reports a withdrawn instance
 	// (DefaultUsageRetention when 0).
 	UsageRetention time.Duration
+	// AccessTokens says that the data plane enforces access mode token
+	// (the listener has access keys). Without it Apply refuses every
+	// instance with a service in mode token, rather than serve a
+	// "private" preview publicly.
+	AccessTokens bool
 }
 
 // Table is the route table. Lookups are lock-free loads of an immutable
@@ -458,11 +464,17 @@ type revocation struct {
 // installed with a new installation version, missing ones are withdrawn,
 // rejected instances' routes are withdrawn, and every delivered route is
 // renewed. Streams of revoked routes are closed before Apply returns.
+// Without Options.AccessTokens, instances with a service in access mode
+// token are first moved to doc.Rejected (RefuseTokenAccess), which the
+// caller reports like any other rejection.
 func (t *Table) Apply(doc *Document) ApplyResult {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return ApplyResult{}
+	}
+	if !t.opts.AccessTokens {
+		RefuseTokenAccess(doc, NoAccessKeysReason)
 	}
 	res, revs, events := t.applyLocked(doc)
 	n := t.snap.Load().Len()
@@ -470,6 +482,44 @@ func (t *Table) Apply(doc *Document) ApplyResult {
 	t.finish(revs, events)
 	t.ocsfTable("renewed", n, 0)
 	return res
+}
+
+// NoAccessKeysReason is why a table without access keys refuses an
+// instance with a service in access mode token.
+const NoAccessKeysReason = "access mode token needs access keys: start the listener with --access-keys-file"
+
+// RefuseTokenAccess moves every instance of doc that has a service in
+// access mode token to doc.Rejected, with a one-line reason naming the
+// service; it reports whether it moved any. The index of such an entry
+// is not known here: it is -1.
+func RefuseTokenAccess(doc *Document, reason string) bool {
+	kept := doc.Instances[:0:0]
+	moved := false
+	for i := range doc.Instances {
+		spec := &doc.Instances[i]
+		name, private := "", false
+		for j := range spec.Services {
+			if !spec.Services[j].Access.IsPublic() {
+				name, private = spec.Services[j].Name, true
+				break
+			}
+		}
+		if !private {
+			kept = append(kept, *spec)
+			continue
+		}
+		moved = true
+		doc.Rejected = append(doc.Rejected, RejectedInstance{
+			Index:     -1,
+			Workspace: spec.Workspace,
+			Sandbox:   spec.Sandbox,
+			Reason:    "service " + strconv.Quote(name) + ": " + reason,
+		})
+	}
+	if moved {
+		doc.Instances = kept
+	}
+	return moved
 }
 
 // Renew renews the installed routes after a successful delivery that carried

@@ -143,8 +143,8 @@ func TestAccessTokenFromEnvironment(t *testing.T) {
 	}
 }
 
-// `applistener validate` tells an operator that a token-mode service is
-// refused by this version, at its path, with the other access problems.
+// `applistener validate` accepts a token-mode service and reports the
+// access problems at their paths.
 func TestCheckDocumentAccessPolicy(t *testing.T) {
 	doc := `{"instances": [
 	  {"workspace": "team", "sandbox": "a", "services": [{"name": "web", "port": 8080, "access": {"mode": "token"}}]},
@@ -153,7 +153,6 @@ func TestCheckDocumentAccessPolicy(t *testing.T) {
 	]}`
 	got := lines(checkDocument("routes.json", "", []byte(doc)))
 	want := []string{
-		`routes.json: instances[0].services[0].access.mode: service "web": access mode token is not enforced by this version`,
 		`routes.json: instances[1].services[0].access.cors_origins[0]: service "web": CORS origin "https://App.example.com" is not as browsers send it (want "https://app.example.com")`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -19,10 +19,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/admin"
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/dispatch"
+	"github.com/applistener/applistener/internal/accesskeys"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -82,6 +84,7 @@ type serveOptions struct {
 	appCertCache      string
 	appACMERoots      string
 	adminPprof        bool
+	accessKeysFile    string
 
 	trusted       []netip.Prefix
 	requiredProxy []netip.Prefix
@@ -132,6 +135,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appCertCache, "app-cert-cache", "", "directory caching managed certificates (required with --app-acme-ca; shared between replicas)")
 	fs.StringVar(&o.appACMERoots, "app-acme-ca-roots", "", "PEM bundle trusted for the ACME server's own HTTPS (default: system roots)")
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
+	fs.StringVar(&o.accessKeysFile, "access-keys-file", "", "access keys file ({\"keys\":[{\"id\":\"k1\",\"secret\":\"<base64, >= 32 bytes>\"}]}, re-read when it changes) that verifies the tokens of services in access mode token; without it such services are refused at install")
 	fs.BoolVar(&o.appH2WebSockets, "app-http2-websockets", true, "accept WebSockets over HTTP/2 (RFC 8441 extended CONNECT, advertised in SETTINGS); off: clients open WebSockets over HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
 	logFileFlags(fs, &o.logFiles, true, true)
@@ -456,7 +460,27 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	}
 
 	em := newOCSF(o.ocsfJSON, o.ocsfLevel, sinks.ocsf)
+	// The access keys load first: a listener told to enforce access
+	// tokens does not start without keys it can trust.
+	var keys *accesskeys.Watcher
+	var disp *dispatch.Server
+	if o.accessKeysFile != "" {
+		var err error
+		keys, err = accesskeys.New(accesskeys.Options{
+			Path:   o.accessKeysFile,
+			Logger: logger,
+			OnChange: func(ch accesskeys.Change) {
+				if disp != nil && len(ch.Removed) > 0 {
+					disp.RevokeAccessKeys(ch.Removed)
+				}
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("--access-keys-file: %w", err)
+		}
+	}
 	table := routes.NewTable(routes.Options{
+		AccessTokens:      keys != nil,
 		Domain:            o.appDomain,
 		Freshness:         o.freshness,
 		DefaultMaxStreams: o.defaultMaxStreams,
@@ -511,7 +535,12 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			adm.Stop()
 			return err
 		}
-		disp := dispatch.New(dispatch.Config{
+		var accessKeys func() *accesstoken.KeySet
+		if keys != nil {
+			accessKeys = keys.Keys
+		}
+		disp = dispatch.New(dispatch.Config{
+			AccessKeys:             accessKeys,
 			PreserveHost:           o.preserveHost,
 			AllowUnderscoreHeaders: o.allowUnderscore,
 			PassCookieDomain:       o.passCookieDomain,
@@ -534,6 +563,9 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			OCSF:                   em,
 		})
 		wg.Go(func() { watchConnectors(bg, table, time.Second, logger) })
+		if keys != nil {
+			wg.Go(func() { _ = keys.Run(bg) })
+		}
 		appLn = listener.New(ln, listener.Config{
 			TLS:                tlsCfg,
 			Routes:             table,

@@ -28,6 +28,10 @@ type AdvertisedRoute struct {
 	// Protocol is how the supervisor speaks to the route's app: "h2c"
 	// (HTTP/2, gRPC) or omitted for HTTP/1.1 (see routes.ServiceSpec).
 	Protocol string `json:"protocol,omitempty"`
+	// Access is the route's access mode: "token" for a private service
+	// (requests need an access token), omitted for a public one. Never a
+	// secret.
+	Access string `json:"access,omitempty"`
 }
 
 // InstallationSet is the body of PUT /v1/supervisors/{id}/installations

@@ -53,6 +53,9 @@ type ServiceRoute struct {
 	// (gRPC): its clients, and a proxy in front, must reach the listener
 	// over HTTP/2 (TLS with ALPN h2). Omitted for HTTP/1.1 apps.
 	Protocol string `json:"protocol,omitempty"`
+	// Access is "token" when the service is private (its requests need an
+	// access token, routes.AccessToken), omitted when it is public.
+	Access string `json:"access,omitempty"`
 }
 
 // RouteSnapshot is the complete set of published routes of one workspace:
@@ -114,7 +117,7 @@ func EqualRoutes(a, b []ServiceRoute) bool {
 		return x.Hostname == y.Hostname && x.Workspace == y.Workspace && x.Sandbox == y.Sandbox &&
 			x.Name == y.Name && x.Supervisor == y.Supervisor && x.InstallationVersion == y.InstallationVersion &&
 			x.DeclarationRevision == y.DeclarationRevision && x.ExpiresAt.Equal(y.ExpiresAt) && x.Endpoint == y.Endpoint &&
-			x.Protocol == y.Protocol
+			x.Protocol == y.Protocol && x.Access == y.Access
 	})
 }
 
@@ -158,6 +161,9 @@ func CheckRoute(r *ServiceRoute, ws string) error {
 	}
 	if r.Protocol != "" && r.Protocol != routes.ProtocolH2C {
 		return fmt.Errorf("route %.80q: protocol %.20q, want %q or none", r.Hostname, r.Protocol, routes.ProtocolH2C)
+	}
+	if r.Access != "" && r.Access != routes.AccessToken {
+		return fmt.Errorf("route %.80q: access %.20q, want %q or none", r.Hostname, r.Access, routes.AccessToken)
 	}
 	return nil
 }

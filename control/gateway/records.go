@@ -103,6 +103,7 @@ type advertisedEntry struct {
 	Endpoint            *api.RouteEndpoint `json:"endpoint"`
 	Generation          string             `json:"generation"`
 	Protocol            string             `json:"protocol"`
+	Access              string             `json:"access"`
 }
 
 // parseAdvertisedRoutes validates the entries of supervisor sup's
@@ -142,6 +143,7 @@ func parseAdvertisedRoutes(sup string, entries []json.RawMessage, now time.Time)
 			ExpiresAt:           e.ExpiresAt.UTC(),
 			Endpoint:            *e.Endpoint,
 			Protocol:            e.Protocol,
+			Access:              e.Access,
 		}
 		if e.Name != nil {
 			r.Name = *e.Name

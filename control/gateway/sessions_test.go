@@ -510,7 +510,7 @@ func TestWriteAPI(t *testing.T) {
 		{"path differs", "PUT", path + "/team/ten", repTokAdmin, entry, 400},
 		{"unknown field", "PUT", path + "/team/nine", repTokAdmin, strings.Replace(entry, `"generation"`, `"generatoin"`, 1), 400},
 		{"bad port", "PUT", path + "/team/nine", repTokAdmin, strings.Replace(entry, "8080", "0", 1), 400},
-		{"access mode token (not enforced yet)", "PUT", path + "/team/nine", repTokAdmin, strings.Replace(entry, `"revision":1}`, `"revision":1,"access":{"mode":"token"}}`, 1), 400},
+		{"unknown access mode", "PUT", path + "/team/nine", repTokAdmin, strings.Replace(entry, `"revision":1}`, `"revision":1,"access":{"mode":"secret"}}`, 1), 400},
 		{"not JSON", "PUT", path + "/team/nine", repTokAdmin, "{", 400},
 		{"bad name", "PUT", path + "/team/Nine", repTokAdmin, entry, 400},
 		{"delete absent", "DELETE", path + "/team/nine", repTokAdmin, "", 404},

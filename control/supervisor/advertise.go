@@ -36,9 +36,19 @@ func Installations(t *routes.Table, endpoint api.AdvertisedEndpoint) api.Install
 			Endpoint:            endpoint,
 			Generation:          r.Generation,
 			Protocol:            r.Protocol,
+			Access:              advertisedAccess(r),
 		})
 	}
 	return set
+}
+
+// advertisedAccess is the access mode a route is advertised with: "token"
+// for a private service, "" for a public one.
+func advertisedAccess(r *routes.Route) string {
+	if r.Access.IsPublic() {
+		return ""
+	}
+	return r.Access.Mode
 }
 
 // InstallationsHandler serves the installed routes read-only (for the admin
