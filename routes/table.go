@@ -177,14 +177,14 @@ type Route struct {
 	// decided again under the new policy.
 	Access AccessPolicy
 
-	// Sleeping is the instance's state: a sleeping instance's route is
-	// installed and fresh but nothing is dialled (see WakePolicy). A
-	// change of state is a change of target: the route is reinstalled;
-	// the streams of an instance put to sleep are revoked with
-	// ErrSleeping, those of a woken one with ErrChanged.
-	Sleeping bool
-
-	table       *Table
+	table *Table
+	// sleeping is the instance's state: a sleeping instance's route is
+	// installed and fresh but nothing is dialled (see WakePolicy). Going
+	// to sleep reinstalls the route (its streams are revoked with
+	// ErrSleeping); waking is in place (woken is closed), so that the
+	// requests held on the sleeping route go on to the app.
+	sleeping    atomic.Bool
+	woken       chan struct{} // closed when a route installed sleeping wakes
 	wake        atomic.Pointer[WakePolicy]
 	declaration atomic.Int64
 	startGrace  atomic.Int64 // 0: the supervisor's default; else 1 + nanoseconds
@@ -260,7 +260,31 @@ func (r *Route) Data(create func() any) any {
 
 func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
 	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector &&
-		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access) && r.Sleeping == spec.Sleeping()
+		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access)
+}
+
+// Sleeping reports whether the route's instance is sleeping: nothing may
+// be dialled for it. A sleeping route wakes in place (Woken).
+func (r *Route) Sleeping() bool { return r.sleeping.Load() }
+
+// Woken returns a channel closed when the route, installed sleeping,
+// wakes; nil (never ready) for a route installed active.
+func (r *Route) Woken() <-chan struct{} { return r.woken }
+
+// initSleeping sets the state of a new route.
+func (r *Route) initSleeping(sleeping bool) {
+	if sleeping {
+		r.sleeping.Store(true)
+		r.woken = make(chan struct{})
+	}
+}
+
+// wakeLocked makes a sleeping route active in place; the table's lock is
+// held.
+func (r *Route) wakeLocked() {
+	if r.sleeping.Swap(false) {
+		close(r.woken)
+	}
 }
 
 // Snapshot is an immutable view of the installed routes.
@@ -304,7 +328,7 @@ func (s *Snapshot) Routes() []*Route {
 
 // Event describes one change to the table, for logs.
 type Event struct {
-	Kind    string // "installed", "changed", "withdrawn", "rejected", "expired", "stopped", "shutdown"
+	Kind    string // "installed", "changed", "woken", "withdrawn", "rejected", "expired", "stopped", "shutdown"
 	Host    string
 	Port    int
 	Version uint64
@@ -602,9 +626,10 @@ func (t *Table) newRoute(from *Route) *Route {
 	r := &Route{
 		Host: from.Host, Workspace: from.Workspace, Sandbox: from.Sandbox, Service: from.Service,
 		Port: from.Port, Generation: from.Generation, Connector: from.Connector, Protocol: from.Protocol,
-		Access: *from.Access.Clone(), Sleeping: from.Sleeping,
+		Access:              *from.Access.Clone(),
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
+	r.initSleeping(from.Sleeping())
 	r.declaration.Store(from.declaration.Load())
 	r.startGrace.Store(from.startGrace.Load())
 	r.wake.Store(from.wake.Load())
@@ -646,10 +671,15 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)
 			prev := old.byHost[host]
-			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) {
+			goesToSleep := prev != nil && spec.Sleeping() && !prev.Sleeping()
+			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) && !goesToSleep {
 				prev.declaration.Store(svc.Revision)
 				prev.setStartGrace(svc)
 				prev.setWake(svc)
+				if prev.Sleeping() && !spec.Sleeping() {
+					prev.wakeLocked() // in place: the held requests go on
+					events = append(events, routeEvent("woken", prev))
+				}
 				next[host] = prev
 				res.Kept++
 				continue
@@ -658,9 +688,10 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			r := &Route{
 				Host: host, Workspace: spec.Workspace, Sandbox: spec.Sandbox, Service: svc.Name,
 				Port: svc.Port, Generation: spec.Generation, Connector: spec.Connector, Protocol: svc.Protocol,
-				Access: *svc.Access.orDefault().Clone(), Sleeping: spec.Sleeping(),
+				Access:              *svc.Access.orDefault().Clone(),
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
+			r.initSleeping(spec.Sleeping())
 			r.declaration.Store(svc.Revision)
 			r.setStartGrace(svc)
 			r.setWake(svc)
@@ -679,7 +710,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			default:
 				res.Changed++
 				cause := ErrChanged
-				if r.Sleeping && !prev.Sleeping {
+				if goesToSleep {
 					cause = ErrSleeping
 				}
 				revs = append(revs, revocation{prev, cause, len(events)})
@@ -847,7 +878,7 @@ func activityName(kind string) string {
 	switch kind {
 	case "installed":
 		return "created"
-	case "changed":
+	case "changed", "woken":
 		return "updated"
 	}
 	return "deleted"

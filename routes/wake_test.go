@@ -169,10 +169,11 @@ func TestWakePolicyEqualClone(t *testing.T) {
 	}
 }
 
-// A change of state reinstalls the instance's routes: going to sleep
-// revokes the streams with ErrSleeping, waking with ErrChanged. A change of
-// wake policy alone keeps the route (and its streams) and is seen at once
-// through Route.Wake.
+// Going to sleep reinstalls the instance's routes and revokes their
+// streams with ErrSleeping; waking is in place: the sleeping route (and
+// what is held on it) is kept, Woken is closed. A change of wake policy
+// alone keeps the route (and its streams) and is seen at once through
+// Route.Wake.
 func TestTableSleepWake(t *testing.T) {
 	const web, unnamed = "team--demo--web.apps.test", "team--demo.apps.test"
 	apply := func(t *testing.T, tbl *Table, state, wake string) ApplyResult {
@@ -186,8 +187,8 @@ func TestTableSleepWake(t *testing.T) {
 	tbl, clk := newTB(t)
 	apply(t, tbl, ``, ``)
 	old := tbLookupAll(t, tbl, web, unnamed)
-	if old[web].Sleeping || old[web].Wake().Mode() != WakeNavigation || old[web].Wake().Hold() != 30*time.Second {
-		t.Fatalf("active route: sleeping %v, wake %+v", old[web].Sleeping, old[web].Wake())
+	if old[web].Sleeping() || old[web].Woken() != nil || old[web].Wake().Mode() != WakeNavigation || old[web].Wake().Hold() != 30*time.Second {
+		t.Fatalf("active route: sleeping %v, wake %+v", old[web].Sleeping(), old[web].Wake())
 	}
 	streams := tbAttachAll(t, old)
 	clk.Advance(time.Second)
@@ -200,11 +201,15 @@ func TestTableSleepWake(t *testing.T) {
 		wantRevoked(t, streams[h], ErrSleeping)
 	}
 	asleep := tbLookupAll(t, tbl, web, unnamed)
-	if !asleep[web].Sleeping || !asleep[unnamed].Sleeping {
-		t.Fatal("routes of a sleeping instance are not Sleeping")
+	if !asleep[web].Sleeping() || !asleep[unnamed].Sleeping() || asleep[web].InstallationVersion <= old[web].InstallationVersion {
+		t.Fatal("routes of a sleeping instance are not Sleeping, or kept their installation version")
 	}
 	if CauseLabel(ErrSleeping) != "sleeping" {
 		t.Fatalf("CauseLabel(ErrSleeping) = %q", CauseLabel(ErrSleeping))
+	}
+	// Sleeping again changes nothing.
+	if res := apply(t, tbl, `"sleeping"`, ``); res != (ApplyResult{Kept: 2}) {
+		t.Fatalf("still sleeping: Apply = %+v", res)
 	}
 
 	// The wake policy changes in place.
@@ -220,18 +225,31 @@ func TestTableSleepWake(t *testing.T) {
 	}
 	wantNotRevoked(t, streams[web])
 
-	// Waking reinstalls again, with ErrChanged, and keeps the wake policy.
-	if res := apply(t, tbl, `"active"`, `{"on":"any","hold_seconds":10}`); res != (ApplyResult{Changed: 2}) {
-		t.Fatalf("wake: Apply = %+v, want both routes changed", res)
+	// Waking is in place: same route, same installation version, streams
+	// kept, Woken closed.
+	woken := asleep[web].Woken()
+	if res := apply(t, tbl, `"active"`, `{"on":"any","hold_seconds":10}`); res != (ApplyResult{Kept: 2}) {
+		t.Fatalf("wake: Apply = %+v, want both routes kept", res)
 	}
-	wantRevoked(t, streams[web], ErrChanged)
 	awake := tbl.Lookup(web)
-	if awake.Sleeping || awake.Wake().Hold() != 10*time.Second {
-		t.Fatalf("woken route: sleeping %v, wake %+v", awake.Sleeping, awake.Wake())
+	if awake != asleep[web] || awake.Sleeping() || awake.Wake().Hold() != 10*time.Second {
+		t.Fatalf("woken route: same %v, sleeping %v, wake %+v", awake == asleep[web], awake.Sleeping(), awake.Wake())
 	}
+	select {
+	case <-woken:
+	default:
+		t.Fatal("Woken not closed on waking")
+	}
+	wantNotRevoked(t, streams[web])
+	wantLive(t, awake)
 	// StopInstance keeps the state and the policy of the routes it reinstalls.
 	tbl.StopInstance(InstanceKey{"team", "demo"})
-	if r := tbl.Lookup(web); r == awake || r.Sleeping || r.Wake().Mode() != WakeAny {
-		t.Fatalf("after StopInstance: new route %v, sleeping %v, wake %+v", r != awake, r.Sleeping, r.Wake())
+	if r := tbl.Lookup(web); r == awake || r.Sleeping() || r.Wake().Mode() != WakeAny {
+		t.Fatalf("after StopInstance: new route %v, sleeping %v, wake %+v", r != awake, r.Sleeping(), r.Wake())
+	}
+	apply(t, tbl, `"sleeping"`, ``)
+	tbl.StopInstance(InstanceKey{"team", "demo"})
+	if r := tbl.Lookup(web); !r.Sleeping() || r.Woken() == nil {
+		t.Fatal("StopInstance woke a sleeping route")
 	}
 }

@@ -224,22 +224,23 @@ func New(opts Options) (*Coordinator, error) {
 }
 
 // Wait holds the caller until the instance of key is active (Active,
-// Sync, or stale closed), for at most hold. The first request for a
+// Sync, or woken closed), for at most hold. The first request for a
 // sleeping instance starts the wake (the Waker is called once, whoever
 // leaves); later ones join it. Requests are released in arrival order.
 //
-// stale, when not nil, is closed when the caller's view of the instance
-// is outdated: the data plane passes its route's lease (Lease.Done), which
-// ends when the instance's state changes. It releases the wake as Active
+// woken, when not nil, is closed when the instance wakes: the data plane
+// passes its route's (routes.Route.Woken). It releases the wake as Active
 // does, so that a change the coordinator was not told of yet (Sync runs
-// after every table change) releases the held requests at once.
+// after every table change) releases the held requests at once. ctx
+// ending (the client gone, the route withdrawn) gives up the caller's
+// place.
 //
 // It returns ErrOverflow at once when the bounds are reached, a
 // *CannotWakeError while the negative cache holds a refusal,
 // ErrHoldExpired when hold passes first (hold 0 starts or joins the wake
 // and returns it at once), ErrFailed when the platform could not be asked,
 // ErrClosed, or ctx's error.
-func (c *Coordinator) Wait(ctx context.Context, key Key, hold time.Duration, stale <-chan struct{}) (Ticket, error) {
+func (c *Coordinator) Wait(ctx context.Context, key Key, hold time.Duration, woken <-chan struct{}) (Ticket, error) {
 	start := time.Now()
 	c.mu.Lock()
 	f, coalesced, err := c.flightLocked(key, start, hold > 0)
@@ -269,8 +270,8 @@ wait:
 		select {
 		case <-w.ch:
 			break wait
-		case <-stale:
-			stale = nil
+		case <-woken:
+			woken = nil
 			c.mu.Lock()
 			if c.flights[key] == f {
 				c.activeLocked(key)

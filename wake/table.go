@@ -36,7 +36,7 @@ func (c *Coordinator) syncTable(t *routes.Table) {
 		if state == nil {
 			state = make(map[Key]bool)
 			for r := range t.Snapshot().All() {
-				state[KeyOf(r)] = r.Sleeping
+				state[KeyOf(r)] = r.Sleeping()
 			}
 		}
 		sleeping, ok := state[Key{Workspace: k.Workspace, Sandbox: k.Sandbox, Generation: k.Generation}]

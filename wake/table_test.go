@@ -45,7 +45,7 @@ func TestFollowTable(t *testing.T) {
 	tbl := newTable(t)
 	applyState(t, tbl, routes.StateSleeping)
 	r := tbl.Lookup(webHost)
-	if r == nil || !r.Sleeping || KeyOf(r) != keyA {
+	if r == nil || !r.Sleeping() || KeyOf(r) != keyA {
 		t.Fatalf("sleeping route %+v", r)
 	}
 	var wg sync.WaitGroup
@@ -74,7 +74,7 @@ func TestFollowTable(t *testing.T) {
 			t.Fatalf("Wait: %v", err)
 		}
 	}
-	if a := tbl.Lookup(webHost); a == nil || a.Sleeping {
+	if a := tbl.Lookup(webHost); a == nil || a.Sleeping() {
 		t.Fatalf("after the wake: %+v", a)
 	}
 	if p.calls.Load() != 1 {
@@ -85,9 +85,9 @@ func TestFollowTable(t *testing.T) {
 	}
 }
 
-// The route's lease releases the held requests when the state changes,
+// The route's Woken releases the held requests when the instance wakes,
 // without FollowTable: a change the coordinator was not told of.
-func TestStaleLeaseReleases(t *testing.T) {
+func TestWokenReleases(t *testing.T) {
 	itest.VerifyNone(t)
 	tbl := newTable(t)
 	applyState(t, tbl, routes.StateSleeping)
@@ -98,12 +98,15 @@ func TestStaleLeaseReleases(t *testing.T) {
 	results := make(chan result, n)
 	for i := range n {
 		go func() {
-			tk, err := c.Wait(context.Background(), KeyOf(r), 30*time.Second, r.Lease.Done())
+			tk, err := c.Wait(context.Background(), KeyOf(r), 30*time.Second, r.Woken())
 			results <- result{tk, err}
 		}()
 		itest.Eventually(t, 10*time.Second, "held", func() bool { return c.Held() == i+1 })
 	}
 	applyState(t, tbl, routes.StateActive)
+	if tbl.Lookup(webHost) != r || r.Sleeping() {
+		t.Fatal("waking did not keep the route (in place)")
+	}
 	for range n {
 		res := <-results
 		if res.err != nil || res.t.Released != res.t.Arrival {

@@ -127,7 +127,7 @@ func TestWakeThroughGateway(t *testing.T) {
 	wg.Go(func() { _ = client.Run(ctx) })
 	testutil.Eventually(t, 10*time.Second, "the sleeping route installed", func() bool {
 		r := table.Lookup(wakeWebHost)
-		return r != nil && r.Sleeping
+		return r != nil && r.Sleeping()
 	})
 
 	coord, err := wake.New(wake.Options{Waker: client, Logger: logger})
@@ -147,7 +147,7 @@ func TestWakeThroughGateway(t *testing.T) {
 	start := time.Now()
 	for range n {
 		go func() {
-			tk, err := coord.Wait(context.Background(), wake.KeyOf(r), 30*time.Second, r.Lease.Done())
+			tk, err := coord.Wait(context.Background(), wake.KeyOf(r), 30*time.Second, r.Woken())
 			results <- result{tk, err}
 		}()
 	}
@@ -158,7 +158,7 @@ func TestWakeThroughGateway(t *testing.T) {
 		}
 	}
 	t.Logf("20 held requests released %v after the first (platform resumes in 200 ms)", time.Since(start))
-	if a := table.Lookup(wakeWebHost); a == nil || a.Sleeping {
+	if a := table.Lookup(wakeWebHost); a == nil || a.Sleeping() {
 		t.Fatalf("after the wake the route is %+v", a)
 	}
 	if got := calls.Load(); got != 1 {
@@ -169,7 +169,7 @@ func TestWakeThroughGateway(t *testing.T) {
 	if gone == nil {
 		t.Fatal("no route for team/gone")
 	}
-	_, err = coord.Wait(context.Background(), wake.KeyOf(gone), 30*time.Second, gone.Lease.Done())
+	_, err = coord.Wait(context.Background(), wake.KeyOf(gone), 30*time.Second, gone.Woken())
 	var cw *wake.CannotWakeError
 	if !errors.As(err, &cw) || cw.Reason != "over quota" {
 		t.Fatalf("gone: %v, want the platform's reason", err)
