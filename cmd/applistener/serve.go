@@ -527,6 +527,17 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		return ps.asError()
 	}
 
+	wakes, wakePath, err := newWakeCoordinator(o, reg, logger)
+	if err != nil {
+		closeLn()
+		adm.Stop()
+		return err
+	}
+	if wakes != nil {
+		defer wakes.Close()
+		wg.Go(func() { wakes.FollowTable(bg, table) })
+	}
+
 	var appLn *listener.Listener
 	if o.appListener {
 		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, reg, logger)
@@ -540,6 +551,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			accessKeys = keys.Keys
 		}
 		disp = dispatch.New(dispatch.Config{
+			Wakes:                  wakes,
 			AccessKeys:             accessKeys,
 			PreserveHost:           o.preserveHost,
 			AllowUnderscoreHeaders: o.allowUnderscore,
@@ -616,17 +628,8 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			OCSF:    em,
 		}
 	}
-	wakes, err := newWakeCoordinator(o, gw, reg, logger)
-	if err != nil {
-		if appLn != nil {
-			_ = appLn.Shutdown(context.Background())
-		}
-		adm.Stop()
-		return err
-	}
-	if wakes != nil {
-		defer wakes.Close()
-		wg.Go(func() { wakes.FollowTable(bg, table) })
+	if gw != nil {
+		wakePath.set(gw) // wakes go through the gateway
 	}
 	ready = func() (bool, string) {
 		switch {

@@ -1,16 +1,18 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/wake"
 )
 
@@ -65,14 +67,15 @@ func (f *wakeHookFlags) options(supervisor string) (*wake.HookOptions, error) {
 	return opts, nil
 }
 
-// newWakeCoordinator returns the supervisor's wake coordinator: it asks
-// the gateway (gw not nil) or the --wake-hook of a routes-file deployment;
-// nil when neither can wake anything. The caller closes it.
-func newWakeCoordinator(o *serveOptions, gw *supervisor.GatewayClient, reg prometheus.Registerer, logger *slog.Logger) (*wake.Coordinator, error) {
-	var waker wake.Waker
+// newWakeCoordinator returns the supervisor's wake coordinator and the
+// path its wakes take: the --wake-hook of a routes-file deployment at
+// once, or the gateway client, which the caller sets once it exists. It
+// returns nil (sleeping instances are not woken) for a routes file without
+// --wake-hook. The caller closes the coordinator.
+func newWakeCoordinator(o *serveOptions, reg prometheus.Registerer, logger *slog.Logger) (*wake.Coordinator, *wakePath, error) {
+	path := &wakePath{}
 	switch {
-	case gw != nil:
-		waker = gw
+	case o.gatewayEndpoint != "":
 	case o.wakeHook.url != "":
 		sup := o.supervisorID
 		if sup == "" {
@@ -80,19 +83,44 @@ func newWakeCoordinator(o *serveOptions, gw *supervisor.GatewayClient, reg prome
 		}
 		opts, err := o.wakeHook.options(sup)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		hook, err := wake.NewHook(*opts)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		waker = hook
+		path.set(hook)
 	default:
-		return nil, nil
+		return nil, path, nil
 	}
-	c, err := wake.New(wake.Options{Waker: waker, Registerer: reg, Logger: logger})
+	c, err := wake.New(wake.Options{Waker: path, Registerer: reg, Logger: logger})
 	if err != nil {
-		return nil, fmt.Errorf("wake coordinator: %w", err)
+		return nil, nil, fmt.Errorf("wake coordinator: %w", err)
 	}
-	return c, nil
+	return c, path, nil
+}
+
+// wakePath is the Waker of the supervisor's coordinator: the hook, or the
+// gateway client once it exists.
+type wakePath struct {
+	mu sync.Mutex
+	w  wake.Waker
+}
+
+// set makes w the path of the wakes.
+func (p *wakePath) set(w wake.Waker) {
+	p.mu.Lock()
+	p.w = w
+	p.mu.Unlock()
+}
+
+// Wake asks through the path set, or fails when none is.
+func (p *wakePath) Wake(ctx context.Context, key wake.Key) error {
+	p.mu.Lock()
+	w := p.w
+	p.mu.Unlock()
+	if w == nil {
+		return errors.New("no wake path configured")
+	}
+	return w.Wake(ctx, key)
 }
