@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -111,5 +114,111 @@ func TestWakeRoutesFile(t *testing.T) {
 		(p50 - platformDelay).Round(time.Millisecond), (p99 - platformDelay).Round(time.Millisecond))
 	if n := p.metric(t, "applistener_wake_total"); n != float64(rounds) {
 		t.Fatalf("applistener_wake_total = %v, want %d", n, rounds)
+	}
+}
+
+// TestWakeThroughGatewayAndEdge (issue 27, test 7): the real gateway
+// with --wake-hook pointing at a test platform, a supervisor on a gateway
+// session and the edge in front. Through the edge, a fetch to the sleeping
+// instance gets 503 {"state":"sleeping"} and wakes nothing; a navigation
+// is held while the supervisor asks the gateway, the gateway asks the
+// platform once, and the platform marks the instance active through the
+// write API; the navigation then gets the app.
+func TestWakeThroughGatewayAndEdge(t *testing.T) {
+	const adminToken = "wake-admin-token"
+	pki := newSupervisorPKI(t)
+	be := newBackend(t, "web1")
+	entry := func(state string) string {
+		return fmt.Sprintf(`{"workspace":"team","sandbox":"demo","generation":"1","state":%q,"services":[{"name":"web","port":%d,"wake":{"on":"navigation","hold_seconds":30}}]}`, state, be.port)
+	}
+	var (
+		gwURL string
+		calls atomic.Int64
+		bg    sync.WaitGroup
+		mu    sync.Mutex
+		body  string
+	)
+	defer bg.Wait()
+	put := func(e string) (int, error) {
+		req, _ := http.NewRequest(http.MethodPut, gwURL+"/v1/supervisors/sup-1/instances/team/demo", strings.NewReader(e))
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := adminClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	platform := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		body = string(b)
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+		bg.Go(func() {
+			time.Sleep(200 * time.Millisecond) // the sandbox resumes
+			_, _ = put(entry("active"))
+		})
+	}))
+	defer platform.Close()
+	gw := newDiscoveryGateway(t, map[string][]discoveryInstance{}, "--wake-hook", platform.URL+"/wake")
+	gwURL = gw.url()
+	writeAtomic(t, gw.tokensPath, []byte(`{"tokens": [
+		{"token": "disc-sup-1", "supervisor": "sup-1"},
+		{"token": "`+edgeToken+`", "workspaces": ["team"]},
+		{"token": "`+adminToken+`", "admin": true}]}`))
+	testutil.Eventually(t, waitTimeout, "the sleeping entry written with the admin token", func() bool {
+		code, err := put(entry("sleeping"))
+		return err == nil && code == http.StatusOK
+	})
+	gw.startSupervisor(t, pki, "sup-1", 101)
+	testutil.Eventually(t, waitTimeout, "the sleeping route in discovery", func() bool { return gw.snapshot(t).route(demoHost) != nil })
+	edge := gw.startEdge(t)
+
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", edge.appAddr)
+		},
+		TLSClientConfig: &tls.Config{RootCAs: pki.pool, ServerName: demoHost},
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	get := func(hdr ...string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "https://"+demoHost+"/", nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET through the edge: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	testutil.Eventually(t, waitTimeout, "the edge reaching the sleeping instance", func() bool {
+		code, b := get("Accept", "application/json", "Sec-Fetch-Mode", "cors")
+		return code == 503 && b == `{"state":"sleeping"}`
+	})
+	if calls.Load() != 0 {
+		t.Fatalf("%d platform calls for fetches, want 0", calls.Load())
+	}
+	start := time.Now()
+	code, b := get("Accept", "text/html", "Sec-Fetch-Mode", "navigate")
+	if code != 200 || b != "hello from web1" {
+		t.Fatalf("the navigation through the edge got %d %q", code, b)
+	}
+	t.Logf("wake through the edge, the supervisor, the gateway and a 200 ms platform: %v", time.Since(start).Round(time.Millisecond))
+	if calls.Load() != 1 {
+		t.Fatalf("%d platform calls, want 1", calls.Load())
+	}
+	mu.Lock()
+	got := body
+	mu.Unlock()
+	if want := `{"workspace":"team","sandbox":"demo","generation":"1","supervisor":"sup-1"}`; got != want {
+		t.Fatalf("hook body %s, want %s", got, want)
 	}
 }
