@@ -445,6 +445,7 @@ func TestSleepClosesWebSockets(t *testing.T) {
 	if _, msg, err := ws1.ReadMessage(); err != nil || string(msg) != "again" {
 		t.Fatalf("h1 echo after waking: %q %v", msg, err)
 	}
+	ws2.echo(t, websocket.TextMessage, []byte("again over h2"))
 }
 
 func asCloseError(err error, ce **websocket.CloseError) bool { return errors.As(err, ce) }
