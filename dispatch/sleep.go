@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/applistener/applistener/routes"
@@ -72,16 +73,39 @@ type sleepOutcome struct {
 }
 
 // holdSleeping decides a request with fields in for sleeping route r:
-// holds it while the instance wakes (done ends the hold: the client or
-// the route gone) or answers it.
+// holds it while the instance wakes or answers it. done ends the hold
+// with no answer (the client or the route gone); Shutdown ends it with
+// 503.
 func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}) sleepOutcome {
 	policy := r.Wake()
 	wakes := s.cfg.Wakes
 	if wakes == nil || !mayWake(in, policy) {
 		return sleepingOutcome(sleepingRetryAfter, "sleeping")
 	}
-	_, err := wakes.Wait(doneContext{done}, wake.KeyOf(r), policy.Hold(), r.Woken())
+	// The hold ends when the client or the route goes (done) or the
+	// server shuts down; one goroutine, ended with the hold, merges them.
+	ctx, cancel := context.WithCancel(context.Background())
+	var merged sync.WaitGroup
+	defer merged.Wait()
+	defer cancel()
+	merged.Go(func() {
+		select {
+		case <-done:
+		case <-s.stopping:
+		case <-ctx.Done():
+		}
+		cancel()
+	})
+	_, err := wakes.Wait(ctx, wake.KeyOf(r), policy.Hold(), r.Woken())
+	stopping := false
+	select {
+	case <-s.stopping:
+		stopping = true
+	default:
+	}
 	switch {
+	case err != nil && stopping:
+		return sleepingOutcome(sleepingRetryAfter, "sleeping: shutting down")
 	case err == nil && !r.Sleeping():
 		return sleepOutcome{proceed: true}
 	case err == nil:
@@ -146,23 +170,7 @@ func (s *Server) noteSleep(rec *accessRecord, o *sleepOutcome) {
 	s.m.denied(o.answer.status)
 }
 
-// doneContext is a context that ends when done is closed: the hold of a
-// request ends when its client or route goes, without a goroutine.
-type doneContext struct{ done <-chan struct{} }
-
-func (doneContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d doneContext) Done() <-chan struct{}     { return d.done }
-func (d doneContext) Err() error {
-	select {
-	case <-d.done:
-		return context.Canceled
-	default:
-		return nil
-	}
-}
-func (doneContext) Value(any) any { return nil }
-
-// sleepFields collects what mayWake reads of an HTTP/1.1 request.
+// sleepFieldsH1 collects what mayWake reads of an HTTP/1.1 request.
 func sleepFieldsH1(req *request) accessInput[string] {
 	var in accessInput[string]
 	in.method, in.path, in.websocket = string(req.method), "", req.upgrade

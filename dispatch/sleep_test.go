@@ -462,3 +462,72 @@ func TestSleepWithoutCoordinator(t *testing.T) {
 		t.Fatalf("app hits %d, wakes %d", e.app.hits.Load(), e.wakes.Load())
 	}
 }
+
+// A held request ends with its route: withdrawn, the request's client
+// connection is closed and its place given up at once (not at the end of
+// the hold); and Shutdown answers the held requests 503 at once.
+func TestSleepHoldEndsWithRouteAndShutdown(t *testing.T) {
+	e := newSleepEnv(t, 60, wake.Options{})
+	errs := make(chan error, 1)
+	go func() {
+		resp, err := e.client(false).Get("https://" + slpAPI + "/")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode != 503 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		errs <- err
+	}()
+	testutil.Eventually(t, 10*time.Second, "held", func() bool { return e.coord.Held() == 1 })
+	d, err := routes.ParseDocument([]byte(`{"instances":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	e.table.Apply(d)
+	testutil.Eventually(t, 10*time.Second, "the held request gone with its route", func() bool { return e.coord.Held() == 0 })
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the held request ended %v after its route was withdrawn; want at once, not at the end of its 60 s hold", d)
+	}
+	// The client gets the closed connection, or a 503 when the release
+	// (the instance left the table) won the race with the revocation.
+	select {
+	case err := <-errs:
+		if err != nil && strings.HasPrefix(err.Error(), "status") {
+			t.Fatalf("the client of the withdrawn route got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client of the withdrawn route got no end")
+	}
+
+	e.apply(true)
+	results := make(chan accessResp, 2)
+	for _, h2 := range []bool{false, true} {
+		c := e.client(h2)
+		go func() {
+			req, _ := http.NewRequest("GET", "https://"+slpAPI+"/", nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				results <- accessResp{status: -1, body: err.Error()}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			results <- accessResp{status: resp.StatusCode, body: string(b), header: resp.Header}
+		}()
+	}
+	testutil.Eventually(t, 10*time.Second, "two held", func() bool { return e.coord.Held() == 2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start = time.Now()
+	shut := make(chan error, 1)
+	go func() { shut <- e.srv.Shutdown(ctx) }()
+	for range 2 {
+		r := <-results
+		wantSleeping(t, r, "held at shutdown")
+	}
+	if err := <-shut; err != nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("Shutdown: %v after %v", err, time.Since(start))
+	}
+}
