@@ -410,6 +410,11 @@ func (c *clientConn) handleRequest(head []byte) bool {
 			return keep
 		}
 	}
+	if c.route.Sleeping() { // sleep.go
+		if proceed, keep := c.holdSleeping(); !proceed {
+			return keep
+		}
+	}
 	inst := c.route.Instance
 	if !inst.Acquire() {
 		return c.deny(denyLimit)

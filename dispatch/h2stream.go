@@ -172,6 +172,9 @@ func (st *h2Stream) serve() bool {
 	if ar := st.s.routePool(hc.route).access; ar != nil && !st.checkAccess(ar) {
 		return false
 	}
+	if hc.route.Sleeping() && !st.holdSleeping() { // sleep.go
+		return false
+	}
 	if hc.route.Protocol == routes.ProtocolH2C {
 		return st.serveH2C() // h2c.go
 	}

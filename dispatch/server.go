@@ -72,6 +72,7 @@ import (
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/wake"
 )
 
 // Config configures a Server. Zero durations and sizes take the defaults.
@@ -133,6 +134,9 @@ type Config struct {
 	// services in access mode token (access.go); nil, or a nil set: none,
 	// and every request to such a service is refused.
 	AccessKeys func() *accesstoken.KeySet
+	// Wakes holds the requests that may wake a sleeping instance until it
+	// is active (sleep.go); nil: they are answered 503 at once.
+	Wakes *wake.Coordinator
 	// NewConnector builds the connector of a route.
 	NewConnector func(routes.ConnectorSpec) (connector.Connector, error)
 	// AccessLog is the access log's format, AccessLogText, AccessLogJSON or

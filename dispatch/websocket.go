@@ -252,6 +252,8 @@ func (w *wsSplice) revoke(cause error) {
 	switch {
 	case errors.Is(cause, routes.ErrShutdown):
 		code, reason = 1001, "going away"
+	case errors.Is(cause, routes.ErrSleeping):
+		code, reason = 1001, "going away: sandbox sleeping"
 	case errors.Is(cause, errIdle):
 		code, reason = 1001, "idle timeout"
 	}

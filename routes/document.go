@@ -113,6 +113,10 @@ type InstanceSpec struct {
 	// Services are the routed ports of the instance: 1 to 64, with distinct
 	// names.
 	Services []ServiceSpec `json:"services"`
+	// State is "" (StateActive, which ParseDocument normalizes to "") or
+	// StateSleeping. A change of state is a change of target: the
+	// instance's routes are reinstalled.
+	State string `json:"state,omitempty"`
 }
 
 // Key returns the instance's workspace and sandbox.
@@ -161,6 +165,10 @@ type ServiceSpec struct {
 	Protocol string `json:"protocol,omitempty"`
 	// Access is the service's access policy; nil (absent) is public.
 	Access *AccessPolicy `json:"access,omitempty"`
+	// Wake is which requests for the sleeping instance wake it, and how
+	// long they are held; nil (absent) is the defaults (WakeNavigation,
+	// DefaultWakeHoldSeconds).
+	Wake *WakePolicy `json:"wake,omitempty"`
 }
 
 // RejectedInstance is an instance entry that failed validation. Its routes
@@ -581,6 +589,7 @@ func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 	if s.Limits.MaxStreams < 0 || s.Limits.MaxStreams > MaxStreamsLimit {
 		ps.add("limits.max_streams", "%d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
 	}
+	s.validateState(ps)
 	if len(s.Services) == 0 {
 		ps.add("services", "at least one service is required")
 	}
@@ -625,6 +634,9 @@ func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 		}
 		if svc.Access != nil {
 			svc.Access.validate(ps, at+".access", what)
+		}
+		if svc.Wake != nil {
+			svc.Wake.validate(ps, at+".wake", what)
 		}
 	}
 }

@@ -37,6 +37,8 @@ func CauseLabel(err error) string {
 		return "stopped"
 	case errors.Is(err, ErrShutdown):
 		return "shutdown"
+	case errors.Is(err, ErrSleeping):
+		return "sleeping"
 	}
 	return "other"
 }

@@ -61,6 +61,9 @@ type Instance struct {
 	// wsOpen×now − wsStartSum, so that usage grows while they are open.
 	wsOpen     atomic.Int64
 	wsStartSum atomic.Int64
+	// act is what /v1/usage reports of the instance's activity: its
+	// last request, its WebSockets' last frame and their silence.
+	act activity
 }
 
 // WebSocketOpened counts a WebSocket of the instance open since start, so
@@ -174,7 +177,15 @@ type Route struct {
 	// decided again under the new policy.
 	Access AccessPolicy
 
-	table       *Table
+	table *Table
+	// sleeping is the instance's state: a sleeping instance's route is
+	// installed and fresh but nothing is dialled (see WakePolicy). Going
+	// to sleep reinstalls the route (its streams are revoked with
+	// ErrSleeping); waking is in place (woken is closed), so that the
+	// requests held on the sleeping route go on to the app.
+	sleeping    atomic.Bool
+	woken       chan struct{} // closed when a route installed sleeping wakes
+	wake        atomic.Pointer[WakePolicy]
 	declaration atomic.Int64
 	startGrace  atomic.Int64 // 0: the supervisor's default; else 1 + nanoseconds
 	dataMu      sync.Mutex
@@ -195,6 +206,27 @@ func (r *Route) StartGrace() (d time.Duration, ok bool) {
 		return 0, false
 	}
 	return time.Duration(n - 1), true
+}
+
+// Wake is the service's wake policy from the last delivered document, with
+// its defaults filled in (On and HoldSeconds are set). Like the start grace
+// it may change without reinstalling the route. Callers must not modify it.
+func (r *Route) Wake() *WakePolicy {
+	if p := r.wake.Load(); p != nil {
+		return p
+	}
+	return defaultWake
+}
+
+// defaultWake is the wake policy of a route whose document sets none.
+var defaultWake = wakeOf(&ServiceSpec{})
+
+// setWake records svc's wake policy.
+func (r *Route) setWake(svc *ServiceSpec) {
+	if cur := r.wake.Load(); cur != nil && cur.Equal(svc.Wake) {
+		return
+	}
+	r.wake.Store(wakeOf(svc))
 }
 
 // setStartGrace records svc's start_grace_seconds.
@@ -229,6 +261,30 @@ func (r *Route) Data(create func() any) any {
 func (r *Route) sameTarget(spec *InstanceSpec, svc *ServiceSpec) bool {
 	return r.Port == svc.Port && r.Generation == spec.Generation && r.Connector == spec.Connector &&
 		r.Protocol == svc.Protocol && r.Access.Equal(svc.Access)
+}
+
+// Sleeping reports whether the route's instance is sleeping: nothing may
+// be dialled for it. A sleeping route wakes in place (Woken).
+func (r *Route) Sleeping() bool { return r.sleeping.Load() }
+
+// Woken returns a channel closed when the route, installed sleeping,
+// wakes; nil (never ready) for a route installed active.
+func (r *Route) Woken() <-chan struct{} { return r.woken }
+
+// initSleeping sets the state of a new route.
+func (r *Route) initSleeping(sleeping bool) {
+	if sleeping {
+		r.sleeping.Store(true)
+		r.woken = make(chan struct{})
+	}
+}
+
+// wakeLocked makes a sleeping route active in place; the table's lock is
+// held.
+func (r *Route) wakeLocked() {
+	if r.sleeping.Swap(false) {
+		close(r.woken)
+	}
 }
 
 // Snapshot is an immutable view of the installed routes.
@@ -272,7 +328,7 @@ func (s *Snapshot) Routes() []*Route {
 
 // Event describes one change to the table, for logs.
 type Event struct {
-	Kind    string // "installed", "changed", "withdrawn", "rejected", "expired", "stopped", "shutdown"
+	Kind    string // "installed", "changed", "woken", "withdrawn", "rejected", "expired", "stopped", "shutdown"
 	Host    string
 	Port    int
 	Version uint64
@@ -573,8 +629,10 @@ func (t *Table) newRoute(from *Route) *Route {
 		Access:              *from.Access.Clone(),
 		InstallationVersion: t.version, Instance: from.Instance, Lease: NewLease(), table: t,
 	}
+	r.initSleeping(from.Sleeping())
 	r.declaration.Store(from.declaration.Load())
 	r.startGrace.Store(from.startGrace.Load())
+	r.wake.Store(from.wake.Load())
 	return r
 }
 
@@ -613,9 +671,15 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)
 			prev := old.byHost[host]
-			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) {
+			goesToSleep := prev != nil && spec.Sleeping() && !prev.Sleeping()
+			if prev != nil && fresh && prev.Lease.Live() && prev.sameTarget(spec, svc) && !goesToSleep {
 				prev.declaration.Store(svc.Revision)
 				prev.setStartGrace(svc)
+				prev.setWake(svc)
+				if prev.Sleeping() && !spec.Sleeping() {
+					prev.wakeLocked() // in place: the held requests go on
+					events = append(events, routeEvent("woken", prev))
+				}
 				next[host] = prev
 				res.Kept++
 				continue
@@ -627,8 +691,10 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 				Access:              *svc.Access.orDefault().Clone(),
 				InstallationVersion: t.version, Instance: inst, Lease: NewLease(), table: t,
 			}
+			r.initSleeping(spec.Sleeping())
 			r.declaration.Store(svc.Revision)
 			r.setStartGrace(svc)
+			r.setWake(svc)
 			next[host] = r
 			switch {
 			case prev == nil:
@@ -643,7 +709,11 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 				events = append(events, routeEvent("installed", r))
 			default:
 				res.Changed++
-				revs = append(revs, revocation{prev, ErrChanged, len(events)})
+				cause := ErrChanged
+				if goesToSleep {
+					cause = ErrSleeping
+				}
+				revs = append(revs, revocation{prev, cause, len(events)})
 				events = append(events, routeEvent("changed", r))
 			}
 		}
@@ -808,7 +878,7 @@ func activityName(kind string) string {
 	switch kind {
 	case "installed":
 		return "created"
-	case "changed":
+	case "changed", "woken":
 		return "updated"
 	}
 	return "deleted"

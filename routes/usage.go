@@ -31,14 +31,37 @@ type InstanceUsage struct {
 	WebSocketsOpen   int64      `json:"websockets_open"`
 	ActiveStreams    int64      `json:"active_streams"` // requests in flight and open WebSockets
 	LastActivity     *time.Time `json:"last_activity"`  // end of the last request or WebSocket; null if none
+	// LastRequest is when the last request arrived (a WebSocket handshake
+	// included); null if none.
+	LastRequest *time.Time `json:"last_request"`
+	// LastWebSocketFrame is when a WebSocket of the instance last carried
+	// a frame, in either direction; null if none.
+	LastWebSocketFrame *time.Time `json:"last_websocket_frame"`
+	// WebSocketsSilent are the open WebSockets that carried no frame for
+	// the silence threshold or longer (UsageOptions.SilentAfter): an HMR
+	// socket left open overnight is open but silent.
+	WebSocketsSilent int        `json:"websockets_silent"`
 	Installed        bool       `json:"installed"`
 	WithdrawnAt      *time.Time `json:"withdrawn_at,omitempty"`
 }
 
+// UsageOptions change what Usage reports.
+type UsageOptions struct {
+	// SilentAfter is the silence threshold of WebSocketsSilent
+	// (DefaultSilentAfter when not positive).
+	SilentAfter time.Duration
+}
+
 // Usage returns the usage of every installed instance and of the instances
-// withdrawn less than UsageRetention ago, in key order. It is not bounded
-// by MaxInstanceLabels.
-func (t *Table) Usage() []InstanceUsage {
+// withdrawn less than UsageRetention ago, in key order, with the default
+// silence threshold. It is not bounded by MaxInstanceLabels.
+func (t *Table) Usage() []InstanceUsage { return t.UsageWith(UsageOptions{}) }
+
+// UsageWith is Usage with options.
+func (t *Table) UsageWith(opts UsageOptions) []InstanceUsage {
+	if opts.SilentAfter <= 0 {
+		opts.SilentAfter = DefaultSilentAfter
+	}
 	now := t.clock.Now()
 	t.mu.Lock()
 	type entry struct {
@@ -73,6 +96,8 @@ func (t *Table) Usage() []InstanceUsage {
 			at := time.Unix(0, ns).UTC()
 			u.LastActivity = &at
 		}
+		lastRequest, lastFrame, silent := i.activityAt(now, opts.SilentAfter)
+		u.LastRequest, u.LastWebSocketFrame, u.WebSocketsSilent = unixTime(lastRequest), unixTime(lastFrame), silent
 		out = append(out, u)
 	}
 	slices.SortFunc(out, func(a, b InstanceUsage) int {
@@ -93,4 +118,13 @@ func (t *Table) pruneRetiredLocked(now time.Time) {
 			delete(t.retired, key)
 		}
 	}
+}
+
+// unixTime is unix nanos ns as a UTC time, nil for 0.
+func unixTime(ns int64) *time.Time {
+	if ns == 0 {
+		return nil
+	}
+	at := time.Unix(0, ns).UTC()
+	return &at
 }

@@ -55,6 +55,7 @@ type gatewayOptions struct {
 
 	idleGrace         time.Duration
 	strictSupervisors bool
+	wakeHook          wakeHookFlags
 }
 
 func (o *gatewayOptions) flags(fs *flag.FlagSet) {
@@ -75,6 +76,7 @@ func (o *gatewayOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.etcdCertFile, "etcd-cert-file", "", "client certificate for etcd (with --etcd-key-file)")
 	fs.StringVar(&o.etcdKeyFile, "etcd-key-file", "", "client key for etcd (with --etcd-cert-file)")
 	fs.DurationVar(&o.etcdDialTimeout, "etcd-dial-timeout", gateway.DefaultEtcdDialTimeout, "bound of a connection attempt to etcd")
+	o.wakeHook.flags(fs, "the gateway forwards each supervisor's wake request, coalesced per instance, as a", "wake requests are answered 501")
 	fs.BoolVar(&o.noPush, "no-push", false, "refuse push sessions (501) so that supervisors poll")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -104,6 +106,9 @@ func (o *gatewayOptions) validate() error {
 		}
 	}
 	if err := o.validateStore(); err != nil {
+		return err
+	}
+	if err := o.wakeHook.validate(); err != nil {
 		return err
 	}
 	host, _, err := net.SplitHostPort(o.address)
@@ -249,7 +254,12 @@ func runGateway(ctx context.Context, o *gatewayOptions, logger *slog.Logger, hup
 			DialTimeout: o.etcdDialTimeout,
 		}
 	}
+	hook, err := o.wakeHook.options("")
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
+		WakeHook:       hook,
 		ConfigPath:     o.configFile,
 		TokensPath:     o.tokensFile,
 		Etcd:           etcd,

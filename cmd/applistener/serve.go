@@ -43,6 +43,7 @@ type serveOptions struct {
 	gatewayTokenFile  string
 	gatewayCAFile     string
 	supervisorID      string
+	wakeHook          wakeHookFlags
 	gatewayPoll       time.Duration
 	gatewayStreamIdle time.Duration
 	parentLiveness    bool
@@ -100,6 +101,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	deprecatedAlias(fs, "gateway-endpoint", "gateway")
 	fs.StringVar(&o.gatewayTokenFile, "gateway-token-file", "", "file holding the bearer token for the gateway (re-read on every request)")
 	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
+	o.wakeHook.flags(fs, "with --routes-file, the supervisor", "sleeping instances are not woken (with --gateway, the gateway's hook is used)")
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
 	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", supervisor.DefaultPollInterval, "poll interval while the push session is down")
 	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", supervisor.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
@@ -159,7 +161,12 @@ func (o *serveOptions) validate() error {
 	default:
 		return usagef("--mode must be dedicated or shared, not %q", o.mode)
 	}
+	if err := o.wakeHook.validate(); err != nil {
+		return err
+	}
 	switch {
+	case o.wakeHook.url != "" && o.gatewayEndpoint != "":
+		return usagef("--wake-hook is for --routes-file: with --gateway, wakes go through the gateway (set its --wake-hook)")
 	case o.routesFile == "" && o.gatewayEndpoint == "":
 		return usagef("a configuration source is required: --routes-file or --gateway")
 	case o.routesFile != "" && o.gatewayEndpoint != "":
@@ -520,6 +527,17 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		return ps.asError()
 	}
 
+	wakes, wakePath, err := newWakeCoordinator(o, reg, logger)
+	if err != nil {
+		closeLn()
+		adm.Stop()
+		return err
+	}
+	if wakes != nil {
+		defer wakes.Close()
+		wg.Go(func() { wakes.FollowTable(bg, table) })
+	}
+
 	var appLn *listener.Listener
 	if o.appListener {
 		tlsCfg, err := appTLSConfig(bg, &wg, o, table, ln.Addr().String(), hup, reg, logger)
@@ -533,6 +551,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			accessKeys = keys.Keys
 		}
 		disp = dispatch.New(dispatch.Config{
+			Wakes:                  wakes,
 			AccessKeys:             accessKeys,
 			PreserveHost:           o.preserveHost,
 			AllowUnderscoreHeaders: o.allowUnderscore,
@@ -608,6 +627,9 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			Metrics: metrics,
 			OCSF:    em,
 		}
+	}
+	if gw != nil {
+		wakePath.set(gw) // wakes go through the gateway
 	}
 	ready = func() (bool, string) {
 		switch {

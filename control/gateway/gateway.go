@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/control/internal/pollfile"
+	"github.com/applistener/applistener/wake"
 )
 
 // Defaults and limits of the reference gateway.
@@ -122,6 +123,10 @@ type Config struct {
 	// API edits of such a document (supervisors.go); without it they are
 	// warned about and counted.
 	StrictSupervisors bool
+	// WakeHook, when set, is the platform's wake hook: supervisors' wake
+	// requests (POST .../instances/{ws}/{sb}/wake) are forwarded to it
+	// (package wake). Its URL is required; Supervisor is set per request.
+	WakeHook *wake.HookOptions
 	// Logger receives the gateway's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics; nil registers none.
@@ -159,6 +164,9 @@ type Gateway struct {
 	// documents of unknown supervisor ids (supervisors.go).
 	strictSupervisors bool
 	unknown           unknownMetric
+	// wake relays supervisors' wake requests to the platform's hook
+	// (coalesced per instance, refusals cached); nil without a hook.
+	wake *wake.Coordinator
 
 	store     store
 	storeKind string // "memory" or "etcd"
@@ -255,6 +263,16 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
 		"the gateway's store is not loaded yet")
+	if cfg.WakeHook != nil {
+		hook, err := wake.NewHook(*cfg.WakeHook)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		g.wake, err = wake.New(wake.Options{Waker: hook, Registerer: cfg.Registerer, Logger: g.log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	var tokens []tokenGrant
 	if g.configPath != "" {
 		g.configSeen, g.fileDocs, err = loadConfigFile(g.configPath)
@@ -515,6 +533,9 @@ func (g *Gateway) Close() {
 		g.endWatcherLocked(w, "gateway closing")
 	}
 	g.discovery.close()
+	if g.wake != nil {
+		g.wake.Close()
+	}
 }
 
 // Ready reports whether the gateway can answer (its store is loaded and
@@ -541,6 +562,7 @@ func (g *Gateway) isClosed() bool {
 //	DELETE /v1/supervisors/{id}/installations?session=  withdraw a session (204)
 //	PUT, DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  write API: one instance of the document
 //	GET /v1/supervisors/{id}/instances          write API: the document
+//	POST /v1/supervisors/{id}/instances/{ws}/{sb}/wake?session=  wake a sleeping instance (wake.go)
 //	GET /v1/pools/{pool}/members                write API: the live sessions of a pool
 //	GET /v1/supervisors                         write API: every known supervisor id (supervisors.go)
 //	GET, DELETE /v1/supervisors/{id}            write API: one of them; forget it
@@ -559,6 +581,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
 	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
 	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
+	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}/wake", g.serveWake)
 	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
 	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {

@@ -61,6 +61,7 @@ const (
 	endpointInstances     = "instances"
 	endpointPoolMembers   = "pool_members"
 	endpointSupervisors   = "supervisors"
+	endpointWake          = "wake"
 	endpointOther         = "other"
 )
 

@@ -20,6 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/wake"
 )
 
 // Tokens of the replica fixture, beside the discovery fixture's.
@@ -52,6 +54,7 @@ type replicaOptions struct {
 	reauth       time.Duration
 	idleGrace    time.Duration
 	strict       bool
+	wakeHook     *wake.HookOptions // nil: no wake hook
 }
 
 // replica is one Gateway served on loopback, with Run running.
@@ -111,6 +114,7 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 		DiscoveryReauthPeriod: o.reauth,
 		IdleGrace:             o.idleGrace,
 		StrictSupervisors:     o.strict,
+		WakeHook:              o.wakeHook,
 		Logger:                slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:            r.reg,
 	}

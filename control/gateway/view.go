@@ -52,6 +52,7 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	old := g.state.Load()
 	next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: discoveryGrants(docs)}
 	g.state.Store(next)
+	g.releaseWakes()
 	changed := make(map[string]struct{})
 	for sup := range old.docs {
 		changed[sup] = struct{}{}
@@ -171,6 +172,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	if docs != nil {
 		next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: grants}
 		g.state.Store(next)
+		g.releaseWakes()
 		g.pushChangedLocked(old, next, docChanged)
 	}
 	for sup := range sessionChanged {

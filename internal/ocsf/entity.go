@@ -36,6 +36,7 @@ var routeKinds = map[string]struct {
 }{
 	"installed": {EntityCreate, SeverityInformational, slog.LevelInfo, "installed"},
 	"changed":   {EntityUpdate, SeverityInformational, slog.LevelInfo, "target changed: new installation version, old streams closed"},
+	"woken":     {EntityUpdate, SeverityInformational, slog.LevelInfo, "instance woken: the sleeping route serves again, same installation version"},
 	"withdrawn": {EntityDelete, SeverityInformational, slog.LevelInfo, "withdrawn by the configuration source"},
 	"rejected":  {EntityDelete, SeverityMedium, slog.LevelWarn, "instance entry rejected"},
 	"expired":   {EntityDelete, SeverityMedium, slog.LevelWarn, "expired: not renewed within the route freshness"},

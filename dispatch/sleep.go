@@ -1,0 +1,229 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/wake"
+)
+
+// Sleeping instances (issue 27; docs/operations.md, "Sleeping and
+// waking"). A request for a route whose instance sleeps is decided after
+// the access policy (a request it denies never gets here, so it never
+// wakes anything): one that may wake the instance is held by the wake
+// coordinator (Config.Wakes) until the instance is active, then goes on
+// as any request (the start-grace dial loop waits for the app to listen);
+// the others are answered 503 with Retry-After and {"state":"sleeping"}.
+// WebSocket handshakes, SSE requests (Accept: text/event-stream) and CORS
+// preflights never wake: a reconnect loop must not keep a sandbox awake.
+// Nothing is dialled for a sleeping route.
+
+// Answers to a request for a sleeping instance.
+const (
+	sleepingBody = `{"state":"sleeping"}`
+	// sleepingRetryAfter is the Retry-After of a request that does not
+	// wake the instance.
+	sleepingRetryAfter = 5 * time.Second
+	// startingRetryAfter is the Retry-After (and refresh) of a request
+	// whose hold ended while the instance wakes.
+	startingRetryAfter = 2 * time.Second
+)
+
+// startingPage is the page of a navigation whose hold ended while the
+// instance wakes; it reloads itself (%d: seconds).
+const startingPage = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta http-equiv="refresh" content="%d">
+<title>Starting…</title>
+<style>body{font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto;padding:0 1rem;color:#222}</style></head>
+<body><h1>Starting…</h1>
+<p>This sandbox was asleep and is waking up. This page reloads by itself.</p>
+</body></html>
+`
+
+// mayWake reports whether a request with these fields may wake its
+// sleeping instance under policy p.
+func mayWake[T string | []byte](in *accessInput[T], p *routes.WakePolicy) bool {
+	intent := in.intent()
+	switch {
+	case intent == intentPreflight, intent == intentWebSocket, containsFold(in.accept, "text/event-stream"):
+		return false
+	}
+	switch p.Mode() {
+	case routes.WakeAny:
+		return true
+	case routes.WakeNavigation:
+		return intent == intentNavigate
+	}
+	return false
+}
+
+// sleepOutcome is how a request for a sleeping instance ended: held and
+// released (go on), or answered with a.
+type sleepOutcome struct {
+	proceed bool
+	answer  accessAnswer
+	reason  string // the denial reason of the access log and metrics
+	gone    bool   // the client or the route went away: answer nothing
+}
+
+// holdSleeping decides a request with fields in for sleeping route r:
+// holds it while the instance wakes or answers it. done ends the hold
+// with no answer (the client or the route gone); Shutdown ends it with
+// 503.
+func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}) sleepOutcome {
+	policy := r.Wake()
+	wakes := s.cfg.Wakes
+	if wakes == nil || !mayWake(in, policy) {
+		return sleepingOutcome(sleepingRetryAfter, "sleeping")
+	}
+	// The hold ends when the client or the route goes (done) or the
+	// server shuts down; one goroutine, ended with the hold, merges them.
+	ctx, cancel := context.WithCancel(context.Background())
+	var merged sync.WaitGroup
+	defer merged.Wait()
+	defer cancel()
+	merged.Go(func() {
+		select {
+		case <-done:
+		case <-s.stopping:
+		case <-ctx.Done():
+		}
+		cancel()
+	})
+	_, err := wakes.Wait(ctx, wake.KeyOf(r), policy.Hold(), r.Woken())
+	stopping := false
+	select {
+	case <-s.stopping:
+		stopping = true
+	default:
+	}
+	switch {
+	case err != nil && stopping:
+		return sleepingOutcome(sleepingRetryAfter, "sleeping: shutting down")
+	case err == nil && !r.Sleeping():
+		return sleepOutcome{proceed: true}
+	case err == nil:
+		// Released, but this route still sleeps (the instance woke at
+		// another generation or left the table): the client asks again.
+		return startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+	case errors.Is(err, wake.ErrHoldExpired):
+		return startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+	case errors.Is(err, wake.ErrOverflow):
+		return sleepingOutcome(wake.RetryAfter(err), "sleeping: too many requests held")
+	case errors.Is(err, wake.ErrCannotWake):
+		return sleepingOutcome(wake.RetryAfter(err), "sleeping: the platform cannot wake it")
+	case errors.Is(err, context.Canceled):
+		return sleepOutcome{gone: true, reason: "sleeping: client or route gone while held"}
+	}
+	return sleepingOutcome(wake.RetryAfter(err), "sleeping: wake failed")
+}
+
+// sleepingOutcome is 503 {"state":"sleeping"} with Retry-After.
+func sleepingOutcome(retry time.Duration, reason string) sleepOutcome {
+	a := accessAnswer{status: http.StatusServiceUnavailable, body: sleepingBody}
+	a.fields = append(a.fields, [2]string{"content-type", "application/json"}, [2]string{"retry-after", seconds(retry)},
+		[2]string{"cache-control", "no-store"})
+	return sleepOutcome{answer: a, reason: reason}
+}
+
+// startingOutcome is the answer of a request whose hold ended while the
+// instance wakes: a page that reloads itself for a navigation, 503
+// {"state":"starting","retry_after":N} otherwise.
+func startingOutcome(navigate bool, retry time.Duration) sleepOutcome {
+	n := seconds(retry)
+	a := accessAnswer{status: http.StatusServiceUnavailable}
+	if navigate {
+		a.body = sprintfPage(startingPage, n)
+		a.fields = append(a.fields, [2]string{"content-type", "text/html; charset=utf-8"})
+	} else {
+		a.body = `{"state":"starting","retry_after":` + n + `}`
+		a.fields = append(a.fields, [2]string{"content-type", "application/json"})
+	}
+	a.fields = append(a.fields, [2]string{"retry-after", n}, [2]string{"cache-control", "no-store"})
+	return sleepOutcome{answer: a, reason: "starting"}
+}
+
+// seconds is d rounded up to whole seconds, at least 1, as a decimal.
+func seconds(d time.Duration) string {
+	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
+}
+
+// sprintfPage puts n (digits) where the page has %d.
+func sprintfPage(page, n string) string {
+	for i := 0; i+1 < len(page); i++ {
+		if page[i] == '%' && page[i+1] == 'd' {
+			return page[:i] + n + page[i+2:]
+		}
+	}
+	return page
+}
+
+// noteSleep records an answered request for a sleeping instance.
+func (s *Server) noteSleep(rec *accessRecord, o *sleepOutcome) {
+	rec.denied(denial{status: o.answer.status, reason: o.reason})
+	s.m.denied(o.answer.status)
+}
+
+// sleepFieldsH1 collects what mayWake reads of an HTTP/1.1 request.
+func sleepFieldsH1(req *request) accessInput[string] {
+	var in accessInput[string]
+	in.method, in.path, in.websocket = string(req.method), "", req.upgrade
+	for i := range req.fields {
+		f := &req.fields[i]
+		in.field(string(f.name), string(f.value), false)
+	}
+	return in
+}
+
+// holdSleeping handles a request for the connection's sleeping route; it
+// reports whether the request goes on to the app and, when not (the
+// answer was written), whether the connection continues.
+func (c *clientConn) holdSleeping() (proceed, keep bool) {
+	req := &c.req
+	in := sleepFieldsH1(req)
+	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done())
+	if o.proceed {
+		return true, true
+	}
+	if o.gone {
+		c.rec.denied(denial{status: 499, reason: o.reason})
+		return false, false
+	}
+	c.s.noteSleep(&c.rec, &o)
+	closeConn := req.body != bodyNone || req.close || c.s.draining.Load()
+	c.out = appendAccessAnswer(c.out[:0], &o.answer, string(req.method) == "HEAD", closeConn, c.rec.id.bytes())
+	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+	if _, err := c.conn.Write(c.out); err != nil {
+		return false, false
+	}
+	return false, !closeConn
+}
+
+// holdSleeping is clientConn.holdSleeping for an HTTP/2 stream; it
+// reports whether the request goes on (else it was answered).
+func (st *h2Stream) holdSleeping() bool {
+	es := st.es
+	var in accessInput[string]
+	in.method, in.path, in.websocket = es.Method, "", es.Protocol != ""
+	for i := range es.Header {
+		f := &es.Header[i]
+		in.field(f.Name, f.Value, false)
+	}
+	o := st.s.holdSleeping(st.hc.route, &in, es.Done())
+	if o.proceed {
+		return true
+	}
+	if o.gone {
+		st.rec.denied(denial{status: 499, reason: o.reason})
+		return false
+	}
+	st.s.noteSleep(&st.rec, &o)
+	st.ended = writeH2AccessAnswer(es, &o.answer, es.Method == "HEAD", st.rec.id.bytes()) == nil
+	return false
+}
