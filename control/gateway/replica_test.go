@@ -50,6 +50,7 @@ type replicaOptions struct {
 	keepaliveMin time.Duration
 	policy       string
 	reauth       time.Duration
+	warmup       time.Duration // Config.DiscoveryWarmup (memory store)
 }
 
 // replica is one Gateway served on loopback, with Run running.
@@ -107,6 +108,7 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 		EndpointPolicy:        o.policy,
 		Poll:                  20 * time.Millisecond,
 		DiscoveryReauthPeriod: o.reauth,
+		DiscoveryWarmup:       o.warmup,
 		Logger:                slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:            r.reg,
 	}
