@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,20 +29,23 @@ func startProcess(t *testing.T, name string, args ...string) (out *lockedBuffer,
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	var once sync.Once
+	var exitErr error
 	stop := func(sig os.Signal) {
-		_ = cmd.Process.Signal(sig)
-		select {
-		case <-exited:
-			exited <- nil // for a second call
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			exited <- <-exited
-		}
+		once.Do(func() {
+			_ = cmd.Process.Signal(sig)
+			select {
+			case exitErr = <-exited:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				exitErr = <-exited
+			}
+		})
 	}
 	t.Cleanup(func() {
 		stop(os.Interrupt)
 		if t.Failed() {
-			t.Logf("%s %q:\n%s", name, args, out.String())
+			t.Logf("%s %q (%v):\n%s", name, args, exitErr, out.String())
 		}
 	})
 	return out, func() { stop(os.Kill) }
