@@ -44,6 +44,9 @@ type clientConn struct {
 	// calls it when it ends, not ServeConn.
 	release   func()
 	handedOff bool
+	// slot is the instance whose max_streams slot the request in flight
+	// holds; a panic's abort releases it (h1panic.go).
+	slot *routes.Instance
 	// rec is the request being handled, for the access log and the
 	// latency histograms (accesslog.go); ci what the connection adds.
 	rec    accessRecord
@@ -170,6 +173,7 @@ func (c *clientConn) abort() {
 	if be != nil {
 		_ = be.conn.Close()
 	}
+	c.releaseSlot() // h1panic.go
 }
 
 // identity is the connection's identity for a panic's log line.
@@ -419,9 +423,11 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	if !inst.Acquire() {
 		return c.deny(denyLimit)
 	}
+	c.slot = inst
 	inst.CountRequest()
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()
+	c.slot = nil
 	if c.handedOff {
 		return false // the WebSocket releases its stream when it ends
 	}

@@ -93,15 +93,17 @@ func (hc *h2Conn) panicked(where string, r any) {
 
 // ServeStream handles one stream (the engine's Handler).
 func (hc *h2Conn) ServeStream(es *h2engine.Stream) {
+	var st *h2Stream
 	defer func() {
 		if r := recover(); r != nil {
 			// The engine resets the stream, which is not ended, once this
 			// returns; the connection and its other streams go on.
+			st.abandon() // h2panic.go
 			hc.panicked(panicguard.H2Stream, r)
 		}
 	}()
 	panicguard.Point(panicguard.H2Stream, hc.sni)
-	st := h2StreamPool.Get().(*h2Stream)
+	st = h2StreamPool.Get().(*h2Stream)
 	st.start(hc, es)
 	st.rec.begin(protoH2)
 	st.rec.parsed = true

@@ -17,7 +17,8 @@ import (
 // routes its supervisors still hold until their sessions are back, so
 // discovery, probed every 50 ms through a SIGKILL and a restart, never
 // answers 200 without the supervisor's still-valid route: 503 during the
-// warmup (--session-ttl + 2 s), then the full set.
+// warmup (--session-ttl + 2 s, ended early once the supervisor is back
+// with its session and advertisement), then the full set.
 func TestMemoryGatewayRestartNeverPublishesAPartialSet(t *testing.T) {
 	t.Parallel()
 	web := newBackend(t, "web")
@@ -99,7 +100,9 @@ func TestMemoryGatewayRestartNeverPublishesAPartialSet(t *testing.T) {
 	if partial > 0 {
 		t.Errorf("discovery answered 200 without the supervisor's still-valid route %d times (first %s)", partial, firstPartial)
 	}
-	if unavailable == 0 {
+	// The warmup ends early once the supervisor is back (its session and
+	// advertisement): no 503 at all is possible only then.
+	if unavailable == 0 && !strings.Contains(gw.stderr.String(), "discovery warmup ended early") {
 		t.Error("discovery never answered 503 after the restart: no warmup")
 	}
 	if ok200 == 0 {

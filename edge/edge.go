@@ -283,7 +283,7 @@ func (e *Edge) Run(ctx context.Context) {
 	for _, ws := range e.cfg.Workspaces {
 		wg.Go(func() { e.watch(ctx, ws) })
 	}
-	wg.Go(func() { e.expiryLoop(ctx) })
+	wg.Go(func() { e.guardedExpiryLoop(ctx) }) // guard.go
 	wg.Wait()
 }
 
@@ -292,7 +292,7 @@ func (e *Edge) watch(ctx context.Context, ws string) {
 	log := e.log.With("workspace", ws)
 	failures := 0
 	for ctx.Err() == nil {
-		rewatched, err := e.watchOnce(ctx, ws)
+		rewatched, err := e.guardedWatchOnce(ctx, ws) // guard.go
 		if ctx.Err() != nil {
 			return
 		}
@@ -338,6 +338,7 @@ func (e *Edge) watchOnce(ctx context.Context, ws string) (rewatched bool, err er
 		case <-wctx.Done():
 		}
 	}()
+	defer func() { cancel(); <-ended }() // also when Watch panics
 	err = e.cfg.Source.Watch(wctx, ws, func(s *api.RouteSnapshot) { e.update(ws, s) })
 	cancel()
 	<-ended
@@ -373,23 +374,23 @@ func (e *Edge) update(ws string, s *api.RouteSnapshot) {
 		}
 		kept = append(kept, r)
 	}
-	e.mu.Lock()
-	e.perWS[ws] = kept
-	e.revision[ws] = s.Revision
-	e.have[ws] = true
-	e.rebuildLocked(time.Now(), "discovery update")
-	e.mu.Unlock()
+	e.applyLocked(func() { // guard.go: unlocked even by a panic
+		e.perWS[ws] = kept
+		e.revision[ws] = s.Revision
+		e.have[ws] = true
+		e.rebuildLocked(time.Now(), "discovery update")
+	})
 	e.m.updates.Inc()
 	e.log.Debug("discovery snapshot applied", "workspace", ws, "revision", s.Revision, "routes", len(kept))
 }
 
 // clear drops every route of ws.
 func (e *Edge) clear(ws string) {
-	e.mu.Lock()
-	delete(e.perWS, ws)
-	e.have[ws] = false
-	e.rebuildLocked(time.Now(), "discovery refused")
-	e.mu.Unlock()
+	e.applyLocked(func() {
+		delete(e.perWS, ws)
+		e.have[ws] = false
+		e.rebuildLocked(time.Now(), "discovery refused")
+	})
 }
 
 // rebuildLocked builds the table from the latest snapshots without the
@@ -485,11 +486,12 @@ func (e *Edge) expiryLoop(ctx context.Context) {
 			return
 		case <-e.wake:
 		case <-t.C:
-			e.mu.Lock()
-			if !e.nextExpiry.IsZero() && !time.Now().Before(e.nextExpiry) {
-				e.rebuildLocked(time.Now(), "expiry")
-			}
-			e.mu.Unlock()
+			e.applyLocked(func() {
+				panicguard.Point(panicguard.EdgeExpiry, "expire")
+				if !e.nextExpiry.IsZero() && !time.Now().Before(e.nextExpiry) {
+					e.rebuildLocked(time.Now(), "expiry")
+				}
+			})
 		}
 	}
 }

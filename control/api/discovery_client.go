@@ -293,7 +293,7 @@ func (c *DiscoveryClient) Watch(ctx context.Context, ws string, fn func(*RouteSn
 		fn(s)
 	}
 	for {
-		endpoint, got, err := c.watchOnce(ctx, ws, deliver)
+		endpoint, got, err := c.guardedWatchOnce(ctx, ws, deliver) // discovery_guard.go
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -37,7 +37,8 @@ import (
 // with its name, and the same generation as advertised (an advertisement
 // without a generation is accepted only without a session), (3) the session
 // that advertised it holds and is the supervisor's current one
-// (sessions.go), (4) the token that advertised it is still in the tokens
+// (sessions.go), or its record expired while every replica was down
+// (recovery.go), (4) the token that advertised it is still in the tokens
 // file and still grants the supervisor (a supervisor token for it, or the
 // token of the pool it is bound to), and (5) its endpoint passes the
 // endpoint policy (policy.go). All are re-checked whenever the set is
@@ -167,6 +168,9 @@ type discoveryView struct {
 	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
+	// recovered are advertisements published without a session record
+	// after every replica was down (recovery.go), by supervisor.
+	recovered map[string]recoveredAd
 	// unusable says why the store cannot be vouched for ("" when it can).
 	unusable string
 }
@@ -259,6 +263,7 @@ func (d *discoveryService) update(v *discoveryView, touched map[string]struct{})
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.view = v
+	d.endWarmupIfCompleteLocked(v) // warmup.go
 	if v.unusable != "" {
 		d.endAllLocked(reasonUnusable)
 		return
@@ -428,7 +433,12 @@ func (d *discoveryService) republishLocked(now time.Time, only map[string]struct
 // advertisement).
 func (v *discoveryView) holds(tokens map[[sha256.Size]byte]*tokenGrant, sup string, adv *advertisement) bool {
 	s, ok := v.sessions[sup]
-	if !ok || !s.holds() || s.rec.Session != adv.session {
+	if !ok {
+		// Its session expired while every replica was down (recovery.go).
+		if r, recovered := v.recovered[sup]; !recovered || r.Session != adv.session || r.ModRev != adv.modRev {
+			return false
+		}
+	} else if !s.holds() || s.rec.Session != adv.session {
 		return false
 	}
 	return v.state.grantsSupervisor(tokens[adv.digest], sup, v.pools[sup])

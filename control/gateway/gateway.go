@@ -209,6 +209,9 @@ type Gateway struct {
 	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
+	// recovered are the advertisements published without a session after
+	// every replica was down (recovery.go), copy on write as well.
+	recovered map[string]recoveredAd
 	// appliedRev is the store revision the view has; revWake is closed
 	// (and replaced) whenever it moves.
 	appliedRev int64

@@ -55,6 +55,7 @@ type replicaOptions struct {
 	idleGrace    time.Duration
 	strict       bool
 	wakeHook     *wake.HookOptions // nil: no wake hook
+	warmup       time.Duration     // Config.DiscoveryWarmup (memory store)
 }
 
 // replica is one Gateway served on loopback, with Run running.
@@ -115,6 +116,7 @@ func newReplica(t testing.TB, o replicaOptions) *replica {
 		IdleGrace:             o.idleGrace,
 		StrictSupervisors:     o.strict,
 		WakeHook:              o.wakeHook,
+		DiscoveryWarmup:       o.warmup,
 		Logger:                slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:            r.reg,
 	}

@@ -347,8 +347,8 @@ func TestEtcdFootprint(t *testing.T) {
 	keys, size := etcdKeys(t, c.endpoints(), "/fp/")
 	t.Logf("etcd footprint of %d installed routes (%d supervisors × %d): %d keys, %d bytes (keys and values; %d per route)",
 		routes, sups, perSup, keys, size, size/routes)
-	if keys != 4*sups {
-		t.Errorf("%d keys, want %d (document, session, advertisement, pool binding per supervisor)", keys, 4*sups)
+	if keys != 4*sups+1 {
+		t.Errorf("%d keys, want %d (document, session, advertisement, pool binding per supervisor, and the replica's liveness key)", keys, 4*sups+1)
 	}
 	if size > 2<<20 {
 		t.Errorf("%d bytes for 1,000 routes", size)

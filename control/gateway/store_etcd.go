@@ -80,6 +80,10 @@ type etcdStore struct {
 	// shared are the leases of non-renewable keys, by the Unix second at
 	// which they expire.
 	shared map[int64]clientv3.LeaseID
+
+	// replica is this replica's liveness key (recovery.go); only follow
+	// uses it.
+	replica replicaKey
 }
 
 // newEtcdStore connects to etcd (without waiting for it: run loads the
@@ -117,6 +121,7 @@ func newEtcdStore(cfg EtcdConfig, log *slog.Logger) (*etcdStore, error) {
 		log:      log,
 		keyLease: make(map[string]clientv3.LeaseID),
 		shared:   make(map[int64]clientv3.LeaseID),
+		replica:  replicaKey{id: newReplicaID()},
 	}, nil
 }
 
@@ -191,6 +196,9 @@ func (s *etcdStore) follow(ctx context.Context, sink storeSink) (loaded bool, er
 	clear(s.keyLease)
 	for _, kv := range resp.Kvs {
 		key := strings.TrimPrefix(string(kv.Key), s.prefix)
+		if key == keyReplicas+s.replica.id {
+			continue // this replica's own liveness key, from a previous load
+		}
 		kvs = append(kvs, kvPair{key: key, value: kv.Value, modRev: kv.ModRevision})
 		if kv.Lease != 0 {
 			s.keyLease[key] = clientv3.LeaseID(kv.Lease)
@@ -199,6 +207,11 @@ func (s *etcdStore) follow(ctx context.Context, sink storeSink) (loaded bool, er
 	s.mu.Unlock()
 	rev := resp.Header.Revision
 	sink.storeLoaded(kvs, rev)
+	// Alive from now on (after the load, which must not see this
+	// replica's key): recovery.go.
+	if err := s.keepReplicaAlive(ctx, sink); err != nil && ctx.Err() == nil {
+		s.log.Warn("gateway replica liveness key not written; retrying at the next health check", "err", err)
+	}
 
 	// A watch that requires a leader is cancelled by the member it is
 	// connected to when that member loses its leader.
@@ -253,6 +266,9 @@ func (s *etcdStore) follow(ctx context.Context, sink storeSink) (loaded bool, er
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				return true, fmt.Errorf("etcd: linearizable read: %w", err)
+			}
+			if err := s.keepReplicaAlive(ctx, sink); err != nil && ctx.Err() == nil {
+				s.log.Warn("gateway replica liveness key not renewed", "err", err)
 			}
 		}
 	}

@@ -61,6 +61,11 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 		changed[sup] = struct{}{}
 	}
 	oldSessions := g.sessions
+	// recovery.go: after every replica was down (etcd), advertisements
+	// whose sessions expired meanwhile stay published.
+	othersAlive, inherited := otherReplicas(kvs)
+	fleetDown := g.storeKind == "etcd" && !othersAlive
+	g.recovered = g.recoverOrphansLocked(ads, sessions, fleetDown, inherited)
 	g.installations, g.sessions, g.pools = ads, sessions, pools
 	g.pushChangedLocked(old, next, changed)
 	for sup := range oldSessions {
@@ -90,6 +95,7 @@ func (g *Gateway) feedDiscoveryLocked(touched map[string]struct{}) {
 		installations: g.installations,
 		sessions:      g.sessions,
 		pools:         g.pools,
+		recovered:     g.recovered,
 		unusable:      g.storeUnusable(),
 	}, touched)
 }
@@ -138,6 +144,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 			docChanged[sup] = struct{}{}
 		case keyAds:
 			g.touchWorkspacesLocked(sup, touched)
+			g.forgetRecoveredLocked(sup) // recovery.go
 			if ev.value == nil {
 				delete(g.installations, sup)
 				continue
@@ -151,6 +158,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 			g.installations[sup] = adv
 			g.touchWorkspacesLocked(sup, touched)
 		case keySessions:
+			g.forgetRecoveredLocked(sup)
 			if ev.value == nil {
 				delete(g.sessions, sup)
 			} else if s, err := decodeSession(ev.value, ev.modRev); err == nil {

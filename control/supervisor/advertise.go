@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/control/api"
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -93,14 +94,24 @@ func (a *Advertiser) Run(ctx context.Context) {
 		case <-retry:
 		}
 		retry = nil
-		set := Installations(a.Table, a.Endpoint)
-		set.Session = a.Client.Session
-		body, _ := json.Marshal(set)
+		var body []byte
 		gateway := a.Client.endpoints.Current()
-		if bytes.Equal(body, lastSent) && gateway == lastSentTo && time.Since(lastSentAt) < time.Second {
-			continue // a burst of renewals: the gateway already has this
+		burst := false
+		// A panic is one failed advertisement (guard.go), retried.
+		err := panicguard.Call(a.logger(), panicguard.SupervisorAdvertise, a.Client.SupervisorID, func() error {
+			set := Installations(a.Table, a.Endpoint)
+			set.Session = a.Client.Session
+			body, _ = json.Marshal(set)
+			if bytes.Equal(body, lastSent) && gateway == lastSentTo && time.Since(lastSentAt) < time.Second {
+				burst = true // a burst of renewals: the gateway already has this
+				return nil
+			}
+			return a.put(ctx, gateway, body)
+		}, "supervisor", a.Client.SupervisorID, "endpoint", gateway)
+		if burst {
+			continue
 		}
-		if err := a.put(ctx, gateway, body); err != nil {
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}

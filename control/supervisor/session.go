@@ -400,7 +400,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 	pushBackoff := c.newBackoff()
 	for ctx.Err() == nil {
 		pushEndpoint := c.endpoints.Current()
-		accepted, err := c.push(ctx, pushEndpoint)
+		accepted, err := c.guardedPush(ctx, pushEndpoint) // guard.go
 		if ctx.Err() != nil || c.withdrawing.Load() {
 			break
 		}
@@ -424,7 +424,7 @@ func (c *GatewayClient) Run(ctx context.Context) error {
 		retryAt := time.Now().Add(pushRetry)
 		for ctx.Err() == nil && !c.withdrawing.Load() {
 			endpoint := c.endpoints.Current()
-			err := c.poll(ctx, endpoint, "poll")
+			err := c.guardedPoll(ctx, endpoint, "poll")
 			wait := c.pollInterval() // after the poll: its answer may tell the session TTL
 			if err != nil {
 				if ctx.Err() != nil {
@@ -644,7 +644,7 @@ func (c *GatewayClient) fallbackPoll(ctx context.Context, endpoint string, inter
 		}
 		// A poll that hangs must not hold back the next one for long.
 		pctx, cancel := context.WithTimeout(ctx, max(2*interval, time.Second))
-		err := c.poll(pctx, endpoint, "fallback-poll")
+		err := c.guardedPoll(pctx, endpoint, "fallback-poll")
 		cancel()
 		switch {
 		case ctx.Err() != nil:

@@ -381,27 +381,40 @@ func checkRelease(t *testing.T, r *rendered, e expect) {
 	}
 	ports := containerPorts(t, c)
 
-	// Health: --address is the named port "health" and every probe is a
-	// tcpSocket probe on it.
+	// Health: --address is the named port "health", which the readiness
+	// probe (tcpSocket) targets. Liveness and startup are process health,
+	// GET /healthz on the admin port, and never the session-gated health
+	// port: a gateway outage must not restart supervisors (issue 25).
 	healthPort := hostPortOf(t, "address", args["address"])
 	if healthPort != e.healthPort || ports["health"] != healthPort {
 		t.Errorf("--address port %d, container port health %d, want both %d", healthPort, ports["health"], e.healthPort)
 	}
-	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+	switch p := c.ReadinessProbe; {
+	case p == nil:
+		t.Errorf("no readiness probe")
+	case p.TCPSocket == nil || p.HTTPGet != nil || p.Exec != nil || p.GRPC != nil:
+		t.Errorf("readiness probe is not (only) a tcpSocket probe: %+v", p.ProbeHandler)
+	case resolvePort(t, p.TCPSocket.Port, ports) != healthPort:
+		t.Errorf("readiness probe targets port %s (= %d), want the health port %d", p.TCPSocket.Port.String(), resolvePort(t, p.TCPSocket.Port, ports), healthPort)
+	}
+	adminPortArg := hostPortOf(t, "admin-address", args["admin-address"])
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "startup": c.StartupProbe} {
 		switch {
 		case p == nil:
 			t.Errorf("no %s probe", name)
-		case p.TCPSocket == nil || p.HTTPGet != nil || p.Exec != nil || p.GRPC != nil:
-			t.Errorf("%s probe is not (only) a tcpSocket probe: %+v", name, p.ProbeHandler)
-		case resolvePort(t, p.TCPSocket.Port, ports) != healthPort:
-			t.Errorf("%s probe targets port %s (= %d), want the health port %d", name, p.TCPSocket.Port.String(), resolvePort(t, p.TCPSocket.Port, ports), healthPort)
+		case p.HTTPGet == nil || p.TCPSocket != nil || p.Exec != nil || p.GRPC != nil:
+			t.Errorf("%s probe is not (only) an httpGet probe: %+v", name, p.ProbeHandler)
+		case p.HTTPGet.Path != "/healthz":
+			t.Errorf("%s probe GETs %s, want /healthz (process health)", name, p.HTTPGet.Path)
+		case resolvePort(t, p.HTTPGet.Port, ports) != adminPortArg:
+			t.Errorf("%s probe targets port %s (= %d), want the admin port %d", name, p.HTTPGet.Port.String(), resolvePort(t, p.HTTPGet.Port, ports), adminPortArg)
 		}
 	}
 	if c.LivenessProbe != nil && c.ReadinessProbe != nil {
 		live := c.LivenessProbe.PeriodSeconds * c.LivenessProbe.FailureThreshold
 		ready := c.ReadinessProbe.PeriodSeconds * c.ReadinessProbe.FailureThreshold
 		if live < 60 || live <= ready {
-			t.Errorf("liveness budget %ds must be at least 60s and above readiness %ds: the health port also closes while the gateway is away", live, ready)
+			t.Errorf("liveness budget %ds must be at least 60s and above readiness %ds", live, ready)
 		}
 	}
 	adminPort := hostPortOf(t, "admin-address", args["admin-address"])

@@ -104,14 +104,15 @@ func TestChartArgsRunTheBinary(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		_ = cmd.Process.Signal(os.Interrupt)
+		var exitErr error
 		select {
-		case <-exited:
+		case exitErr = <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			exitErr = <-exited
 		}
 		if t.Failed() {
-			t.Logf("applistener serve %q:\n%s", run, out.String())
+			t.Logf("applistener serve %q (%v):\n%s", run, exitErr, out.String())
 		}
 	}()
 

@@ -7,11 +7,18 @@
 // Each entry point also calls Point, a test-only hook (SetTestHook) that
 // lets tests inject a panic there; without a hook Point does nothing.
 //
+// A control-plane loop (a supervisor's session, a discovery watch) runs
+// each attempt through Call: a panic there ends that attempt only, as a
+// failure the loop retries after its backoff.
+//
 // The goroutines of net/http's servers (admin, gateway) are not guarded
-// here: net/http recovers a handler's panic per request itself.
+// here: net/http recovers a handler's panic per request itself. Neither
+// is the frame loop of net/http's HTTP/2 client (the h2c pool's): what
+// runs of ours in it, the connection's reads, is (H2CRead).
 package panicguard
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -30,10 +37,20 @@ const (
 	WebSocket    = "websocket"     // a WebSocket splice direction (also a resumed parked one)
 	EdgeConn     = "edge_conn"     // the edge's per-connection goroutine
 	EdgePipe     = "edge_pipe"     // a direction of a connection the edge splices
+	H2CRead      = "h2c_read"      // the read loop of an h2c app connection (our side of it: the connection's reads)
+
+	// Control-plane loops: a panic ends the one attempt (a session, a
+	// watch, a request), which the loop retries after its backoff.
+	SupervisorSession   = "supervisor_session"   // the supervisor's push session and polls
+	SupervisorAdvertise = "supervisor_advertise" // the supervisor's advertisement of its installations
+	DiscoveryWatch      = "discovery_watch"      // a discovery watch stream (the edge's, routes watch's)
+	EdgeWatch           = "edge_watch"           // the edge's watch of one workspace
+	EdgeExpiry          = "edge_expiry"          // the edge's loop that drops expired routes
 )
 
 // Where lists every entry point, for tests and documentation.
-var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe}
+var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe, H2CRead,
+	SupervisorSession, SupervisorAdvertise, DiscoveryWatch, EdgeWatch, EdgeExpiry}
 
 var panics = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "applistener_panics_total",
@@ -68,6 +85,11 @@ func Count(where string) float64 {
 // recover(), so that the stack is still the panicking one; the caller has
 // closed, or then closes, only its own connection or stream.
 func Report(log *slog.Logger, where string, r any, attrs ...any) {
+	report(log, "panic recovered; closed only this connection or stream", where, r, attrs)
+}
+
+// report is Report with the log message.
+func report(log *slog.Logger, msg, where string, r any, attrs []any) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -79,7 +101,7 @@ func Report(log *slog.Logger, where string, r any, attrs ...any) {
 	args = append(args, "where", where, "panic", fmt.Sprint(r))
 	args = append(args, attrs...)
 	args = append(args, "stack", string(debug.Stack()))
-	log.Error("panic recovered; closed only this connection or stream", args...)
+	log.Error(msg, args...)
 }
 
 // hook is the test hook Point calls; nil outside tests.
@@ -100,4 +122,37 @@ func Point(where, id string) {
 	if h := hook.Load(); h != nil {
 		(*h)(where, id)
 	}
+}
+
+// ErrPanic is what Call returns, wrapped, after a recovered panic.
+var ErrPanic = errors.New("panic recovered")
+
+// PanicError is a panic that Call recovered: where it happened and what
+// was thrown. It matches ErrPanic (errors.Is).
+type PanicError struct {
+	Where string
+	Value any
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("%s: %s: %v", e.Where, ErrPanic, e.Value) }
+
+// Is makes a *PanicError match ErrPanic.
+func (e *PanicError) Is(target error) bool { return target == ErrPanic }
+
+// Call runs f, one attempt of a loop that retries (a control-plane
+// session or watch), behind the entry point where: Point(where, id)
+// first, then f. A panic in f is reported (Report, with attrs) and
+// returned as a *PanicError, which the loop treats as a failed attempt
+// (its backoff applies, so a panic that repeats cannot spin). What f
+// holds must be released by its own deferred calls, which run as the
+// panic unwinds.
+func Call(log *slog.Logger, where, id string, f func() error, attrs ...any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			report(log, "panic recovered; this attempt failed and is retried", where, r, attrs)
+			err = &PanicError{Where: where, Value: r}
+		}
+	}()
+	Point(where, id)
+	return f()
 }

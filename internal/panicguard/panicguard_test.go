@@ -2,6 +2,7 @@ package panicguard
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -65,5 +66,39 @@ func TestPointCallsTheTestHookOnly(t *testing.T) {
 	Point(H2Stream, "after")
 	if len(got) != 1 || got[0] != "h2_stream team--a.apps.test" {
 		t.Fatalf("hook calls %q", got)
+	}
+}
+
+func TestCallRecoversIntoAnErrorAndCounts(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	if err := Call(log, DiscoveryWatch, "team", func() error { return nil }); err != nil {
+		t.Fatalf("Call of a function that returns nil: %v", err)
+	}
+	before := Count(DiscoveryWatch)
+	err := Call(log, DiscoveryWatch, "team", func() error { panicsHere(); return nil }, "workspace", "team")
+	var pe *PanicError
+	if !errors.Is(err, ErrPanic) || !errors.As(err, &pe) || pe.Where != DiscoveryWatch || pe.Value != "boom" {
+		t.Fatalf("Call of a panicking function = %v; want a *PanicError of discovery_watch, boom", err)
+	}
+	if got := Count(DiscoveryWatch); got != before+1 {
+		t.Fatalf("Count = %v; want %v", got, before+1)
+	}
+	out := buf.String()
+	for _, want := range []string{`"where":"discovery_watch"`, `"workspace":"team"`, "panicguard.panicsHere"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log line lacks %s:\n%s", want, out)
+		}
+	}
+	// The hook is called first, with the id.
+	restore := SetTestHook(func(where, id string) {
+		if where == DiscoveryWatch && id == "team" {
+			panic("injected")
+		}
+	})
+	defer restore()
+	ran := false
+	if err := Call(log, DiscoveryWatch, "team", func() error { ran = true; return nil }); !errors.Is(err, ErrPanic) || ran {
+		t.Fatalf("Call with an injected panic: %v, f ran: %v; want ErrPanic before f", err, ran)
 	}
 }

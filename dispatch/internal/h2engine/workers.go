@@ -108,17 +108,20 @@ func (c *Conn) releaseWorkersLocked() {
 
 // finishStream closes st once its handler has returned: a response not
 // ended is reset (INTERNAL_ERROR); a request still being sent after a
-// complete response is stopped (NO_ERROR, RFC 9113 8.1).
+// complete response is stopped (NO_ERROR, RFC 9113 8.1). An AfterReset
+// function the handler left set (it panicked, say) runs then, as
+// AfterReset promises.
 func (c *Conn) finishStream(st *Stream) {
 	c.mu.Lock()
 	var code http2.ErrCode
 	send := false
+	var after func() // the handler's AfterReset, left set (it panicked)
 	if !st.closed {
 		code, send = http2.ErrCodeInternal, true
 		if st.localClosed {
 			code = http2.ErrCodeNo
 		}
-		st.resetLocked(streamResetError{code: code, byUs: true})
+		after = st.resetLocked(streamResetError{code: code, byUs: true})
 	}
 	c.live--
 	idle := c.live == 0
@@ -128,6 +131,9 @@ func (c *Conn) finishStream(st *Stream) {
 	}
 	drained := idle && c.draining
 	c.mu.Unlock()
+	if after != nil {
+		after() // e.g. closes the upstream connection the handler held
+	}
 	if send {
 		c.queueCtrl(ctrlFrame{kind: ctrlRST, id: st.id, val: uint32(code)})
 		c.lockWrite()
