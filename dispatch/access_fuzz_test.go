@@ -11,8 +11,15 @@ import (
 // (strings) forms decide alike, nothing but the valid token authenticates, and what
 // the forwarding removes is gone (no token cookie crumb, no _al_token
 // parameter, no token subprotocol is left for the app).
+//
+// The token and the clock are fixed, far ahead: with a token minted at the
+// time of the run, an input kept in the fuzz cache by an earlier run carries
+// an older token of the same key that is still valid, and was taken for
+// one that authenticated without the valid token (the seed e71f45c1b9708e59
+// is such an input). Every token minted at a real time has expired by then.
 func FuzzAccessCredentials(f *testing.F) {
-	ar, ks, tok := accessBenchRoute(f, true)
+	now := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+	ar, ks, tok := accessRouteAt(f, true, now)
 	for _, s := range []struct{ name, value, path string }{
 		{"cookie", "a=b; " + accessCookie + "=" + tok, "/"},
 		{"cookie", accessCookie + `="` + tok[:20] + `"; ` + accessCookie + "=x", "/?a=1"},
@@ -24,7 +31,6 @@ func FuzzAccessCredentials(f *testing.F) {
 	} {
 		f.Add(s.name, s.value, s.path)
 	}
-	now := time.Now()
 	f.Fuzz(func(t *testing.T, name, value, path string) {
 		var c clientConn
 		var ib accessInput[[]byte]

@@ -1002,11 +1002,16 @@ func accessDecideH1(c *clientConn, ar *accessRoute, ks *accesstoken.KeySet, req 
 
 func accessBenchRoute(tb testing.TB, bearer bool) (*accessRoute, *accesstoken.KeySet, string) {
 	tb.Helper()
+	return accessRouteAt(tb, bearer, time.Now())
+}
+
+// accessRouteAt is accessBenchRoute with a token issued at now.
+func accessRouteAt(tb testing.TB, bearer bool, now time.Time) (*accessRoute, *accesstoken.KeySet, string) {
+	tb.Helper()
 	ks, err := accesstoken.NewKeySet(accesstoken.Key{ID: "k1", Secret: []byte(strings.Repeat("s", 32))})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	now := time.Now()
 	tok, err := ks.Mint("k1", accesstoken.Claims{Workspace: "team", Sandbox: "demo", Service: "web", Subject: "alice",
 		IssuedAt: now, Expires: now.Add(time.Hour)})
 	if err != nil {
