@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -101,10 +100,15 @@ func newAccessApp(t *testing.T, h2cApp bool) *accessApp {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(seenRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header})
 	})
+	a.ts = httptest.NewUnstartedServer(h)
 	if h2cApp {
-		h = h2c.NewHandler(h, &http2.Server{})
+		// Unencrypted HTTP/2 with prior knowledge, as an h2c service speaks.
+		var p http.Protocols
+		p.SetHTTP1(true)
+		p.SetUnencryptedHTTP2(true)
+		a.ts.Config.Protocols = &p
 	}
-	a.ts = httptest.NewServer(h)
+	a.ts.Start()
 	t.Cleanup(a.ts.Close)
 	return a
 }
@@ -662,9 +666,9 @@ func TestAccessKeyRotation(t *testing.T) {
 		ended <- err
 	}()
 	select {
-	case <-ended:
+	case err := <-ended:
 		if d := time.Since(start); d > time.Second {
-			t.Errorf("the k1 stream ended after %v", d)
+			t.Errorf("the k1 stream ended after %v (%v)", d, err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the stream authenticated with the removed key stayed open")
