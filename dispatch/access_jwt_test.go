@@ -3,6 +3,7 @@ package dispatch
 import (
 	"crypto/x509"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -314,4 +315,69 @@ func getWithField(url, name, value string) (*http.Request, error) {
 	req.Header.Set(name, value)
 	req.Header.Set("Accept", "application/json")
 	return req, nil
+}
+
+// BenchmarkAccessJWT is the cost of the swap: a request with a JWT never
+// seen (the asymmetric verify, the mint), the same JWT again (its
+// verification cached), and the request after, with the listener's cookie
+// only (the HMAC verify), each through the HTTP/1.1 decision.
+func BenchmarkAccessJWT(b *testing.B) {
+	ar, ks, _ := accessBenchRoute(b, false)
+	keys := []jwttest.Key{jwttest.NewKey(b, "rsa", "RS256"), jwttest.NewKey(b, "ec", "ES256"), jwttest.NewKey(b, "ed", "EdDSA")}
+	js := jwttest.NewServer(b, keys...)
+	v, err := accessjwt.New(accessjwt.Config{JWKSURL: js.URL, Issuer: jwtIssuer, Audience: jwtAudience})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(v.Close)
+	j := accessJWT{v: v, keys: ks}
+	var c clientConn
+	parse := func(b *testing.B, field string) *request {
+		return parsedHead(b, head("GET /api HTTP/1.1", "Host: "+testHost, "Accept: application/json", field))
+	}
+	decide := func(b *testing.B, req *request) accessDecision {
+		var in accessInput[[]byte]
+		in.method, in.path = req.method, req.path
+		for i := range req.fields {
+			in.field(req.fields[i].name, req.fields[i].value, false)
+		}
+		in.jwt = j
+		d := decideAccess(ar, ks, &in, time.Now(), c.tokenString)
+		if d.verdict != accessAllow {
+			b.Fatalf("%s (%s)", d.reason, d.source)
+		}
+		return d
+	}
+	claims := func(i int) jwt.MapClaims {
+		cl := jwttest.Claims(jwtIssuer, jwtAudience, "team", "demo", strPtr("web"), "alice", time.Hour)
+		cl["jti"] = strconv.Itoa(i)
+		return cl
+	}
+	var cookie string
+	for _, k := range keys {
+		b.Run("first-"+k.Alg, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				req := parse(b, "X-Applistener-Token: "+k.Sign(b, claims(i)))
+				b.StartTimer()
+				d := decide(b, req)
+				cookie = d.token
+			}
+		})
+		b.Run("again-"+k.Alg, func(b *testing.B) {
+			req := parse(b, "X-Applistener-Token: "+k.Sign(b, claims(-1)))
+			b.ReportAllocs()
+			for b.Loop() {
+				decide(b, req)
+			}
+		})
+	}
+	b.Run("cookie", func(b *testing.B) {
+		req := parse(b, "Cookie: "+accessCookie+"="+cookie)
+		b.ReportAllocs()
+		for b.Loop() {
+			decide(b, req)
+		}
+	})
 }
