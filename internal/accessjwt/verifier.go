@@ -111,13 +111,19 @@ func CheckURL(u string) error {
 // Claims are what a verified JWT grants.
 type Claims struct {
 	// KeyID is the JWKS kid that signed it.
-	KeyID              string
+	KeyID string
+	// Workspace and Sandbox name the sandbox it opens.
 	Workspace, Sandbox string
-	Service            string
-	AllServices        bool
-	Subject            string
-	Generation         uint64
-	Expires            time.Time
+	// Service is the one service it opens ("": the unnamed one) unless
+	// AllServices (no applistener_service claim).
+	Service     string
+	AllServices bool
+	// Subject is sub ("" none).
+	Subject string
+	// Generation is applistener_generation (0 when absent).
+	Generation uint64
+	// Expires is exp.
+	Expires time.Time
 }
 
 // Verifier verifies JWTs against a JWKS. It is safe for concurrent use;
@@ -170,7 +176,12 @@ func New(cfg Config) (*Verifier, error) {
 	}
 	if v.client == nil {
 		v.own = http.DefaultTransport.(*http.Transport).Clone()
-		v.client = &http.Client{Transport: v.own}
+		v.client = &http.Client{Transport: v.own, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) >= 3 {
+				return errors.New("too many redirects")
+			}
+			return CheckURL(req.URL.String()) // never a redirect to plain http elsewhere than loopback
+		}}
 	}
 	v.parser = jwt.NewParser(jwt.WithValidMethods(Algorithms), jwt.WithIssuer(cfg.Issuer),
 		jwt.WithAudience(cfg.Audience), jwt.WithExpirationRequired(), jwt.WithStrictDecoding())
@@ -344,8 +355,9 @@ type jwtClaims struct {
 	Generation uint64  `json:"applistener_generation"`
 }
 
-// Verify checks a JWT's shape, signature (against the JWKS) and claims at
-// now, and returns what it grants. A JWT verified before (and whose kid is
+// Verify checks a JWT's shape, signature (against the JWKS) and claims
+// (exp and nbf against the clock; now decides whether a remembered
+// verification still holds), and returns what it grants. A JWT verified before (and whose kid is
 // still published) is not verified again until it expires.
 func (v *Verifier) Verify(token string, now time.Time) (Claims, error) {
 	if len(token) > MaxTokenLen || !LooksLikeJWT(token) {
