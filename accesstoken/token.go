@@ -130,6 +130,7 @@ type Request struct {
 type KeySet struct {
 	keys     map[string]*key
 	ids      []string // sorted
+	first    string   // the first key given to NewKeySet (the keys file's first)
 	subjects subjectCache
 }
 
@@ -174,6 +175,9 @@ func NewKeySet(keys ...Key) (*KeySet, error) {
 		}
 		ks.keys[k.ID] = &key{id: k.ID, secret: slices.Clone(k.Secret)}
 		ks.ids = append(ks.ids, k.ID)
+		if i == 0 {
+			ks.first = k.ID
+		}
 	}
 	slices.Sort(ks.ids)
 	return ks, nil
@@ -185,6 +189,16 @@ func (ks *KeySet) IDs() []string {
 		return nil
 	}
 	return slices.Clone(ks.ids)
+}
+
+// First returns the id of the first key given to NewKeySet (the keys
+// file's first): the key the listener mints its own tokens with. "" for an
+// empty or nil set.
+func (ks *KeySet) First() string {
+	if ks == nil {
+		return ""
+	}
+	return ks.first
 }
 
 // Has reports whether the set holds a key with this id.

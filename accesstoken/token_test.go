@@ -470,3 +470,20 @@ func BenchmarkMint(b *testing.B) {
 		}
 	}
 }
+
+// TestKeySetFirst: First is the first key given (the keys file's first),
+// not the first in id order.
+func TestKeySetFirst(t *testing.T) {
+	ks := mustKeySet(t, Key{ID: "zz", Secret: secret(1)}, Key{ID: "aa", Secret: secret(2)})
+	if got := ks.First(); got != "zz" {
+		t.Fatalf("First() = %q, want zz", got)
+	}
+	var none *KeySet
+	if none.First() != "" || mustKeySet(t).First() != "" {
+		t.Fatal("an empty or nil set has a first key")
+	}
+	parsed, err := ParseKeysFile([]byte(`{"keys":[{"id":"k2","secret":"` + b64(secret(2)) + `"},{"id":"k1","secret":"` + b64(secret(1)) + `"}]}`))
+	if err != nil || parsed.First() != "k2" {
+		t.Fatalf("keys file's first: %q, %v", parsed.First(), err)
+	}
+}

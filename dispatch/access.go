@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/accesstoken"
+	"github.com/applistener/applistener/internal/accessjwt"
 	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 )
@@ -95,7 +96,7 @@ const (
 // accessDenialReasons are every denial reason (the metric's series exist
 // from the start).
 var accessDenialReasons = []string{denialNoCredential, denialMalformed, denialUnknownKey, denialBadSignature,
-	denialExpired, denialLifetime, denialWrongScope, denialRevoked, denialOrigin, denialNoKeys}
+	denialExpired, denialLifetime, denialWrongScope, denialRevoked, denialOrigin, denialNoKeys, denialInvalidClaims}
 
 // denialOf maps a verification error to its reason.
 func denialOf(err error) string {
@@ -114,6 +115,10 @@ func denialOf(err error) string {
 		return denialWrongScope
 	case errors.Is(err, accesstoken.ErrRevoked):
 		return denialRevoked
+	case errors.Is(err, accessjwt.ErrInvalidClaims):
+		return denialInvalidClaims
+	case errors.Is(err, accessjwt.ErrKeysUnavailable):
+		return denialUnknownKey
 	}
 	return denialInvalid
 }
@@ -157,6 +162,8 @@ type accessInput[T string | []byte] struct {
 	fetchMode, accept, origin, acrMethod, acrHeaders, contentType T
 	hasFetchMode, hasOrigin, hasACRMethod                         bool
 	websocket                                                     bool
+	// jwt swaps JWTs for the listener's tokens (access_jwt.go); zero: none.
+	jwt accessJWT
 }
 
 // field notes one request field (name in any case).
@@ -243,6 +250,9 @@ type accessDecision struct {
 	// onlyTokenProtocol: the WebSocket offered no subprotocol but the
 	// token's (echoSubprotocol).
 	onlyTokenProtocol bool
+	// swapCookie is the Set-Cookie added to the app's response for a
+	// header-carried JWT swapped for the listener's token (access_jwt.go).
+	swapCookie string
 }
 
 // echoSubprotocol makes the app's WebSocket acceptance name the token's
@@ -293,6 +303,10 @@ func decideAccess[T string | []byte](ar *accessRoute, keys *accesstoken.KeySet, 
 		}
 		s := str(tok) // "" for an oversized one: malformed, never copied
 		c, err := keys.Verify(s, &req)
+		minted := ""
+		if err != nil && in.jwt.v != nil {
+			c, minted, err = tryJWT(&in.jwt, src, tok, s, err, &req)
+		}
 		if err != nil {
 			if first == "" {
 				first, firstSrc = denialOf(err), src
@@ -302,6 +316,12 @@ func decideAccess[T string | []byte](ar *accessRoute, keys *accesstoken.KeySet, 
 		d.source, d.claims = src, c
 		if src == credQuery || src == credSubprotocol {
 			d.token = s
+		}
+		if minted != "" {
+			d.token = minted
+			if src != credQuery {
+				d.swapCookie = accessSetCookie(minted, c.Expires, in.jwt.embed)
+			}
 		}
 		return true
 	}

@@ -126,7 +126,9 @@ func (c *clientConn) checkAccess(ar *accessRoute) (proceed, keep bool) {
 		f := &req.fields[i]
 		in.field(f.name, f.value, ar.policy.Bearer)
 	}
-	c.acc = decideAccess(ar, c.s.accessKeys(), &in, time.Now(), c.tokenString)
+	keys := c.s.accessKeys()
+	in.jwt = c.s.accessJWTFor(ar, keys)
+	c.acc = decideAccess(ar, keys, &in, time.Now(), c.tokenString)
 	d := &c.acc
 	if d.verdict == accessAllow {
 		c.rec.noteAccess(d)
@@ -175,7 +177,9 @@ func (st *h2Stream) checkAccess(ar *accessRoute) bool {
 		f := &es.Header[i]
 		in.field(f.Name, f.Value, ar.policy.Bearer)
 	}
-	st.acc = decideAccess(ar, st.s.accessKeys(), &in, time.Now(), identityString)
+	keys := st.s.accessKeys()
+	in.jwt = st.s.accessJWTFor(ar, keys)
+	st.acc = decideAccess(ar, keys, &in, time.Now(), identityString)
 	d := &st.acc
 	if d.verdict == accessAllow {
 		st.rec.noteAccess(d)

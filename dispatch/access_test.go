@@ -170,7 +170,7 @@ func (e *accessEnv) logText() string {
 	return e.log.String()
 }
 
-func newAccessEnv(t *testing.T) *accessEnv {
+func newAccessEnv(t *testing.T, configure ...func(*Config)) *accessEnv {
 	t.Helper()
 	h2Verify(t)
 	e := &accessEnv{t: t}
@@ -215,14 +215,18 @@ func newAccessEnv(t *testing.T) *accessEnv {
 	})
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler), AccessTokens: true})
 	e.apply()
-	e.srv = New(Config{
+	cfg := Config{
 		Logger:          slog.New(slog.DiscardHandler),
 		AccessKeys:      e.keys.Load,
 		AccessLog:       AccessLogJSON,
 		AccessLogWriter: e,
 		AccessLogRate:   -1, AccessLogTotalRate: -1,
 		OCSF: ocsf.NewEmitter(&e.ocsfOut, slog.LevelInfo, ocsf.Product{Version: "test"}),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	e.srv = New(cfg)
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -616,7 +616,7 @@ func (c *clientConn) proxy() bool {
 		c.acc.echoSubprotocol(resp)
 		return c.websocket(x.bc, resp)
 	}
-	addAccessCORS(resp, c.acc.origin)
+	c.acc.addResponseFields(resp)
 	// Frame the body towards the client.
 	out := resp.body
 	closeClient := req.close || c.s.draining.Load()

@@ -482,7 +482,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	}
 
 	resp := &x.resp
-	addAccessCORS(resp, st.acc.origin)
+	st.acc.addResponseFields(resp)
 	length := int64(-1)
 	if resp.body == bodyLength {
 		length = resp.length

@@ -69,6 +69,7 @@ import (
 
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/connector"
+	"github.com/applistener/applistener/internal/accessjwt"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -134,6 +135,10 @@ type Config struct {
 	// services in access mode token (access.go); nil, or a nil set: none,
 	// and every request to such a service is refused.
 	AccessKeys func() *accesstoken.KeySet
+	// AccessJWT, when set, verifies platform-signed JWTs (JWKS) that are
+	// swapped for the listener's own tokens, minted with the first of
+	// AccessKeys (access_jwt.go); nil: only the listener's tokens.
+	AccessJWT *accessjwt.Verifier
 	// Wakes holds the requests that may wake a sleeping instance until it
 	// is active (sleep.go); nil: they are answered 503 at once.
 	Wakes *wake.Coordinator

@@ -85,6 +85,9 @@ type serveOptions struct {
 	appACMERoots      string
 	adminPprof        bool
 	accessKeysFile    string
+	accessJWKSURL     string
+	accessJWTIssuer   string
+	accessJWTAudience string
 
 	trusted       []netip.Prefix
 	requiredProxy []netip.Prefix
@@ -136,6 +139,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.appACMERoots, "app-acme-ca-roots", "", "PEM bundle trusted for the ACME server's own HTTPS (default: system roots)")
 	fs.BoolVar(&o.appHTTP2, "app-http2", true, "offer HTTP/2 to clients (ALPN h2); each request is still forwarded to the app as HTTP/1.1")
 	fs.StringVar(&o.accessKeysFile, "access-keys-file", "", "access keys file ({\"keys\":[{\"id\":\"k1\",\"secret\":\"<base64, >= 32 bytes>\"}]}, re-read when it changes) that verifies the tokens of services in access mode token; without it such services are refused at install")
+	fs.StringVar(&o.accessJWKSURL, "access-jwks-url", "", "JWKS URL (https, or http to a loopback address) of a platform that signs access JWTs with asymmetric keys (RS256, ES256, EdDSA): such a JWT is accepted where the listener's tokens are and swapped for one of them; requires --access-keys-file, --access-jwt-issuer and --access-jwt-audience")
+	fs.StringVar(&o.accessJWTIssuer, "access-jwt-issuer", "", "the iss every access JWT must carry (with --access-jwks-url)")
+	fs.StringVar(&o.accessJWTAudience, "access-jwt-audience", "", "the aud every access JWT must carry (with --access-jwks-url)")
 	fs.BoolVar(&o.appH2WebSockets, "app-http2-websockets", true, "accept WebSockets over HTTP/2 (RFC 8441 extended CONNECT, advertised in SETTINGS); off: clients open WebSockets over HTTP/1.1")
 	fs.DurationVar(&o.certPoll, "app-tls-poll", 500*time.Millisecond, "how often the TLS directory is checked for a new pair")
 	logFileFlags(fs, &o.logFiles, true, true)
@@ -226,6 +232,9 @@ func (o *serveOptions) validate() error {
 	}
 	if o.freshness < time.Second {
 		return usagef("--route-freshness must be at least 1s")
+	}
+	if err := o.validateJWT(); err != nil {
+		return err
 	}
 	switch o.logFormat {
 	case "text", "json":
@@ -550,9 +559,19 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		if keys != nil {
 			accessKeys = keys.Keys
 		}
+		accessJWT, err := o.newJWTVerifier(logger)
+		if err != nil {
+			_ = ln.Close()
+			adm.Stop()
+			return err
+		}
+		if accessJWT != nil {
+			defer accessJWT.Close()
+		}
 		disp = dispatch.New(dispatch.Config{
 			Wakes:                  wakes,
 			AccessKeys:             accessKeys,
+			AccessJWT:              accessJWT,
 			PreserveHost:           o.preserveHost,
 			AllowUnderscoreHeaders: o.allowUnderscore,
 			PassCookieDomain:       o.passCookieDomain,
