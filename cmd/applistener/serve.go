@@ -643,20 +643,50 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	if gw != nil {
 		wakePath.set(gw) // wakes go through the gateway
 	}
+	// noSession is why the gateway session is down, "" while it is up
+	// (or without a gateway).
+	noSession := func() string {
+		if gw == nil || gw.Connected() {
+			return ""
+		}
+		why := "no gateway session"
+		if e := gw.LastError(); e != "" {
+			why += ": " + e
+		}
+		return why
+	}
+	// ready (/readyz, and the health port of a dedicated supervisor, whose
+	// Service it gates) is "serving valid routes": a configuration was
+	// accepted and the routes are within their freshness. A gateway
+	// outage shorter than that costs no readiness (issue 25): the routes
+	// stay valid and are served until they expire.
 	ready = func() (bool, string) {
 		switch {
-		case gw != nil && !gw.Connected():
-			why := "no gateway session"
-			if e := gw.LastError(); e != "" {
-				why += ": " + e
-			}
-			return false, why
 		case !table.Accepted():
+			if why := noSession(); why != "" {
+				return false, why
+			}
 			return false, "no configuration accepted yet"
 		case !table.Fresh():
-			return false, "routes are stale: no delivery within the freshness window"
+			why := "routes are stale: no delivery within the freshness window"
+			if ns := noSession(); ns != "" {
+				why += " (" + ns + ")"
+			}
+			return false, why
 		}
 		return true, ""
+	}
+	// healthReady is what the health port (--address) follows: in shared
+	// mode the seed's meaning, ready and the gateway session up; in
+	// dedicated mode ready.
+	healthReady := ready
+	if o.mode == "shared" {
+		healthReady = func() (bool, string) {
+			if why := noSession(); why != "" {
+				return false, why
+			}
+			return ready()
+		}
 	}
 	// The endpoint this supervisor's routes are reached at.
 	var endpoint api.AdvertisedEndpoint
@@ -698,7 +728,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			defer t.Stop()
 			lastErr := ""
 			for {
-				ok, _ := ready()
+				ok, _ := healthReady()
 				// The address was free at start; should another process
 				// take it later, say so once per change, not every tick.
 				switch err := health.SetReady(ok); {
