@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -176,15 +177,27 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 
 // sendBody streams the request body to the app in a goroutine of its own:
 // copy does the work, stop makes it return at once (the exchange closes
-// the app connection as well).
+// the app connection as well). A panic in it ends this exchange only: the
+// client's body is stopped, the app connection closed (the response-head
+// read fails), and the copy's result is the *panicguard.PanicError.
 func (x *exchange) sendBody(copyBody func(bc *backendConn) error, stop func()) {
 	x.body = make(chan error, 1)
 	x.stopCopy = stop
 	bc := x.bc
 	go func() {
-		err := copyBody(bc)
+		var err error
+		defer func() {
+			if r := recover(); r != nil {
+				panicguard.Report(x.s.log, panicguard.RequestBody, r, "sni", x.sni, "route", routeName(x.route), "connector", x.pool.connector.String(), "port", x.pool.port)
+				stop()
+				_ = bc.conn.Close()
+				err = &panicguard.PanicError{Where: panicguard.RequestBody, Value: r}
+			}
+			x.body <- err
+		}()
+		panicguard.Point(panicguard.RequestBody, x.sni)
+		err = copyBody(bc)
 		x.bodyCopied(bc) // the response-head timeout starts now (headwait.go)
-		x.body <- err
 	}()
 }
 

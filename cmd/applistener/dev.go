@@ -175,7 +175,6 @@ func devCommand(args []string, stdout, stderr io.Writer) error {
 		gatewayEndpoint:   endpoint,
 		gatewayTokenFile:  tokenFile,
 		supervisorID:      supervisorID,
-		gatewayPoll:       supervisor.DefaultPollInterval,
 		gatewayStreamIdle: supervisor.DefaultStreamIdleTimeout,
 		healthAddress:     o.healthAddress,
 		adminAddress:      o.adminAddress,

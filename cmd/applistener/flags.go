@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 // warnings receives warnings about the command line (deprecated flag
@@ -190,4 +191,38 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// derivedDuration is a duration flag whose default is derived in validate
+// from other flags: given records whether it was set, on the command line
+// or from its environment variable, so that an explicit value is checked as
+// given and an absent one is computed.
+type derivedDuration struct {
+	d     time.Duration
+	given bool
+}
+
+// derivedDurationVar defines v as flag name; def describes the derived
+// default in the usage and the CLI reference.
+func derivedDurationVar(fs *flag.FlagSet, v *derivedDuration, name, def, usage string) {
+	fs.Var(v, name, usage)
+	fs.Lookup(name).DefValue = def
+}
+
+// String is the value given, "" when none was.
+func (v *derivedDuration) String() string {
+	if v == nil || !v.given {
+		return ""
+	}
+	return v.d.String()
+}
+
+// Set parses s as a duration and marks the flag given.
+func (v *derivedDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("parse error")
+	}
+	v.d, v.given = d, true
+	return nil
 }

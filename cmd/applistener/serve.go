@@ -44,7 +44,7 @@ type serveOptions struct {
 	gatewayCAFile     string
 	supervisorID      string
 	wakeHook          wakeHookFlags
-	gatewayPoll       time.Duration
+	gatewayPoll       derivedDuration
 	gatewayStreamIdle time.Duration
 	parentLiveness    bool
 	advertiseAddress  string
@@ -106,7 +106,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.gatewayCAFile, "gateway-ca-file", "", "PEM CA bundle that verifies the gateway (system roots when empty; re-read when it changes)")
 	o.wakeHook.flags(fs, "with --routes-file, the supervisor", "sleeping instances are not woken (with --gateway, the gateway's hook is used)")
 	fs.StringVar(&o.supervisorID, "supervisor-id", "", "this supervisor's id at the gateway (default: the hostname, i.e. the Pod name)")
-	fs.DurationVar(&o.gatewayPoll, "gateway-poll-interval", supervisor.DefaultPollInterval, "poll interval while the push session is down")
+	derivedDurationVar(fs, &o.gatewayPoll, "gateway-poll-interval", fmt.Sprintf("a third of --route-freshness, at most %v", supervisor.DefaultPollInterval),
+		"poll interval while the push session is down")
 	fs.DurationVar(&o.gatewayStreamIdle, "gateway-stream-timeout", supervisor.DefaultStreamIdleTimeout, "a push session silent this long is dropped")
 	fs.StringVar(&o.advertiseAddress, "advertise-address", "", "address advertised to the gateway as this supervisor's endpoint (the Pod IP; default: the host of --app-address when it is not a wildcard)")
 	fs.BoolVar(&o.parentLiveness, "parent-liveness-stdin", false, "exit cleanly when stdin reaches EOF (the parent process died)")
@@ -151,6 +152,14 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.accessLogTotal, "access-log-total-rate", dispatch.DefaultAccessLogTotalRate, "access-log lines per second of all instances together (bursts of twice as many; beyond: dropped and counted); negative: no bound")
 }
 
+// defaultPollInterval is the poll interval of a supervisor not given
+// --gateway-poll-interval: a third of the route freshness (three polls per
+// validity, as the push session's keepalive), at most
+// supervisor.DefaultPollInterval.
+func defaultPollInterval(freshness time.Duration) time.Duration {
+	return min(supervisor.DefaultPollInterval, max((freshness/3).Truncate(time.Millisecond), time.Millisecond))
+}
+
 // validate checks the flags together; every problem is a usage error.
 func (o *serveOptions) validate() error {
 	switch o.mode {
@@ -189,7 +198,10 @@ func (o *serveOptions) validate() error {
 			}
 			o.supervisorID = h
 		}
-		if o.gatewayPoll <= 0 || o.gatewayPoll >= o.freshness {
+		if !o.gatewayPoll.given {
+			o.gatewayPoll.d = defaultPollInterval(o.freshness)
+		}
+		if o.gatewayPoll.d <= 0 || o.gatewayPoll.d >= o.freshness {
 			return usagef("--gateway-poll-interval must be positive and shorter than --route-freshness")
 		}
 	default:
@@ -623,7 +635,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			CAFile:            o.gatewayCAFile,
 			Sink:              table,
 			Freshness:         o.freshness,
-			PollInterval:      o.gatewayPoll,
+			PollInterval:      o.gatewayPoll.d,
 			StreamIdleTimeout: o.gatewayStreamIdle,
 			Logger:            logger,
 			Metrics:           metrics,
@@ -650,20 +662,50 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 	if gw != nil {
 		wakePath.set(gw) // wakes go through the gateway
 	}
+	// noSession is why the gateway session is down, "" while it is up
+	// (or without a gateway).
+	noSession := func() string {
+		if gw == nil || gw.Connected() {
+			return ""
+		}
+		why := "no gateway session"
+		if e := gw.LastError(); e != "" {
+			why += ": " + e
+		}
+		return why
+	}
+	// ready (/readyz, and the health port of a dedicated supervisor, whose
+	// Service it gates) is "serving valid routes": a configuration was
+	// accepted and the routes are within their freshness. A gateway
+	// outage shorter than that costs no readiness (issue 25): the routes
+	// stay valid and are served until they expire.
 	ready = func() (bool, string) {
 		switch {
-		case gw != nil && !gw.Connected():
-			why := "no gateway session"
-			if e := gw.LastError(); e != "" {
-				why += ": " + e
-			}
-			return false, why
 		case !table.Accepted():
+			if why := noSession(); why != "" {
+				return false, why
+			}
 			return false, "no configuration accepted yet"
 		case !table.Fresh():
-			return false, "routes are stale: no delivery within the freshness window"
+			why := "routes are stale: no delivery within the freshness window"
+			if ns := noSession(); ns != "" {
+				why += " (" + ns + ")"
+			}
+			return false, why
 		}
 		return true, ""
+	}
+	// healthReady is what the health port (--address) follows: in shared
+	// mode the seed's meaning, ready and the gateway session up; in
+	// dedicated mode ready.
+	healthReady := ready
+	if o.mode == "shared" {
+		healthReady = func() (bool, string) {
+			if why := noSession(); why != "" {
+				return false, why
+			}
+			return ready()
+		}
 	}
 	// The endpoint this supervisor's routes are reached at.
 	var endpoint api.AdvertisedEndpoint
@@ -705,7 +747,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			defer t.Stop()
 			lastErr := ""
 			for {
-				ok, _ := ready()
+				ok, _ := healthReady()
 				// The address was free at start; should another process
 				// take it later, say so once per change, not every tick.
 				switch err := health.SetReady(ok); {

@@ -72,10 +72,7 @@ func TestChartLivenessStaysGreenThroughGatewayOutage(t *testing.T) {
 			"source":          "gateway",
 			"gatewayEndpoint": "http://gateway.example:8080",
 			"token":           map[string]any{"secretName": "supervisor-token"},
-			"routeFreshness":  "3s",
-			// serve refuses its default 10 s poll interval with a 3 s
-			// freshness (it is not derived from the freshness on the CLI).
-			"pollInterval": "1s",
+			"routeFreshness":  "3s", // no pollInterval: serve derives it (1 s)
 		},
 	}
 	r := render(t, values)

@@ -38,6 +38,7 @@ const (
 	EdgeConn     = "edge_conn"     // the edge's per-connection goroutine
 	EdgePipe     = "edge_pipe"     // a direction of a connection the edge splices
 	H2CRead      = "h2c_read"      // the read loop of an h2c app connection (our side of it: the connection's reads)
+	RequestBody  = "request_body"  // the copy of one request's body to the app (HTTP/1.1 and HTTP/2)
 
 	// Control-plane loops: a panic ends the one attempt (a session, a
 	// watch, a request), which the loop retries after its backoff.
@@ -49,7 +50,7 @@ const (
 )
 
 // Where lists every entry point, for tests and documentation.
-var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe, H2CRead,
+var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe, H2CRead, RequestBody,
 	SupervisorSession, SupervisorAdvertise, DiscoveryWatch, EdgeWatch, EdgeExpiry}
 
 var panics = prometheus.NewCounterVec(prometheus.CounterOpts{
