@@ -97,6 +97,10 @@ type accessRecord struct {
 	// (last_websocket_frame, websockets_silent) from upgraded to
 	// endRequest; the splice notes each read on it (wsPump.forward).
 	wsActivity *routes.WebSocketActivity
+	// A request for a sleeping instance (sleep.go): how it fared
+	// (wakeNames; wakeNone otherwise) and how long it was held.
+	wake     uint8
+	wakeHeld time.Duration
 }
 
 // noteAccess records the access decision d.
@@ -500,6 +504,10 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	}
 	if r.accessDenial != "" {
 		f.str("access_denial", r.accessDenial)
+	}
+	if r.wake != wakeNone {
+		f.str("wake", wakeNames[r.wake])
+		f.secs("wake_held", r.wakeHeld)
 	}
 	f.num("installation_version", int64(rt.InstallationVersion))
 	if f.json {

@@ -63,6 +63,25 @@ func mayWake[T string | []byte](in *accessInput[T], p *routes.WakePolicy) bool {
 	return false
 }
 
+// How a request for a sleeping instance fared, as its access-log line
+// ("wake") and OCSF record (unmapped.wake) name it; wakeNames.
+const (
+	wakeNone     uint8 = iota // the instance was not sleeping
+	wakeWoken                 // held, then went on to the app
+	wakeTimeout               // held for hold_seconds: answered "starting"
+	wakeStarting              // released, but its route still sleeps: answered "starting"
+	wakeOverflow              // not held: the bound of held requests was reached
+	wakeRefused               // the platform cannot wake it, or could not be asked
+	wakeNotWoken              // a request that may not wake it (or no coordinator): 503 sleeping
+	wakeGone                  // the client or the route went away while held
+	wakeShutdown              // the listener shut down while it was held
+	wakeTooLarge              // a body too large to hold: 503 at once, the wake started
+	numWakeOutcomes
+)
+
+var wakeNames = [numWakeOutcomes]string{"", "woken", "timeout", "starting", "overflow", "refused", "not_woken",
+	"client_gone", "shutdown", "body_too_large"}
+
 // sleepOutcome is how a request for a sleeping instance ended: held and
 // released (go on), or answered with a.
 type sleepOutcome struct {
@@ -70,6 +89,14 @@ type sleepOutcome struct {
 	answer  accessAnswer
 	reason  string // the denial reason of the access log and metrics
 	gone    bool   // the client or the route went away: answer nothing
+	wake    uint8  // wakeWoken...
+	held    time.Duration
+}
+
+// noteWake records in rec how the request fared with its sleeping
+// instance and how long it was held.
+func (rec *accessRecord) noteWake(o *sleepOutcome) {
+	rec.wake, rec.wakeHeld = o.wake, o.held
 }
 
 // holdSleeping decides a request with fields in for sleeping route r:
@@ -80,8 +107,19 @@ func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-c
 	policy := r.Wake()
 	wakes := s.cfg.Wakes
 	if wakes == nil || !mayWake(in, policy) {
-		return sleepingOutcome(sleepingRetryAfter, "sleeping")
+		o := sleepingOutcome(sleepingRetryAfter, "sleeping")
+		o.wake = wakeNotWoken
+		return o
 	}
+	start := time.Now()
+	o := s.holdSleepingFor(r, in, done, wakes, policy)
+	o.held = time.Since(start)
+	return o
+}
+
+// holdSleepingFor is holdSleeping for a request that may wake r's
+// instance.
+func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done <-chan struct{}, wakes *wake.Coordinator, policy *routes.WakePolicy) sleepOutcome {
 	// The hold ends when the client or the route goes (done) or the
 	// server shuts down; one goroutine, ended with the hold, merges them.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -103,25 +141,34 @@ func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-c
 		stopping = true
 	default:
 	}
+	var o sleepOutcome
 	switch {
 	case err != nil && stopping:
-		return sleepingOutcome(sleepingRetryAfter, "sleeping: shutting down")
+		o = sleepingOutcome(sleepingRetryAfter, "sleeping: shutting down")
+		o.wake = wakeShutdown
 	case err == nil && !r.Sleeping():
-		return sleepOutcome{proceed: true}
+		o = sleepOutcome{proceed: true, wake: wakeWoken}
 	case err == nil:
 		// Released, but this route still sleeps (the instance woke at
 		// another generation or left the table): the client asks again.
-		return startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+		o = startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+		o.wake = wakeStarting
 	case errors.Is(err, wake.ErrHoldExpired):
-		return startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+		o = startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+		o.wake = wakeTimeout
 	case errors.Is(err, wake.ErrOverflow):
-		return sleepingOutcome(wake.RetryAfter(err), "sleeping: too many requests held")
+		o = sleepingOutcome(wake.RetryAfter(err), "sleeping: too many requests held")
+		o.wake = wakeOverflow
 	case errors.Is(err, wake.ErrCannotWake):
-		return sleepingOutcome(wake.RetryAfter(err), "sleeping: the platform cannot wake it")
+		o = sleepingOutcome(wake.RetryAfter(err), "sleeping: the platform cannot wake it")
+		o.wake = wakeRefused
 	case errors.Is(err, context.Canceled):
-		return sleepOutcome{gone: true, reason: "sleeping: client or route gone while held"}
+		o = sleepOutcome{gone: true, reason: "sleeping: client or route gone while held", wake: wakeGone}
+	default:
+		o = sleepingOutcome(wake.RetryAfter(err), "sleeping: wake failed")
+		o.wake = wakeRefused
 	}
-	return sleepingOutcome(wake.RetryAfter(err), "sleeping: wake failed")
+	return o
 }
 
 // sleepingOutcome is 503 {"state":"sleeping"} with Retry-After.
@@ -188,6 +235,7 @@ func (c *clientConn) holdSleeping() (proceed, keep bool) {
 	req := &c.req
 	in := sleepFieldsH1(req)
 	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done())
+	c.rec.noteWake(&o)
 	if o.proceed {
 		return true, true
 	}
@@ -216,6 +264,7 @@ func (st *h2Stream) holdSleeping() bool {
 		in.field(f.Name, f.Value, false)
 	}
 	o := st.s.holdSleeping(st.hc.route, &in, es.Done())
+	st.rec.noteWake(&o)
 	if o.proceed {
 		return true
 	}
