@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/applistener/applistener/dispatch/internal/sock"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/wake"
 )
@@ -103,7 +104,12 @@ func (rec *accessRecord) noteWake(o *sleepOutcome) {
 // holds it while the instance wakes or answers it. done ends the hold
 // with no answer (the client or the route gone); Shutdown ends it with
 // 503.
-func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}) sleepOutcome {
+//
+// hangup, when not nil, watches the client's connection until its stop
+// channel is closed and closes hung when the client hangs up (an
+// HTTP/1.1 connection: clientConn.watchHangup); its place is then given
+// up at once.
+func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}, hangup func(stop <-chan struct{}, hung chan<- struct{})) sleepOutcome {
 	policy := r.Wake()
 	wakes := s.cfg.Wakes
 	if wakes == nil || !mayWake(in, policy) {
@@ -112,22 +118,30 @@ func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-c
 		return o
 	}
 	start := time.Now()
-	o := s.holdSleepingFor(r, in, done, wakes, policy)
+	o := s.holdSleepingFor(r, in, done, hangup, wakes, policy)
 	o.held = time.Since(start)
 	return o
 }
 
 // holdSleepingFor is holdSleeping for a request that may wake r's
 // instance.
-func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done <-chan struct{}, wakes *wake.Coordinator, policy *routes.WakePolicy) sleepOutcome {
-	// The hold ends when the client or the route goes (done) or the
-	// server shuts down; one goroutine, ended with the hold, merges them.
+func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done <-chan struct{},
+	hangup func(stop <-chan struct{}, hung chan<- struct{}), wakes *wake.Coordinator, policy *routes.WakePolicy) sleepOutcome {
+	// The hold ends when the client or the route goes (done, or hung
+	// from the hang-up watch) or the server shuts down; one goroutine,
+	// ended with the hold, merges them.
 	ctx, cancel := context.WithCancel(context.Background())
 	var merged sync.WaitGroup
 	defer merged.Wait()
 	defer cancel()
+	var hung chan struct{}
+	if hangup != nil {
+		hung = make(chan struct{})
+		merged.Go(func() { hangup(ctx.Done(), hung) })
+	}
 	merged.Go(func() {
 		select {
+		case <-hung:
 		case <-done:
 		case <-s.stopping:
 		case <-ctx.Done():
@@ -162,6 +176,8 @@ func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done 
 	case errors.Is(err, wake.ErrCannotWake):
 		o = sleepingOutcome(wake.RetryAfter(err), "sleeping: the platform cannot wake it")
 		o.wake = wakeRefused
+	case errors.Is(err, context.Canceled) && closed(hung):
+		o = sleepOutcome{gone: true, reason: "sleeping: client hung up while held", wake: wakeGone}
 	case errors.Is(err, context.Canceled):
 		o = sleepOutcome{gone: true, reason: "sleeping: client or route gone while held", wake: wakeGone}
 	default:
@@ -169,6 +185,77 @@ func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done 
 		o.wake = wakeRefused
 	}
 	return o
+}
+
+// closed reports whether ch is closed (false for nil).
+func closed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// hangupPoll is how often a held HTTP/1.1 request whose client has sent
+// bytes nobody reads yet (a body, a pipelined request, a TLS alert) is
+// checked for a hang-up. A client that sent nothing more is noticed at
+// once: its socket turns readable at the hang-up.
+const hangupPoll = 100 * time.Millisecond
+
+// watchHangup closes hung when the client of c hangs up (FIN or reset,
+// sock.PeerHungUp) before stop is closed; it reads nothing. It waits for
+// the socket to turn readable (sock.WaitReadable), and polls once bytes
+// are waiting. The caller has cleared the read deadline; stop sets it to
+// now to end the wait, and the caller clears it again.
+func (c *clientConn) watchHangup(stop <-chan struct{}, hung chan<- struct{}) {
+	raw := c.raw
+	ended := make(chan struct{})
+	var stopper sync.WaitGroup
+	defer stopper.Wait() // no deadline is set after the watch returns
+	defer close(ended)
+	stopper.Go(func() { // ends the wait for readable at stop
+		select {
+		case <-stop:
+			_ = raw.SetReadDeadline(time.Now())
+		case <-ended:
+		}
+	})
+	var tick *time.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	for {
+		if tick == nil {
+			err := sock.WaitReadable(raw)
+			if closed(stop) {
+				return
+			}
+			if err != nil && !isTimeout(err) {
+				close(hung) // the connection failed
+				return
+			}
+		}
+		if sock.PeerHungUp(raw) {
+			close(hung)
+			return
+		}
+		if tick == nil {
+			// Readable without a hang-up: bytes wait to be read (or no
+			// socket to wait on). From here, poll.
+			tick = time.NewTicker(hangupPoll)
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // sleepingOutcome is 503 {"state":"sleeping"} with Retry-After.
@@ -234,7 +321,16 @@ func sleepFieldsH1(req *request) accessInput[string] {
 func (c *clientConn) holdSleeping() (proceed, keep bool) {
 	req := &c.req
 	in := sleepFieldsH1(req)
-	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done())
+	var hangup func(<-chan struct{}, chan<- struct{})
+	if c.raw != nil {
+		// The head's read deadline would end the watch's wait.
+		_ = c.raw.SetReadDeadline(time.Time{})
+		hangup = c.watchHangup
+	}
+	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done(), hangup)
+	if c.raw != nil {
+		_ = c.raw.SetReadDeadline(time.Time{}) // the watch's stop set it
+	}
 	c.rec.noteWake(&o)
 	if o.proceed {
 		return true, true
@@ -263,7 +359,7 @@ func (st *h2Stream) holdSleeping() bool {
 		f := &es.Header[i]
 		in.field(f.Name, f.Value, false)
 	}
-	o := st.s.holdSleeping(st.hc.route, &in, es.Done())
+	o := st.s.holdSleeping(st.hc.route, &in, es.Done(), nil)
 	st.rec.noteWake(&o)
 	if o.proceed {
 		return true

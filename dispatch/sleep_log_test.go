@@ -1,13 +1,19 @@
 package dispatch
 
 import (
+	"bufio"
+	"crypto/tls"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/internal/ocsf"
@@ -143,4 +149,98 @@ func TestSleepAccessLogWakeFields(t *testing.T) {
 	if strings.Contains(alog.text(), token) || strings.Contains(olog.text(), token) {
 		t.Error("a log line carries the token")
 	}
+}
+
+// TestSleepHeldClientHangsUp: an HTTP/1.1 client that hangs up while its
+// request is held gives up its place at once (not at the end of its 60 s
+// hold), counted in applistener_wake_held_gone_total and logged as
+// client_gone (499): one that sent nothing more (the socket turns
+// readable at the hang-up) and one that sent body bytes nobody reads
+// while it is held (polled). A held request whose client stays goes on
+// to the app, its body intact, once the instance wakes.
+func TestSleepHeldClientHangsUp(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	alog := &lineLog{}
+	e := newSleepEnv(t, 60, wake.Options{Registerer: reg}, func(c *Config) {
+		c.AccessLog, c.AccessLogWriter = AccessLogJSON, alog
+	})
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{ServerName: slpAPI, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	write := func(c net.Conn, s string) {
+		t.Helper()
+		if _, err := io.WriteString(c, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post := "POST / HTTP/1.1\r\nHost: " + slpAPI + "\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n"
+	cases := []struct {
+		name string
+		then func(c net.Conn) // after the request is held, before the hang-up
+	}{
+		{"nothing more sent", func(net.Conn) {}},
+		{"body bytes waiting", func(c net.Conn) { write(c, "hello") }},
+	}
+	for i, tc := range cases {
+		c := dial()
+		write(c, post)
+		testutil.Eventually(t, 10*time.Second, tc.name+": held", func() bool { return e.coord.Held() == 1 })
+		tc.then(c)
+		start := time.Now()
+		_ = c.Close()
+		testutil.Eventually(t, 10*time.Second, tc.name+": its place given up", func() bool { return e.coord.Held() == 0 })
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("%s: the held request ended %v after its client hung up; want at once, not at the end of the hold", tc.name, d)
+		}
+		if got := regCounter(t, reg, "applistener_wake_held_gone_total"); got != float64(i+1) {
+			t.Fatalf("%s: applistener_wake_held_gone_total %v, want %d", tc.name, got, i+1)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, "two client_gone lines", func() bool { return len(alog.records(t, "wake", "client_gone")) == 2 })
+	for _, r := range alog.records(t, "wake", "client_gone") {
+		if r["status"] != float64(499) || r["reason"] != "sleeping: client hung up while held" {
+			t.Errorf("client_gone line %v", r)
+		}
+	}
+
+	// A client that stays: its body waits in the socket while it is
+	// held, then the app gets it.
+	c := dial()
+	write(c, post+"hello")
+	testutil.Eventually(t, 10*time.Second, "held", func() bool { return e.coord.Held() == 1 })
+	e.wakeUp()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the held POST got %d after the wake", resp.StatusCode)
+	}
+	if got := regCounter(t, reg, "applistener_wake_held_gone_total"); got != 2 {
+		t.Fatalf("applistener_wake_held_gone_total %v after a released request, want 2", got)
+	}
+}
+
+// regCounter reads an unlabelled counter from reg.
+func regCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }
