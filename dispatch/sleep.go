@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/wake"
 )
@@ -109,12 +110,33 @@ func (rec *accessRecord) noteWake(o *sleepOutcome) {
 // channel is closed and closes hung when the client hangs up (an
 // HTTP/1.1 connection: clientConn.watchHangup); its place is then given
 // up at once.
-func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}, hangup func(stop <-chan struct{}, hung chan<- struct{})) sleepOutcome {
+//
+// A request whose body is too large to hold (tooLarge,
+// bodyTooLargeToHold) is not held: it starts or joins the wake and is
+// answered "starting" at once, before anything of its body is read.
+func (s *Server) holdSleeping(r *routes.Route, in *accessInput[string], done <-chan struct{}, hangup func(stop <-chan struct{}, hung chan<- struct{}), tooLarge bool) sleepOutcome {
 	policy := r.Wake()
 	wakes := s.cfg.Wakes
 	if wakes == nil || !mayWake(in, policy) {
 		o := sleepingOutcome(sleepingRetryAfter, "sleeping")
 		o.wake = wakeNotWoken
+		return o
+	}
+	if tooLarge {
+		// Hold 0: the wake starts (or is joined), nothing waits for it.
+		_, err := wakes.Wait(context.Background(), wake.KeyOf(r), 0, nil)
+		switch {
+		case errors.Is(err, wake.ErrHoldExpired):
+			o := startingOutcome(in.intent() == intentNavigate, startingRetryAfter)
+			o.reason, o.wake = "sleeping: body too large to hold", wakeTooLarge
+			return o
+		case errors.Is(err, wake.ErrCannotWake):
+			o := sleepingOutcome(wake.RetryAfter(err), "sleeping: the platform cannot wake it")
+			o.wake = wakeRefused
+			return o
+		}
+		o := sleepingOutcome(wake.RetryAfter(err), "sleeping: wake failed")
+		o.wake = wakeRefused
 		return o
 	}
 	start := time.Now()
@@ -185,6 +207,21 @@ func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done 
 		o.wake = wakeRefused
 	}
 	return o
+}
+
+// maxHeldBody is the largest request body a request may carry and be
+// held while its instance wakes. Held, its body waits unread: in the
+// client's socket and the kernel's buffers (HTTP/1.1), in the stream's
+// flow-control window (HTTP/2), and the client's upload stalls meanwhile.
+const maxHeldBody = 64 << 10
+
+// bodyTooLargeToHold reports whether a request body of length (0: none;
+// -1: known only at its end, chunked or an HTTP/2 stream without
+// content-length) is too large to hold: longer than maxHeldBody or of
+// unknown length, unless the client waits for 100 Continue before
+// sending it (expect), which the app answers once it is there.
+func bodyTooLargeToHold(length int64, expect bool) bool {
+	return !expect && (length < 0 || length > maxHeldBody)
 }
 
 // closed reports whether ch is closed (false for nil).
@@ -327,7 +364,14 @@ func (c *clientConn) holdSleeping() (proceed, keep bool) {
 		_ = c.raw.SetReadDeadline(time.Time{})
 		hangup = c.watchHangup
 	}
-	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done(), hangup)
+	length := int64(0)
+	switch req.body {
+	case bodyLength:
+		length = req.length
+	case bodyChunked:
+		length = -1
+	}
+	o := c.s.holdSleeping(c.route, &in, c.route.Lease.Done(), hangup, bodyTooLargeToHold(length, req.expect))
 	if c.raw != nil {
 		_ = c.raw.SetReadDeadline(time.Time{}) // the watch's stop set it
 	}
@@ -355,11 +399,16 @@ func (st *h2Stream) holdSleeping() bool {
 	es := st.es
 	var in accessInput[string]
 	in.method, in.path, in.websocket = es.Method, "", es.Protocol != ""
+	expect := false
 	for i := range es.Header {
 		f := &es.Header[i]
 		in.field(f.Name, f.Value, false)
+		if f.Name == "expect" && httpgrammar.EqualFold(f.Value, "100-continue") {
+			expect = true
+		}
 	}
-	o := st.s.holdSleeping(st.hc.route, &in, es.Done(), nil)
+	tooLarge := es.Protocol == "" && bodyTooLargeToHold(es.ContentLength, expect)
+	o := st.s.holdSleeping(st.hc.route, &in, es.Done(), nil, tooLarge)
 	st.rec.noteWake(&o)
 	if o.proceed {
 		return true

@@ -134,6 +134,10 @@ func TestSleepAccessLogWakeFields(t *testing.T) {
 			if wakeName == "woken" && (recs[0]["status"] != float64(200) || recs[0]["credential"] != "header") {
 				t.Errorf("%s: woken line %v", proto, recs[0])
 			}
+			// The OCSF record is written beside the line, not before it.
+			testutil.Eventually(t, 5*time.Second, proto+" "+wakeName+" OCSF record", func() bool {
+				return len(ocsfWakeRecords(t, olog)[[2]string{proto, wakeName}]) > 0
+			})
 			oc := ocsfWakeRecords(t, olog)[[2]string{proto, wakeName}]
 			if len(oc) != 1 || !ok(float64(oc[0])/1000) {
 				t.Errorf("%s: OCSF records with wake %s: held ms %v", proto, wakeName, oc)
