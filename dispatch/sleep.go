@@ -209,19 +209,24 @@ func (s *Server) holdSleepingFor(r *routes.Route, in *accessInput[string], done 
 	return o
 }
 
-// maxHeldBody is the largest request body a request may carry and be
-// held while its instance wakes. Held, its body waits unread: in the
-// client's socket and the kernel's buffers (HTTP/1.1), in the stream's
-// flow-control window (HTTP/2), and the client's upload stalls meanwhile.
+// maxHeldBody is the largest declared request body (Content-Length) a
+// request may carry and be held while its instance wakes. Held, its body
+// waits unread, in the kernel's buffers (HTTP/1.1) or the stream's
+// flow-control window (HTTP/2), and a larger upload would stall for up to
+// hold_seconds, past many clients' upload timeouts: it is refused at once
+// instead, and its retry finds the instance awake or waking.
 const maxHeldBody = 64 << 10
 
 // bodyTooLargeToHold reports whether a request body of length (0: none;
 // -1: known only at its end, chunked or an HTTP/2 stream without
-// content-length) is too large to hold: longer than maxHeldBody or of
-// unknown length, unless the client waits for 100 Continue before
-// sending it (expect), which the app answers once it is there.
+// content-length) is too large to hold: declared longer than maxHeldBody,
+// unless the client waits for 100 Continue before sending it (expect),
+// which the app answers once it is there. A body of unknown length is
+// held (gRPC calls, streamed uploads): what of it arrives unread is
+// bounded by the socket's receive buffer (HTTP/1.1) or the stream's
+// flow-control window (HTTP/2), and the client stalls beyond.
 func bodyTooLargeToHold(length int64, expect bool) bool {
-	return !expect && (length < 0 || length > maxHeldBody)
+	return !expect && length > maxHeldBody
 }
 
 // closed reports whether ch is closed (false for nil).
