@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -71,75 +72,138 @@ func TestUsageLastRequest(t *testing.T) {
 // HTTP/2 (RFC 8441).
 func TestUsageWebSocketSilence(t *testing.T) {
 	h2Verify(t)
-	const threshold = time.Second
 	for _, proto := range []string{"h1", "h2"} {
 		t.Run(proto, func(t *testing.T) {
 			e := newH2Env(t, 0, Config{})
 			app := newH2WSApp(t)
 			e.installWS(app, true, "")
-			var echo func()
-			var closeWS func()
-			switch proto {
-			case "h1":
-				dialer := websocket.Dialer{
-					HandshakeTimeout: 5 * time.Second,
-					NetDialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-						d := tls.Dialer{Config: &tls.Config{ServerName: h2wsHost, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}}}
-						return d.DialContext(ctx, "tcp", e.ln.Addr().String())
-					},
-				}
-				c, resp, err := dialer.Dial("wss://"+h2wsHost+"/echo", nil)
-				if err != nil {
-					t.Fatalf("dial: %v (%v)", err, resp)
-				}
-				_ = resp.Body.Close()
-				echo = func() {
-					t.Helper()
-					_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-					if err := c.WriteMessage(websocket.TextMessage, []byte("hello")); err != nil {
-						t.Fatal(err)
-					}
-					if _, got, err := c.ReadMessage(); err != nil || string(got) != "hello" {
-						t.Fatalf("echo: %q, %v", got, err)
-					}
-				}
-				closeWS = func() { _ = c.Close() }
-			case "h2":
-				c, err := openWS(t, e.dialH2(h2wsHost), "/echo", nil)
-				if err != nil || c.resp.StatusCode != http.StatusOK {
-					t.Fatalf("extended CONNECT: %v %v", c, err)
-				}
-				echo = func() { t.Helper(); c.echo(t, 1, []byte("hello")) }
-				closeWS = c.close
-			}
-			before := time.Now()
-			echo()
-			u := usageWith(t, e.table, threshold)
-			if u.WebSocketsOpen != 1 || !notBefore(u.LastWebSocketFrame, before) || u.WebSocketsSilent != 0 {
-				t.Fatalf("after a frame: open %d, last frame %v (sent at %v), silent %d", u.WebSocketsOpen, u.LastWebSocketFrame, before, u.WebSocketsSilent)
-			}
-			// Quiet for the threshold: counted silent.
-			testutil.Eventually(t, 10*time.Second, "the WebSocket counted silent", func() bool {
-				return usageWith(t, e.table, threshold).WebSocketsSilent == 1
-			})
-			// Its last frame is now at least threshold old. A frame at t0
-			// takes it out: with a threshold a little longer than what
-			// passed since t0, a WebSocket whose last frame is older than
-			// t0 would still count (its last frame is a threshold before
-			// t0), one with a frame since t0 does not.
-			t0 := time.Now()
-			echo()
-			silent := time.Since(t0) + threshold/2
-			if u := usageWith(t, e.table, silent); u.WebSocketsSilent != 0 || !notBefore(u.LastWebSocketFrame, t0) {
-				t.Fatalf("after a new frame: silent %d, last frame %v (sent at %v)", u.WebSocketsSilent, u.LastWebSocketFrame, t0)
-			}
-			// Closed: no longer open nor silent; its last frame stays.
-			closeWS()
-			waitUsage(t, e.table, func(u routes.InstanceUsage) bool {
-				return u.WebSocketsOpen == 0 && u.WebSocketsSilent == 0 && notBefore(u.LastWebSocketFrame, t0)
-			})
+			testWebSocketSilence(t, e, proto, "/echo", nil)
 		})
 	}
+}
+
+// TestUsageWebSocketSilenceAppFrame: a frame from the app alone (the
+// client sends nothing) takes a silent WebSocket out of
+// websockets_silent, on HTTP/1.1 and over HTTP/2.
+func TestUsageWebSocketSilenceAppFrame(t *testing.T) {
+	h2Verify(t)
+	for _, proto := range []string{"h1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			e := newH2Env(t, 0, Config{})
+			push := make(chan struct{})
+			up := websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				c, err := up.Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				defer func() { _ = c.Close() }()
+				ended := make(chan struct{})
+				go func() { // reads until the client goes
+					defer close(ended)
+					for {
+						if _, _, err := c.ReadMessage(); err != nil {
+							return
+						}
+					}
+				}()
+				for {
+					select {
+					case <-push:
+						if err := c.WriteMessage(websocket.TextMessage, []byte("hello")); err != nil {
+							return
+						}
+					case <-ended:
+						return
+					}
+				}
+			}))
+			t.Cleanup(ts.Close)
+			e.installWS(&h2wsApp{ts: ts}, true, "")
+			testWebSocketSilence(t, e, proto, "/push", push)
+		})
+	}
+}
+
+// testWebSocketSilence opens a WebSocket to path over proto and checks
+// websockets_silent and last_websocket_frame. With push nil, a frame is
+// a message the app echoes; otherwise a send on push makes the app send
+// one by itself, which the client reads.
+func testWebSocketSilence(t *testing.T, e *h2Env, proto, path string, push chan<- struct{}) {
+	const threshold = time.Second
+	var echo func()
+	var closeWS func()
+	switch proto {
+	case "h1":
+		dialer := websocket.Dialer{
+			HandshakeTimeout: 5 * time.Second,
+			NetDialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				d := tls.Dialer{Config: &tls.Config{ServerName: h2wsHost, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}}}
+				return d.DialContext(ctx, "tcp", e.ln.Addr().String())
+			},
+		}
+		c, resp, err := dialer.Dial("wss://"+h2wsHost+path, nil)
+		if err != nil {
+			t.Fatalf("dial: %v (%v)", err, resp)
+		}
+		_ = resp.Body.Close()
+		echo = func() {
+			t.Helper()
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if push != nil {
+				push <- struct{}{}
+			} else if err := c.WriteMessage(websocket.TextMessage, []byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			if _, got, err := c.ReadMessage(); err != nil || string(got) != "hello" {
+				t.Fatalf("echo: %q, %v", got, err)
+			}
+		}
+		closeWS = func() { _ = c.Close() }
+	case "h2":
+		c, err := openWS(t, e.dialH2(h2wsHost), path, nil)
+		if err != nil || c.resp.StatusCode != http.StatusOK {
+			t.Fatalf("extended CONNECT: %v %v", c, err)
+		}
+		echo = func() {
+			t.Helper()
+			if push == nil {
+				c.echo(t, 1, []byte("hello"))
+				return
+			}
+			push <- struct{}{}
+			if op, got, err := c.recv(); err != nil || op != 1 || string(got) != "hello" {
+				t.Fatalf("pushed: op %d %q, %v", op, got, err)
+			}
+		}
+		closeWS = c.close
+	}
+	before := time.Now()
+	echo()
+	u := usageWith(t, e.table, threshold)
+	if u.WebSocketsOpen != 1 || !notBefore(u.LastWebSocketFrame, before) || u.WebSocketsSilent != 0 {
+		t.Fatalf("after a frame: open %d, last frame %v (sent at %v), silent %d", u.WebSocketsOpen, u.LastWebSocketFrame, before, u.WebSocketsSilent)
+	}
+	// Quiet for the threshold: counted silent.
+	testutil.Eventually(t, 10*time.Second, "the WebSocket counted silent", func() bool {
+		return usageWith(t, e.table, threshold).WebSocketsSilent == 1
+	})
+	// Its last frame is now at least threshold old. A frame at t0
+	// takes it out: with a threshold a little longer than what
+	// passed since t0, a WebSocket whose last frame is older than
+	// t0 would still count (its last frame is a threshold before
+	// t0), one with a frame since t0 does not.
+	t0 := time.Now()
+	echo()
+	silent := time.Since(t0) + threshold/2
+	if u := usageWith(t, e.table, silent); u.WebSocketsSilent != 0 || !notBefore(u.LastWebSocketFrame, t0) {
+		t.Fatalf("after a new frame: silent %d, last frame %v (sent at %v)", u.WebSocketsSilent, u.LastWebSocketFrame, t0)
+	}
+	// Closed: no longer open nor silent; its last frame stays.
+	closeWS()
+	waitUsage(t, e.table, func(u routes.InstanceUsage) bool {
+		return u.WebSocketsOpen == 0 && u.WebSocketsSilent == 0 && notBefore(u.LastWebSocketFrame, t0)
+	})
 }
 
 // TestActivityNoAllocations: what the request path and the WebSocket
