@@ -90,6 +90,14 @@ func newAccessApp(t *testing.T, h2cApp bool) *accessApp {
 					return
 				}
 			}
+		case "/upload": // the sleep tests' held bodies
+			n, err := io.Copy(io.Discard, r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			_, _ = fmt.Fprintf(w, "got %d bytes", n)
+			return
 		case "/events":
 			w.Header().Set("Content-Type", "text/event-stream")
 			_, _ = io.WriteString(w, "data: first\n\n")

@@ -93,6 +93,14 @@ type accessRecord struct {
 	// Private services (access.go): where the credential came from, the
 	// token's subject and why access was denied; never the token.
 	credential, user, accessDenial string
+	// wsActivity tracks the WebSocket's frames for the instance's usage
+	// (last_websocket_frame, websockets_silent) from upgraded to
+	// endRequest; the splice notes each read on it (wsPump.forward).
+	wsActivity *routes.WebSocketActivity
+	// A request for a sleeping instance (sleep.go): how it fared
+	// (wakeNames; wakeNone otherwise) and how long it was held.
+	wake     uint8
+	wakeHeld time.Duration
 }
 
 // noteAccess records the access decision d.
@@ -212,6 +220,15 @@ func (r *accessRecord) upgraded(status int, inst *routes.Instance) {
 	r.proto, r.status, r.outcome = protoWS, status, outcomeOK
 	inst.WebSocketOpened(r.start)
 	r.wsOpened = true
+	r.wsActivity = inst.TrackWebSocket(time.Now())
+}
+
+// admitted records in inst's usage that the request goes on to the app:
+// counted, and its arrival its instance's last request (one atomic add and
+// one atomic store, no allocation).
+func (r *accessRecord) admitted(inst *routes.Instance) {
+	inst.CountRequest()
+	inst.NoteRequest(r.start)
 }
 
 // denied records the listener's own answer d.
@@ -351,6 +368,8 @@ func (s *Server) endRequest(r *accessRecord, ci *connInfo) {
 	if r.wsOpened {
 		r.wsOpened = false
 		ci.route.Instance.WebSocketClosed(r.start)
+		r.wsActivity.Close()
+		r.wsActivity = nil
 	}
 	if s.noObserve {
 		return
@@ -485,6 +504,10 @@ func (l *accessLog) appendLine(b []byte, r *accessRecord, ci *connInfo, end time
 	}
 	if r.accessDenial != "" {
 		f.str("access_denial", r.accessDenial)
+	}
+	if r.wake != wakeNone {
+		f.str("wake", wakeNames[r.wake])
+		f.secs("wake_held", r.wakeHeld)
 	}
 	f.num("installation_version", int64(rt.InstallationVersion))
 	if f.json {

@@ -424,7 +424,7 @@ func (c *clientConn) handleRequest(head []byte) bool {
 		return c.deny(denyLimit)
 	}
 	c.slot = inst
-	inst.CountRequest()
+	c.rec.admitted(inst) // counted, its arrival the last request (accesslog.go)
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()
 	c.slot = nil

@@ -83,7 +83,7 @@ func (st *h2Stream) serveH2C() bool {
 		return false
 	}
 	defer inst.Release()
-	inst.CountRequest()
+	st.rec.admitted(inst)
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()
 	return st.proxyH2C()

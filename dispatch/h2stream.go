@@ -196,7 +196,7 @@ func (st *h2Stream) serve() bool {
 		return false
 	}
 	defer inst.Release()
-	inst.CountRequest()
+	st.rec.admitted(inst)
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()
 	return st.proxy(req)

@@ -68,7 +68,7 @@ func (st *h2Stream) serveWebSocket() bool {
 		return false
 	}
 	defer inst.Release()
-	inst.CountRequest()
+	st.rec.admitted(inst)
 	s.m.streamsActive.Inc()
 	defer s.m.streamsActive.Dec()
 	return st.proxyWebSocket(req, key)
@@ -224,6 +224,7 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
 	sp.log, sp.who = s.log, &hc.ci
+	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.
 	appPending := append([]byte(nil), bc.in.bytes()...)

@@ -43,6 +43,9 @@ func ocsfHTTP(r *accessRecord, ci *connInfo, end time.Time) *ocsf.Event {
 	default:
 		h.Method, h.Path = r.ms, pathPart(r.ps)
 	}
+	if r.wake != wakeNone {
+		h.Wake, h.WakeHeld = wakeNames[r.wake], r.wakeHeld
+	}
 	h.Src, h.Dst = ci.addrs()
 	if rt := ci.route; rt != nil {
 		h.Route = routeRef(rt)

@@ -57,7 +57,8 @@ type sleepEnv struct {
 	asleep atomic.Bool
 }
 
-func newSleepEnv(t *testing.T, hold int, opts wake.Options) *sleepEnv {
+// newSleepEnv starts the env; each of with changes the Server's Config.
+func newSleepEnv(t *testing.T, hold int, opts wake.Options, with ...func(*Config)) *sleepEnv {
 	t.Helper()
 	h2Verify(t)
 	e := &sleepEnv{t: t, hold: hold, allow: make(chan struct{})}
@@ -99,7 +100,11 @@ func newSleepEnv(t *testing.T, hold int, opts wake.Options) *sleepEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = New(Config{Logger: slog.New(slog.DiscardHandler), Wakes: e.coord, AccessKeys: func() *accesstoken.KeySet { return e.keys }})
+	cfg := Config{Logger: slog.New(slog.DiscardHandler), Wakes: e.coord, AccessKeys: func() *accesstoken.KeySet { return e.keys }}
+	for _, f := range with {
+		f(&cfg)
+	}
+	e.srv = New(cfg)
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

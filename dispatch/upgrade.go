@@ -59,6 +59,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	h.rec, h.ci = c.rec, c.ci
 	rec := &h.rec
 	rec.upgraded(101, h.inst)
+	sp.act = rec.wsActivity
 	rec.timings(&c.x)
 	sp.onDone = h.end
 	c.s.m.websocketsActive.Inc()

@@ -182,6 +182,11 @@ type wsSplice struct {
 	toClient  wsDirection
 	grace     time.Duration
 	activity  atomic.Int64 // unix nanos of the last read in either direction
+	// act is the instance's tracker of this WebSocket's frames (usage's
+	// last_websocket_frame and websockets_silent); nil when not tracked.
+	// A read of either direction counts as a frame: bytes moved are part
+	// of one, and the splice does not parse frames on the way.
+	act       *routes.WebSocketActivity
 	closed    atomic.Bool
 	closeOnce sync.Once
 	timerMu   sync.Mutex
@@ -367,6 +372,7 @@ func (p *wsPump) copy() error {
 	if len(p.pending) > 0 {
 		pending := p.pending
 		p.pending = nil
+		p.w.act.Frame(time.Now())
 		finished, err := p.d.write(pending)
 		p.total += int64(len(pending))
 		if finished || err != nil {
@@ -437,6 +443,7 @@ func (p *wsPump) copy() error {
 func (p *wsPump) forward(b []byte) (bool, error) {
 	now := time.Now()
 	p.w.activity.Store(now.UnixNano())
+	p.w.act.Frame(now)
 	if !p.parkAt.IsZero() && p.parkAt.Sub(now) < parkAfter/2 {
 		p.armPark(now)
 	}

@@ -299,6 +299,9 @@ wait:
 		return Ticket{Arrival: w.arrival, Released: w.released, Coalesced: coalesced, Held: time.Since(start)}, nil
 	default:
 		w.gone = true
+		if !errors.Is(cause, ErrHoldExpired) {
+			c.m.gone.Inc()
+		}
 		return Ticket{}, cause
 	}
 }

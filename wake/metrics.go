@@ -15,6 +15,7 @@ type metrics struct {
 	coalesced prometheus.Counter
 	overflow  prometheus.Counter
 	cached    prometheus.Counter
+	gone      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,9 +49,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "applistener_wake_refused_cached_total",
 			Help: "Requests refused from the negative cache: the platform said the instance cannot be woken less than the cache TTL ago.",
 		}),
+		gone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_wake_held_gone_total",
+			Help: "Held requests that gave up their place before the wake or the hold ended: the client hung up or went away, the route was withdrawn, the listener shut down.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.total, m.seconds, m.held, m.inFlight, m.coalesced, m.overflow, m.cached)
+		reg.MustRegister(m.total, m.seconds, m.held, m.inFlight, m.coalesced, m.overflow, m.cached, m.gone)
 	}
 	return m
 }

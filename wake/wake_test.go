@@ -393,6 +393,9 @@ func TestOverflow(t *testing.T) {
 		done <- err
 	}()
 	itest.Eventually(t, 10*time.Second, "c held", func() bool { return c.Held() == 4 })
+	// The hook is asked from a goroutine of its own: made active before
+	// that, c's wake would end without a call.
+	itest.Eventually(t, 10*time.Second, "c's hook call", func() bool { return p.calls.Load() == 3 })
 	c.Active(cKey)
 	if err := <-done; err != nil {
 		t.Fatalf("c after room: %v", err)

@@ -177,6 +177,10 @@ type Unmapped struct {
 	StreamsClosed       int    `json:"streams_closed,omitempty"`
 	InstanceIndex       *int   `json:"instance_index,omitempty"`
 	Revision            string `json:"revision,omitempty"`
+	// Wake and WakeHeldMs: how a request for a sleeping instance fared
+	// and how long it was held (HTTP Activity).
+	Wake       string `json:"wake,omitempty"`
+	WakeHeldMs *int64 `json:"wake_held_ms,omitempty"`
 }
 
 // RouteRef names the route a record is about.

@@ -69,6 +69,11 @@ type HTTP struct {
 	// UserAgent and Referrer are the client's (the referrer without its
 	// query: it is stripped again here); "" when it sent none.
 	UserAgent, Referrer string
+	// Wake is how a request for a sleeping instance fared (woken,
+	// timeout, overflow, refused, not_woken, ...; "" when the instance
+	// was not sleeping) and WakeHeld how long it was held.
+	Wake     string
+	WakeHeld time.Duration
 }
 
 // HTTPActivity is the HTTP Activity (4002) record of h.
@@ -137,6 +142,10 @@ func HTTPActivity(h *HTTP) *Event {
 	if h.Connect >= 0 {
 		ms := h.Connect.Milliseconds()
 		u.UpstreamConnectMs = &ms
+	}
+	if h.Wake != "" {
+		ms := h.WakeHeld.Milliseconds()
+		u.Wake, u.WakeHeldMs = h.Wake, &ms
 	}
 	e.Unmapped = u
 	return e
