@@ -54,13 +54,21 @@ func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
 	setSessionOrder(w, out)
 	w.Header().Set(SessionTTLHeader, g.sessionTTL.String())
 	if watch {
-		g.serveWatch(w, r, &pushWatcher{
+		source, order := remoteIP(r), out.order
+		g.push.serve(w, r, &pushWatcher{
 			supervisor: sup,
 			session:    sid,
-			order:      out.order,
 			pool:       tok.pool != "",
 			digest:     tok.digest,
 			box:        ndjson.NewMailbox(),
+			renew: func(parent context.Context) string {
+				ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
+				defer cancel()
+				if out := g.touchSession(ctx, sup, sid, order, source); out.code == http.StatusConflict {
+					return out.why
+				}
+				return ""
+			},
 		}, grant)
 		return
 	}

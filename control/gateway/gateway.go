@@ -54,10 +54,6 @@ const (
 	MaxWatchesPerSupervisor = 64
 )
 
-// pushWriteTimeout bounds every write to a watch stream: a supervisor
-// that does not read is disconnected.
-const pushWriteTimeout = 10 * time.Second
-
 // Config configures a Gateway.
 type Config struct {
 	// ConfigPath is the configuration file:
@@ -151,13 +147,15 @@ type Gateway struct {
 	discoveryWarmup time.Duration
 	poll            time.Duration
 	disablePush     bool
-	writeTimeout    time.Duration
 	policy          endpointPolicy
 	log             *slog.Logger
 	m               *metrics
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *discoveryService
+	// push holds the configuration push streams; it is fed a view of the
+	// state at each change (feedPushLocked).
+	push *pushService
 	// idle removes what idle supervisor ids leave in the store (gc.go).
 	idle *idleCollector
 	// strictSupervisors is Config.StrictSupervisors; unknown counts the
@@ -198,10 +196,9 @@ type Gateway struct {
 	importRefused bool
 
 	// mu guards the fields below it, and is held while state is replaced
-	// so that a watcher never misses a change.
-	mu       sync.Mutex
-	watchers map[*pushWatcher]struct{}
-	closed   bool
+	// and the components (discovery, push) are fed, so that they see every
+	// change in order.
+	mu sync.Mutex
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
 	// of the store. Each map is replaced, never written, once discovery
@@ -246,11 +243,9 @@ func New(cfg Config) (*Gateway, error) {
 		discoveryWarmup:   max(cfg.DiscoveryWarmup, 0),
 		poll:              cmp.Or(max(cfg.Poll, 0), DefaultPoll),
 		disablePush:       cfg.DisablePush,
-		writeTimeout:      pushWriteTimeout,
 		policy:            policy,
 		log:               cfg.Logger,
 		m:                 newMetrics(cfg.Registerer),
-		watchers:          make(map[*pushWatcher]struct{}),
 		installations:     make(map[string]advertisement),
 		sessions:          make(map[string]sessionView),
 		pools:             make(map[string]string),
@@ -266,6 +261,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
 		"the gateway's store is not loaded yet")
+	g.push = newPushService(g.sessionTTL, g.log, g.m, "the gateway's store is not loaded yet")
 	if cfg.WakeHook != nil {
 		hook, err := wake.NewHook(*cfg.WakeHook)
 		if err != nil {
@@ -506,14 +502,8 @@ func (g *Gateway) reloadTokensLocked() error {
 	g.state.Store(next)
 	// A supervisor may have lost its last token: republish.
 	g.feedDiscoveryLocked(nil)
-	revoked := g.discovery.revokeUngranted()
-	for w := range g.watchers {
-		if t := next.lookupDigest(w.digest); !next.grantsSupervisor(t, w.supervisor, g.pools[w.supervisor]) {
-			if g.endWatcherLocked(w, "token revoked") {
-				revoked++
-			}
-		}
-	}
+	g.feedPushLocked(nil, nil)
+	revoked := g.discovery.revokeUngranted() + g.push.revokeUngranted()
 	g.mu.Unlock()
 	g.log.Info("gateway tokens reloaded", "path", g.tokensPath, "tokens", len(tokens), "watches_revoked", revoked)
 	return nil
@@ -528,12 +518,8 @@ func (g *Gateway) Close() {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if !g.push.close() {
 		return
-	}
-	g.closed = true
-	for w := range g.watchers {
-		g.endWatcherLocked(w, "gateway closing")
 	}
 	g.discovery.close()
 	if g.wake != nil {
@@ -548,13 +534,6 @@ func (g *Gateway) Ready() (bool, string) {
 		return false, why
 	}
 	return true, ""
-}
-
-// isClosed reports whether Close was called.
-func (g *Gateway) isClosed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.closed
 }
 
 // Handler returns the gateway's HTTP handler:

@@ -64,10 +64,6 @@ func DefaultDiscoveryWarmup(ttl time.Duration) time.Duration {
 // session.
 const DefaultKeepaliveMin = 250 * time.Millisecond
 
-// KeepaliveHeader is the response header of a push request that tells the
-// granted keepalive interval (a Go duration).
-const KeepaliveHeader = "X-Applistener-Keepalive"
-
 // SessionOrderHeader is the response header that tells a supervisor the
 // order of its session (a decimal integer), to be sent back as ?order=.
 const SessionOrderHeader = api.SessionOrderHeader
