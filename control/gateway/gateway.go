@@ -49,9 +49,6 @@ const (
 	MaxInstallationsBytes = 4 << 20
 	// MaxTokenLen is the longest bearer token.
 	MaxTokenLen = 4096
-	// MaxWatchesPerSupervisor bounds the open watch streams of one
-	// supervisor id; more are refused with 429.
-	MaxWatchesPerSupervisor = 64
 )
 
 // Config configures a Gateway.

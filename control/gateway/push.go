@@ -17,6 +17,10 @@ import (
 // granted keepalive interval (a Go duration).
 const KeepaliveHeader = "X-Applistener-Keepalive"
 
+// MaxWatchesPerSupervisor bounds the open watch streams of one supervisor
+// id; more are refused with 429.
+const MaxWatchesPerSupervisor = 64
+
 // pushWriteTimeout bounds every write to a watch stream: a supervisor
 // that does not read is disconnected.
 const pushWriteTimeout = 10 * time.Second
