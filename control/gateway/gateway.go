@@ -174,6 +174,9 @@ type Gateway struct {
 	running   atomic.Bool
 	closeOnce sync.Once
 
+	// applied is the store revision the view has (waitApplied).
+	applied *appliedRevision
+
 	// state is the current documents and tokens: immutable, replaced whole,
 	// stored with mu held, loaded without it.
 	state atomic.Pointer[stateSnapshot]
@@ -199,17 +202,13 @@ type Gateway struct {
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
 	// of the store. Each map is replaced, never written, once discovery
-	// was handed it (copy on write).
+	// or the push streams were handed it (copy on write).
 	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
 	// recovered are the advertisements published without a session after
 	// every replica was down (recovery.go), copy on write as well.
 	recovered map[string]recoveredAd
-	// appliedRev is the store revision the view has; revWake is closed
-	// (and replaced) whenever it moves.
-	appliedRev int64
-	revWake    chan struct{}
 	// policyWarned are the (supervisor, endpoint) pairs already warned
 	// about.
 	policyWarned map[string]struct{}
@@ -246,7 +245,7 @@ func New(cfg Config) (*Gateway, error) {
 		installations:     make(map[string]advertisement),
 		sessions:          make(map[string]sessionView),
 		pools:             make(map[string]string),
-		revWake:           make(chan struct{}),
+		applied:           newAppliedRevision(),
 		policyWarned:      make(map[string]struct{}),
 		fileIDs:           make(map[string]struct{}),
 		idle:              newIdleCollector(cmp.Or(max(cfg.IdleGrace, 0), DefaultIdleGrace), cfg.Registerer),

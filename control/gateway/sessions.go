@@ -98,7 +98,7 @@ func (g *Gateway) touchSession(ctx context.Context, sup, sid string, order int64
 	for range 4 {
 		g.mu.Lock()
 		cur, ok := g.sessions[sup]
-		applied := g.appliedRev
+		applied := g.applied.current()
 		g.mu.Unlock()
 		next := sessionRecord{Session: sid, Since: time.Now().UTC().Truncate(time.Millisecond), Source: source}
 		cond := mustNotExist

@@ -74,7 +74,7 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	wasUp := g.storeUp.Swap(true)
 	g.feedPushLocked(changed, sessionChanged)
 	g.feedDiscoveryLocked(nil)
-	g.appliedLocked(rev)
+	g.applied.advance(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 	if !wasUp {
 		g.m.storeUp.Set(1)
@@ -203,7 +203,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	// Always fed (the view must be the current one), republishing only the
 	// touched workspaces (none when touched is empty).
 	g.feedDiscoveryLocked(touched)
-	g.appliedLocked(rev)
+	g.applied.advance(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 }
 
@@ -223,15 +223,7 @@ func (g *Gateway) storeDown(why string) {
 	}
 	g.feedDiscoveryLocked(nil)
 	g.feedPushLocked(nil, nil)
-	g.appliedLocked(g.appliedRev) // wake waiters: they give up
-}
-
-// appliedLocked records that the view has every change up to rev and wakes
-// the requests waiting for it. g.mu is held.
-func (g *Gateway) appliedLocked(rev int64) {
-	g.appliedRev = max(g.appliedRev, rev)
-	close(g.revWake)
-	g.revWake = make(chan struct{})
+	g.applied.advance(0) // wake the waiters: they give up
 }
 
 // waitApplied waits until the view has the changes up to rev (a write of
@@ -239,9 +231,7 @@ func (g *Gateway) appliedLocked(rev int64) {
 // replica see it. It fails when ctx ends or the store goes down.
 func (g *Gateway) waitApplied(ctx context.Context, rev int64) error {
 	for {
-		g.mu.Lock()
-		done, wake := g.appliedRev >= rev, g.revWake
-		g.mu.Unlock()
+		done, wake := g.applied.reached(rev)
 		if done {
 			return nil
 		}
