@@ -1,16 +1,19 @@
 // Package gateway is the reference gateway, the other side of the control
 // plane from the supervisor: it serves each supervisor its configuration
-// document (a poll with ETag and If-None-Match, or an NDJSON push session),
-// authenticates supervisors, pools, admins and workspace readers with
-// bearer tokens from a file, holds supervisor sessions, stores the
-// installations that supervisors advertise, and publishes them per
-// workspace as discovery snapshots and watch streams (discovery.go).
+// document (a poll with ETag and If-None-Match, or an NDJSON push session:
+// configendpoint.go, push.go), authenticates supervisors, pools, admins and
+// workspace readers with bearer tokens from a file, holds supervisor
+// sessions, stores the installations that supervisors advertise, and
+// publishes them per workspace as discovery snapshots and watch streams
+// (discovery.go).
 //
 // Its state (documents, advertisements, sessions, pool bindings) is in a
 // store (store.go): in memory for one process, or in etcd, shared by every
-// replica, which all follow it; a replica that cannot vouch for its view
-// of the store answers 503. Documents come from the write API (writeapi.go)
-// and from an optional configuration file imported into the store.
+// replica, which all follow it (view.go) and feed an immutable view of it
+// to their two components, the push streams and discovery, each with a
+// lock of its own; a replica that cannot vouch for its view of the store
+// answers 503. Documents come from the write API (writeapi.go) and from an
+// optional configuration file imported into the store.
 //
 // It never imports the supervisor side (control/supervisor); what both
 // sides share is in control/api.
