@@ -1,16 +1,19 @@
 // Package gateway is the reference gateway, the other side of the control
 // plane from the supervisor: it serves each supervisor its configuration
-// document (a poll with ETag and If-None-Match, or an NDJSON push session),
-// authenticates supervisors, pools, admins and workspace readers with
-// bearer tokens from a file, holds supervisor sessions, stores the
-// installations that supervisors advertise, and publishes them per
-// workspace as discovery snapshots and watch streams (discovery.go).
+// document (a poll with ETag and If-None-Match, or an NDJSON push session:
+// configendpoint.go, push.go), authenticates supervisors, pools, admins and
+// workspace readers with bearer tokens from a file, holds supervisor
+// sessions, stores the installations that supervisors advertise, and
+// publishes them per workspace as discovery snapshots and watch streams
+// (discovery.go).
 //
 // Its state (documents, advertisements, sessions, pool bindings) is in a
 // store (store.go): in memory for one process, or in etcd, shared by every
-// replica, which all follow it; a replica that cannot vouch for its view
-// of the store answers 503. Documents come from the write API (writeapi.go)
-// and from an optional configuration file imported into the store.
+// replica, which all follow it (view.go) and feed an immutable view of it
+// to their two components, the push streams and discovery, each with a
+// lock of its own; a replica that cannot vouch for its view of the store
+// answers 503. Documents come from the write API (writeapi.go) and from an
+// optional configuration file imported into the store.
 //
 // It never imports the supervisor side (control/supervisor); what both
 // sides share is in control/api.
@@ -49,14 +52,7 @@ const (
 	MaxInstallationsBytes = 4 << 20
 	// MaxTokenLen is the longest bearer token.
 	MaxTokenLen = 4096
-	// MaxWatchesPerSupervisor bounds the open watch streams of one
-	// supervisor id; more are refused with 429.
-	MaxWatchesPerSupervisor = 64
 )
-
-// pushWriteTimeout bounds every write to a watch stream: a supervisor
-// that does not read is disconnected.
-const pushWriteTimeout = 10 * time.Second
 
 // Config configures a Gateway.
 type Config struct {
@@ -151,13 +147,15 @@ type Gateway struct {
 	discoveryWarmup time.Duration
 	poll            time.Duration
 	disablePush     bool
-	writeTimeout    time.Duration
 	policy          endpointPolicy
 	log             *slog.Logger
 	m               *metrics
 	// discovery publishes the advertisements; it is fed a view of the
 	// state at each change (feedDiscoveryLocked).
 	discovery *discoveryService
+	// push holds the configuration push streams; it is fed a view of the
+	// state at each change (feedPushLocked).
+	push *pushService
 	// idle removes what idle supervisor ids leave in the store (gc.go).
 	idle *idleCollector
 	// strictSupervisors is Config.StrictSupervisors; unknown counts the
@@ -179,6 +177,9 @@ type Gateway struct {
 	running   atomic.Bool
 	closeOnce sync.Once
 
+	// applied is the store revision the view has (waitApplied).
+	applied *appliedRevision
+
 	// state is the current documents and tokens: immutable, replaced whole,
 	// stored with mu held, loaded without it.
 	state atomic.Pointer[stateSnapshot]
@@ -198,24 +199,19 @@ type Gateway struct {
 	importRefused bool
 
 	// mu guards the fields below it, and is held while state is replaced
-	// so that a watcher never misses a change.
-	mu       sync.Mutex
-	watchers map[*pushWatcher]struct{}
-	closed   bool
+	// and the components (discovery, push) are fed, so that they see every
+	// change in order.
+	mu sync.Mutex
 	// installations are the latest advertisements by supervisor id,
 	// sessions the current sessions and pools the pool bindings: the view
 	// of the store. Each map is replaced, never written, once discovery
-	// was handed it (copy on write).
+	// or the push streams were handed it (copy on write).
 	installations map[string]advertisement
 	sessions      map[string]sessionView
 	pools         map[string]string
 	// recovered are the advertisements published without a session after
 	// every replica was down (recovery.go), copy on write as well.
 	recovered map[string]recoveredAd
-	// appliedRev is the store revision the view has; revWake is closed
-	// (and replaced) whenever it moves.
-	appliedRev int64
-	revWake    chan struct{}
 	// policyWarned are the (supervisor, endpoint) pairs already warned
 	// about.
 	policyWarned map[string]struct{}
@@ -246,15 +242,13 @@ func New(cfg Config) (*Gateway, error) {
 		discoveryWarmup:   max(cfg.DiscoveryWarmup, 0),
 		poll:              cmp.Or(max(cfg.Poll, 0), DefaultPoll),
 		disablePush:       cfg.DisablePush,
-		writeTimeout:      pushWriteTimeout,
 		policy:            policy,
 		log:               cfg.Logger,
 		m:                 newMetrics(cfg.Registerer),
-		watchers:          make(map[*pushWatcher]struct{}),
 		installations:     make(map[string]advertisement),
 		sessions:          make(map[string]sessionView),
 		pools:             make(map[string]string),
-		revWake:           make(chan struct{}),
+		applied:           newAppliedRevision(),
 		policyWarned:      make(map[string]struct{}),
 		fileIDs:           make(map[string]struct{}),
 		idle:              newIdleCollector(cmp.Or(max(cfg.IdleGrace, 0), DefaultIdleGrace), cfg.Registerer),
@@ -266,6 +260,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.discovery = newDiscovery(discoveryConfigFrom(cfg), g.keepalive, cfg.Registerer, policy, g.log, g.m,
 		"the gateway's store is not loaded yet")
+	g.push = newPushService(g.sessionTTL, g.log, g.m, "the gateway's store is not loaded yet")
 	if cfg.WakeHook != nil {
 		hook, err := wake.NewHook(*cfg.WakeHook)
 		if err != nil {
@@ -506,14 +501,8 @@ func (g *Gateway) reloadTokensLocked() error {
 	g.state.Store(next)
 	// A supervisor may have lost its last token: republish.
 	g.feedDiscoveryLocked(nil)
-	revoked := g.discovery.revokeUngranted()
-	for w := range g.watchers {
-		if t := next.lookupDigest(w.digest); !next.grantsSupervisor(t, w.supervisor, g.pools[w.supervisor]) {
-			if g.endWatcherLocked(w, "token revoked") {
-				revoked++
-			}
-		}
-	}
+	g.feedPushLocked(nil, nil)
+	revoked := g.discovery.revokeUngranted() + g.push.revokeUngranted()
 	g.mu.Unlock()
 	g.log.Info("gateway tokens reloaded", "path", g.tokensPath, "tokens", len(tokens), "watches_revoked", revoked)
 	return nil
@@ -528,12 +517,8 @@ func (g *Gateway) Close() {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if !g.push.close() {
 		return
-	}
-	g.closed = true
-	for w := range g.watchers {
-		g.endWatcherLocked(w, "gateway closing")
 	}
 	g.discovery.close()
 	if g.wake != nil {
@@ -548,49 +533,6 @@ func (g *Gateway) Ready() (bool, string) {
 		return false, why
 	}
 	return true, ""
-}
-
-// isClosed reports whether Close was called.
-func (g *Gateway) isClosed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.closed
-}
-
-// Handler returns the gateway's HTTP handler:
-//
-//	GET /v1/supervisors/{id}/config            the document, ETag, 304 on If-None-Match
-//	GET /v1/supervisors/{id}/config?watch=1    NDJSON: the document, then every change and keepalives
-//	PUT /v1/supervisors/{id}/installations     the supervisor's installed routes (204)
-//	DELETE /v1/supervisors/{id}/installations?session=  withdraw a session (204)
-//	PUT, DELETE /v1/supervisors/{id}/instances/{ws}/{sb}  write API: one instance of the document
-//	GET /v1/supervisors/{id}/instances          write API: the document
-//	POST /v1/supervisors/{id}/instances/{ws}/{sb}/wake?session=  wake a sleeping instance (wake.go)
-//	GET /v1/pools/{pool}/members                write API: the live sessions of a pool
-//	GET /v1/supervisors                         write API: every known supervisor id (supervisors.go)
-//	GET, DELETE /v1/supervisors/{id}            write API: one of them; forget it
-//	GET /v1/workspaces/{ws}/service-routes          discovery: the published routes of ws
-//	GET /v1/workspaces/{ws}/service-routes?watch=1  NDJSON: that snapshot, then every change and keepalives
-//
-// Every request needs "Authorization: Bearer <token>": a supervisor token
-// for {id} (or a pool token), an admin token for the write API, or a
-// workspace token granted {ws}. Errors have a one-line
-// text/plain body.
-func (g *Gateway) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/supervisors", g.serveSupervisors)
-	mux.HandleFunc("/v1/supervisors/{id}", g.serveSupervisor)
-	mux.HandleFunc("/v1/supervisors/{id}/config", g.serveConfig)
-	mux.HandleFunc("/v1/supervisors/{id}/installations", g.serveInstallations)
-	mux.HandleFunc("/v1/supervisors/{id}/instances", g.serveDocument)
-	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}", g.serveInstance)
-	mux.HandleFunc("/v1/supervisors/{id}/instances/{ws}/{sb}/wake", g.serveWake)
-	mux.HandleFunc("/v1/pools/{pool}/members", g.servePoolMembers)
-	mux.Handle("/v1/workspaces/{ws}/service-routes", g.discovery)
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		g.fail(w, endpointOther, http.StatusNotFound, "no such endpoint")
-	})
-	return mux
 }
 
 // fail answers code with a one-line plain-text body "CODE Status: reason".

@@ -156,7 +156,7 @@ func newFixture(t *testing.T, o fixtureOptions) *fixture {
 		t.Fatalf("New: %v", err)
 	}
 	if o.writeTimeout > 0 {
-		g.writeTimeout = o.writeTimeout
+		g.push.sendTimeout = o.writeTimeout
 	}
 	f.g = g
 	if o.http2 {

@@ -172,10 +172,7 @@ func (g *Gateway) idleCandidates(named map[string]struct{}) map[string]idleCandi
 	st := g.state.Load()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	watched := make(map[string]struct{})
-	for w := range g.watchers {
-		watched[w.supervisor] = struct{}{}
-	}
+	watched := g.push.watched()
 	idle := func(sup string) bool {
 		_, s := g.sessions[sup]
 		_, a := g.installations[sup]

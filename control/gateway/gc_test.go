@@ -20,9 +20,12 @@ func (g *Gateway) footprint() map[string]int {
 	g.mu.Lock()
 	out := map[string]int{
 		"docs": len(st.docs), "grants": len(st.grants), "installations": len(g.installations),
-		"sessions": len(g.sessions), "pools": len(g.pools), "watchers": len(g.watchers), "policy_warned": len(g.policyWarned),
+		"sessions": len(g.sessions), "pools": len(g.pools), "policy_warned": len(g.policyWarned),
 	}
 	g.mu.Unlock()
+	g.push.mu.Lock()
+	out["watchers"] = len(g.push.watchers)
+	g.push.mu.Unlock()
 	out["idle_tracked"] = g.idle.tracked()
 	out["store_keys"] = -1
 	if ms, ok := g.store.(*memoryStore); ok {

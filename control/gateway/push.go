@@ -3,134 +3,232 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
-// serveConfig serves GET /v1/supervisors/{id}/config: a poll (ETag,
-// If-None-Match) or, with ?watch=1, a push stream. Both record the
-// request's session (?session=).
-func (g *Gateway) serveConfig(w http.ResponseWriter, r *http.Request) {
-	watch, endpoint, ok := getOrWatch(w, r, g.m, endpointConfig, endpointWatch)
-	if !ok {
-		return
-	}
-	sup := r.PathValue("id")
-	tok := g.authorize(w, r, endpoint, sup)
-	if tok == nil {
-		return
-	}
-	sid, order, ok := requestSession(r)
-	if !ok {
-		g.fail(w, endpoint, http.StatusBadRequest, "session must be 32 lower-case hexadecimal characters")
-		return
-	}
-	var grant time.Duration
-	if watch {
-		if g.disablePush {
-			g.fail(w, endpoint, http.StatusNotImplemented, "push is disabled on this gateway; poll instead")
-			return
-		}
-		var err error
-		if grant, err = g.keepaliveGrant(r.URL.Query().Get("keepalive")); err != nil {
-			g.fail(w, endpoint, http.StatusBadRequest, err.Error())
-			return
-		}
-	}
-	if why := g.storeUnusable(); why != "" {
-		g.unavailable(w, endpoint, why)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), etcdOpTimeout)
-	out := g.touchSession(ctx, sup, sid, order, remoteIP(r))
-	cancel()
-	if out.code != 0 {
-		g.failSession(w, endpoint, out)
-		return
-	}
-	setSessionOrder(w, out)
-	w.Header().Set(SessionTTLHeader, g.sessionTTL.String())
-	if watch {
-		g.serveWatch(w, r, &pushWatcher{
-			supervisor: sup,
-			session:    sid,
-			order:      out.order,
-			pool:       tok.pool != "",
-			digest:     tok.digest,
-			box:        ndjson.NewMailbox(),
-		}, grant)
-		return
-	}
-	doc := g.state.Load().documentFor(sup, tok.pool != "")
-	h := w.Header()
-	h.Set("ETag", doc.etag)
-	h.Set("Cache-Control", "no-store")
-	if etagMatches(r.Header.Values("If-None-Match"), doc.etag) {
-		w.WriteHeader(http.StatusNotModified)
-		g.m.request(endpoint, http.StatusNotModified)
-		return
-	}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(doc.body)+1))
-	w.WriteHeader(http.StatusOK)
-	g.m.request(endpoint, http.StatusOK)
-	_, _ = w.Write(doc.body)
-	_, _ = w.Write(ndjson.Newline)
+// KeepaliveHeader is the response header of a push request that tells the
+// granted keepalive interval (a Go duration).
+const KeepaliveHeader = "X-Applistener-Keepalive"
+
+// MaxWatchesPerSupervisor bounds the open watch streams of one supervisor
+// id; more are refused with 429.
+const MaxWatchesPerSupervisor = 64
+
+// pushWriteTimeout bounds every write to a watch stream: a supervisor
+// that does not read is disconnected.
+const pushWriteTimeout = 10 * time.Second
+
+// pushService is the configuration push as a component of the gateway, in
+// the shape of discovery (discovery.go): it has its own lock and its own
+// set of open push streams, is fed an immutable view of the gateway's
+// state (documents, tokens, sessions, pool bindings) at each change
+// (update), hands the changed documents to the streams, ends the streams
+// whose session was superseded or withdrawn, whose token was revoked, or
+// whose store went down, and holds each stream (serve). It never calls
+// back into the gateway; what a stream needs of the gateway's sessions is
+// handed to it with the stream (pushWatcher.renew).
+type pushService struct {
+	// sendTimeout bounds every write to a stream (pushWriteTimeout).
+	sendTimeout time.Duration
+	sessionTTL  time.Duration
+	log         *slog.Logger
+	m           *metrics // the gateway's: watchers, pushes, requests
+
+	// mu guards the fields below it; the gateway feeds the view with its
+	// own lock held, so a stream registered while the state changes gets
+	// the change (addWatcher reads the view's document under mu).
+	mu       sync.Mutex
+	view     *pushView
+	watchers map[*pushWatcher]struct{}
+	closed   bool
 }
 
-// etagMatches applies If-None-Match (weak comparison) to etag.
-func etagMatches(values []string, etag string) bool {
-	for _, v := range values {
-		for part := range strings.SplitSeq(v, ",") {
-			part = strings.TrimSpace(part)
-			if part == "*" || strings.TrimPrefix(part, "W/") == etag {
-				return true
+// pushView is the gateway's state as the push streams need it: immutable,
+// replaced whole at each change (the maps are never written once handed
+// over).
+type pushView struct {
+	state    *stateSnapshot
+	sessions map[string]sessionView
+	pools    map[string]string
+	// unusable says why the store cannot be vouched for ("" when it can).
+	unusable string
+}
+
+// pushWatcher is one open push stream.
+type pushWatcher struct {
+	supervisor string
+	session    string // the request's session id ("" for none)
+	pool       bool   // opened with a pool token
+	digest     [sha256.Size]byte
+	// box hands the stream the latest document not yet written, and tells
+	// it to end.
+	box *ndjson.Mailbox
+	// renew renews the stream's session in the gateway's store; it returns
+	// why the session was superseded, or "" (it holds, or the renewal
+	// failed otherwise).
+	renew func(context.Context) (superseded string)
+}
+
+// newPushService returns the push with no stream, its store not yet
+// usable (unusable says why) until the first update.
+func newPushService(sessionTTL time.Duration, log *slog.Logger, m *metrics, unusable string) *pushService {
+	return &pushService{
+		sendTimeout: pushWriteTimeout,
+		sessionTTL:  sessionTTL,
+		log:         log,
+		m:           m,
+		view:        &pushView{unusable: unusable},
+		watchers:    make(map[*pushWatcher]struct{}),
+	}
+}
+
+// update replaces the view by v, hands the streams of the supervisors in
+// docsChanged their document when it changed, and ends the streams of the
+// supervisors in sessionsChanged whose session is no longer their current
+// one. A view whose store is unusable ends
+// every stream.
+func (p *pushService) update(v *pushView, docsChanged, sessionsChanged map[string]struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.view
+	p.view = v
+	if v.unusable != "" {
+		for w := range p.watchers {
+			w.box.End("store unavailable")
+		}
+		return
+	}
+	if len(docsChanged) > 0 && old.state != nil {
+		p.pushChangedLocked(old.state, v.state, docsChanged)
+	}
+	for sup := range sessionsChanged {
+		p.endSupersededLocked(sup)
+	}
+}
+
+// pushChangedLocked hands the changed documents of the supervisors in
+// changed to their open streams. p.mu is held.
+func (p *pushService) pushChangedLocked(old, next *stateSnapshot, changed map[string]struct{}) {
+	for w := range p.watchers {
+		if _, ok := changed[w.supervisor]; !ok || w.box.Ended() {
+			continue
+		}
+		d := next.documentFor(w.supervisor, w.pool)
+		if bytes.Equal(d.body, old.documentFor(w.supervisor, w.pool).body) {
+			continue
+		}
+		w.box.Post(d.body)
+	}
+}
+
+// endSupersededLocked ends the streams of sup whose session is no longer
+// its current one (superseded or withdrawn). Streams without a session,
+// and streams whose session merely expired (they renew it), are left.
+// p.mu is held.
+func (p *pushService) endSupersededLocked(sup string) {
+	cur, ok := p.view.sessions[sup]
+	for w := range p.watchers {
+		if w.supervisor != sup || w.session == "" || w.box.Ended() || !ok {
+			continue
+		}
+		switch {
+		case cur.rec.Session != w.session:
+			w.box.End("session superseded")
+		case !cur.holds():
+			w.box.End("session withdrawn")
+		}
+	}
+}
+
+// revokeUngranted ends the streams whose token no longer grants their
+// supervisor in the current view; it returns how many.
+func (p *pushService) revokeUngranted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.view.state
+	if st == nil {
+		return 0
+	}
+	n := 0
+	for w := range p.watchers {
+		if t := st.lookupDigest(w.digest); !st.grantsSupervisor(t, w.supervisor, p.view.pools[w.supervisor]) {
+			if w.box.End("token revoked") {
+				n++
 			}
 		}
 	}
-	return false
+	return n
 }
 
-// serveWatch holds one watch stream until the client goes away, the token
-// is revoked, the session is superseded or withdrawn, the store goes down,
+// close ends every stream and refuses new ones, for shutdown; it reports
+// whether it was the first call.
+func (p *pushService) close() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.closed = true
+	for w := range p.watchers {
+		w.box.End("gateway closing")
+	}
+	return true
+}
+
+// watched returns the supervisors with an open stream.
+func (p *pushService) watched() map[string]struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]struct{}, len(p.watchers))
+	for w := range p.watchers {
+		out[w.supervisor] = struct{}{}
+	}
+	return out
+}
+
+// open reports whether the gateway is not closing and the store is
+// usable: a session may then be renewed.
+func (p *pushService) open() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.closed && p.view.unusable == ""
+}
+
+// serve holds one push stream until the client goes away, the token is
+// revoked, the session is superseded or withdrawn, the store goes down,
 // the gateway closes, or a write fails or times out. It writes a keepalive
 // every grant and, in a goroutine of its own that a slow store cannot hold
 // the keepalives up with, renews the session every grant or third of the
 // session TTL, whichever is shorter.
-func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWatcher, grant time.Duration) {
+func (p *pushService) serve(w http.ResponseWriter, r *http.Request, wt *pushWatcher, grant time.Duration) {
 	sup := wt.supervisor
-	first, code, why := g.addWatcher(wt)
+	first, code, why := p.addWatcher(wt)
 	if code != 0 {
 		if code == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "5")
 		}
-		g.fail(w, endpointWatch, code, why)
+		failRequest(w, p.m, endpointWatch, code, why)
 		return
 	}
-	defer g.removeWatcher(wt)
-	g.m.watchers.Inc()
-	defer g.m.watchers.Dec()
+	defer p.removeWatcher(wt)
+	p.m.watchers.Inc()
+	defer p.m.watchers.Dec()
 
 	w.Header().Set(KeepaliveHeader, grant.String())
 	w.Header().Set("ETag", first.etag)
-	stream := ndjson.Start(w, g.writeTimeout)
-	g.m.request(endpointWatch, http.StatusOK)
+	stream := ndjson.Start(w, p.sendTimeout)
+	p.m.request(endpointWatch, http.StatusOK)
 
 	started := time.Now()
-	log := g.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
+	log := p.log.With("supervisor", sup, "session", wt.session, "remote", r.RemoteAddr, "proto", r.Proto)
 	log.Info("gateway watch opened", "keepalive", grant)
-	source := remoteIP(r)
-	renew := func(parent context.Context) sessionOutcome {
-		ctx, cancel := context.WithTimeout(parent, etcdOpTimeout)
-		defer cancel()
-		return g.touchSession(ctx, sup, wt.session, wt.order, source)
-	}
 	end := func(reason string, err error) {
 		attrs := []any{"reason", reason, "duration", time.Since(started).Round(time.Millisecond)}
 		if err != nil {
@@ -139,8 +237,8 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWat
 		log.Info("gateway watch ended", attrs...)
 		// The session holds for one TTL after its stream ends, unless the
 		// stream ended because the session or the store is gone.
-		if g.storeUnusable() == "" && !g.isClosed() {
-			renew(context.Background())
+		if p.open() {
+			wt.renew(context.Background())
 		}
 	}
 
@@ -156,15 +254,15 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWat
 	renewCtx, stopRenewing := context.WithCancel(r.Context())
 	var renewing sync.WaitGroup
 	renewing.Go(func() {
-		t := time.NewTicker(min(grant, g.sessionTTL/3))
+		t := time.NewTicker(min(grant, p.sessionTTL/3))
 		defer t.Stop()
 		for {
 			select {
 			case <-renewCtx.Done():
 				return
 			case <-t.C:
-				if out := renew(renewCtx); out.code == http.StatusConflict {
-					superseded <- out.why
+				if why := wt.renew(renewCtx); why != "" {
+					superseded <- why
 					return
 				}
 			}
@@ -206,21 +304,21 @@ func (g *Gateway) serveWatch(w http.ResponseWriter, r *http.Request, wt *pushWat
 				return
 			}
 			last = doc
-			g.m.pushes.Inc()
+			p.m.pushes.Inc()
 		}
 	}
 }
 
 // addWatcher registers w and returns the current document of its
-// supervisor, or a status code and reason when the watch is refused.
-func (g *Gateway) addWatcher(w *pushWatcher) (document, int, string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
+// supervisor, or a status code and reason when the stream is refused.
+func (p *pushService) addWatcher(w *pushWatcher) (document, int, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
 		return document{}, http.StatusServiceUnavailable, "the gateway is shutting down"
 	}
 	n := 0
-	for o := range g.watchers {
+	for o := range p.watchers {
 		if o.supervisor == w.supervisor {
 			n++
 		}
@@ -229,16 +327,17 @@ func (g *Gateway) addWatcher(w *pushWatcher) (document, int, string) {
 		return document{}, http.StatusTooManyRequests,
 			fmt.Sprintf("too many watch streams for this supervisor (limit %d)", MaxWatchesPerSupervisor)
 	}
-	if why := g.storeUnusable(); why != "" {
-		return document{}, http.StatusServiceUnavailable, why
+	if p.view.unusable != "" {
+		return document{}, http.StatusServiceUnavailable, p.view.unusable
 	}
-	g.watchers[w] = struct{}{}
-	return g.state.Load().documentFor(w.supervisor, w.pool), 0, ""
+	p.watchers[w] = struct{}{}
+	return p.view.state.documentFor(w.supervisor, w.pool), 0, ""
 }
 
-func (g *Gateway) removeWatcher(w *pushWatcher) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	delete(g.watchers, w)
+// removeWatcher unregisters w and ends its mailbox.
+func (p *pushService) removeWatcher(w *pushWatcher) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.watchers, w)
 	w.box.End("")
 }

@@ -53,6 +53,15 @@ func TestReplicasDiscovery(t *testing.T) {
 		t.Fatalf("withdraw: %d %q", resp.StatusCode, body)
 	}
 	waitRoutes(wa, 2*time.Second)
+	// The withdrawal is two writes, the advertisement's removal and then the
+	// session's end: A's watch shows the first; its view must have the
+	// second before A can refuse the session.
+	testutil.Eventually(t, 2*time.Second, "the session withdrawn in A's view", func() bool {
+		a.g.mu.Lock()
+		defer a.g.mu.Unlock()
+		s, ok := a.g.sessions["sup-1"]
+		return ok && !s.holds()
+	})
 	if code := a.advertise("sup-1", routesTokSup1, sessionID(1), webRoute(1)); code != http.StatusConflict {
 		t.Errorf("advertisement of a withdrawn session on the other replica: %d", code)
 	}

@@ -64,10 +64,6 @@ func DefaultDiscoveryWarmup(ttl time.Duration) time.Duration {
 // session.
 const DefaultKeepaliveMin = 250 * time.Millisecond
 
-// KeepaliveHeader is the response header of a push request that tells the
-// granted keepalive interval (a Go duration).
-const KeepaliveHeader = "X-Applistener-Keepalive"
-
 // SessionOrderHeader is the response header that tells a supervisor the
 // order of its session (a decimal integer), to be sent back as ?order=.
 const SessionOrderHeader = api.SessionOrderHeader
@@ -102,7 +98,7 @@ func (g *Gateway) touchSession(ctx context.Context, sup, sid string, order int64
 	for range 4 {
 		g.mu.Lock()
 		cur, ok := g.sessions[sup]
-		applied := g.appliedRev
+		applied := g.applied.current()
 		g.mu.Unlock()
 		next := sessionRecord{Session: sid, Since: time.Now().UTC().Truncate(time.Millisecond), Source: source}
 		cond := mustNotExist

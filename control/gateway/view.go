@@ -1,22 +1,19 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"maps"
 	"net/http"
-
-	"github.com/applistener/applistener/control/internal/ndjson"
 )
 
 // The view: every replica holds the whole store in memory, in the fields
 // guarded by Gateway.mu (installations, sessions, pools) and in the
 // immutable stateSnapshot (documents and grants). The store calls the
 // storeSink methods below with its contents and each change; they update
-// the view, push changed documents to open push streams, end the streams of
-// superseded or withdrawn sessions, and republish discovery.
+// the view and feed it to the gateway's components: the push streams
+// (push.go: changed documents, superseded or withdrawn sessions) and
+// discovery (discovery.go).
 
 // storeLoaded replaces the view by the store's contents (at start, and
 // after every reconnection to etcd) and marks the store usable.
@@ -67,16 +64,17 @@ func (g *Gateway) storeLoaded(kvs []kvPair, rev int64) {
 	fleetDown := g.storeKind == "etcd" && !othersAlive
 	g.recovered = g.recoverOrphansLocked(ads, sessions, fleetDown, inherited)
 	g.installations, g.sessions, g.pools = ads, sessions, pools
-	g.pushChangedLocked(old, next, changed)
+	sessionChanged := make(map[string]struct{}, len(oldSessions)+len(sessions))
 	for sup := range oldSessions {
-		g.endSupersededLocked(sup)
+		sessionChanged[sup] = struct{}{}
 	}
 	for sup := range sessions {
-		g.endSupersededLocked(sup)
+		sessionChanged[sup] = struct{}{}
 	}
 	wasUp := g.storeUp.Swap(true)
+	g.feedPushLocked(changed, sessionChanged)
 	g.feedDiscoveryLocked(nil)
-	g.appliedLocked(rev)
+	g.applied.advance(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 	if !wasUp {
 		g.m.storeUp.Set(1)
@@ -98,6 +96,19 @@ func (g *Gateway) feedDiscoveryLocked(touched map[string]struct{}) {
 		recovered:     g.recovered,
 		unusable:      g.storeUnusable(),
 	}, touched)
+}
+
+// feedPushLocked hands the push streams a view of the current state, with
+// the supervisors whose document (docsChanged) or session
+// (sessionsChanged) changed. g.mu is held; the maps handed over are never
+// written again (storeChanged copies them first).
+func (g *Gateway) feedPushLocked(docsChanged, sessionsChanged map[string]struct{}) {
+	g.push.update(&pushView{
+		state:    g.state.Load(),
+		sessions: g.sessions,
+		pools:    g.pools,
+		unusable: g.storeUnusable(),
+	}, docsChanged, sessionsChanged)
 }
 
 // storeChanged applies the store's changes to the view.
@@ -181,11 +192,8 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 		next := &stateSnapshot{docs: docs, tokens: old.tokens, grants: grants}
 		g.state.Store(next)
 		g.releaseWakes()
-		g.pushChangedLocked(old, next, docChanged)
 	}
-	for sup := range sessionChanged {
-		g.endSupersededLocked(sup)
-	}
+	g.feedPushLocked(docChanged, sessionChanged)
 	for sup := range docChanged {
 		g.touchWorkspacesLocked(sup, touched)
 	}
@@ -195,7 +203,7 @@ func (g *Gateway) storeChanged(events []storeEvent, rev int64) {
 	// Always fed (the view must be the current one), republishing only the
 	// touched workspaces (none when touched is empty).
 	g.feedDiscoveryLocked(touched)
-	g.appliedLocked(rev)
+	g.applied.advance(rev)
 	g.m.sessions.Set(float64(g.sessionsHoldingLocked()))
 }
 
@@ -214,18 +222,8 @@ func (g *Gateway) storeDown(why string) {
 		g.log.Debug("gateway store still unavailable", "store", g.storeKind, "err", why)
 	}
 	g.feedDiscoveryLocked(nil)
-	for w := range g.watchers {
-		g.endWatcherLocked(w, "store unavailable")
-	}
-	g.appliedLocked(g.appliedRev) // wake waiters: they give up
-}
-
-// appliedLocked records that the view has every change up to rev and wakes
-// the requests waiting for it. g.mu is held.
-func (g *Gateway) appliedLocked(rev int64) {
-	g.appliedRev = max(g.appliedRev, rev)
-	close(g.revWake)
-	g.revWake = make(chan struct{})
+	g.feedPushLocked(nil, nil)
+	g.applied.advance(0) // wake the waiters: they give up
 }
 
 // waitApplied waits until the view has the changes up to rev (a write of
@@ -233,9 +231,7 @@ func (g *Gateway) appliedLocked(rev int64) {
 // replica see it. It fails when ctx ends or the store goes down.
 func (g *Gateway) waitApplied(ctx context.Context, rev int64) error {
 	for {
-		g.mu.Lock()
-		done, wake := g.appliedRev >= rev, g.revWake
-		g.mu.Unlock()
+		done, wake := g.applied.reached(rev)
 		if done {
 			return nil
 		}
@@ -279,67 +275,12 @@ func (g *Gateway) poolBinding(sup string) (string, int64) {
 	return "", mustNotExist
 }
 
-// pushChangedLocked hands the changed documents of the supervisors in
-// changed to their open push streams. g.mu is held.
-func (g *Gateway) pushChangedLocked(old, next *stateSnapshot, changed map[string]struct{}) {
-	if len(changed) == 0 {
-		return
-	}
-	for w := range g.watchers {
-		if _, ok := changed[w.supervisor]; !ok || w.box.Ended() {
-			continue
-		}
-		d := next.documentFor(w.supervisor, w.pool)
-		if bytes.Equal(d.body, old.documentFor(w.supervisor, w.pool).body) {
-			continue
-		}
-		w.box.Post(d.body)
-	}
-}
-
-// endSupersededLocked ends the push streams of sup whose session is no
-// longer its current one (superseded or withdrawn). Streams without a
-// session, and streams whose session merely expired (they renew it), are
-// left. g.mu is held.
-func (g *Gateway) endSupersededLocked(sup string) {
-	cur, ok := g.sessions[sup]
-	for w := range g.watchers {
-		if w.supervisor != sup || w.session == "" || w.box.Ended() || !ok {
-			continue
-		}
-		switch {
-		case cur.rec.Session != w.session:
-			g.endWatcherLocked(w, "session superseded")
-		case !cur.holds():
-			g.endWatcherLocked(w, "session withdrawn")
-		}
-	}
-}
-
 // touchWorkspacesLocked adds the workspaces of sup's advertisement to set.
 // g.mu is held.
 func (g *Gateway) touchWorkspacesLocked(sup string, set map[string]struct{}) {
 	for _, r := range g.installations[sup].routes {
 		set[r.Workspace] = struct{}{}
 	}
-}
-
-// pushWatcher is one open watch stream.
-type pushWatcher struct {
-	supervisor string
-	session    string // the request's session id ("" for none)
-	order      int64  // the session's order
-	pool       bool   // opened with a pool token
-	digest     [sha256.Size]byte
-	// box hands the stream the latest document not yet written, and tells
-	// it to end.
-	box *ndjson.Mailbox
-}
-
-// endWatcherLocked tells w to end; it reports whether w was still open.
-// g.mu is held.
-func (g *Gateway) endWatcherLocked(w *pushWatcher, reason string) bool {
-	return w.box.End(reason)
 }
 
 // sessionsHoldingLocked counts the sessions that hold, for the gauge. g.mu
