@@ -70,6 +70,9 @@ var (
 	ErrFailed = errors.New("wake: the platform could not be asked")
 	// ErrClosed: the coordinator is closed.
 	ErrClosed = errors.New("wake: coordinator closed")
+	// ErrNotSleeping: RequestWhile's condition no longer held when the
+	// wake would have started; nothing was started.
+	ErrNotSleeping = errors.New("wake: the instance is not sleeping any more")
 )
 
 // CannotWakeError is the platform's answer that an instance cannot be
@@ -310,7 +313,21 @@ wait:
 // or joins the wake and returns the Waker's answer (nil: accepted), a
 // *CannotWakeError from the negative cache, or ctx's error.
 func (c *Coordinator) Request(ctx context.Context, key Key) error {
+	return c.RequestWhile(ctx, key, nil)
+}
+
+// RequestWhile is Request, but a wake is started only if sleeping (when
+// not nil) still reports true, asked under the lock that Active and Sync
+// take: a caller that read the instance as sleeping just before it turned
+// active, and whose wake Sync has already ended, gets ErrNotSleeping
+// instead of asking the platform a second time. Joining a wake in progress
+// does not ask. sleeping must not call back into the Coordinator.
+func (c *Coordinator) RequestWhile(ctx context.Context, key Key, sleeping func() bool) error {
 	c.mu.Lock()
+	if sleeping != nil && c.flights[key] == nil && !sleeping() {
+		c.mu.Unlock()
+		return ErrNotSleeping
+	}
 	f, coalesced, err := c.flightLocked(key, time.Now(), false)
 	c.mu.Unlock()
 	if err != nil {

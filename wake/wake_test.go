@@ -546,3 +546,41 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, result string) prome
 	g.Set(v)
 	return g
 }
+
+// RequestWhile starts no wake once its condition says the instance is no
+// longer sleeping (the gateway read it sleeping, then it turned active and
+// Sync ended the wake), yet joins a wake in progress without asking.
+func TestRequestWhileNotSleeping(t *testing.T) {
+	itest.VerifyNone(t)
+	release := make(chan struct{})
+	p := newPlatform(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		<-release
+		w.WriteHeader(http.StatusAccepted)
+	})
+	c, reg := newCoordinator(t, p, Options{EndOnAccept: true}, HookOptions{})
+	asked := 0
+	awake := func() bool { asked++; return false }
+	if err := c.RequestWhile(context.Background(), keyA, awake); !errors.Is(err, ErrNotSleeping) {
+		t.Fatalf("RequestWhile with the instance awake: %v, want ErrNotSleeping", err)
+	}
+	if asked != 1 || p.calls.Load() != 0 {
+		t.Fatalf("condition asked %d times, %d hook calls; want 1 and 0", asked, p.calls.Load())
+	}
+	first := make(chan error, 1)
+	go func() { first <- c.RequestWhile(context.Background(), keyA, func() bool { return true }) }()
+	itest.Eventually(t, 10*time.Second, "the hook called", func() bool { return p.calls.Load() == 1 })
+	joined := make(chan error, 1)
+	go func() { joined <- c.RequestWhile(context.Background(), keyA, func() bool { return false }) }()
+	itest.Eventually(t, 10*time.Second, "the second request joined", func() bool {
+		return testutil.ToFloat64(mustCounter(t, reg, "applistener_wake_coalesced_total")) == 1
+	})
+	close(release)
+	for _, ch := range []chan error{first, joined} {
+		if err := <-ch; err != nil {
+			t.Fatalf("RequestWhile: %v", err)
+		}
+	}
+	if p.calls.Load() != 1 {
+		t.Fatalf("%d hook calls, want 1", p.calls.Load())
+	}
+}

@@ -96,9 +96,16 @@ func (g *Gateway) serveWake(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), wakeRequestTimeout)
 	defer cancel()
 	key := wake.Key{Workspace: ws, Sandbox: sb, Generation: spec.Generation, Supervisor: sup}
-	err := g.wake.Request(ctx, key)
+	// The document is read again under the coordinator's lock: it may have
+	// turned the instance active since, and releaseWakes ended that wake.
+	err := g.wake.RequestWhile(ctx, key, func() bool {
+		now, ok := g.documentInstance(sup, ws, sb)
+		return ok && now.Sleeping() && now.Generation == spec.Generation
+	})
 	var cw *wake.CannotWakeError
 	switch {
+	case errors.Is(err, wake.ErrNotSleeping):
+		g.answerWake(w, http.StatusOK, wakeAnswer{State: routes.StateActive}, 0)
 	case err == nil:
 		g.answerWake(w, http.StatusAccepted, wakeAnswer{State: "waking"}, 0)
 		g.log.Info("wake requested", "supervisor", sup, "instance", ws+"/"+sb, "generation", spec.Generation)
