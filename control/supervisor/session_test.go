@@ -127,7 +127,11 @@ func TestKeepaliveNegotiation(t *testing.T) {
 			g := newFakeGateway(t, ca, testDocument("r1", "1"))
 			g.set(func(g *fakeGateway) { g.grant, g.keepalive = tc.grant, tc.keepalive })
 			c := newTestClient(t, g.url, 2*time.Second, ca)
-			c.StreamIdleTimeout = time.Second // shorter than a 5s grant: the grant wins
+			// Shorter than a 5s grant (the grant wins), and more than six of
+			// the 300ms keepalives a gateway without the header writes here:
+			// at 1s, one stall of the loaded CI machine dropped that quiet
+			// session.
+			c.StreamIdleTimeout = 2 * time.Second
 			c.run(t, false)
 			testutil.Eventually(t, 5*time.Second, "the route installed", c.routed)
 
