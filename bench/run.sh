@@ -469,6 +469,8 @@ mr_wanted() { [[ " $(workloads_for "$1") " == *" manyroutes "* ]]; }
 mr_map() { # prefix: "host upstream" lines
 	awk -v n="$MR_ROUTES" -v p="$1" 'BEGIN{ for (i = 0; i < n; i++) printf "ws%05d--sb%05d--web.apps.test %s%d\n", i, i, p, i }'
 }
+# (The configurations inline the same arithmetic: 10,000 command
+# substitutions, one fork each, took minutes per start on a loaded machine.)
 mr_port() { if (($1 < MR_LIVE)); then echo "$P_APP"; else echo $((20000 + $1)); fi; }
 
 start_applistener() {
@@ -524,7 +526,7 @@ start_nginx() {
 			echo "}"
 			echo "upstream mr_none { server 127.0.0.1:1; }"
 			for ((k = 0; k < MR_ROUTES; k++)); do
-				echo "upstream mr$k { server 127.0.0.1:$(mr_port "$k"); keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }"
+				echo "upstream mr$k { server 127.0.0.1:$((k < MR_LIVE ? P_APP : 20000 + k)); keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }"
 			done
 		} >"$d/manyroutes.conf"
 		extra_up+="    include $d/manyroutes.conf;
@@ -630,7 +632,7 @@ start_haproxy() {
 "
 		for ((k = 0; k < MR_ROUTES; k++)); do
 			extra_be+="backend mr$k
-    server s1 127.0.0.1:$(mr_port "$k")
+    server s1 127.0.0.1:$((k < MR_LIVE ? P_APP : 20000 + k))
 "
 		done
 	fi
