@@ -24,6 +24,11 @@
 #                         "--access-log-total-rate=-1"
 #   BENCH_IDLE_CONNS=N    idle connections held by idle_h1 / idle_ws (default
 #                         100000; quick: 10000)
+#   BENCH_MECH=0|1        per-request mechanism figures for the small-request
+#                         HTTP/1.1 and HTTP/2 rows (default 1): context switches
+#                         and allocations over the measured run, system calls by
+#                         kind in a separate pass counted by perf (see mech_*)
+#   BENCH_SYSCALL_DUR=N   seconds of that system-call pass (default 2)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -152,6 +157,7 @@ install_tools() {
 	command -v jq >/dev/null || need+=(jq)
 	command -v curl >/dev/null || need+=(curl)
 	command -v taskset >/dev/null || need+=(util-linux)
+	[[ ${BENCH_MECH:-1} != 1 ]] || command -v perf >/dev/null || need+=(linux-perf)
 	if ((${#need[@]})); then
 		log "installing ${need[*]}"
 		apt-get update -qq
@@ -273,6 +279,125 @@ wait_ready() { # scheme port
 	return 1
 }
 
+# ---------------------------------------------------------------- mechanism per request
+# For the small-request HTTP/1.1 and HTTP/2 rows (small, many, h2_mux,
+# h2_one, rate), besides req/s and CPU per request, what the proxy did per
+# request, so that a change is judged on its mechanism and not only on a
+# noisy rate:
+# - context switches (voluntary: the proxy blocked, e.g. in epoll_wait or a
+#   futex; involuntary: it was preempted), summed over every thread of its
+#   processes (/proc/PID/task/*/status), over the measured run (the CPU window);
+# - Go allocations (applistener only: go_memstats_mallocs_total from its
+#   admin /metrics, less what one scrape allocates), over the measured run;
+# - system calls by kind, in a separate pass of the same workload
+#   (BENCH_SYSCALL_DUR seconds), counted by `perf stat` on the syscalls:sys_enter_*
+#   tracepoints of the proxy's threads: in-kernel counters, no ptrace, no
+#   record of each call, but ~0.2 µs of kernel time per call, so they are not
+#   taken during the run whose rate and CPU are reported. strace -c would
+#   stop the proxy at every call (several times slower); bpftrace is not
+#   packaged for every kernel; perf is Debian's linux-perf.
+# Every figure is divided by the requests of its window: wrk's count for wrk,
+# the app's for h2load and the fixed-rate run (the same as the CPU figures).
+MECH=${BENCH_MECH:-1}
+SYSCALL_DUR=${BENCH_SYSCALL_DUR:-2}
+MECH_SYSCALLS=0  # 1 while a system-call pass runs
+MECH_N=0         # requests of the last run's mechanism window
+PERF=""
+mech_setup() {
+	[[ $MECH == 1 ]] || return 0
+	if command -v perf >/dev/null && perf stat -x, -e syscalls:sys_enter_getpid -o /dev/null true 2>/dev/null; then
+		PERF=$(command -v perf)
+	else
+		note "system calls per request not counted: perf cannot count the syscalls tracepoints here ($(perf stat -e syscalls:sys_enter_getpid true 2>&1 | head -n 1))"
+	fi
+}
+# ctx_switches: "VOLUNTARY INVOLUNTARY", summed over the target's threads.
+ctx_switches() {
+	local p
+	for p in $(tree_pids "$TARGET_PID"); do cat "/proc/$p"/task/*/status 2>/dev/null; done |
+		awk '$1=="voluntary_ctxt_switches:"{v+=$2} $1=="nonvoluntary_ctxt_switches:"{n+=$2} END{printf "%d %d\n", v, n}'
+}
+go_mallocs() { # applistener's heap allocations so far (one scrape of /metrics)
+	curl -fs --max-time 2 "http://127.0.0.1:$P_ADMIN/metrics" 2>/dev/null | awk '$1=="go_memstats_mallocs_total"{printf "%.0f\n", $2}'
+}
+mech_begin() {
+	[[ $MECH == 1 ]] || return 0
+	MECH_M0="" MECH_SCRAPE=0
+	if [[ $TARGET == applistener ]]; then
+		local m
+		m=$(go_mallocs)
+		MECH_M0=$(go_mallocs)
+		[[ -z $m || -z $MECH_M0 ]] || MECH_SCRAPE=$((MECH_M0 - m))
+	fi
+	MECH_CS0=$(ctx_switches)
+	[[ $MECH_SYSCALLS == 1 && -n $PERF ]] && perf_start
+	return 0
+}
+mech_end() {
+	[[ $MECH == 1 ]] || return 0
+	[[ $MECH_SYSCALLS == 1 && -n $PERF ]] && perf_stop
+	MECH_CS1=$(ctx_switches)
+	MECH_M1=""
+	[[ -z $MECH_M0 ]] || MECH_M1=$(go_mallocs)
+	return 0
+}
+# mech_record PREFIX ROUND: the figures of the last measured run, per request.
+mech_record() {
+	[[ $MECH == 1 && ${MECH_N:-0} -gt 0 ]] || return 0
+	local v0 n0 v1 n1
+	read -r v0 n0 <<<"$MECH_CS0"
+	read -r v1 n1 <<<"$MECH_CS1"
+	record "$TARGET" "${1}_csw_vol" "$2" "$(calc "($v1 - $v0) / $MECH_N")"
+	record "$TARGET" "${1}_csw_invol" "$2" "$(calc "($n1 - $n0) / $MECH_N")"
+	if [[ -n $MECH_M0 && -n $MECH_M1 ]]; then
+		record "$TARGET" "${1}_allocs" "$2" "$(calc "($MECH_M1 - $MECH_M0 - $MECH_SCRAPE) / $MECH_N")"
+	fi
+}
+perf_start() {
+	rm -f "$TMP/perf.ctl" "$TMP/perf.ack" "$TMP/perf.out"
+	mkfifo "$TMP/perf.ctl" "$TMP/perf.ack"
+	exec {PERF_CTL}<>"$TMP/perf.ctl" {PERF_ACK}<>"$TMP/perf.ack"
+	# Opened disabled (-D -1) on every thread of the target (new threads
+	# inherit), enabled through the control pipe: the window starts when perf
+	# acknowledges, not when it has finished attaching some time later.
+	taskset -c "$LOAD_CPU" "$PERF" stat -x, -D -1 --control "fd:$PERF_CTL,$PERF_ACK" \
+		-e 'syscalls:sys_enter_*' -p "$(watch_list)" -o "$TMP/perf.out" 2>>"$TMP/perf.err" &
+	PERF_PID=$!
+	STARTED+=("$PERF_PID")
+	local ack=""
+	echo enable >&"$PERF_CTL"
+	read -r -t 20 -u "$PERF_ACK" ack || note "$TARGET: perf did not acknowledge enabling its counters within 20 s"
+}
+perf_stop() {
+	local ack=""
+	echo disable >&"$PERF_CTL"
+	read -r -t 10 -u "$PERF_ACK" ack || true
+	kill -INT "$PERF_PID" 2>/dev/null || true
+	wait "$PERF_PID" 2>/dev/null || true
+	forget "$PERF_PID"
+	exec {PERF_CTL}>&- {PERF_ACK}>&-
+	# "COUNT,,syscalls:sys_enter_NAME,..." -> "NAME COUNT" for the calls made.
+	awk -F, '$3 ~ /^syscalls:sys_enter_/ && $1 ~ /^[0-9]+$/ && $1 > 0 {sub(/^syscalls:sys_enter_/, "", $3); print $3, $1}' \
+		"$TMP/perf.out" >"$TMP/perf.counts" 2>/dev/null || : >"$TMP/perf.counts"
+}
+# mech_syscall_pass PREFIX ROUND RUN-FUNCTION ARGS...: the same workload
+# again, shorter, with perf counting; records PREFIX_syscalls (all kinds) and
+# PREFIX_sys_KIND per request.
+mech_syscall_pass() {
+	[[ $MECH == 1 && -n $PERF && $RECORD == 1 ]] || return 0
+	local prefix=$1 round=$2 name count total=0
+	shift 2
+	MECH_SYSCALLS=1
+	"$@" >/dev/null
+	MECH_SYSCALLS=0
+	[[ ${MECH_N:-0} -gt 0 && -s $TMP/perf.counts ]] || { note "$TARGET $prefix: no system calls counted in the perf pass"; return 0; }
+	while read -r name count; do
+		total=$((total + count))
+		record "$TARGET" "${prefix}_sys_${name}" "$round" "$(calc "$count / $MECH_N")"
+	done <"$TMP/perf.counts"
+	record "$TARGET" "${prefix}_syscalls" "$round" "$(calc "$total / $MECH_N")"
+}
+
 # ---------------------------------------------------------------- backend
 # app_ip K: the app's address for route K (0: team--demo--web, the one every
 # other workload uses; K >= 1: team--demoK--web, only idle_ws uses them).
@@ -344,6 +469,8 @@ mr_wanted() { [[ " $(workloads_for "$1") " == *" manyroutes "* ]]; }
 mr_map() { # prefix: "host upstream" lines
 	awk -v n="$MR_ROUTES" -v p="$1" 'BEGIN{ for (i = 0; i < n; i++) printf "ws%05d--sb%05d--web.apps.test %s%d\n", i, i, p, i }'
 }
+# (The configurations inline the same arithmetic: 10,000 command
+# substitutions, one fork each, took minutes per start on a loaded machine.)
 mr_port() { if (($1 < MR_LIVE)); then echo "$P_APP"; else echo $((20000 + $1)); fi; }
 
 start_applistener() {
@@ -399,7 +526,7 @@ start_nginx() {
 			echo "}"
 			echo "upstream mr_none { server 127.0.0.1:1; }"
 			for ((k = 0; k < MR_ROUTES; k++)); do
-				echo "upstream mr$k { server 127.0.0.1:$(mr_port "$k"); keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }"
+				echo "upstream mr$k { server 127.0.0.1:$((k < MR_LIVE ? P_APP : 20000 + k)); keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }"
 			done
 		} >"$d/manyroutes.conf"
 		extra_up+="    include $d/manyroutes.conf;
@@ -505,7 +632,7 @@ start_haproxy() {
 "
 		for ((k = 0; k < MR_ROUTES; k++)); do
 			extra_be+="backend mr$k
-    server s1 127.0.0.1:$(mr_port "$k")
+    server s1 127.0.0.1:$((k < MR_LIVE ? P_APP : 20000 + k))
 "
 		done
 	fi
@@ -633,9 +760,11 @@ run_wrk() { # conns duration path -> sets WRK_OUT, WRK_CPU_S, WRK_WALL, APP_DIAL
 	local c0 c1 t0 t1 s0 s1
 	s0=$(app_stats)
 	c0=$(cpu_ticks)
+	mech_begin
 	t0=$(now)
 	WRK_OUT=$(load wrk -t1 -c"$1" -d"${2}s" --latency -s "$BENCH/sni.lua" "$SCHEME://$HOST:$PORT$3" 2>&1) || true
 	t1=$(now)
+	mech_end
 	c1=$(cpu_ticks)
 	s1=$(app_stats)
 	app_delta "$s0" "$s1"
@@ -648,6 +777,8 @@ run_wrk() { # conns duration path -> sets WRK_OUT, WRK_CPU_S, WRK_WALL, APP_DIAL
 	bad=$(awk '/Non-2xx|Socket errors/' <<<"$WRK_OUT")
 	[[ -z $bad ]] || note "$TARGET $3: wrk reported: $(tr '\n' ' ' <<<"$bad")"
 	[[ -n $WRK_RPS && ${WRK_N:-0} -gt 0 ]] || { note "$TARGET $3: wrk failed: $(tail -n 3 <<<"$WRK_OUT" | tr '\n' ' ')"; WRK_RPS=""; WRK_N=1; }
+	MECH_N=$WRK_N
+	[[ -n $WRK_RPS ]] || MECH_N=0
 }
 
 wl_warmup() { run_wrk "$SMALL_CONNS" 1 / >/dev/null; }
@@ -660,6 +791,8 @@ wl_small() { # round duration
 	record "$TARGET" small_cpu_us "$1" "$(calc "$WRK_CPU_S * 1e6 / $WRK_N")"
 	record "$TARGET" small_cpu_pct "$1" "$(calc "$WRK_CPU_S / $WRK_WALL * 100")"
 	record "$TARGET" small_dials "$1" "$APP_DIALS_K"
+	mech_record small "$1"
+	mech_syscall_pass small "$1" run_wrk "$SMALL_CONNS" "$SYSCALL_DUR" /
 }
 
 # Many clients: 400 keep-alive connections. A 1 s warm-up at the same
@@ -673,6 +806,8 @@ wl_many() { # round duration
 	record "$TARGET" many_p99_ms "$1" "$(to_ms "$(awk '$1=="99%"{print $2}' <<<"$WRK_OUT")")"
 	record "$TARGET" many_cpu_us "$1" "$(calc "$WRK_CPU_S * 1e6 / $WRK_N")"
 	record "$TARGET" many_dials "$1" "$APP_DIALS_K"
+	mech_record many "$1"
+	mech_syscall_pass many "$1" run_wrk "$MANY_CONNS" "$SYSCALL_DUR" /
 }
 
 # HTTP/2 clients (h2load, TLS, ALPN h2), small responses; each proxy
@@ -698,7 +833,9 @@ run_h2load() { # conns streams duration -> sets H2_OUT, H2_RPS, H2_CPU_US, APP_D
 		app_stats >"$mark"
 	) &
 	marker=$!
+	mech_begin
 	H2_OUT=$(load h2load -t1 -c"$1" -m"$2" -D "$3" --warm-up-time 1 --connect-to "127.0.0.1:$H2PORT" "$url" 2>&1) || true
+	mech_end
 	c1=$(cpu_ticks)
 	s1=$(app_stats)
 	wait "$marker" || true
@@ -707,6 +844,7 @@ run_h2load() { # conns streams duration -> sets H2_OUT, H2_RPS, H2_CPU_US, APP_D
 	app_delta "$s0" "$s1"
 	H2_CPU_US=""
 	if ((APP_REQS > 0)); then H2_CPU_US=$(calc "($c1 - $c0) / $CLK_TCK * 1e6 / $APP_REQS"); fi
+	MECH_N=$APP_REQS # the mechanism window is the CPU window
 	sm=$(cat "$mark")
 	if [[ -n $sm ]]; then app_delta "$sm" "$s1"; else APP_DIALS_K=""; fi
 	local proto bad
@@ -721,6 +859,8 @@ wl_h2() { # round duration conns streams metric-prefix
 	record "$TARGET" "${5}_rps" "$1" "$H2_RPS"
 	record "$TARGET" "${5}_cpu_us" "$1" "$H2_CPU_US"
 	record "$TARGET" "${5}_dials" "$1" "$APP_DIALS_K"
+	mech_record "$5" "$1"
+	mech_syscall_pass "$5" "$1" run_h2load "$3" "$4" "$SYSCALL_DUR"
 }
 wl_h2_mux() { wl_h2 "$1" "$2" "$H2_MUX_CONNS" "$H2_MUX_STREAMS" h2_mux; }
 wl_h2_one() { wl_h2 "$1" "$2" "$H2_ONE_CONNS" 1 h2_one; }
@@ -747,9 +887,23 @@ check_errors() { # label json
 	if [[ ${e:-0} != 0 || ${n:-0} != 0 ]]; then note "$TARGET $1: ${e:-0} errors, ${n:-0} non-2xx responses"; fi
 }
 
+# run_rate DURATION: the fixed-rate run, its mechanism window around the
+# whole loadgen run (warm-up included), MECH_N the requests the app answered
+# in it (none for the direct targets: their app is not the counting one).
+run_rate() {
+	local s0 s1
+	s0=$(app_stats)
+	mech_begin
+	RATE_JSON=$(lg rate -rate "$RATE" -conns "$RATE_CONNS" -duration "${1}s" -warmup 1s)
+	mech_end
+	s1=$(app_stats)
+	app_delta "$s0" "$s1"
+	MECH_N=$APP_REQS
+}
 wl_rate() { # round duration
 	local j
-	j=$(lg rate -rate "$RATE" -conns "$RATE_CONNS" -duration "${2}s" -warmup 1s)
+	run_rate "$2"
+	j=$RATE_JSON
 	[[ -n $j ]] || { note "$TARGET rate: loadgen failed"; return 0; }
 	check_errors rate "$j"
 	record "$TARGET" rate_p50_ms "$1" "$(jget .p50_ms "$j")"
@@ -761,6 +915,8 @@ wl_rate() { # round duration
 		record "$TARGET" reload_base_max_ms "$1" "$(jget .max_ms "$j")"
 		record "$TARGET" reload_base_p99_ms "$1" "$(jget .p99_ms "$j")"
 	fi
+	mech_record rate "$1"
+	mech_syscall_pass rate "$1" run_rate "$SYSCALL_DUR"
 }
 
 wl_hs() { # round duration resume(0|1)
@@ -1103,6 +1259,7 @@ profile_workload() { # workload
 # ---------------------------------------------------------------- main
 START=$(date +%s)
 install_tools
+mech_setup
 build
 certs
 mkdir -p "$RESULTS/profiles"

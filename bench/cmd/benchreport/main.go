@@ -90,6 +90,67 @@ var metrics = []metric{
 	{"manyroutes_dials", "manyroutes", "  app connections opened per 1,000 requests, spread", "dials", "lower", false},
 }
 
+// mechWorkloads are the small-request HTTP/1.1 and HTTP/2 workloads for
+// which run.sh measures the mechanism per request (context switches,
+// allocations, system calls by kind).
+var mechWorkloads = []string{"small", "many", "h2_mux", "h2_one", "rate"}
+
+// mechMetrics are the per-request mechanism rows of workload w, shown in the
+// main table after its other rows. The system calls by kind
+// (w_sys_KIND) are added from the raw figures by kindMetrics.
+func mechMetrics(w string) []metric {
+	return []metric{
+		{w + "_syscalls", w, "  system calls per request (separate perf pass)", "calls", "lower", false},
+		{w + "_csw_vol", w, "  voluntary context switches per request", "switches", "lower", false},
+		{w + "_csw_invol", w, "  involuntary context switches per request", "switches", "lower", false},
+		{w + "_allocs", w, "  Go heap allocations per request (applistener)", "allocs", "lower", false},
+	}
+}
+
+// kindPrefix is the raw metric name of system calls of one kind: w_sys_KIND.
+const kindPrefix = "_sys_"
+
+func init() {
+	// Insert each workload's mechanism rows after its last row.
+	var out []metric
+	for i, m := range metrics {
+		out = append(out, m)
+		last := i == len(metrics)-1 || metrics[i+1].Workload != m.Workload
+		if last && contains(mechWorkloads, m.Workload) {
+			out = append(out, mechMetrics(m.Workload)...)
+		}
+	}
+	metrics = out
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// kindMetrics are the metrics of the system calls by kind found in the raw
+// figures, workload by workload, kinds in name order.
+func kindMetrics(data map[string]map[string][]float64) []metric {
+	var out []metric
+	for _, w := range mechWorkloads {
+		var kinds []string
+		for id := range data {
+			if k, ok := strings.CutPrefix(id, w+kindPrefix); ok {
+				kinds = append(kinds, k)
+			}
+		}
+		sort.Strings(kinds)
+		for _, k := range kinds {
+			out = append(out, metric{w + kindPrefix + k, w, "  system calls per request: " + k, "calls", "lower", false})
+		}
+	}
+	return out
+}
+
 // workloadNames label the follow-up rows of a workload in the detailed
 // table and in the JSON, where they stand alone.
 var workloadNames = map[string]string{
@@ -171,8 +232,9 @@ func main() {
 	}
 	_ = f.Close()
 
+	kinds := kindMetrics(data)
 	stats := map[string]map[string]*stat{}
-	for _, m := range metrics {
+	for _, m := range append(append([]metric(nil), metrics...), kinds...) {
 		stats[m.ID] = map[string]*stat{}
 		for t, vs := range data[m.ID] {
 			s := &stat{Median: median(vs), Rounds: vs, Min: vs[0], Max: vs[0]}
@@ -264,7 +326,7 @@ func main() {
 		doc["targets"] = targets
 		doc["notes"] = noteLines
 		var ms []jm
-		for _, m := range metrics {
+		for _, m := range append(append([]metric(nil), metrics...), kinds...) {
 			if len(stats[m.ID]) == 0 {
 				continue
 			}
@@ -330,6 +392,7 @@ func main() {
 		}
 		md.WriteString("\n")
 	}
+	writeMechanism(&md, stats, targets, kinds)
 	fmt.Fprintf(&md, "\n## Every figure with its spread and ratios\n\n")
 	fmt.Fprintf(&md, "| figure | target | median | min | max | ÷ nginx | ÷ direct-tls |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, m := range metrics {
@@ -359,6 +422,193 @@ func main() {
 	} else {
 		fmt.Print(md.String())
 	}
+}
+
+// writeMechanism writes, for each small-request workload measured, the
+// mechanism per request beside req/s and CPU: context switches, Go
+// allocations and the system calls by kind (those made at least 0.01 times
+// per request by some target), and which count differs most from HAProxy's.
+func writeMechanism(md *strings.Builder, stats map[string]map[string]*stat, targets []string, kinds []metric) {
+	var ws []string
+	for _, w := range mechWorkloads {
+		if len(stats[w+"_csw_vol"]) > 0 || len(stats[w+"_syscalls"]) > 0 {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) == 0 {
+		return
+	}
+	fmt.Fprintf(md, "\n## Mechanism per request\n\n")
+	fmt.Fprintf(md, "Per request, medians of the rounds. Context switches (all threads, /proc/PID/task/*/status) and Go allocations (applistener's go_memstats_mallocs_total) over the measured run; system calls in a separate, shorter pass of the same workload, counted by `perf stat` on the syscalls:sys_enter_* tracepoints (in-kernel counters: ~0.2 µs more kernel time per call, so not during the measured run). These counts depend far less on other load on the machine than req/s does.\n")
+	for _, w := range ws {
+		first := ""
+		for _, m := range metrics {
+			if m.Workload == w {
+				first = m.ID
+				break
+			}
+		}
+		rows := []string{first, w + "_cpu_us", w + "_syscalls"}
+		var kindRows []string
+		for _, k := range kinds {
+			if k.Workload != w {
+				continue
+			}
+			big := false
+			for _, s := range stats[k.ID] {
+				big = big || s.Median >= 0.01
+			}
+			if big {
+				kindRows = append(kindRows, k.ID)
+			}
+		}
+		// Sums by class (receive, send, readiness wait, ...), what differs
+		// between proxies that call read or recvfrom for the same thing.
+		var classRows []string
+		for _, c := range syscallClasses {
+			id := w + "_class_" + c.name
+			st := map[string]*stat{}
+			for _, t := range targets {
+				if stats[w+"_syscalls"][t] == nil {
+					continue
+				}
+				sum := 0.0
+				for _, k := range kinds {
+					if k.Workload == w && classOf(strings.TrimPrefix(k.ID, w+kindPrefix)) == c.name && stats[k.ID][t] != nil {
+						sum += stats[k.ID][t].Median
+					}
+				}
+				st[t] = &stat{Median: sum}
+			}
+			some := false
+			for _, v := range st {
+				some = some || v.Median >= 0.01
+			}
+			if some {
+				stats[id] = st
+				classRows = append(classRows, id)
+			}
+		}
+		rows = append(rows, classRows...)
+		rows = append(rows, kindRows...)
+		rows = append(rows, w+"_csw_vol", w+"_csw_invol", w+"_allocs")
+		fmt.Fprintf(md, "\n### %s\n\n| per request | unit |", workloadNames[w])
+		for _, t := range targets {
+			fmt.Fprintf(md, " %s |", t)
+		}
+		md.WriteString(" appl. − haproxy |\n|---|---|")
+		for range targets {
+			md.WriteString("---:|")
+		}
+		md.WriteString("---:|\n")
+		byID := map[string]metric{}
+		for _, m := range append(append([]metric(nil), metrics...), kinds...) {
+			byID[m.ID] = m
+		}
+		for _, c := range syscallClasses {
+			byID[w+"_class_"+c.name] = metric{w + "_class_" + c.name, w, "  " + c.title, "calls", "lower", false}
+		}
+		for _, id := range rows {
+			m, ok := byID[id]
+			if !ok || len(stats[id]) == 0 {
+				continue
+			}
+			title := strings.TrimSpace(m.Title)
+			if k, ok := strings.CutPrefix(id, w+kindPrefix); ok {
+				title = "&nbsp;&nbsp;&nbsp;&nbsp;" + k
+			} else if strings.HasPrefix(id, w+"_class_") {
+				title = "&nbsp;&nbsp;" + title
+			}
+			fmt.Fprintf(md, "| %s | %s |", title, m.Unit)
+			for _, t := range targets {
+				if v, ok := mechValue(stats, w, id, t); ok {
+					fmt.Fprintf(md, " %s |", num(v))
+				} else {
+					md.WriteString(" – |")
+				}
+			}
+			a, aok := mechValue(stats, w, id, "applistener")
+			h, hok := mechValue(stats, w, id, "haproxy")
+			if aok && hok {
+				fmt.Fprintf(md, " %s |\n", signed(a-h))
+			} else {
+				md.WriteString(" – |\n")
+			}
+		}
+		// The count (a kind of system call, or of context switch) where
+		// applistener differs most from HAProxy, per request. A kind one of
+		// them never made counts as zero for it.
+		bestID, bestD := "", 0.0
+		for _, id := range append(append([]string(nil), classRows...), w+"_csw_vol", w+"_csw_invol") {
+			a, aok := mechValue(stats, w, id, "applistener")
+			h, hok := mechValue(stats, w, id, "haproxy")
+			if !aok || !hok {
+				continue
+			}
+			if d := a - h; math.Abs(d) > math.Abs(bestD) {
+				bestID, bestD = id, d
+			}
+		}
+		if bestID != "" {
+			name := strings.TrimSpace(byID[bestID].Title)
+			a, _ := mechValue(stats, w, bestID, "applistener")
+			h, _ := mechValue(stats, w, bestID, "haproxy")
+			fmt.Fprintf(md, "\nDiffers most from HAProxy (count per request): **%s**, %s (applistener %s, HAProxy %s).\n",
+				name, signed(bestD), num(a), num(h))
+		}
+	}
+}
+
+// syscallClasses group the kinds of system call by what they do, so that
+// proxies that use read or recvfrom, epoll_wait or epoll_pwait for the same
+// thing compare.
+var syscallClasses = []struct{ name, title string }{
+	{"recv", "receive calls (read, readv, recvfrom, recvmsg, recvmmsg)"},
+	{"send", "send calls (write, writev, sendto, sendmsg, sendmmsg, sendfile, splice)"},
+	{"wait", "readiness waits (epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6)"},
+	{"epoll_ctl", "epoll_ctl calls"},
+	{"futex", "futex calls (thread wakes and waits)"},
+	{"conn", "connection calls (accept4, connect, close, shutdown, socket, setsockopt, getsockopt)"},
+	{"other", "other calls"},
+}
+
+// classOf is the class of a kind of system call.
+func classOf(kind string) string {
+	switch kind {
+	case "read", "readv", "recvfrom", "recvmsg", "recvmmsg":
+		return "recv"
+	case "write", "writev", "sendto", "sendmsg", "sendmmsg", "sendfile64", "sendfile", "splice":
+		return "send"
+	case "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6":
+		return "wait"
+	case "epoll_ctl":
+		return "epoll_ctl"
+	case "futex":
+		return "futex"
+	case "accept", "accept4", "connect", "close", "shutdown", "socket", "setsockopt", "getsockopt":
+		return "conn"
+	}
+	return "other"
+}
+
+// mechValue is target t's median of figure id of workload w. A kind of
+// system call that a target whose calls were counted never made is 0 for it.
+func mechValue(stats map[string]map[string]*stat, w, id, t string) (float64, bool) {
+	if s := stats[id][t]; s != nil {
+		return s.Median, true
+	}
+	if strings.HasPrefix(id, w+kindPrefix) && stats[w+"_syscalls"][t] != nil {
+		return 0, true
+	}
+	return 0, false
+}
+
+// signed is a difference with its sign, as num writes numbers.
+func signed(d float64) string {
+	if d >= 0 {
+		return "+" + num(d)
+	}
+	return num(d)
 }
 
 func num(v float64) string {

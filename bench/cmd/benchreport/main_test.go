@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runReport runs the command on a raw file and returns its markdown and
+// JSON outputs.
+func runReport(t *testing.T, raw string) (md string, doc map[string]any) {
+	t.Helper()
+	dir := t.TempDir()
+	rawPath := filepath.Join(dir, "raw.tsv")
+	if err := os.WriteFile(rawPath, []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mdPath, jsonPath := filepath.Join(dir, "out.md"), filepath.Join(dir, "out.json")
+	oldArgs, oldFlags := os.Args, flag.CommandLine
+	defer func() { os.Args, flag.CommandLine = oldArgs, oldFlags }()
+	flag.CommandLine = flag.NewFlagSet("benchreport", flag.ContinueOnError)
+	os.Args = []string{"benchreport", "-raw", rawPath, "-md", mdPath, "-json", jsonPath}
+	main()
+	b, err := os.ReadFile(mdPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(j, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return string(b), doc
+}
+
+func TestMechanismSection(t *testing.T) {
+	raw := strings.Join([]string{
+		"applistener\tsmall_rps\t1\t30000",
+		"haproxy\tsmall_rps\t1\t34000",
+		"applistener\tsmall_cpu_us\t1\t27",
+		"haproxy\tsmall_cpu_us\t1\t25",
+		"applistener\tsmall_syscalls\t1\t6.5",
+		"haproxy\tsmall_syscalls\t1\t4.2",
+		"applistener\tsmall_sys_read\t1\t3",
+		"applistener\tsmall_sys_write\t1\t2",
+		"applistener\tsmall_sys_ppoll\t1\t1.5",
+		"haproxy\tsmall_sys_recvfrom\t1\t2",
+		"haproxy\tsmall_sys_sendto\t1\t2",
+		"haproxy\tsmall_sys_epoll_wait\t1\t0.2",
+		"applistener\tsmall_csw_vol\t1\t0.3",
+		"haproxy\tsmall_csw_vol\t1\t0.05",
+		"applistener\tsmall_csw_invol\t1\t0",
+		"haproxy\tsmall_csw_invol\t1\t0",
+		"applistener\tsmall_allocs\t1\t1.5",
+	}, "\n") + "\n"
+	md, doc := runReport(t, raw)
+
+	sec, ok := strings.CutPrefix(md[strings.Index(md, "## Mechanism per request"):], "## Mechanism per request")
+	if !ok {
+		t.Fatalf("no mechanism section in\n%s", md)
+	}
+	sec = sec[:strings.Index(sec, "## Every figure")]
+	for _, want := range []string{
+		"### small requests, saturating",
+		// read and recvfrom are the same class: 3 against 2.
+		"| &nbsp;&nbsp;receive calls (read, readv, recvfrom, recvmsg, recvmmsg) | calls | 3.00 | 2.00 | +1.00 |",
+		// ppoll and epoll_wait: readiness waits, 1.5 against 0.2.
+		"| &nbsp;&nbsp;readiness waits (epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6) | calls | 1.50 | 0.200 | +1.30 |",
+		// A kind a counted target never made is 0 for it.
+		"| &nbsp;&nbsp;&nbsp;&nbsp;recvfrom | calls | 0.000 | 2.00 | -2.00 |",
+		"| voluntary context switches per request | switches | 0.300 | 0.050 | +0.250 |",
+		"| Go heap allocations per request (applistener) | allocs | 1.50 | – | – |",
+		"Differs most from HAProxy (count per request): **readiness waits",
+	} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("mechanism section lacks %q:\n%s", want, sec)
+		}
+	}
+	// The main table carries the totals beside req/s.
+	if !strings.Contains(md, "| &nbsp;&nbsp;system calls per request (separate perf pass) | calls ↓ | 6.50 | 4.20 |") {
+		t.Errorf("main table lacks the system calls row:\n%s", md)
+	}
+
+	ids := map[string]bool{}
+	for _, m := range doc["metrics"].([]any) {
+		ids[m.(map[string]any)["id"].(string)] = true
+	}
+	for _, id := range []string{"small_syscalls", "small_sys_read", "small_sys_recvfrom", "small_csw_vol", "small_allocs"} {
+		if !ids[id] {
+			t.Errorf("JSON lacks metric %s", id)
+		}
+	}
+}
+
+func TestNoMechanismSectionWithoutFigures(t *testing.T) {
+	md, _ := runReport(t, "applistener\tsmall_rps\t1\t30000\nhaproxy\tsmall_rps\t1\t34000\n")
+	if strings.Contains(md, "Mechanism per request") {
+		t.Errorf("mechanism section without mechanism figures:\n%s", md)
+	}
+}
