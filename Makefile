@@ -83,8 +83,9 @@ bench-compare:
 ## soak: the opt-in soaks, not part of `make test`: TestSoak (mixed traffic
 ## and route churn through a gateway session, default 10m) and TestSoakFaults
 ## (issue 25's fault matrix with real processes: gateway replicas killed, an
-## etcd member lost, unparsable documents, a supervisor restarted, while load
-## flows over HTTP/1.1, HTTP/2 and WebSockets, directly and through the edge;
+## etcd member lost, unparsable documents, a supervisor, the edge and an app
+## restarted, routes churned through the write API, while load flows over
+## HTTP/1.1, HTTP/2 and WebSockets, directly and through the edge;
 ## default 3m; zero contract violations). SOAK_DURATION sets each one's length,
 ## SOAK_RUN which run (soak-faults: the fault matrix only).
 SOAK_RUN     ?= ^TestSoak

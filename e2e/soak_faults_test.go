@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -36,15 +37,31 @@ import (
 //   - the gateway's answers to supervisor sup-1 made unparsable for 5 s
 //     (a top-level field of a "newer gateway" in every document, by a
 //     proxy between them; the push stream is cut at both ends of it);
-//   - supervisor sup-2 restarted (SIGTERM, then a new process).
+//   - supervisor sup-2 restarted (SIGTERM, then a new process);
+//   - the edge restarted (SIGTERM with its 1 s drain, then a new process
+//     on the same address);
+//   - app "app" (sup-1's second sandbox, not sup-1's main service: its
+//     outage must not touch demo's traffic on the same supervisor)
+//     stopped for 4 s and started again on the same port;
+//   - route churn: sup-1's sandbox "churn" deleted and put back three
+//     times through the gateway's write API while load flows.
 //
 // The contract: sup-1's routes are renewed within their freshness by
 // every fault, so none of its requests fails and none of its WebSockets
-// (direct and spliced by the edge) drops. sup-2's traffic may fail only
-// while sup-2 is being restarted (and until the edge has its new
-// endpoint); those are counted as expected, by cause. It prints the
-// requests, the errors by cause and the WebSockets dropped; any
-// violation fails the test.
+// (direct and spliced by the edge) drops. Expected failures are counted
+// apart, by cause, only inside the window of the fault that explains
+// them (a request counts as expected when its attempt overlaps the
+// window): sup-2's traffic while sup-2 restarts (and until the edge has
+// its new endpoint); everything through the edge while the edge restarts
+// (its drain does not outlive the process: spliced connections end with
+// it) until 1 s after the new edge is ready (a dropped WebSocket is
+// noticed at its next echo); "app"'s requests while its app is down, and
+// only as 502 answers (the documented app_not_listening once
+// --app-start-grace, 1 s here, has passed); "churn"'s requests from its
+// DELETE until it is served again directly and through the edge after
+// its PUT. It prints the requests, the errors by cause and the
+// WebSockets dropped; any other failure is a violation and fails the
+// test.
 func TestSoakFaults(t *testing.T) {
 	if os.Getenv("SOAK") != "1" {
 		t.Skip("the fault soak is opt-in: run it with SOAK=1 (make soak); SOAK_DURATION sets its length (default 3m)")
@@ -65,9 +82,14 @@ func TestSoakFaults(t *testing.T) {
 	c := etcdStartCluster(t)
 	g := c.startGateways(t, []gatewayToken{supervisorTokenOf("sup-1"), supervisorTokenOf(otherSup)}, "--keepalive", "2s", "--session-ttl", "6s")
 	web, other := newSoakBackend(t, "web"), newSoakBackend(t, "other")
+	app, churn := newSoakBackend(t, "app"), newSoakBackend(t, "churn")
 	g.put(t, 0, "sup-1", newStoredInstance("demo", map[string]int{"web": web.port}))
+	g.put(t, 0, "sup-1", newStoredInstance("app", map[string]int{"web": app.port}))
+	churnInstance := newStoredInstance("churn", map[string]int{"web": churn.port})
+	g.put(t, 0, "sup-1", churnInstance)
 	g.put(t, 0, otherSup, newStoredInstance("other", map[string]int{"web": other.port}))
 	otherHost := serviceHost("team", "other", "web")
+	appHost, churnHost := serviceHost("team", "app", "web"), serviceHost("team", "churn", "web")
 
 	// sup-1 reaches the replicas through proxies that can spoil its
 	// documents.
@@ -80,14 +102,16 @@ func TestSoakFaults(t *testing.T) {
 		proxies = append(proxies, p)
 		proxied = append(proxied, p.srv.URL)
 	}
-	supA := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", freshness: fresh, gateways: strings.Join(proxied, ",")})
+	supA := g.startSupervisor(t, etcdSupervisorConfig{id: "sup-1", freshness: fresh, gateways: strings.Join(proxied, ","),
+		extra: []string{"--app-start-grace", "1s"}}) // app's outage answers 502 before the clients' 5 s timeout
 	var supB atomic.Pointer[etcdSupervisor]
 	supB.Store(g.startSupervisor(t, etcdSupervisorConfig{id: otherSup, freshness: fresh}))
-	edge := startEdgeOn(t, g.urls())
-	for _, h := range []string{demoHost, otherHost} {
+	edgeAddr := freeAddr(t) // a restarted edge takes the same address
+	edge := startEdgeAt(t, g.urls(), edgeAddr)
+	for _, h := range []string{demoHost, otherHost, appHost, churnHost} {
 		deadline := time.Now().Add(waitTimeout)
 		for {
-			if _, err := edgeGet(edge.appAddr, h); err == nil {
+			if _, err := edgeGet(edgeAddr, h); err == nil {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -111,13 +135,15 @@ func TestSoakFaults(t *testing.T) {
 	loop := func(probe string, every time.Duration, fn func() error) {
 		load.Go(func() {
 			for sleepCtx(ctx, every) {
-				tally.record(ctx, probe, fn())
+				start := time.Now()
+				err := fn()
+				tally.record(ctx, probe, start, err)
 			}
 		})
 	}
 	loop("sup-1 HTTP/1.1", 20*time.Millisecond, func() error { return soakGet(h1, demoHost, "web") })
 	loop("sup-1 HTTP/2", 20*time.Millisecond, func() error { return soakGet(h2, demoHost, "web") })
-	loop("sup-1 via edge", 100*time.Millisecond, func() error { return soakEdgeGet(edge.appAddr, demoHost, "web") })
+	loop("sup-1 via edge", 100*time.Millisecond, func() error { return soakEdgeGet(edgeAddr, demoHost, "web") })
 	holdWS := func(probe string, dial func() (*websocket.Conn, error)) {
 		load.Go(func() {
 			var ws *websocket.Conn
@@ -129,14 +155,16 @@ func TestSoakFaults(t *testing.T) {
 			for n := 0; sleepCtx(ctx, 200*time.Millisecond); n++ {
 				if ws == nil {
 					var err error
+					start := time.Now()
 					if ws, err = dial(); err != nil {
 						ws = nil
-						tally.record(ctx, probe+" dial", err)
+						tally.record(ctx, probe+" dial", start, err)
 						continue
 					}
 				}
+				start := time.Now()
 				err := wsEcho(ws, websocket.TextMessage, fmt.Appendf(nil, "soak %d", n))
-				tally.record(ctx, probe, err)
+				tally.record(ctx, probe, start, err)
 				if err != nil {
 					_ = ws.Close()
 					ws = nil
@@ -145,7 +173,7 @@ func TestSoakFaults(t *testing.T) {
 		})
 	}
 	holdWS("sup-1 WebSocket", func() (*websocket.Conn, error) { return supA.wsTryDial(demoHost) })
-	holdWS("sup-1 WebSocket via edge", func() (*websocket.Conn, error) { return edgeWS(edge.appAddr, demoHost) })
+	holdWS("sup-1 WebSocket via edge", func() (*websocket.Conn, error) { return edgeWS(edgeAddr, demoHost) })
 
 	// sup-2: expected to fail while it restarts.
 	dialB := func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -155,8 +183,19 @@ func TestSoakFaults(t *testing.T) {
 	hB := soakClient(dialB, otherHost, false)
 	defer hB.CloseIdleConnections()
 	loop("sup-2 HTTP/1.1", 50*time.Millisecond, func() error { return soakGet(hB, otherHost, "other") })
-	loop("sup-2 via edge", 200*time.Millisecond, func() error { return soakEdgeGet(edge.appAddr, otherHost, "other") })
-	holdWS("sup-2 WebSocket via edge", func() (*websocket.Conn, error) { return edgeWS(edge.appAddr, otherHost) })
+	loop("sup-2 via edge", 200*time.Millisecond, func() error { return soakEdgeGet(edgeAddr, otherHost, "other") })
+	holdWS("sup-2 WebSocket via edge", func() (*websocket.Conn, error) { return edgeWS(edgeAddr, otherHost) })
+
+	// app and churn: sup-1's other sandboxes, under sup-1's contract but
+	// for their own faults.
+	hApp := soakClient(supA.dial, appHost, false)
+	hChurn := soakClient(supA.dial, churnHost, true)
+	defer hApp.CloseIdleConnections()
+	defer hChurn.CloseIdleConnections()
+	loop("app HTTP/1.1", 100*time.Millisecond, func() error { return soakGet(hApp, appHost, "app") })
+	loop("app via edge", 200*time.Millisecond, func() error { return soakEdgeGet(edgeAddr, appHost, "app") })
+	loop("churn HTTP/2", 100*time.Millisecond, func() error { return soakGet(hChurn, churnHost, "churn") })
+	loop("churn via edge", 200*time.Millisecond, func() error { return soakEdgeGet(edgeAddr, churnHost, "churn") })
 
 	// The fault cycle.
 	faults := map[string]int{}
@@ -172,7 +211,40 @@ func TestSoakFaults(t *testing.T) {
 		return true
 	}
 	for ctx.Err() == nil {
-		ok := fault("gateway replica 1 killed 5s", func() {
+		ok := fault("edge restarted", func() {
+			end := tally.expect("edge", "restarting", nil)
+			edge.stop(t)
+			edge = startEdgeAt(t, g.urls(), edgeAddr)
+			sleepCtx(context.Background(), time.Second) // a dropped WebSocket is noticed at its next echo
+			end()
+		}) && fault("app stopped 4s", func() {
+			end := tally.expect("app", "down", func(err error) bool { return strings.Contains(err.Error(), "502") })
+			app.restart(t, func() { sleepCtx(context.Background(), 4*time.Second) })
+			end()
+		}) && fault("route churned 3×", func() {
+			for range 3 {
+				end := tally.expect("churn", "deleted, not yet served again", nil)
+				g.del(t, 0, "sup-1", "churn")
+				sleepCtx(context.Background(), time.Second)
+				g.put(t, 0, "sup-1", churnInstance)
+				served := func() error {
+					if err := soakGet(hChurn, churnHost, "churn"); err != nil {
+						return err
+					}
+					return soakEdgeGet(edgeAddr, churnHost, "churn")
+				}
+				deadline := time.Now().Add(waitTimeout)
+				for err := served(); err != nil; err = served() {
+					if time.Now().After(deadline) {
+						t.Errorf("route churn: %s not served directly and through the edge %v after its PUT: %v", churnHost, waitTimeout, err)
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				end()
+				sleepCtx(context.Background(), time.Second)
+			}
+		}) && fault("gateway replica 1 killed 5s", func() {
 			g.kill(t, 0)
 			sleepCtx(ctx, 5*time.Second)
 			g.start(t, 0)
@@ -210,13 +282,13 @@ func TestSoakFaults(t *testing.T) {
 				p.cut()
 			}
 		}) && fault("sup-2 restarted", func() {
-			tally.expect(otherSup, true)
+			end := tally.expect(otherSup, "restarting", nil)
 			old := supB.Load()
 			old.stop(t)
 			supB.Store(g.startSupervisor(t, etcdSupervisorConfig{id: otherSup, freshness: fresh}))
 			// The edge takes the new endpoint from discovery.
 			sleepCtx(context.Background(), 5*time.Second)
-			tally.expect(otherSup, false)
+			end()
 		})
 		if !ok {
 			break
@@ -245,24 +317,69 @@ func TestSoakFaults(t *testing.T) {
 type soakTally struct {
 	mu       sync.Mutex
 	requests map[string]int
-	errs     map[string]int // "probe: cause (expected)" or "probe: cause"
+	errs     map[string]int // "probe: cause (expected: ...)" or "probe: cause"
 	violated int
 	first    []string
-	expected map[string]bool // supervisor id → its faults are expected now
+	windows  map[string][]*soakWindow // scope → the windows of its faults
 }
 
-func (s *soakTally) expect(sup string, on bool) {
+// soakWindow is a span in which a fault explains errors of a scope's
+// probes (those accept takes, or all when accept is nil).
+type soakWindow struct {
+	reason   string
+	from, to time.Time // to is zero while the window is open
+	accept   func(error) bool
+}
+
+// expect opens a window in which errors of scope's probes (see
+// soakScopes) that accept takes (all, when nil) are expected, for reason;
+// the returned func closes it.
+func (s *soakTally) expect(scope, reason string, accept func(error) bool) (end func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.expected == nil {
-		s.expected = map[string]bool{}
+	if s.windows == nil {
+		s.windows = map[string][]*soakWindow{}
 	}
-	s.expected[sup] = on
+	w := &soakWindow{reason: reason, from: time.Now(), accept: accept}
+	s.windows[scope] = append(s.windows[scope], w)
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		w.to = time.Now()
+	}
 }
 
-// record counts one attempt of probe ("sup-N ...") and its error; errors
-// after the soak's end (ctx done) are not counted.
-func (s *soakTally) record(ctx context.Context, probe string, err error) {
+// soakScopes are the scopes a probe's errors may be expected for: its
+// first word (sup-1, sup-2, app, churn), and "edge" for the probes
+// through the edge.
+func soakScopes(probe string) []string {
+	first, _, _ := strings.Cut(probe, " ")
+	if strings.Contains(probe, "via edge") {
+		return []string{first, "edge"}
+	}
+	return []string{first}
+}
+
+// explained returns the reason of a window of probe's scopes that
+// overlaps the attempt [start, now] and accepts err ("" when none).
+func (s *soakTally) explained(probe string, start time.Time, err error) string {
+	now := time.Now()
+	for _, scope := range soakScopes(probe) {
+		for _, w := range s.windows[scope] {
+			if w.from.After(now) || (!w.to.IsZero() && w.to.Before(start)) {
+				continue
+			}
+			if w.accept == nil || w.accept(err) {
+				return scope + " " + w.reason
+			}
+		}
+	}
+	return ""
+}
+
+// record counts one attempt of probe ("sup-N ...") begun at start and its
+// error; errors after the soak's end (ctx done) are not counted.
+func (s *soakTally) record(ctx context.Context, probe string, start time.Time, err error) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -275,10 +392,9 @@ func (s *soakTally) record(ctx context.Context, probe string, err error) {
 	if err == nil {
 		return
 	}
-	sup, _, _ := strings.Cut(probe, " ")
 	key := probe + ": " + soakCause(err)
-	if s.expected[sup] {
-		s.errs[key+" (expected: "+sup+" restarting)"]++
+	if why := s.explained(probe, start, err); why != "" {
+		s.errs[key+" (expected: "+why+")"]++
 		return
 	}
 	s.errs[key]++
@@ -333,7 +449,7 @@ func (s *soakTally) report(t *testing.T) int {
 // soakCause is a short class of err for the counts by cause.
 func soakCause(err error) string {
 	msg := err.Error()
-	for _, c := range []string{"connection refused", "connection reset", "unrecognized name", "EOF", "timeout", "deadline exceeded", "broken pipe", "close 1008", "close 1001", "close 1006", "bad handshake", "502", "503", "421"} {
+	for _, c := range []string{"app_not_listening", "connection refused", "connection reset", "unrecognized name", "EOF", "timeout", "deadline exceeded", "broken pipe", "close 1008", "close 1001", "close 1006", "bad handshake", "502", "503", "421"} {
 		if strings.Contains(msg, c) {
 			return c
 		}
@@ -483,4 +599,55 @@ func (b *trackedBody) Close() error {
 		b.p.mu.Unlock()
 	})
 	return nil
+}
+
+// startEdgeAt starts `applistener edge` for workspace team on addr (a
+// restart takes the address of the edge it replaces) reading discovery
+// from gateways, with a 1 s drain, and waits until it has a snapshot.
+func startEdgeAt(t testing.TB, gateways, addr string) *proc {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeAtomic(t, tokenFile, []byte(teamToken+"\n"))
+	p := &proc{appAddr: addr}
+	p.process = launch(t, launchSpec{
+		name: "edge",
+		args: func() []string {
+			p.adminAddr = freeAddr(t)
+			return []string{"edge", "--address", addr, "--gateway", gateways, "--gateway-token-file", tokenFile,
+				"--workspace", "team", "--admin-address", p.adminAddr, "--gateway-stream-timeout", "2s",
+				"--drain-timeout", "1s", "--log-format", "json"}
+		},
+		env: childEnv(),
+		ready: func(run *process) bool {
+			p.process = run
+			return p.readyz() == http.StatusOK
+		},
+		retryPortRace: true, // the admin address may be taken; addr is the edge's own
+	})
+	return p
+}
+
+// restart stops the backend (its listener closed, its connections ended),
+// runs down, and serves again on the same port.
+func (b *soakBackend) restart(t testing.TB, down func()) {
+	t.Helper()
+	b.srv.Close()
+	down()
+	addr := fmt.Sprintf("127.0.0.1:%d", b.port)
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(b.serve))
+			_ = srv.Listener.Close()
+			srv.Listener = ln
+			srv.Start()
+			b.srv = srv
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("app %s: listen again on %s: %v", b.name, addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
