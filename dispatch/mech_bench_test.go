@@ -269,8 +269,8 @@ func (c *mechChild) stop(b *testing.B) {
 		}
 	case <-time.After(10 * time.Second):
 		_ = c.cmd.Process.Kill()
-		<-done
-		b.Errorf("load process did not exit within 10 s of its input closing")
+		err := <-done
+		b.Errorf("load process did not exit within 10 s of its input closing (killed: %v)", err)
 	}
 }
 
