@@ -32,7 +32,6 @@ import (
 
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/internal/ocsf"
-	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -239,36 +238,7 @@ func newAccessEnv(t *testing.T, configure ...func(*Config)) *accessEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
-	e.wg.Go(func() {
-		for {
-			raw, err := e.ln.Accept()
-			if err != nil {
-				return
-			}
-			e.wg.Go(func() {
-				tc := tls.Server(raw, tlsCfg)
-				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
-				if err := tc.Handshake(); err != nil {
-					_ = raw.Close()
-					return
-				}
-				_ = raw.SetDeadline(time.Time{})
-				cs := tc.ConnectionState()
-				route := e.table.Lookup(cs.ServerName)
-				if route == nil {
-					_ = raw.Close()
-					return
-				}
-				lc := listener.Conn{Conn: tc, Raw: raw, SNI: cs.ServerName, Route: route}
-				if cs.NegotiatedProtocol == "h2" {
-					e.srv.ServeH2(lc)
-				} else {
-					e.srv.ServeConn(lc)
-				}
-			})
-		}
-	})
+	serveRoutesTLS(&e.wg, e.ln, cert, e.table, e.srv)
 	t.Cleanup(func() {
 		_ = e.ln.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -66,36 +65,7 @@ func newAppProxy(t *testing.T, cfg Config, app http.Handler) *appProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
-	p.wg.Go(func() {
-		for {
-			raw, err := p.ln.Accept()
-			if err != nil {
-				return
-			}
-			p.wg.Go(func() {
-				tc := tls.Server(raw, tlsCfg)
-				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
-				if err := tc.Handshake(); err != nil {
-					_ = raw.Close()
-					return
-				}
-				_ = raw.SetDeadline(time.Time{})
-				cs := tc.ConnectionState()
-				route := table.Lookup(cs.ServerName)
-				if route == nil {
-					_ = raw.Close()
-					return
-				}
-				lc := listener.Conn{Conn: tc, Raw: raw, SNI: cs.ServerName, Route: route}
-				if cs.NegotiatedProtocol == "h2" {
-					p.srv.ServeH2(lc)
-				} else {
-					p.srv.ServeConn(lc)
-				}
-			})
-		}
-	})
+	serveRoutesTLS(&p.wg, p.ln, cert, table, p.srv)
 	t.Cleanup(func() {
 		_ = p.ln.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
