@@ -139,20 +139,12 @@ func instancesCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) 
 			return err
 		}
 	}
-	logger := newLogger("text", "warn", stderr)
-	eps, err := api.ParseGatewayEndpoints(o.gateway, logger)
-	if err != nil {
-		return usagef("--gateway: %v", err)
-	}
-	tr, err := api.NewGatewayTransport(api.GatewayTransportOptions{CAFile: o.caFile, Logger: logger})
+	c, err := newAdminClient(o.gateway, o.caFile, o.tokenFile, stderr)
 	if err != nil {
 		return err
 	}
-	defer tr.CloseIdleConnections()
-	c := &adminClient{eps: eps, http: &http.Client{Transport: tr}, tokenFile: o.tokenFile}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer c.close()
+	ctx, cancel := adminContext(o.timeout)
 	defer cancel()
 	switch o.sub {
 	case "put":
@@ -351,6 +343,34 @@ func adminRefusal(code int, body []byte, what string) error {
 
 // adminClient sends the admin API's requests to the current gateway
 // endpoint, moving to the next on a connection error or a 5xx.
+// newAdminClient is a client of the gateway's write API at the endpoints
+// of the --gateway value (a usage error when they do not parse), trusting
+// caFile ("" = the system roots) and sending the admin token read from
+// tokenFile. close releases its connections.
+func newAdminClient(gateway, caFile, tokenFile string, stderr io.Writer) (*adminClient, error) {
+	logger := newLogger("text", "warn", stderr)
+	eps, err := api.ParseGatewayEndpoints(gateway, logger)
+	if err != nil {
+		return nil, usagef("--gateway: %v", err)
+	}
+	tr, err := api.NewGatewayTransport(api.GatewayTransportOptions{CAFile: caFile, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return &adminClient{eps: eps, http: &http.Client{Transport: tr}, tokenFile: tokenFile}, nil
+}
+
+// close releases the client's idle connections.
+func (c *adminClient) close() { c.http.CloseIdleConnections() }
+
+// adminContext is the context of one write API command: cancelled by
+// SIGTERM or SIGINT, and after timeout.
+func adminContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return ctx, func() { cancel(); stop() }
+}
+
 type adminClient struct {
 	eps       *api.GatewayEndpoints
 	http      *http.Client

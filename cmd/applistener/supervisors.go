@@ -8,10 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -109,20 +107,12 @@ func supervisorsCommand(args []string, stdout, stderr io.Writer) error {
 	if err := parseCommand("supervisors "+o.sub, args[1:], &o); err != nil {
 		return err
 	}
-	logger := newLogger("text", "warn", stderr)
-	eps, err := api.ParseGatewayEndpoints(o.gateway, logger)
-	if err != nil {
-		return usagef("--gateway: %v", err)
-	}
-	tr, err := api.NewGatewayTransport(api.GatewayTransportOptions{CAFile: o.caFile, Logger: logger})
+	c, err := newAdminClient(o.gateway, o.caFile, o.tokenFile, stderr)
 	if err != nil {
 		return err
 	}
-	defer tr.CloseIdleConnections()
-	c := &adminClient{eps: eps, http: &http.Client{Transport: tr}, tokenFile: o.tokenFile}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer c.close()
+	ctx, cancel := adminContext(o.timeout)
 	defer cancel()
 	if o.sub == "delete" {
 		return o.delete(ctx, c, stdout)
