@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/applistener/applistener/control/api"
 )
 
 // The supervisors of the write API, for admin tokens:
@@ -226,17 +224,8 @@ func (g *Gateway) serveSupervisors(w http.ResponseWriter, r *http.Request) {
 // serveSupervisor serves GET and DELETE of /v1/supervisors/{id}.
 func (g *Gateway) serveSupervisor(w http.ResponseWriter, r *http.Request) {
 	const endpoint = endpointSupervisors
-	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
-		w.Header().Set("Allow", "GET, DELETE")
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET or DELETE")
-		return
-	}
-	if !g.authorizeAdmin(w, r, endpoint, "") {
-		return
-	}
-	sup := r.PathValue("id")
-	if err := validSupervisorID(sup); err != nil {
-		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
+	sup, ok := g.adminSupervisorRequest(w, r, endpoint, http.MethodGet, http.MethodDelete)
+	if !ok {
 		return
 	}
 	if why := g.storeUnusable(); why != "" {

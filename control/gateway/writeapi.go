@@ -86,20 +86,33 @@ func (g *Gateway) authorizeAdmin(w http.ResponseWriter, r *http.Request, endpoin
 	return true
 }
 
-// serveDocument serves GET /v1/supervisors/{id}/instances.
-func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
-	const endpoint = endpointInstances
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use GET")
-		return
+// adminSupervisorRequest admits a write API request on
+// /v1/supervisors/{id}/...: its method is one of methods (405 with Allow
+// otherwise), it carries the admin token, and {id} is a valid supervisor
+// id (400 otherwise). It answers the refusal itself and returns the id and
+// whether the request may go on.
+func (g *Gateway) adminSupervisorRequest(w http.ResponseWriter, r *http.Request, endpoint string, methods ...string) (string, bool) {
+	if !slices.Contains(methods, r.Method) {
+		w.Header().Set("Allow", strings.Join(methods, ", "))
+		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use "+strings.Join(methods, " or "))
+		return "", false
 	}
 	if !g.authorizeAdmin(w, r, endpoint, "") {
-		return
+		return "", false
 	}
 	sup := r.PathValue("id")
 	if err := validSupervisorID(sup); err != nil {
 		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
+		return "", false
+	}
+	return sup, true
+}
+
+// serveDocument serves GET /v1/supervisors/{id}/instances.
+func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
+	const endpoint = endpointInstances
+	sup, ok := g.adminSupervisorRequest(w, r, endpoint, http.MethodGet)
+	if !ok {
 		return
 	}
 	if why := g.storeUnusable(); why != "" {
@@ -122,19 +135,11 @@ func (g *Gateway) serveDocument(w http.ResponseWriter, r *http.Request) {
 // /v1/supervisors/{id}/instances/{ws}/{sb}.
 func (g *Gateway) serveInstance(w http.ResponseWriter, r *http.Request) {
 	const endpoint = endpointInstances
-	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
-		w.Header().Set("Allow", "PUT, DELETE")
-		g.fail(w, endpoint, http.StatusMethodNotAllowed, "use PUT or DELETE")
+	sup, ok := g.adminSupervisorRequest(w, r, endpoint, http.MethodPut, http.MethodDelete)
+	if !ok {
 		return
 	}
-	if !g.authorizeAdmin(w, r, endpoint, "") {
-		return
-	}
-	sup, ws, sb := r.PathValue("id"), r.PathValue("ws"), r.PathValue("sb")
-	if err := validSupervisorID(sup); err != nil {
-		g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
-		return
-	}
+	ws, sb := r.PathValue("ws"), r.PathValue("sb")
 	for _, n := range []string{ws, sb} {
 		if err := routes.ValidName(n); err != nil {
 			g.fail(w, endpoint, http.StatusBadRequest, api.OneLineReason(err.Error()))
