@@ -188,19 +188,8 @@ func newAccessEnv(t *testing.T, configure ...func(*Config)) *accessEnv {
 		t.Fatal(err)
 	}
 	e.keys.Store(ks)
-	ca, err := tlsconf.NewAuthority("access test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cert := wildcardAuthority(t, "access test CA")
 	e.ca = ca
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.app, e.rpc = newAccessApp(t, false), newAccessApp(t, true)
 	e.grpcMD = make(chan metadata.MD, 16)
 	gs := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -300,20 +289,7 @@ func (e *accessEnv) token(kid, sb, svc, sub string, gen uint64, ttl time.Duratio
 // keep.
 func (e *accessEnv) client(h2 bool) *http.Client {
 	e.t.Helper()
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool()},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-		},
-	}
-	var p http.Protocols
-	if h2 {
-		p.SetHTTP2(true)
-	} else {
-		p.SetHTTP1(true)
-	}
-	tr.Protocols = &p
-	e.t.Cleanup(tr.CloseIdleConnections)
+	tr := listenerTransport(e.t, e.ca, e.ln.Addr().String(), h2)
 	return &http.Client{Transport: tr, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }

@@ -89,19 +89,8 @@ func newCAEnv(t *testing.T, trusted, required []netip.Prefix) *caEnv {
 	t.Helper()
 	h2Verify(t)
 	e := &caEnv{}
-	ca, err := tlsconf.NewAuthority("client address test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cert := wildcardAuthority(t, "client address test CA")
 	e.ca = ca
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	app := caApp(t)
 	discard := slog.New(slog.DiscardHandler)
 	table := routes.NewTable(routes.Options{Domain: h2Domain, Freshness: time.Hour, Logger: discard})

@@ -169,19 +169,8 @@ func h2Verify(t *testing.T) {
 func newH2Env(t *testing.T, maxStreams int, cfg Config) *h2Env {
 	t.Helper()
 	e := &h2Env{t: t}
-	ca, err := tlsconf.NewAuthority("h2 test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cert := wildcardAuthority(t, "h2 test CA")
 	e.ca = ca
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.web, e.api = newH2App(t, "web"), newH2App(t, "api")
 	// A port nobody listens on.
 	dl, err := net.Listen("tcp", "127.0.0.1:0")

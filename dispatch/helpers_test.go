@@ -16,7 +16,6 @@ import (
 	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
-	"github.com/applistener/applistener/tlsconf"
 )
 
 // testHost is the public hostname (SNI) used throughout the unit tests.
@@ -202,18 +201,7 @@ func waitIdleStale(t *testing.T, pool *backendPool) {
 // configurations for HTTP/1.1 to that route.
 func oneRouteTLS(tb testing.TB, port int) (table *routes.Table, srvCfg, cliCfg *tls.Config) {
 	tb.Helper()
-	ca, err := tlsconf.NewAuthority("one route test CA")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	ca, cert := wildcardAuthority(tb, "one route test CA")
 	table = routes.NewTable(routes.Options{Domain: h2Domain, Freshness: time.Hour, Logger: slog.New(slog.DiscardHandler)})
 	tb.Cleanup(table.Close)
 	doc, err := routes.ParseDocument([]byte(fmt.Sprintf(`{"revision":"r","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+

@@ -67,19 +67,8 @@ func newSleepEnv(t *testing.T, hold int, opts wake.Options, with ...func(*Config
 		t.Fatal(err)
 	}
 	e.keys = ks
-	ca, err := tlsconf.NewAuthority("sleep test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cert := wildcardAuthority(t, "sleep test CA")
 	e.ca = ca
-	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.app = newAccessApp(t, false)
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler), AccessTokens: true})
 	e.apply(true)
@@ -151,20 +140,7 @@ func (e *sleepEnv) wakeUp() { close(e.allow) }
 
 func (e *sleepEnv) client(h2 bool) *http.Client {
 	e.t.Helper()
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool()},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-		},
-	}
-	var p http.Protocols
-	if h2 {
-		p.SetHTTP2(true)
-	} else {
-		p.SetHTTP1(true)
-	}
-	tr.Protocols = &p
-	e.t.Cleanup(tr.CloseIdleConnections)
+	tr := listenerTransport(e.t, e.ca, e.ln.Addr().String(), h2)
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 

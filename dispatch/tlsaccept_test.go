@@ -1,14 +1,58 @@
 package dispatch
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
+	"net/http"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
+	"github.com/applistener/applistener/tlsconf"
 )
+
+// wildcardAuthority is a new CA named name and the certificate it issues
+// for every name under h2Domain (valid an hour).
+func wildcardAuthority(tb testing.TB, name string) (*tlsconf.Authority, tls.Certificate) {
+	tb.Helper()
+	ca, err := tlsconf.NewAuthority(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue([]string{"*." + h2Domain}, time.Hour)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ca, cert
+}
+
+// listenerTransport is a transport that trusts ca, dials addr whatever the
+// URL names, and speaks only HTTP/2 (h2) or only HTTP/1.1; its idle
+// connections are closed when tb ends.
+func listenerTransport(tb testing.TB, ca *tlsconf.Authority, addr string, h2 bool) *http.Transport {
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		},
+	}
+	var p http.Protocols
+	if h2 {
+		p.SetHTTP2(true)
+	} else {
+		p.SetHTTP1(true)
+	}
+	tr.Protocols = &p
+	tb.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
 
 // serveRoutesTLS is the listener's hand-off in small, for the tests that
 // drive a Server over real TLS: it accepts on ln, completes each TLS
