@@ -18,8 +18,8 @@
 // Verify refuses a malformed or oversized token before decoding anything,
 // compares the MAC in constant time and, on the warm path, allocates
 // nothing. Its errors (ErrMalformed, ErrUnknownKey, ErrBadSignature,
-// ErrExpired, ErrLifetime, ErrWrongScope, ErrRevoked) never contain the
-// token.
+// ErrExpired, ErrNotYetValid, ErrLifetime, ErrWrongScope, ErrRevoked)
+// never contain the token.
 //
 // The keys file shared by the platform and the listener is
 // {"keys":[{"id":"k1","secret":"<standard base64 of at least 32 bytes>"}]}

@@ -33,7 +33,7 @@ func FuzzParse(f *testing.F) {
 		req := &Request{Workspace: ws, Sandbox: sb, Service: svc, Now: t0.Add(time.Minute)}
 		c, err := ks.Verify(token, req)
 		if err != nil {
-			for _, known := range []error{ErrMalformed, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrLifetime, ErrWrongScope, ErrRevoked} {
+			for _, known := range []error{ErrMalformed, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrNotYetValid, ErrLifetime, ErrWrongScope, ErrRevoked} {
 				if err == known {
 					return
 				}

@@ -74,7 +74,16 @@ var (
 	// ErrRevoked is a token of a policy generation older than the
 	// service's.
 	ErrRevoked = errors.New("accesstoken: token generation revoked")
+	// ErrNotYetValid is a token issued later than now by more than
+	// MaxClockSkew: minted by a clock far ahead, or forged with a
+	// leaked key to outlive a rotation window.
+	ErrNotYetValid = errors.New("accesstoken: token issued in the future")
 )
+
+// MaxClockSkew is how far a token's issue time may be ahead of the
+// verifier's clock (the platform that mints and the listener that
+// verifies run on different hosts).
+const MaxClockSkew = time.Minute
 
 // Key is one HMAC key: an id (carried in the tokens it signs) and a secret.
 type Key struct {
@@ -430,6 +439,9 @@ func (ks *KeySet) Verify(token string, req *Request) (Claims, error) {
 	now := nowT.Unix()
 	if now >= int64(p.exp) {
 		return Claims{}, ErrExpired
+	}
+	if int64(p.iat) > now+int64(MaxClockSkew/time.Second) {
+		return Claims{}, ErrNotYetValid
 	}
 	maxLife := req.MaxLifetime
 	if maxLife <= 0 || maxLife > MaxLifetime {

@@ -130,6 +130,8 @@ func TestVerifyTimesAndGeneration(t *testing.T) {
 		{"two days in a URL, one hour left", tok2d, Request{Now: t0.Add(47 * time.Hour), Generation: 3, MaxLifetime: MaxURLLifetime}, ErrLifetime},
 		{"one hour in a URL", tokHour, Request{Now: t0, Generation: 3, MaxLifetime: MaxURLLifetime}, nil},
 		{"a bound shorter than the token", tokHour, Request{Now: t0, Generation: 3, MaxLifetime: time.Minute}, ErrLifetime},
+		{"issued a minute ahead of the clock", tokHour, Request{Now: t0.Add(-MaxClockSkew), Generation: 3}, nil},
+		{"issued more than a minute ahead", tokHour, Request{Now: t0.Add(-MaxClockSkew - time.Second), Generation: 3}, ErrNotYetValid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := tc.req

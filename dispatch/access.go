@@ -85,6 +85,7 @@ const (
 	denialUnknownKey   = "unknown_key"
 	denialBadSignature = "bad_signature"
 	denialExpired      = "expired"
+	denialNotYetValid  = "not_yet_valid"
 	denialLifetime     = "lifetime"
 	denialWrongScope   = "wrong_scope"
 	denialRevoked      = "revoked"
@@ -96,7 +97,7 @@ const (
 // accessDenialReasons are every denial reason (the metric's series exist
 // from the start).
 var accessDenialReasons = []string{denialNoCredential, denialMalformed, denialUnknownKey, denialBadSignature,
-	denialExpired, denialLifetime, denialWrongScope, denialRevoked, denialOrigin, denialNoKeys, denialInvalidClaims}
+	denialExpired, denialNotYetValid, denialLifetime, denialWrongScope, denialRevoked, denialOrigin, denialNoKeys, denialInvalidClaims}
 
 // denialOf maps a verification error to its reason.
 func denialOf(err error) string {
@@ -109,6 +110,8 @@ func denialOf(err error) string {
 		return denialBadSignature
 	case errors.Is(err, accesstoken.ErrExpired):
 		return denialExpired
+	case errors.Is(err, accesstoken.ErrNotYetValid):
+		return denialNotYetValid
 	case errors.Is(err, accesstoken.ErrLifetime):
 		return denialLifetime
 	case errors.Is(err, accesstoken.ErrWrongScope):

@@ -547,6 +547,24 @@ func TestAccessTokenChecks(t *testing.T) {
 				t.Errorf("%s: %d %q, want %d %q", tc.name, r.status, r.body, tc.status, tc.body)
 			}
 		}
+		// Issued ten minutes ahead of the listener's clock (beyond
+		// accesstoken.MaxClockSkew): 401, reason not_yet_valid.
+		future := func() string {
+			ks, _ := accesstoken.NewKeySet(e.k1)
+			now := time.Now()
+			tok, err := ks.Mint("k1", accesstoken.Claims{Workspace: "team", Sandbox: "demo", Service: "web",
+				IssuedAt: now.Add(10 * time.Minute), Expires: now.Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tok
+		}()
+		if r := e.do(c, "GET", accWeb, "/", hdr(future)); r.status != 401 || r.body != `{"error":"unauthenticated"}` {
+			t.Errorf("issued in the future: %d %q", r.status, r.body)
+		}
+		if n := promtestCounter(t, e.srv.m.accessDenials.WithLabelValues(denialNotYetValid)); n < 1 {
+			t.Errorf("applistener_access_denials_total{reason=not_yet_valid} = %v", n)
+		}
 		// Unknown key: a key set without k2.
 		k2tok := e.token("k2", "demo", "web", "", 0, time.Hour)
 		old := e.keys.Load()
