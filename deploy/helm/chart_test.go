@@ -219,11 +219,13 @@ func TestChartGatewayReplicasOnEtcd(t *testing.T) {
 // explicit affinity replacing the default anti-affinity.
 func TestChartGatewayEtcdPlainAndCIDRPolicy(t *testing.T) {
 	r := render(t, gatewayValues(map[string]any{
-		"replicas":       2,
-		"store":          "etcd",
-		"etcd":           map[string]any{"endpoints": []any{"http://etcd.platform.svc:2379"}, "dialTimeout": "3s"},
-		"endpointPolicy": "cidr:10.0.0.0/8,fd00::/8",
-		"sessionTTL":     "20s",
+		"replicas":          2,
+		"store":             "etcd",
+		"etcd":              map[string]any{"endpoints": []any{"http://etcd.platform.svc:2379"}, "dialTimeout": "3s"},
+		"endpointPolicy":    "cidr:10.0.0.0/8,fd00::/8",
+		"sessionTTL":        "20s",
+		"idleGrace":         "10m",
+		"strictSupervisors": true,
 		"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
 			"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "In", "values": []any{"control"}}}}},
 		}}},
@@ -238,6 +240,9 @@ func TestChartGatewayEtcdPlainAndCIDRPolicy(t *testing.T) {
 	args := parseArgs(t, d.Spec.Template.Spec.Containers[0].Args, "gateway")
 	if args["session-ttl"] != "20s" || args["etcd-dial-timeout"] != "3s" {
 		t.Errorf("--session-ttl=%q --etcd-dial-timeout=%q, want 20s and 3s", args["session-ttl"], args["etcd-dial-timeout"])
+	}
+	if v, ok := args["strict-supervisors"]; args["idle-grace"] != "10m" || !ok || v != "" {
+		t.Errorf("--idle-grace=%q --strict-supervisors=%q (present %v), want 10m and the bare flag", args["idle-grace"], v, ok)
 	}
 	aff := d.Spec.Template.Spec.Affinity
 	if aff == nil || aff.NodeAffinity == nil || aff.PodAntiAffinity != nil {
