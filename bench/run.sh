@@ -258,7 +258,7 @@ now() { date +%s.%N; }
 
 # run_pinned CPU CMD... : a benchmark process, pinned, niced, GOMAXPROCS=1.
 # PIN_PRIO / PIN_NICE, when set, replace RT_PRIO / NICE (the noisy-neighbour
-# workloads' quiet path runs above the flood on the load core).
+# workloads' quiet path runs above the proxy, see wl_noisy).
 # It execs, so the process keeps the PID of the subshell it is started in:
 # call it only in a subshell (`run_pinned ... &`, `$(...)`, a pipeline), so
 # that $! is the process itself and can be stopped by its PID.
@@ -470,10 +470,10 @@ start_backend() {
 	die "backend app did not start: $(cat "$TMP/benchapp.log")"
 }
 # The quiet instances' own app (noisy-neighbour workloads): each sandbox has
-# its own app, and on the load core it runs above the flood and A's app, as
-# does the quiet client, so that B's figures are the proxy's, not core 1's.
+# its own app; it runs with the quiet client, on the proxy's core above the
+# proxy (see wl_noisy), so that B's figures are the proxy's, not core 1's.
 start_quiet_backend() {
-	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APPQ" >"$TMP/benchapp-quiet.log" 2>&1 &
+	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APPQ" >"$TMP/benchapp-quiet.log" 2>&1 &
 	STARTED+=("$!")
 	local i
 	for i in $(seq 1 50); do
@@ -1270,10 +1270,21 @@ wl_manyroutes() { # round duration
 #   and admitting them per connection would not be enough) for
 #   NOISY_DUR + 3 s; the quiet client starts 1 s in and measures as in
 #   phase 1.
-# The quiet client and the quiet app run on the load core above the flood
-# (SCHED_RR priority RT_PRIO+1, or one nice step higher): core 1 is busy
-# with wrk and A's app, and at the same priority the quiet path would wait
-# there for its turn (SCHED_RR: 100 ms slices), which no proxy can help.
+# The quiet client and the quiet app run on the proxy's core, one step
+# above the proxy (SCHED_RR priority RT_PRIO+1, or one nice step lower):
+# - not on the load core: wrk (or h2load) and A's app keep it fully busy,
+#   and the kernel's real-time throttle (sched_rt_runtime_us, 95 %) then
+#   stops every real-time task there for the last 50 ms of each second, the
+#   quiet client too if it ran there (tried: B's max under the flood was
+#   47-53 ms for every proxy, and the client's own send lateness p99 7-17
+#   ms); at the flood's priority it would also wait out SCHED_RR's 100 ms
+#   slices. Running the flood at nice instead left it to compete with the
+#   machine's other work (wrk fell from ~27,000 to ~5,000 req/s here).
+# - on the proxy's core they take ~1-5 % of it (9 x 100 requests a second
+#   at most), the same for every proxy, and preempt the proxy the moment a
+#   response for B arrives, so B's latency is the proxy's.
+# The proxy's core hits the same throttle if the proxy is over 95 % busy:
+# its busy share is recorded, and a note says when it was that high.
 # Figures: B's p50/p99/max alone and under the flood, the ratio of the
 # p99s, A's req/s under the flood, the proxy core's busy share over phase
 # 2, and how late the quiet client itself sent (its own wake-ups, not the
@@ -1289,7 +1300,7 @@ noisy_quiet_hosts() { # count
 quiet_lg() { # http1|h2 hosts duration: one JSON line
 	local port=$PORT
 	[[ $1 != h2 ]] || port=$H2PORT
-	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE load "$TMP/loadgen" quiet -proto "$1" -addr "127.0.0.1:$port" \
+	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/loadgen" quiet -proto "$1" -addr "127.0.0.1:$port" \
 		-sni "$SNI" -hosts "$2" -rate "$NOISY_RATE" -duration "${3}s" -warmup 1s 2>>"$TMP/loadgen.err" |
 		tee -a "$TMP/loadgen.log" | tail -n 1 || true
 }
@@ -1322,7 +1333,7 @@ noisy_flood_wait() { # h1|h2 label -> FLOOD_RPS (empty when the flood failed)
 	[[ -n $FLOOD_RPS ]] || note "$TARGET $2: the flood failed: $(tail -n 2 <<<"$out" | tr '\n' ' ')"
 }
 wl_noisy() { # round duration h1|h2 name quiet-count
-	local r=$1 d=$2 proto=$3 name=$4 nq=$5 lp=http1 hosts j1 j2 c0 c1 t0 t1 a p
+	local r=$1 d=$2 proto=$3 name=$4 nq=$5 lp=http1 hosts j1 j2 c0 c1 t0 t1 a p busy
 	[[ $proto != h2 ]] || lp=h2
 	[[ $proto != h2 || -n $H2PORT ]] || return 0
 	hosts=$(noisy_quiet_hosts "$nq")
@@ -1338,7 +1349,11 @@ wl_noisy() { # round duration h1|h2 name quiet-count
 	[[ -n $j2 ]] || { note "$TARGET $name: the quiet client failed under the flood ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
 	check_errors "$name quiet client under the flood" "$j2"
 	record "$TARGET" "${name}_a_rps" "$r" "$FLOOD_RPS"
-	record "$TARGET" "${name}_busy_pct" "$r" "$(calc "($c1 - $c0) / $CLK_TCK / ($t1 - $t0) * 100")"
+	busy=$(calc "($c1 - $c0) / $CLK_TCK / ($t1 - $t0) * 100")
+	record "$TARGET" "${name}_busy_pct" "$r" "$busy"
+	if [[ $SCHED == rr ]] && awk -v b="$busy" 'BEGIN{exit !(b >= 93)}'; then
+		note "$TARGET $name round $r: the proxy was ${busy} % busy under the flood; at over 95 % the real-time throttle stops it for 50 ms a second, which shows in B's max and p99"
+	fi
 	record "$TARGET" "${name}_late_ms" "$r" "$(jget .late_p99_ms "$j2")"
 	if ((nq == 1)); then
 		for p in p50 p99 max; do
@@ -1558,7 +1573,7 @@ META=$TMP/meta.tsv
 	printf 'machine\t%s\n' "nproc $NPROC; $(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo); kernel $(uname -r); $(go version | awk '{print $3}'); $(date -u +%FT%TZ)"
 	printf 'tools\t%s\n' "$("$NGINX" -v 2>&1 | sed 's/.*: //'); HAProxy $("$HAPROXY" -v | awk 'NR==1{print $3}'); Caddy $CADDY_VERSION; $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}'); $(h2load --version 2>&1 | awk 'NR==1{print $1, $2}'); $(openssl version | awk '{print $1, $2}')"
 	printf 'run\t%s\n' "$ROUNDS round(s), interleaved (every target once per round); runs of ${DUR}s (small requests), ${SHORT_DUR}s (downloads, handshakes, WebSocket echo), ${RATE_DUR}s (fixed rate)$( ((NOISY == 0)) || echo ", ${NOISY_DUR}s per noisy-neighbour phase"), after warm-ups; quick=$QUICK; took $(( $(date +%s) - START ))s"
-	printf 'pinning\t%s\n' "proxy under test on core $PROXY_CPU (one worker/thread, GOMAXPROCS=1); load generator (wrk -t1, Go tools with GOMAXPROCS=1) and backend app (GOMAXPROCS=1) on core $LOAD_CPU; $SCHED_DESC$( ((NOISY == 0)) || echo "; noisy-neighbour quiet client and quiet app one step above (priority $QUIET_PRIO / nice $QUIET_NICE)")"
+	printf 'pinning\t%s\n' "proxy under test on core $PROXY_CPU (one worker/thread, GOMAXPROCS=1); load generator (wrk -t1, Go tools with GOMAXPROCS=1) and backend app (GOMAXPROCS=1) on core $LOAD_CPU; $SCHED_DESC$( ((NOISY == 0)) || echo "; noisy-neighbour quiet client and quiet app on core $PROXY_CPU, one step above the proxy (priority $QUIET_PRIO / nice $QUIET_NICE)")"
 	printf 'TLS negotiated by an OpenSSL client\t%s\n' "$(awk -F'\t' '{sep = (NR > 1) ? "; " : ""; printf "%s%s: %s", sep, $1, $2}' "$TMP/negotiated.tsv" 2>/dev/null)"
 	printf 'load average at the end\t%s\n' "$(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine adds noise)"
 } >"$META"
