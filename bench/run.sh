@@ -8,7 +8,7 @@
 # explains every choice. Results: bench/results/latest.{md,json}.
 #
 # Environment:
-#   BENCH_QUICK=1         one round, short durations (~4 minutes)
+#   BENCH_QUICK=1         one round, short durations (~7 minutes)
 #   BENCH_ROUNDS=N        rounds (default 3; median reported, min/max as spread)
 #   BENCH_TARGETS="..."   subset of: applistener applistener-nofair nginx haproxy caddy
 #                         direct-tls direct-plain (applistener-nofair: serve with
