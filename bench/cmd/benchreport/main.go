@@ -90,6 +90,66 @@ var metrics = []metric{
 	{"manyroutes_dials", "manyroutes", "  app connections opened per 1,000 requests, spread", "dials", "lower", false},
 }
 
+func init() {
+	metrics = append(metrics, noisyMetrics("noisy_h1", "HTTP/1.1", "wrk -c100")...)
+	metrics = append(metrics, noisyMetrics("noisy_h2", "HTTP/2", "h2load -c4 -m25")...)
+	metrics = append(metrics, noisy10Metrics("noisy10_h1", "HTTP/1.1", "wrk -c100")...)
+}
+
+// noisyMetrics are the rows of a two-instance noisy-neighbour workload w:
+// quiet instance B (one keep-alive connection, 100 req/s) alone and while
+// instance A is flooded through the same listener.
+func noisyMetrics(w, proto, flood string) []metric {
+	return []metric{
+		{w + "_alone_p99_ms", w, "noisy neighbours, " + proto + ": quiet B's p99 alone (one keep-alive connection, 100 req/s)", "ms", "lower", false},
+		{w + "_flood_p99_ms", w, "  B's p99 while A is flooded (" + flood + ")", "ms", "lower", false},
+		{w + "_ratio", w, "  B's p99 flooded ÷ alone (bound 2, goal 1.1)", "×", "lower", false},
+		{w + "_a_rps", w, "  A's req/s under the flood", "req/s", "higher", false},
+		{w + "_alone_p50_ms", w, "  B's p50 alone", "ms", "lower", false},
+		{w + "_flood_p50_ms", w, "  B's p50 flooded", "ms", "lower", false},
+		{w + "_alone_max_ms", w, "  B's max alone", "ms", "lower", false},
+		{w + "_flood_max_ms", w, "  B's max flooded", "ms", "lower", false},
+		{w + "_busy_pct", w, "  proxy core busy during the flood", "%", "info", false},
+		{w + "_late_ms", w, "  quiet client's own send lateness p99 under the flood (the generator, not the proxy)", "ms", "info", false},
+	}
+}
+
+// noisy10Metrics are the rows of the ten-instance workload w: A flooded,
+// nine quiet instances with one client each.
+func noisy10Metrics(w, proto, flood string) []metric {
+	return []metric{
+		{w + "_alone_worst_p99_ms", w, "noisy neighbours, 10 instances, " + proto + ": worst p99 of the 9 quiet ones, alone", "ms", "lower", false},
+		{w + "_flood_worst_p99_ms", w, "  worst p99 while A is flooded (" + flood + ")", "ms", "lower", false},
+		{w + "_inst_ratio", w, "  worst per-instance p99 flooded ÷ alone (bound 2, goal 1.1)", "×", "lower", false},
+		{w + "_worst_ratio", w, "  worst p99 flooded ÷ worst p99 alone", "×", "lower", false},
+		{w + "_alone_median_p99_ms", w, "  median p99 of the 9, alone", "ms", "lower", false},
+		{w + "_flood_median_p99_ms", w, "  median p99 of the 9, flooded", "ms", "lower", false},
+		{w + "_median_ratio", w, "  median p99 flooded ÷ median p99 alone", "×", "lower", false},
+		{w + "_a_rps", w, "  A's req/s under the flood", "req/s", "higher", false},
+		{w + "_busy_pct", w, "  proxy core busy during the flood", "%", "info", false},
+		{w + "_late_ms", w, "  quiet clients' own send lateness p99 under the flood (the generator, not the proxy)", "ms", "info", false},
+	}
+}
+
+// noisyWorkloads are the noisy-neighbour workloads and the figure of each
+// that the issue's bound is on: the quiet instance's p99 flooded ÷ alone
+// (for ten instances, the worst of the nine per-instance ratios).
+var noisyWorkloads = []struct{ w, ratio string }{
+	{"noisy_h1", "noisy_h1_ratio"},
+	{"noisy_h2", "noisy_h2_ratio"},
+	{"noisy10_h1", "noisy10_h1_inst_ratio"},
+}
+
+// Goals of the noisy-neighbour workloads (issue 31): the quiet instance's
+// p99 under the flood at most noisyBound times its p99 alone (aim
+// noisyGoal), below HAProxy's ratio, and the flooded instance's
+// throughput within noisyThroughput of applistener without fair admission.
+const (
+	noisyBound      = 2.0
+	noisyGoal       = 1.1
+	noisyThroughput = 0.9
+)
+
 // mechWorkloads are the small-request HTTP/1.1 and HTTP/2 workloads for
 // which run.sh measures the mechanism per request (context switches,
 // allocations, system calls by kind).
@@ -169,6 +229,9 @@ var workloadNames = map[string]string{
 	"ws_idle":    "idle WebSockets (5,000)",
 	"reload":     "route replacement",
 	"manyroutes": "many routes",
+	"noisy_h1":   "noisy neighbours, HTTP/1.1",
+	"noisy_h2":   "noisy neighbours, HTTP/2",
+	"noisy10_h1": "noisy neighbours, 10 instances",
 }
 
 // fullTitle is the title of m that stands alone.
@@ -179,7 +242,7 @@ func fullTitle(m metric) string {
 	return m.Title
 }
 
-var targetOrder = []string{"applistener", "nginx", "haproxy", "caddy", "direct-tls", "direct-plain"}
+var targetOrder = []string{"applistener", "applistener-nofair", "nginx", "haproxy", "caddy", "direct-tls", "direct-plain"}
 
 type stat struct {
 	Median float64   `json:"median"`
@@ -393,6 +456,7 @@ func main() {
 		md.WriteString("\n")
 	}
 	writeMechanism(&md, stats, targets, kinds)
+	writeNoisy(&md, stats, targets)
 	fmt.Fprintf(&md, "\n## Every figure with its spread and ratios\n\n")
 	fmt.Fprintf(&md, "| figure | target | median | min | max | ÷ nginx | ÷ direct-tls |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, m := range metrics {
@@ -637,4 +701,54 @@ func ratio(r *float64) string {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "benchreport:", err)
 	os.Exit(1)
+}
+
+// writeNoisy writes, for each noisy-neighbour workload measured, every
+// target's ratio of the quiet instance's p99 flooded to alone against the
+// issue's bound and goal and against HAProxy's ratio in the same run, and
+// applistener's flooded throughput against applistener-nofair's (fair
+// admission off) when that ran.
+func writeNoisy(md *strings.Builder, stats map[string]map[string]*stat, targets []string) {
+	header := false
+	for _, nw := range noisyWorkloads {
+		if len(stats[nw.ratio]) == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(md, "\n## Noisy neighbours\n\n")
+			fmt.Fprintf(md, "Quiet instance's p99 while a neighbour behind the same listener is flooded, ÷ its p99 alone (medians of the rounds). Bound %s×, goal %s×, and below HAProxy's ratio; the flooded instance's req/s within %.0f %% of applistener without fair admission (applistener-nofair).\n", num(noisyBound), num(noisyGoal), (1-noisyThroughput)*100)
+			header = true
+		}
+		fmt.Fprintf(md, "\n### %s\n\n| target | p99 flooded ÷ alone | ≤ %s× | ≤ %s× | below HAProxy's | A's req/s |\n|---|---:|:-:|:-:|:-:|---:|\n",
+			workloadNames[nw.w], num(noisyBound), num(noisyGoal))
+		h := stats[nw.ratio]["haproxy"]
+		for _, t := range targets {
+			s := stats[nw.ratio][t]
+			if s == nil {
+				continue
+			}
+			below := "–"
+			if h != nil && t != "haproxy" {
+				below = yesNo(s.Median < h.Median)
+			}
+			rps := "–"
+			if a := stats[nw.w+"_a_rps"][t]; a != nil {
+				rps = num(a.Median)
+			}
+			fmt.Fprintf(md, "| %s | %s | %s | %s | %s | %s |\n", t, num(s.Median),
+				yesNo(s.Median <= noisyBound), yesNo(s.Median <= noisyGoal), below, rps)
+		}
+		a, off := stats[nw.w+"_a_rps"]["applistener"], stats[nw.w+"_a_rps"]["applistener-nofair"]
+		if a != nil && off != nil && off.Median > 0 {
+			r := a.Median / off.Median
+			fmt.Fprintf(md, "\nA's req/s, applistener ÷ applistener-nofair: %.2f (at least %s: %s).\n", r, num(noisyThroughput), yesNo(r >= noisyThroughput))
+		}
+	}
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
 }

@@ -103,3 +103,79 @@ func TestNoMechanismSectionWithoutFigures(t *testing.T) {
 		t.Errorf("mechanism section without mechanism figures:\n%s", md)
 	}
 }
+
+func TestNoisySection(t *testing.T) {
+	raw := strings.Join([]string{
+		"applistener\tnoisy_h1_alone_p99_ms\t1\t1.6",
+		"applistener\tnoisy_h1_alone_p99_ms\t2\t1.8",
+		"applistener\tnoisy_h1_flood_p99_ms\t1\t2.4",
+		"applistener\tnoisy_h1_ratio\t1\t1.5",
+		"applistener\tnoisy_h1_ratio\t2\t1.05",
+		"applistener\tnoisy_h1_ratio\t3\t1.0",
+		"applistener\tnoisy_h1_a_rps\t1\t27000",
+		"applistener-nofair\tnoisy_h1_ratio\t1\t9.8",
+		"applistener-nofair\tnoisy_h1_a_rps\t1\t28000",
+		"haproxy\tnoisy_h1_ratio\t1\t4.3",
+		"haproxy\tnoisy_h1_a_rps\t1\t30000",
+		"applistener\tnoisy10_h1_inst_ratio\t1\t2.5",
+		"haproxy\tnoisy10_h1_inst_ratio\t1\t2.2",
+		"applistener\tnoisy10_h1_median_ratio\t1\t1.2",
+	}, "\n") + "\n"
+	md, doc := runReport(t, raw)
+
+	i := strings.Index(md, "## Noisy neighbours")
+	if i < 0 {
+		t.Fatalf("no noisy-neighbour section in\n%s", md)
+	}
+	sec := md[i:]
+	if j := strings.Index(sec, "## Every figure"); j >= 0 {
+		sec = sec[:j]
+	}
+	for _, want := range []string{
+		"### noisy neighbours, HTTP/1.1",
+		// Median of 1.5, 1.05, 1.0: within the bound and the goal, below HAProxy's 4.3.
+		"| applistener | 1.05 | yes | yes | yes | 27000 |",
+		"| applistener-nofair | 9.80 | **no** | **no** | **no** | 28000 |",
+		"| haproxy | 4.30 | **no** | **no** | – | 30000 |",
+		// 27,000 ÷ 28,000 = 0.96: within 10 %.
+		"A's req/s, applistener ÷ applistener-nofair: 0.96 (at least 0.900: yes).",
+		"### noisy neighbours, 10 instances",
+		// The ten-instance verdict is on the worst per-instance ratio.
+		"| applistener | 2.50 | **no** | **no** | **no** | – |",
+		"| haproxy | 2.20 | **no** | **no** | – | – |",
+	} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("noisy-neighbour section lacks %q:\n%s", want, sec)
+		}
+	}
+	if strings.Contains(sec, "### noisy neighbours, HTTP/2") {
+		t.Errorf("section for a workload that did not run:\n%s", sec)
+	}
+	// The main table has applistener-nofair as a column after applistener.
+	if !strings.Contains(md, "| workload | unit | applistener | applistener-nofair | haproxy |") {
+		t.Errorf("main table header lacks the applistener-nofair column:\n%s", md)
+	}
+	if !strings.Contains(md, "| &nbsp;&nbsp;B's p99 flooded ÷ alone (bound 2, goal 1.1) | × ↓ | 1.05 | 9.80 | 4.30 |") {
+		t.Errorf("main table lacks the ratio row:\n%s", md)
+	}
+
+	ids := map[string]bool{}
+	for _, m := range doc["metrics"].([]any) {
+		ids[m.(map[string]any)["id"].(string)] = true
+	}
+	for _, id := range []string{"noisy_h1_alone_p99_ms", "noisy_h1_flood_p99_ms", "noisy_h1_ratio", "noisy_h1_a_rps", "noisy10_h1_inst_ratio", "noisy10_h1_median_ratio"} {
+		if !ids[id] {
+			t.Errorf("JSON lacks metric %s", id)
+		}
+	}
+	if tg := doc["targets"].([]any); len(tg) != 3 || tg[1] != "applistener-nofair" {
+		t.Errorf("JSON targets = %v, want applistener, applistener-nofair, haproxy", tg)
+	}
+}
+
+func TestNoNoisySectionWithoutFigures(t *testing.T) {
+	md, _ := runReport(t, "applistener\tsmall_rps\t1\t30000\nhaproxy\tsmall_rps\t1\t34000\n")
+	if strings.Contains(md, "Noisy neighbours") {
+		t.Errorf("noisy-neighbour section without its figures:\n%s", md)
+	}
+}

@@ -10,6 +10,9 @@
 //	                  print READY, hold them until SIGTERM
 //	loadgen wsidle    idle -proto ws
 //	loadgen routes    saturating keep-alive requests spread over many routes (routes.go)
+//	loadgen quiet     one keep-alive connection per host at a fixed rate each,
+//	                  HTTP/1.1 or HTTP/2, latency from the intended send time
+//	                  (the noisy-neighbour workloads' quiet client; quiet.go)
 package main
 
 import (
@@ -31,7 +34,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|idle|wsidle|routes [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|idle|wsidle|routes|quiet [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -46,6 +49,8 @@ func main() {
 		err = runIdle(os.Args[2:], os.Args[1])
 	case "routes":
 		err = runRoutes(os.Args[2:])
+	case "quiet":
+		err = runQuiet(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
