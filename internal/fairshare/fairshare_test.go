@@ -384,7 +384,7 @@ func TestUncontendedAdmitAllocatesNothing(t *testing.T) {
 
 // TestStress admits from many goroutines of several flows with a short
 // real lease and cancellations: at no time more current holders than
-// slots, every admission ends in one effective release or one takeover,
+// slots, every admission ends in an effective release or a takeover,
 // and no slot is lost at the end.
 func TestStress(t *testing.T) {
 	const slots = 3
@@ -423,7 +423,10 @@ func TestStress(t *testing.T) {
 	}
 	wg.Wait()
 	takeovers := int64(testutil.ToFloat64(s.m.takeovers))
-	if admitted.Load() != released.Load()+takeovers {
+	// A takeover may grant a waiter that was cancelled meanwhile (its
+	// Admit passes the slot on), so takeovers may exceed the admissions
+	// that ended in one.
+	if a, r := admitted.Load(), released.Load(); r > a || a > r+takeovers {
 		t.Errorf("%d admissions, %d effective releases + %d takeovers", admitted.Load(), released.Load(), takeovers)
 	}
 	if over.Load() != 0 {
