@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/internal/buckets"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/tlshello"
@@ -91,7 +92,11 @@ type Config struct {
 	RequireProxyHeader []netip.Prefix
 	// OCSF receives a Network Activity record for every refused
 	// connection and, at debug, every accepted one (ocsf.go); nil: none.
-	OCSF       *ocsf.Emitter
+	OCSF *ocsf.Emitter
+	// Fair admits new TLS handshakes in turn across instances (the SNI
+	// names the instance before the handshake), shared with dispatch;
+	// nil: no fair admission.
+	Fair       *fairshare.Scheduler
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -243,7 +248,17 @@ func (l *Listener) serveConn(raw net.Conn) {
 	panicguard.Point(panicguard.ListenerConn, host)
 	pc := tlshello.NewPrefixConn(raw, hello.Raw)
 	tc := tls.Server(pc, l.cfg.TLS)
-	if err := tc.Handshake(); err != nil {
+	// Fair admission for the handshake's CPU work, queued at most until
+	// the handshake deadline or the route's revocation.
+	fair, err := l.cfg.Fair.Admit(&route.Instance.Fair, fairshare.KindHandshake, route.Lease.Done(), max(time.Until(start.Add(l.cfg.HandshakeTimeout)), time.Nanosecond))
+	if err != nil {
+		l.m.rejections.WithLabelValues("fair_wait").Inc()
+		_ = raw.Close()
+		return
+	}
+	err = tc.Handshake()
+	l.cfg.Fair.Release(fair)
+	if err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
 		l.log.Debug("handshake failed", "sni", host, "src", client.String(), "err", err)
 		l.ocsfConn(raw, client, ocsf.NetRefuse, host, "handshake: "+err.Error(), 0, route)

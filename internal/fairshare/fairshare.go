@@ -278,6 +278,7 @@ func (s *Scheduler) wait(f *Flow, kind Kind, done <-chan struct{}, timeout time.
 	w := s.waiter.Get().(*waiter)
 	w.flow = f
 	s.enqueueLocked(w)
+	s.reclaimLocked() // slots held past their lease go to waiters at once
 	s.armLocked()
 	s.mu.Unlock()
 	s.m.waiting.Inc()
