@@ -47,13 +47,14 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 		return true
 	}
 	// Queued: done when the stream is reset or the route revoked.
+	reset, revoked := st.es.Done(), st.hc.route.Lease.Done()
 	stop := make(chan struct{})
 	defer close(stop)
 	done := make(chan struct{})
 	go func() {
 		select {
-		case <-st.es.Done():
-		case <-st.hc.route.Lease.Done():
+		case <-reset:
+		case <-revoked:
 		case <-stop:
 			return
 		}
