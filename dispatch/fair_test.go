@@ -335,3 +335,45 @@ func (e *fairEnv) metric(name, kind string) float64 {
 	}
 	return 0
 }
+
+// TestWebSocketChunkAdmission: a WebSocket chunk takes no admission while
+// the scheduler is not contended (and allocates nothing), waits for its
+// turn when it is, and is relayed anyway after wsChunkWait (a throttle,
+// never a cut).
+func TestWebSocketChunkAdmission(t *testing.T) {
+	sched := fairshare.New(fairshare.Config{Slots: 1, Lease: time.Hour})
+	defer sched.Close()
+	var flow fairshare.Flow
+	w := &wsSplice{fair: sched, flow: &flow}
+	if allocs := testing.AllocsPerRun(100, func() {
+		if tk := w.admitChunk(); tk.Valid() {
+			t.Fatal("an admission taken while not contended")
+		}
+	}); allocs != 0 {
+		t.Errorf("%v allocations per uncontended chunk", allocs)
+	}
+	held, _ := sched.TryAdmit()
+	got := make(chan fairshare.Ticket, 1)
+	go func() { got <- w.admitChunk() }()
+	testutil.Eventually(t, 5*time.Second, "the chunk queued", func() bool { return sched.Waiting() == 1 })
+	sched.Release(held)
+	tk := <-got
+	if !tk.Valid() {
+		t.Fatal("the chunk was not admitted when the slot was released")
+	}
+	start := time.Now()
+	if late := w.admitChunk(); late.Valid() {
+		t.Error("admitted while the only slot was held")
+	}
+	if d := time.Since(start); d < wsChunkWait {
+		t.Errorf("a contended chunk went on after %v, before wsChunkWait", d)
+	}
+	sched.Release(tk)
+	if sched.Contended() || flow.Waits() != 2 {
+		t.Errorf("contended %v, waits %d (want free, 2)", sched.Contended(), flow.Waits())
+	}
+	var off wsSplice // no scheduler: nothing to admit
+	if off.admitChunk().Valid() {
+		t.Error("admission without a scheduler")
+	}
+}
