@@ -228,7 +228,9 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
 	sp.log, sp.who = s.log, &hc.ci
-	sp.fair, sp.flow = s.cfg.Fair, &hc.route.Instance.Fair
+	if s.cfg.Fair != nil {
+		sp.fair, sp.flow = s.cfg.Fair, &hc.route.Instance.Fair
+	}
 	s.cfg.Fair.Release(st.fair) // from here each chunk is admitted
 	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/testutil"
 )
@@ -59,6 +61,9 @@ func TestHandshakeFairAdmission(t *testing.T) {
 		t.Errorf("refused after %v, before the handshake timeout", d)
 	}
 	testutil.Eventually(t, 5*time.Second, "nothing queued", func() bool { return sched.Waiting() == 0 })
+	testutil.Eventually(t, 5*time.Second, "the refusal counted", func() bool {
+		return promtestutil.ToFloat64(l.m.rejections.WithLabelValues("fair_wait")) == 1
+	})
 	sched.Release(held)
 	if sched.Contended() {
 		t.Error("a slot lost after the timed-out handshake")

@@ -248,11 +248,9 @@ func (l *Listener) serveConn(raw net.Conn) {
 	panicguard.Point(panicguard.ListenerConn, host)
 	pc := tlshello.NewPrefixConn(raw, hello.Raw)
 	tc := tls.Server(pc, l.cfg.TLS)
-	// Fair admission for the handshake's CPU work, queued at most until
-	// the handshake deadline or the route's revocation.
-	fair, err := l.cfg.Fair.Admit(&route.Instance.Fair, fairshare.KindHandshake, route.Lease.Done(), max(time.Until(start.Add(l.cfg.HandshakeTimeout)), time.Nanosecond))
-	if err != nil {
-		l.m.rejections.WithLabelValues("fair_wait").Inc()
+	// Fair admission for the handshake's CPU work (the SNI named the instance).
+	fair, ok := l.admitHandshake(route, start)
+	if !ok {
 		_ = raw.Close()
 		return
 	}
@@ -290,6 +288,22 @@ func (l *Listener) serveConn(raw net.Conn) {
 		return
 	}
 	l.cfg.Handler.ServeConn(c)
+}
+
+// admitHandshake admits a handshake for route's instance under fair
+// admission (Config.Fair), queued at most until the handshake deadline or
+// the route's revocation; false: refused (counted as fair_wait).
+func (l *Listener) admitHandshake(route *routes.Route, start time.Time) (fairshare.Ticket, bool) {
+	if l.cfg.Fair == nil {
+		return fairshare.Ticket{}, true
+	}
+	wait := max(time.Until(start.Add(l.cfg.HandshakeTimeout)), time.Nanosecond)
+	t, err := l.cfg.Fair.Admit(&route.Instance.Fair, fairshare.KindHandshake, route.Lease.Done(), wait)
+	if err != nil {
+		l.m.rejections.WithLabelValues("fair_wait").Inc()
+		return t, false
+	}
+	return t, true
 }
 
 // helloRejections are the rejection reasons (metric label) of a ClientHello
