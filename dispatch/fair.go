@@ -39,29 +39,16 @@ func (w *wsSplice) admitChunk() fairshare.Ticket {
 // reset or its route revoked while it queued (answered 503).
 func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 	st.fair = fairshare.Ticket{}
-	if st.s.cfg.Fair == nil {
+	fair := st.s.cfg.Fair
+	if fair == nil {
 		return true
 	}
-	if t, ok := st.s.cfg.Fair.TryAdmit(); ok {
+	if t, ok := fair.TryAdmit(); ok {
 		st.fair = t
 		return true
 	}
-	// Queued: done when the stream is reset or the route revoked.
-	reset, revoked := st.es.Done(), st.hc.route.Lease.Done()
-	stop := make(chan struct{})
-	defer close(stop)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-reset:
-		case <-revoked:
-		case <-stop:
-			return
-		}
-		close(done)
-	}()
-	t, ok := st.s.admitFair(inst, done)
-	if !ok {
+	t, err := fair.AdmitEither(&inst.Fair, fairshare.KindRequest, st.es.Done(), st.hc.route.Lease.Done())
+	if err != nil {
 		st.deny(denyRevoked)
 		return false
 	}

@@ -267,10 +267,19 @@ func (s *Scheduler) Admit(f *Flow, kind Kind, done <-chan struct{}, timeout time
 	if t, ok := s.TryAdmit(); ok {
 		return t, nil
 	}
-	return s.wait(f, kind, done, timeout)
+	return s.wait(f, kind, done, nil, timeout)
 }
 
-func (s *Scheduler) wait(f *Flow, kind Kind, done <-chan struct{}, timeout time.Duration) (Ticket, error) {
+// AdmitEither is Admit cancelled when either done or also closes (a
+// stream's reset and its route's revocation), without a timeout.
+func (s *Scheduler) AdmitEither(f *Flow, kind Kind, done, also <-chan struct{}) (Ticket, error) {
+	if t, ok := s.TryAdmit(); ok {
+		return t, nil
+	}
+	return s.wait(f, kind, done, also, 0)
+}
+
+func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout time.Duration) (Ticket, error) {
 	start := s.now()
 	s.mu.Lock()
 	if t, ok := s.tryTake(); ok {
@@ -301,6 +310,8 @@ func (s *Scheduler) wait(f *Flow, kind Kind, done <-chan struct{}, timeout time.
 	select {
 	case t = <-w.ready:
 	case <-done:
+		err = ErrCancelled
+	case <-also:
 		err = ErrCancelled
 	case <-expired:
 		err = ErrCancelled

@@ -447,3 +447,24 @@ func (s *Scheduler) heldSlots() int {
 	}
 	return n
 }
+
+func TestAdmitEitherCancelledBySecond(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var f Flow
+	also := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.AdmitEither(&f, KindRequest, nil, also)
+		got <- err
+	}()
+	waitFor(t, func() bool { return s.Waiting() == 1 })
+	close(also)
+	if err := <-got; !errors.Is(err, ErrCancelled) {
+		t.Errorf("AdmitEither after its second channel closed: %v", err)
+	}
+	s.Release(held)
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+}
