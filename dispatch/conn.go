@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -45,8 +46,10 @@ type clientConn struct {
 	release   func()
 	handedOff bool
 	// slot is the instance whose max_streams slot the request in flight
-	// holds; a panic's abort releases it (h1panic.go).
+	// holds, fair its fair admission (fair.go); a panic's abort releases
+	// them (h1panic.go).
 	slot *routes.Instance
+	fair fairshare.Ticket
 	// rec is the request being handled, for the access log and the
 	// latency histograms (accesslog.go); ci what the connection adds.
 	rec    accessRecord
@@ -423,11 +426,19 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	if !inst.Acquire() {
 		return c.deny(denyLimit)
 	}
-	c.slot = inst
+	// Fair admission (fair.go): the queue is bounded by max_streams above.
+	fair, ok := c.s.admitFair(inst, c.route.Lease.Done())
+	if !ok {
+		inst.Release()
+		return c.deny(denyRevoked)
+	}
+	c.slot, c.fair = inst, fair
 	c.rec.admitted(inst) // counted, its arrival the last request (accesslog.go)
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()
 	c.slot = nil
+	c.s.cfg.Fair.Release(c.fair) // a WebSocket's chunks are admitted one by one
+	c.fair = fairshare.Ticket{}
 	if c.handedOff {
 		return false // the WebSocket releases its stream when it ends
 	}

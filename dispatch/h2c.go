@@ -83,6 +83,10 @@ func (st *h2Stream) serveH2C() bool {
 		return false
 	}
 	defer inst.Release()
+	if !st.admitFair(inst) {
+		return false
+	}
+	defer st.s.cfg.Fair.Release(st.fair)
 	st.rec.admitted(inst)
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()

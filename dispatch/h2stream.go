@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/httpgrammar"
 	"github.com/applistener/applistener/routes"
 )
@@ -61,6 +62,8 @@ type h2Stream struct {
 	// left of a body of known length (-1: unknown).
 	bodyW    io.Writer
 	bodyLeft int64
+	// fair is the stream's fair admission (fair.go).
+	fair fairshare.Ticket
 }
 
 // h2BodyWriter is an h2Stream's writeBody as an io.Writer.
@@ -196,6 +199,10 @@ func (st *h2Stream) serve() bool {
 		return false
 	}
 	defer inst.Release()
+	if !st.admitFair(inst) {
+		return false
+	}
+	defer st.s.cfg.Fair.Release(st.fair)
 	st.rec.admitted(inst)
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()

@@ -68,6 +68,10 @@ func (st *h2Stream) serveWebSocket() bool {
 		return false
 	}
 	defer inst.Release()
+	if !st.admitFair(inst) {
+		return false
+	}
+	defer st.s.cfg.Fair.Release(st.fair)
 	st.rec.admitted(inst)
 	s.m.streamsActive.Inc()
 	defer s.m.streamsActive.Dec()
@@ -224,6 +228,10 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
 	sp.log, sp.who = s.log, &hc.ci
+	if s.cfg.Fair != nil {
+		sp.fair, sp.flow = s.cfg.Fair, &hc.route.Instance.Fair
+	}
+	s.cfg.Fair.Release(st.fair) // from here each chunk is admitted
 	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.

@@ -70,6 +70,7 @@ import (
 	"github.com/applistener/applistener/accesstoken"
 	"github.com/applistener/applistener/connector"
 	"github.com/applistener/applistener/internal/accessjwt"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -165,7 +166,11 @@ type Config struct {
 	AccessLogTotalBurst int
 	// OCSF receives the OCSF records of the data plane (ocsf.go) at its
 	// own level; nil: none. Its product names the access log's OCSF lines.
-	OCSF       *ocsf.Emitter
+	OCSF *ocsf.Emitter
+	// Fair admits request heads, HTTP/2 streams and, when contended,
+	// WebSocket chunks in turn across instances (fair.go); it is shared
+	// with the listener. nil: no fair admission.
+	Fair       *fairshare.Scheduler
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }

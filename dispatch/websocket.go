@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/routes"
 )
@@ -201,6 +202,9 @@ type wsSplice struct {
 	// For a panic's log line: the server's logger and the connection.
 	log *slog.Logger
 	who *connInfo
+	// fair admits chunks when contended (fair.go), as flow's; nil: off.
+	fair *fairshare.Scheduler
+	flow *fairshare.Flow
 }
 
 func newWSSplice(client, clientRaw, app net.Conn, grace time.Duration) *wsSplice {
@@ -447,7 +451,9 @@ func (p *wsPump) forward(b []byte) (bool, error) {
 	if !p.parkAt.IsZero() && p.parkAt.Sub(now) < parkAfter/2 {
 		p.armPark(now)
 	}
+	t := p.w.admitChunk()
 	finished, err := p.d.write(b)
+	p.w.fair.Release(t)
 	p.total += int64(len(b))
 	return finished, err
 }

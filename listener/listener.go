@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/internal/buckets"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/tlshello"
@@ -91,7 +92,11 @@ type Config struct {
 	RequireProxyHeader []netip.Prefix
 	// OCSF receives a Network Activity record for every refused
 	// connection and, at debug, every accepted one (ocsf.go); nil: none.
-	OCSF       *ocsf.Emitter
+	OCSF *ocsf.Emitter
+	// Fair admits new TLS handshakes in turn across instances (the SNI
+	// names the instance before the handshake), shared with dispatch;
+	// nil: no fair admission.
+	Fair       *fairshare.Scheduler
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -243,7 +248,15 @@ func (l *Listener) serveConn(raw net.Conn) {
 	panicguard.Point(panicguard.ListenerConn, host)
 	pc := tlshello.NewPrefixConn(raw, hello.Raw)
 	tc := tls.Server(pc, l.cfg.TLS)
-	if err := tc.Handshake(); err != nil {
+	// Fair admission for the handshake's CPU work (the SNI named the instance).
+	fair, ok := l.admitHandshake(route, start)
+	if !ok {
+		_ = raw.Close()
+		return
+	}
+	err = tc.Handshake()
+	l.cfg.Fair.Release(fair)
+	if err != nil {
 		l.m.rejections.WithLabelValues("handshake").Inc()
 		l.log.Debug("handshake failed", "sni", host, "src", client.String(), "err", err)
 		l.ocsfConn(raw, client, ocsf.NetRefuse, host, "handshake: "+err.Error(), 0, route)
@@ -275,6 +288,22 @@ func (l *Listener) serveConn(raw net.Conn) {
 		return
 	}
 	l.cfg.Handler.ServeConn(c)
+}
+
+// admitHandshake admits a handshake for route's instance under fair
+// admission (Config.Fair), queued at most until the handshake deadline or
+// the route's revocation; false: refused (counted as fair_wait).
+func (l *Listener) admitHandshake(route *routes.Route, start time.Time) (fairshare.Ticket, bool) {
+	if l.cfg.Fair == nil {
+		return fairshare.Ticket{}, true
+	}
+	wait := max(time.Until(start.Add(l.cfg.HandshakeTimeout)), time.Nanosecond)
+	t, err := l.cfg.Fair.Admit(&route.Instance.Fair, fairshare.KindHandshake, route.Lease.Done(), wait)
+	if err != nil {
+		l.m.rejections.WithLabelValues("fair_wait").Inc()
+		return t, false
+	}
+	return t, true
 }
 
 // helloRejections are the rejection reasons (metric label) of a ClientHello

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/applistener/applistener/internal/fairshare"
 )
 
 // MaxDocumentBytes is the largest configuration document ParseDocument
@@ -23,6 +25,8 @@ const (
 	MaxServices = 64
 	// MaxStreamsLimit is the largest accepted limits.max_streams.
 	MaxStreamsLimit = 1_000_000
+	// MaxWeight is the largest accepted limits.weight.
+	MaxWeight = fairshare.MaxWeight
 	// MaxIdleTimeoutSeconds is the largest accepted limits.idle_timeout_seconds (one day).
 	MaxIdleTimeoutSeconds = 86400
 	// MaxStartGraceSeconds is the largest accepted
@@ -144,6 +148,10 @@ type Limits struct {
 	// WebSockets after this long without traffic; 0 means the supervisor's
 	// default (no limit for WebSockets).
 	IdleTimeoutSeconds int `json:"idle_timeout_seconds,omitempty"`
+	// Weight is the instance's share under fair admission when the
+	// listener is busy (1 to MaxWeight; 0 means 1): weight 3 is admitted
+	// three times per round of a weight-1 instance's once.
+	Weight int `json:"weight,omitempty"`
 }
 
 // ServiceSpec is one routed port of an instance.
@@ -588,6 +596,9 @@ func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 	}
 	if s.Limits.MaxStreams < 0 || s.Limits.MaxStreams > MaxStreamsLimit {
 		ps.add("limits.max_streams", "%d out of range 0..%d", s.Limits.MaxStreams, MaxStreamsLimit)
+	}
+	if s.Limits.Weight < 0 || s.Limits.Weight > MaxWeight {
+		ps.add("limits.weight", "%d out of range 1..%d", s.Limits.Weight, MaxWeight)
 	}
 	s.validateState(ps)
 	if len(s.Services) == 0 {

@@ -327,6 +327,12 @@ func TestParseDocumentInstances(t *testing.T) {
 		{name: "max_streams -1", fields: map[string]string{"limits": `{"max_streams":-1}`}, wantReason: "limits.max_streams: -1 out of range"},
 		{name: "max_streams float", fields: map[string]string{"limits": `{"max_streams":1.5}`}, wantReason: "limits.max_streams: 1.5 is not a whole number"},
 		{name: "max_streams string", fields: map[string]string{"limits": `{"max_streams":"10"}`}, wantReason: "limits.max_streams: must be a whole number, not a string"},
+		{name: "weight 0", fields: map[string]string{"limits": `{"weight":0}`}},
+		{name: "weight 1", fields: map[string]string{"limits": `{"weight":1}`}},
+		{name: "weight 100", fields: map[string]string{"limits": `{"weight":100}`}},
+		{name: "weight 101", fields: map[string]string{"limits": `{"weight":101}`}, wantReason: "limits.weight: 101 out of range 1..100"},
+		{name: "weight -1", fields: map[string]string{"limits": `{"weight":-1}`}, wantReason: "limits.weight: -1 out of range 1..100"},
+		{name: "weight float", fields: map[string]string{"limits": `{"weight":2.5}`}, wantReason: "limits.weight: 2.5 is not a whole number"},
 
 		// Services.
 		{name: "services missing", fields: map[string]string{"services": ""}, wantReason: "at least one service"},

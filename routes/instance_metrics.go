@@ -25,6 +25,10 @@ type instanceCollector struct {
 	requests *prometheus.Desc
 	limited  *prometheus.Desc
 	bytes    *prometheus.Desc
+	// Fair admission (internal/fairshare): how often and how long the
+	// instance's work queued because the listener was busy.
+	fairWaits   *prometheus.Desc
+	fairSeconds *prometheus.Desc
 }
 
 func newInstanceCollector(t *Table) *instanceCollector {
@@ -37,6 +41,10 @@ func newInstanceCollector(t *Table) *instanceCollector {
 		limited:  prometheus.NewDesc("applistener_instance_limit_rejections_total", "Requests refused with 503 because the instance was at max_streams.", labels, nil),
 		bytes: prometheus.NewDesc("applistener_instance_bytes_total", "Body and stream bytes relayed for an instance, by direction (to_app, to_client), counted when each request or WebSocket ends.",
 			[]string{"workspace", "sandbox", "direction"}, nil),
+		fairWaits: prometheus.NewDesc("applistener_instance_fair_waits_total",
+			"Requests, handshakes and WebSocket chunks of an instance that queued for fair admission because every slot was taken.", labels, nil),
+		fairSeconds: prometheus.NewDesc("applistener_instance_fair_wait_seconds_total",
+			"Time the instance's work spent queued for fair admission.", labels, nil),
 	}
 }
 
@@ -47,6 +55,8 @@ func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.requests
 	ch <- c.limited
 	ch <- c.bytes
+	ch <- c.fairWaits
+	ch <- c.fairSeconds
 }
 
 // Collect implements prometheus.Collector.
@@ -54,7 +64,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.t.mu.Lock()
 	list := make([]*Instance, 0, len(c.t.instances))
 	for _, i := range c.t.instances {
-		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 {
+		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 || i.Fair.Waits() > 0 {
 			list = append(list, i)
 		}
 	}
@@ -66,14 +76,16 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		return strings.Compare(a.Key.Sandbox, b.Key.Sandbox)
 	})
 	limit := c.t.opts.MaxInstanceLabels
-	var oActive, oMax, oReq, oLim, oApp, oClient float64
+	var oActive, oMax, oReq, oLim, oApp, oClient, oWaits, oWaitSec float64
 	for n, i := range list {
 		active, max := float64(i.active.Load()), float64(i.maxStreams.Load())
 		req, lim := float64(i.requests.Load()), float64(i.limited.Load())
 		toApp, toClient := float64(i.bytesToApp.Load()), float64(i.bytesToClient.Load())
+		waits, waitSec := float64(i.Fair.Waits()), i.Fair.WaitTime().Seconds()
 		if n >= limit {
 			oActive, oMax, oReq, oLim = oActive+active, oMax+max, oReq+req, oLim+lim
 			oApp, oClient = oApp+toApp, oClient+toClient
+			oWaits, oWaitSec = oWaits+waits, oWaitSec+waitSec
 			continue
 		}
 		ws, sb := i.Key.Workspace, i.Key.Sandbox
@@ -83,6 +95,8 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, lim, ws, sb)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toApp, ws, sb, "to_app")
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toClient, ws, sb, "to_client")
+		ch <- prometheus.MustNewConstMetric(c.fairWaits, prometheus.CounterValue, waits, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.fairSeconds, prometheus.CounterValue, waitSec, ws, sb)
 	}
 	if len(list) > limit {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, oActive, otherLabel, otherLabel)
@@ -91,5 +105,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, oLim, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oApp, otherLabel, otherLabel, "to_app")
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oClient, otherLabel, otherLabel, "to_client")
+		ch <- prometheus.MustNewConstMetric(c.fairWaits, prometheus.CounterValue, oWaits, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.fairSeconds, prometheus.CounterValue, oWaitSec, otherLabel, otherLabel)
 	}
 }

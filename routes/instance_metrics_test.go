@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/applistener/applistener/internal/fairshare"
 )
 
 // TestInstanceBytesMetric: applistener_instance_bytes_total has a series
@@ -59,5 +61,43 @@ applistener_instance_bytes_total{direction="to_client",sandbox="_other",workspac
 `
 	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want), "applistener_instance_bytes_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestInstanceFairMetrics: an instance whose work queued for fair admission
+// has applistener_instance_fair_waits_total and _wait_seconds_total series,
+// even before any request of it was counted.
+func TestInstanceFairMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	table := NewTable(Options{Domain: tbDomain, Freshness: time.Hour, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	defer table.Close()
+	d, err := ParseDocument([]byte(`{"revision":"r","instances":[` +
+		`{"workspace":"a","sandbox":"one","generation":"1","services":[{"name":"web","port":8080,"revision":1}]},` +
+		`{"workspace":"b","sandbox":"two","generation":"1","services":[{"name":"web","port":8080,"revision":1}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table.Apply(d)
+	s := fairshare.New(fairshare.Config{Slots: 1, Lease: time.Hour})
+	defer s.Close()
+	held, _ := s.TryAdmit()
+	r := table.Lookup(Hostname("b", "two", "web", tbDomain))
+	if _, err := s.Admit(&r.Instance.Fair, fairshare.KindRequest, nil, time.Millisecond); err == nil {
+		t.Fatal("admitted past the only slot")
+	}
+	s.Release(held)
+	if n := promtestutil.CollectAndCount(reg, "applistener_instance_fair_waits_total"); n != 1 {
+		t.Errorf("%d fair-wait series, want 1 (the instance that waited)", n)
+	}
+	want := `
+# HELP applistener_instance_fair_waits_total Requests, handshakes and WebSocket chunks of an instance that queued for fair admission because every slot was taken.
+# TYPE applistener_instance_fair_waits_total counter
+applistener_instance_fair_waits_total{sandbox="two",workspace="b"} 1
+`
+	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want), "applistener_instance_fair_waits_total"); err != nil {
+		t.Error(err)
+	}
+	if r.Instance.Fair.WaitTime() < time.Millisecond {
+		t.Errorf("wait time %v, want at least the 1 ms timeout", r.Instance.Fair.WaitTime())
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/applistener/applistener/internal/buckets"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/ocsf"
 )
 
@@ -64,6 +65,9 @@ type Instance struct {
 	// act is what /v1/usage reports of the instance's activity: its
 	// last request, its WebSockets' last frame and their silence.
 	act activity
+	// Fair is the instance's flow in the listener's fair admission
+	// (limits.weight, its queue and its wait counters).
+	Fair fairshare.Flow
 }
 
 // WebSocketOpened counts a WebSocket of the instance open since start, so
@@ -667,6 +671,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		}
 		inst.maxStreams.Store(int64(limit))
 		inst.idleTimeout.Store(int64(time.Duration(spec.Limits.IdleTimeoutSeconds) * time.Second))
+		inst.Fair.SetWeight(spec.Limits.Weight) // in place, like the limits above
 		for j := range spec.Services {
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)

@@ -1688,3 +1688,31 @@ func TestTableMetrics(t *testing.T) {
 		t.Errorf("expired revocations = %v, want 3", got)
 	}
 }
+
+// TestTableWeightInPlace: a change of limits.weight applies to the
+// instance's fair-admission flow without reinstalling its routes.
+func TestTableWeightInPlace(t *testing.T) {
+	tbl, _ := newTB(t)
+	tbApply(t, tbl, "r1", tbBase())
+	before := tbLookupAll(t, tbl, tbAllHosts...)
+	inst := tbl.Lookup(tbWeb).Instance
+	if got := inst.Fair.Weight(); got != 1 {
+		t.Errorf("default weight %d, want 1", got)
+	}
+	specs := tbBase()
+	specs[0].Limits.Weight = 7
+	if res := tbApply(t, tbl, "r2", specs); res != (ApplyResult{Kept: 4}) {
+		t.Errorf("Apply = %+v, want Kept 4", res)
+	}
+	for host, r := range before {
+		if tbl.Lookup(host) != r {
+			t.Errorf("%s reinstalled by a change of weight", host)
+		}
+	}
+	if got := tbl.Lookup(tbWeb).Instance.Fair.Weight(); got != 7 {
+		t.Errorf("weight %d after the change, want 7", got)
+	}
+	if got := tbl.Lookup(tbAPI).Instance.Fair.Weight(); got != 1 {
+		t.Errorf("another instance's weight %d, want 1", got)
+	}
+}

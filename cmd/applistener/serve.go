@@ -25,6 +25,7 @@ import (
 	"github.com/applistener/applistener/control/supervisor"
 	"github.com/applistener/applistener/dispatch"
 	"github.com/applistener/applistener/internal/accesskeys"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/internal/ocsf"
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
@@ -73,6 +74,8 @@ type serveOptions struct {
 	responseTimeout   time.Duration
 	backendIdle       time.Duration
 	handshakeTimeout  time.Duration
+	fairSlots         int
+	fairLease         time.Duration
 	drainTimeout      time.Duration
 	defaultMaxStreams int
 	maxConnections    int
@@ -131,6 +134,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.responseTimeout, "app-response-header-timeout", dispatch.DefaultResponseHeaderTimeout, "timeout for an app's response head, counted from the end of the request body (504 beyond)")
 	fs.DurationVar(&o.backendIdle, "app-backend-idle-timeout", dispatch.DefaultBackendIdleTimeout, "idle app connections are closed after this (keep below the app's keep-alive timeout)")
 	fs.DurationVar(&o.handshakeTimeout, "app-handshake-timeout", listener.DefaultHandshakeTimeout, "time allowed for the ClientHello and TLS handshake")
+	fs.IntVar(&o.fairSlots, "fair-slots", 0, "fair admission across instances when the listener is busy: request heads, HTTP/2 streams, TLS handshakes and WebSocket chunks beyond this many at once queue per instance and are admitted in turn (limits.weight); 0: 8 × GOMAXPROCS (at most 64), negative: off")
+	fs.DurationVar(&o.fairLease, "fair-lease", fairshare.DefaultLease, "how long one admission (a request waiting on its app, a slow client, a streamed body) counts before a queued instance's work may take its place")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.IntVar(&o.defaultMaxStreams, "default-max-streams", 1024, "stream limit of instances whose limits.max_streams is 0 (0: none)")
 	fs.IntVar(&o.maxConnections, "app-max-connections", 100000, "concurrent client connections accepted (0: no bound)")
@@ -580,7 +585,13 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		if accessJWT != nil {
 			defer accessJWT.Close()
 		}
+		var fair *fairshare.Scheduler
+		if o.fairSlots >= 0 {
+			fair = fairshare.New(fairshare.Config{Slots: o.fairSlots, Lease: o.fairLease, Registerer: reg})
+			defer fair.Close()
+		}
 		disp = dispatch.New(dispatch.Config{
+			Fair:                   fair,
 			Wakes:                  wakes,
 			AccessKeys:             accessKeys,
 			AccessJWT:              accessJWT,
@@ -610,6 +621,7 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 			wg.Go(func() { _ = keys.Run(bg) })
 		}
 		appLn = listener.New(ln, listener.Config{
+			Fair:               fair,
 			TLS:                tlsCfg,
 			Routes:             table,
 			Handler:            disp,

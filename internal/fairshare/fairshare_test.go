@@ -1,0 +1,477 @@
+package fairshare
+
+import (
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is a manual clock; its timer never fires by itself (tests call
+// onLease).
+type fakeClock struct{ t atomic.Int64 }
+
+func (c *fakeClock) now() int64                          { return c.t.Load() }
+func (c *fakeClock) advance(d time.Duration)             { c.t.Add(int64(d)) }
+func (c *fakeClock) timer(time.Duration, func()) stopper { return fakeTimer{} }
+
+type fakeTimer struct{}
+
+func (fakeTimer) Stop() bool { return true }
+
+func newTest(t *testing.T, slots int) (*Scheduler, *fakeClock, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s := New(Config{Slots: slots, Lease: 5 * time.Millisecond, Registerer: reg})
+	c := &fakeClock{}
+	c.t.Store(int64(time.Hour))
+	s.now, s.timer = c.now, c.timer
+	t.Cleanup(s.Close)
+	return s, c, reg
+}
+
+// queued is one Admit waiting in the background.
+type queued struct {
+	name string
+	got  chan Ticket
+	err  chan error
+}
+
+// enqueue starts an Admit of f and waits until it is queued (the
+// scheduler's waiter count reaches want).
+func enqueue(t *testing.T, s *Scheduler, f *Flow, name string, done <-chan struct{}, want int, wg *sync.WaitGroup) *queued {
+	t.Helper()
+	q := &queued{name: name, got: make(chan Ticket, 1), err: make(chan error, 1)}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk, err := s.Admit(f, KindRequest, done, 0)
+		if err != nil {
+			q.err <- err
+			return
+		}
+		q.got <- tk
+	}()
+	waitFor(t, func() bool { return s.Waiting() == want })
+	return q
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// order releases held and then each granted ticket in turn, returning the
+// names in the order they were admitted.
+func order(t *testing.T, s *Scheduler, held Ticket, qs []*queued) []string {
+	t.Helper()
+	var names []string
+	cur := held
+	for range qs {
+		s.Release(cur)
+		var next *queued
+		deadline := time.After(10 * time.Second)
+		for next == nil {
+			for _, q := range qs {
+				select {
+				case tk := <-q.got:
+					if next != nil {
+						t.Fatalf("%s and %s admitted by one release", next.name, q.name)
+					}
+					next, cur = q, tk
+				default:
+				}
+			}
+			if next == nil {
+				select {
+				case <-deadline:
+					t.Fatalf("nothing admitted after %v", names)
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}
+		names = append(names, next.name)
+	}
+	s.Release(cur)
+	return names
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRoundRobinAcrossFlowsFIFOWithin(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, ok := s.TryAdmit()
+	if !ok {
+		t.Fatal("uncontended TryAdmit failed")
+	}
+	var a, b, c Flow
+	var wg sync.WaitGroup
+	var qs []*queued
+	for i, x := range []struct {
+		f    *Flow
+		name string
+	}{{&a, "a1"}, {&a, "a2"}, {&a, "a3"}, {&a, "a4"}, {&b, "b1"}, {&b, "b2"}, {&c, "c1"}} {
+		qs = append(qs, enqueue(t, s, x.f, x.name, nil, i+1, &wg))
+	}
+	got := order(t, s, held, qs)
+	want := []string{"a1", "b1", "c1", "a2", "b2", "a3", "a4"}
+	if !equal(got, want) {
+		t.Errorf("admission order %v, want %v", got, want)
+	}
+	wg.Wait()
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("after all releases: taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+	if a.Waits() != 4 || b.Waits() != 2 || c.Waits() != 1 {
+		t.Errorf("waits a %d b %d c %d, want 4 2 1", a.Waits(), b.Waits(), c.Waits())
+	}
+}
+
+func TestWeights(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var heavy, light Flow
+	heavy.SetWeight(3)
+	var wg sync.WaitGroup
+	var qs []*queued
+	n := 0
+	for i := range 6 {
+		n++
+		qs = append(qs, enqueue(t, s, &heavy, "h"+string(rune('1'+i)), nil, n, &wg))
+	}
+	for i := range 3 {
+		n++
+		qs = append(qs, enqueue(t, s, &light, "l"+string(rune('1'+i)), nil, n, &wg))
+	}
+	got := order(t, s, held, qs)
+	want := []string{"h1", "h2", "h3", "l1", "h4", "h5", "h6", "l2", "l3"}
+	if !equal(got, want) {
+		t.Errorf("admission order %v, want %v", got, want)
+	}
+	wg.Wait()
+	if heavy.Weight() != 3 || light.Weight() != 1 {
+		t.Errorf("weights %d %d", heavy.Weight(), light.Weight())
+	}
+	heavy.SetWeight(1000)
+	if heavy.Weight() != MaxWeight {
+		t.Errorf("weight 1000 clamped to %d, want %d", heavy.Weight(), MaxWeight)
+	}
+}
+
+func TestReleaseHandsSlotToWaiter(t *testing.T) {
+	s, _, reg := newTest(t, 2)
+	t1, _ := s.TryAdmit()
+	t2, _ := s.TryAdmit()
+	if _, ok := s.TryAdmit(); ok {
+		t.Fatal("a third admission with two slots")
+	}
+	if !s.Contended() {
+		t.Error("not contended with every slot taken")
+	}
+	var f Flow
+	var wg sync.WaitGroup
+	q := enqueue(t, s, &f, "w", nil, 1, &wg)
+	if got := testutil.ToFloat64(s.m.waiting); got != 1 {
+		t.Errorf("applistener_fair_waiting %v, want 1", got)
+	}
+	s.Release(t1)
+	tk := <-q.got
+	wg.Wait()
+	if tk.slot != t1.slot || tk.gen == t1.gen {
+		t.Errorf("waiter got %+v after release of %+v", tk, t1)
+	}
+	if s.taken.Load() != 3 {
+		t.Errorf("taken %b, want both slots still taken", s.taken.Load())
+	}
+	s.Release(t1) // twice: a no-op
+	if s.taken.Load() != 3 {
+		t.Errorf("second release of a ticket freed a slot: %b", s.taken.Load())
+	}
+	s.Release(tk)
+	s.Release(t2)
+	if s.taken.Load() != 0 || s.Contended() {
+		t.Errorf("after releases: taken %b", s.taken.Load())
+	}
+	if n := testutil.CollectAndCount(reg, "applistener_fair_wait_seconds"); n != 3 {
+		t.Errorf("%d wait series, want one per kind", n)
+	}
+}
+
+func TestLeaseTakeover(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	old, _ := s.TryAdmit()
+	var f Flow
+	var wg sync.WaitGroup
+	q := enqueue(t, s, &f, "w", nil, 1, &wg)
+	clock.advance(4 * time.Millisecond)
+	s.onLease()
+	select {
+	case <-q.got:
+		t.Fatal("taken over before the lease ended")
+	default:
+	}
+	clock.advance(time.Millisecond)
+	s.onLease()
+	tk := <-q.got
+	wg.Wait()
+	if got := testutil.ToFloat64(s.m.takeovers); got != 1 {
+		t.Errorf("takeovers %v, want 1", got)
+	}
+	s.Release(old) // the old holder's release: a no-op
+	if s.taken.Load() != 1 {
+		t.Fatalf("old holder's release freed the taken-over slot: taken %b", s.taken.Load())
+	}
+	if _, ok := s.TryAdmit(); ok {
+		t.Fatal("admitted past the only slot after the old holder's release")
+	}
+	s.Release(tk)
+	if s.taken.Load() != 0 {
+		t.Errorf("new holder's release did not free the slot: %b", s.taken.Load())
+	}
+}
+
+func TestLeaseTimerDuration(t *testing.T) {
+	s, clock, _ := newTest(t, 2)
+	t1, _ := s.TryAdmit()
+	clock.advance(3 * time.Millisecond)
+	t2, _ := s.TryAdmit()
+	s.mu.Lock()
+	d := s.untilExpiryLocked()
+	s.mu.Unlock()
+	if d != int64(2*time.Millisecond) {
+		t.Errorf("until expiry %v, want 2ms (the oldest slot's remaining lease)", time.Duration(d))
+	}
+	s.Release(t1)
+	s.Release(t2)
+}
+
+func TestCancelWhileQueued(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var a, b Flow
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	qa := enqueue(t, s, &a, "a", done, 1, &wg)
+	qb := enqueue(t, s, &b, "b", nil, 2, &wg)
+	close(done)
+	if err := <-qa.err; !errors.Is(err, ErrCancelled) {
+		t.Errorf("cancelled Admit: %v", err)
+	}
+	if s.Waiting() != 1 {
+		t.Errorf("waiting %d after a cancel, want 1", s.Waiting())
+	}
+	s.Release(held)
+	tk := <-qb.got
+	s.Release(tk)
+	wg.Wait()
+	if s.taken.Load() != 0 || s.Waiting() != 0 || s.ring != nil {
+		t.Errorf("after all: taken %b, waiting %d, ring %v", s.taken.Load(), s.Waiting(), s.ring)
+	}
+}
+
+func TestTimeoutWhileQueued(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var f Flow
+	if _, err := s.Admit(&f, KindHandshake, nil, 10*time.Millisecond); !errors.Is(err, ErrCancelled) {
+		t.Errorf("Admit with a timeout: %v", err)
+	}
+	s.Release(held)
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+}
+
+// TestCancelRacesGrant cancels waiters while slots are released: whether a
+// waiter was granted before it saw its cancel or not, no slot is lost.
+func TestCancelRacesGrant(t *testing.T) {
+	s := New(Config{Slots: 2, Lease: time.Hour})
+	defer s.Close()
+	var f Flow
+	for range 200 {
+		t1, _ := s.TryAdmit()
+		t2, _ := s.TryAdmit()
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				if tk, err := s.Admit(&f, KindRequest, done, 0); err == nil {
+					s.Release(tk)
+				}
+			})
+		}
+		waitFor(t, func() bool { return s.Waiting() > 0 })
+		go close(done)
+		s.Release(t1)
+		s.Release(t2)
+		wg.Wait()
+		if s.taken.Load() != 0 || s.Waiting() != 0 {
+			t.Fatalf("slot lost: taken %b, waiting %d", s.taken.Load(), s.Waiting())
+		}
+	}
+}
+
+func TestNilSchedulerAdmitsAll(t *testing.T) {
+	var s *Scheduler
+	tk, err := s.Admit(nil, KindRequest, nil, 0)
+	if err != nil || tk.Valid() || s.Contended() {
+		t.Errorf("nil scheduler: %+v %v", tk, err)
+	}
+	s.Release(tk)
+	s.Close()
+}
+
+func TestDefaultSlots(t *testing.T) {
+	s := New(Config{})
+	if s.Slots() < SlotsPerProc || s.Slots() > MaxSlots || s.Lease() != DefaultLease {
+		t.Errorf("slots %d lease %v", s.Slots(), s.Lease())
+	}
+	if New(Config{Slots: 1000}).Slots() != MaxSlots {
+		t.Error("slots not capped at MaxSlots")
+	}
+	full := New(Config{Slots: MaxSlots})
+	for range MaxSlots {
+		if _, ok := full.TryAdmit(); !ok {
+			t.Fatal("could not take all 64 slots")
+		}
+	}
+	if _, ok := full.TryAdmit(); ok {
+		t.Error("a 65th admission")
+	}
+}
+
+func TestUncontendedAdmitAllocatesNothing(t *testing.T) {
+	s := New(Config{Slots: 4})
+	var f Flow
+	allocs := testing.AllocsPerRun(1000, func() {
+		tk, err := s.Admit(&f, KindRequest, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Release(tk)
+		if s.Contended() {
+			t.Fatal("contended")
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per uncontended Admit/Release", allocs)
+	}
+}
+
+// TestStress admits from many goroutines of several flows with a short
+// real lease and cancellations: a current ticket's slot is never marked
+// free, every admission ends in an effective release or a takeover,
+// and no slot is lost at the end.
+func TestStress(t *testing.T) {
+	const slots = 3
+	s := New(Config{Slots: slots, Lease: 200 * time.Microsecond})
+	defer s.Close()
+	flows := make([]Flow, 4)
+	var admitted, released, over atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			f := &flows[g%len(flows)]
+			f.SetWeight(1 + g%3)
+			for range 300 {
+				var done chan struct{}
+				if r.IntN(10) == 0 {
+					done = make(chan struct{})
+					close(done)
+				}
+				tk, err := s.Admit(f, KindRequest, done, 0)
+				if err != nil {
+					continue
+				}
+				admitted.Add(1)
+				// While the ticket is current its slot is marked taken
+				// (read the bitmap first: a ticket current after it was
+				// current at it).
+				b := s.taken.Load()
+				if w := s.slot[tk.slot].Load(); genOf(w) == tk.gen && w&heldBit != 0 && b&(1<<tk.slot) == 0 {
+					over.Add(1)
+				}
+				if s.heldSlots() > slots {
+					over.Add(1)
+				}
+				if r.IntN(20) == 0 {
+					time.Sleep(300 * time.Microsecond) // past the lease
+				}
+				if s.Release(tk) {
+					released.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	takeovers := int64(testutil.ToFloat64(s.m.takeovers))
+	// A takeover may grant a waiter that was cancelled meanwhile (its
+	// Admit passes the slot on), so takeovers may exceed the admissions
+	// that ended in one.
+	if a, r := admitted.Load(), released.Load(); r > a || a > r+takeovers {
+		t.Errorf("%d admissions, %d effective releases + %d takeovers", admitted.Load(), released.Load(), takeovers)
+	}
+	if over.Load() != 0 {
+		t.Errorf("%d times a current ticket's slot marked free, or more held slots than %d", over.Load(), slots)
+	}
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("at the end: taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+}
+
+// heldSlots counts the slots whose ticket is out.
+func (s *Scheduler) heldSlots() int {
+	n := 0
+	for i := range s.n {
+		if s.slot[i].Load()&heldBit != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func TestAdmitEitherCancelledBySecond(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var f Flow
+	also := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.AdmitEither(&f, KindRequest, nil, also)
+		got <- err
+	}()
+	waitFor(t, func() bool { return s.Waiting() == 1 })
+	close(also)
+	if err := <-got; !errors.Is(err, ErrCancelled) {
+		t.Errorf("AdmitEither after its second channel closed: %v", err)
+	}
+	s.Release(held)
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+}
