@@ -25,6 +25,9 @@ type instanceCollector struct {
 	requests *prometheus.Desc
 	limited  *prometheus.Desc
 	bytes    *prometheus.Desc
+	// throttled counts rate-limit refusals (reason="requests") and pauses
+	// (reason="bytes").
+	throttled *prometheus.Desc
 }
 
 func newInstanceCollector(t *Table) *instanceCollector {
@@ -37,6 +40,8 @@ func newInstanceCollector(t *Table) *instanceCollector {
 		limited:  prometheus.NewDesc("applistener_instance_limit_rejections_total", "Requests refused with 503 because the instance was at max_streams.", labels, nil),
 		bytes: prometheus.NewDesc("applistener_instance_bytes_total", "Body and stream bytes relayed for an instance, by direction (to_app, to_client), counted when each request or WebSocket ends.",
 			[]string{"workspace", "sandbox", "direction"}, nil),
+		throttled: prometheus.NewDesc("applistener_instance_throttled_total", "Rate limiting of an instance, by reason: requests refused with 429 over limits.requests_per_second (requests), relay pauses over limits.bytes_per_second (bytes).",
+			[]string{"workspace", "sandbox", "reason"}, nil),
 	}
 }
 
@@ -47,6 +52,7 @@ func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.requests
 	ch <- c.limited
 	ch <- c.bytes
+	ch <- c.throttled
 }
 
 // Collect implements prometheus.Collector.
@@ -54,7 +60,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.t.mu.Lock()
 	list := make([]*Instance, 0, len(c.t.instances))
 	for _, i := range c.t.instances {
-		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 {
+		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 || i.rates.throttledRequests.Load() > 0 {
 			list = append(list, i)
 		}
 	}
@@ -66,14 +72,16 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		return strings.Compare(a.Key.Sandbox, b.Key.Sandbox)
 	})
 	limit := c.t.opts.MaxInstanceLabels
-	var oActive, oMax, oReq, oLim, oApp, oClient float64
+	var oActive, oMax, oReq, oLim, oApp, oClient, oThrReq, oThrBytes float64
 	for n, i := range list {
 		active, max := float64(i.active.Load()), float64(i.maxStreams.Load())
 		req, lim := float64(i.requests.Load()), float64(i.limited.Load())
 		toApp, toClient := float64(i.bytesToApp.Load()), float64(i.bytesToClient.Load())
+		thrReq, thrBytes := i.Throttled()
 		if n >= limit {
 			oActive, oMax, oReq, oLim = oActive+active, oMax+max, oReq+req, oLim+lim
 			oApp, oClient = oApp+toApp, oClient+toClient
+			oThrReq, oThrBytes = oThrReq+float64(thrReq), oThrBytes+float64(thrBytes)
 			continue
 		}
 		ws, sb := i.Key.Workspace, i.Key.Sandbox
@@ -83,6 +91,8 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, lim, ws, sb)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toApp, ws, sb, "to_app")
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toClient, ws, sb, "to_client")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(thrReq), ws, sb, "requests")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(thrBytes), ws, sb, "bytes")
 	}
 	if len(list) > limit {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, oActive, otherLabel, otherLabel)
@@ -91,5 +101,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, oLim, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oApp, otherLabel, otherLabel, "to_app")
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oClient, otherLabel, otherLabel, "to_client")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, oThrReq, otherLabel, otherLabel, "requests")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, oThrBytes, otherLabel, otherLabel, "bytes")
 	}
 }

@@ -64,6 +64,8 @@ type Instance struct {
 	// act is what /v1/usage reports of the instance's activity: its
 	// last request, its WebSockets' last frame and their silence.
 	act activity
+	// rates are the request and byte rate limits (ratelimit.go).
+	rates instanceRates
 }
 
 // WebSocketOpened counts a WebSocket of the instance open since start, so
@@ -667,6 +669,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		}
 		inst.maxStreams.Store(int64(limit))
 		inst.idleTimeout.Store(int64(time.Duration(spec.Limits.IdleTimeoutSeconds) * time.Second))
+		inst.rates.setRates(&spec.Limits) // in place, like the stream limit
 		for j := range spec.Services {
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)
