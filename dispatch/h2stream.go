@@ -71,6 +71,7 @@ func (w h2BodyWriter) Write(p []byte) (int, error) { return w.st.writeBody(p) }
 // writeBody writes response body bytes; the last ones of a body of known
 // length end the response.
 func (st *h2Stream) writeBody(p []byte) (int, error) {
+	st.throttleBytes(len(p)) // ratelimit.go
 	if st.bodyLeft < 0 || int64(len(p)) < st.bodyLeft {
 		n, err := st.es.Write(p)
 		if st.bodyLeft > 0 {
@@ -170,6 +171,9 @@ func (st *h2Stream) serve() bool {
 		return false
 	}
 	if ar := st.s.routePool(hc.route).access; ar != nil && !st.checkAccess(ar) {
+		return false
+	}
+	if !st.allowRate() { // ratelimit.go
 		return false
 	}
 	if hc.route.Sleeping() && !st.holdSleeping() { // sleep.go
@@ -675,6 +679,7 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 				out = p[:m]
 				remaining -= int64(m)
 			}
+			st.throttleBytes(m) // ratelimit.go
 			if err := write(out); err != nil {
 				return err
 			}

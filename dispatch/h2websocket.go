@@ -224,6 +224,7 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	cw := &h2WSConn{st: st, live: st}
 	sp := newWSSplice(cw, cw, bc.conn, s.cfg.WebSocketCloseGrace)
 	sp.log, sp.who = s.log, &hc.ci
+	sp.limit = hc.route.Instance // byte rate (ratelimit.go)
 	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.

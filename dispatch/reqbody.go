@@ -12,7 +12,7 @@ import (
 // app connection, so that the wait for a response ends at once.
 func (c *clientConn) copyRequestBody(bc *backendConn) error {
 	defer func() { c.in.src = c.conn }()
-	w := appWriter{bc.conn, c.s.cfg.BodyTimeout}
+	w := appWriter{bc.conn, c.s.cfg.BodyTimeout, c}
 	var n int64
 	var err error
 	switch c.req.body {
@@ -62,6 +62,7 @@ func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
 type appWriter struct {
 	conn    net.Conn
 	timeout time.Duration
+	c       *clientConn // whose instance's byte rate the body is under
 }
 
 type appWriteError struct{ err error }
@@ -71,6 +72,7 @@ func (e *appWriteError) Error() string { return "write to app: " + e.err.Error()
 func (e *appWriteError) Unwrap() error { return e.err }
 
 func (w appWriter) Write(p []byte) (int, error) {
+	w.c.throttleBytes(len(p), false) // ratelimit.go
 	_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
 	n, err := w.conn.Write(p)
 	if err != nil {

@@ -26,6 +26,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	sp := &h.sp
 	sp.init(c.conn, c.raw, bc.conn, c.s.cfg.WebSocketCloseGrace)
 	sp.log, sp.who = c.s.log, &c.ci
+	sp.limit = c.route.Instance // byte rate (ratelimit.go)
 
 	// The record's method, path, user agent and referer become strings
 	// before the buffer of the request head goes back to its pool below.
