@@ -25,6 +25,7 @@ import (
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
 )
@@ -58,6 +59,7 @@ type rlEnv struct {
 	srv      *Server
 	appPort  int
 	grpcPort int
+	log      *lineLog // the access log (JSON)
 	wg       sync.WaitGroup
 }
 
@@ -117,7 +119,8 @@ func newRLEnv(t *testing.T, limits string) *rlEnv {
 	})
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
 	e.apply(limits)
-	e.srv = New(Config{Logger: slog.New(slog.DiscardHandler)})
+	e.log = &lineLog{}
+	e.srv = New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: AccessLogJSON, AccessLogWriter: e.log})
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -254,6 +257,10 @@ func TestRateLimitRequests(t *testing.T) {
 				return r, r.status == http.StatusOK
 			})
 			want429(t, fetch, "application/json", `"rate_limited"`)
+			rec := e.log.waitRecord(t, "request_id", fetch.header.Get("X-Request-Id"))
+			if rec["status"] != float64(429) || rec["reason"] != reasonRateLimited || rec["sandbox"] != "limited" {
+				t.Errorf("access log of the 429: %v, want status 429, reason %q", rec, reasonRateLimited)
+			}
 			nav := refused(e, func() (accessResp, bool) {
 				r := e.get(c, rlWeb, "/", map[string]string{"Accept": "text/html", "Sec-Fetch-Mode": "navigate"})
 				return r, r.status == http.StatusOK
@@ -595,9 +602,70 @@ func TestRateLimitRevokeThrottled(t *testing.T) {
 					t.Fatal("the revoked download completed")
 				}
 				t.Logf("throttled download ended %v after the revocation: %v", time.Since(start).Round(time.Millisecond), err)
-			case <-time.After(5 * time.Second):
-				t.Fatal("the throttled download went on 5 s after its route was withdrawn")
+				// The listener's side ends as promptly: the paused relay
+				// gives its stream slot back.
+				testutil.Eventually(t, 1500*time.Millisecond, "the throttled stream released", func() bool { return inst.Active() == 0 })
+			case <-time.After(2 * time.Second): // a pause of one 64 KiB buffer is 4 s
+				t.Fatal("the throttled download went on 2 s after its route was withdrawn")
 			}
 		})
 	}
+}
+
+// TestRateLimitWebSocketNotIdle: a WebSocket paused by its instance's byte
+// rate for longer than its idle timeout is not idle: it is not closed,
+// and carries the next message (HTTP/1.1 and HTTP/2).
+func TestRateLimitWebSocketNotIdle(t *testing.T) {
+	// 12 KiB up fits the 16 KiB burst; the 12 KiB echo then waits 2 s at
+	// 4 KiB/s, twice the idle timeout.
+	const limits = `{"bytes_per_second":4096,"bytes_burst":16384,"idle_timeout_seconds":1}`
+	msg := bytes.Repeat([]byte("x"), 12<<10)
+	check := func(t *testing.T, took time.Duration) {
+		t.Helper()
+		t.Logf("12 KiB echo paused %v with an idle timeout of 1 s", took.Round(time.Millisecond))
+		if took < 1500*time.Millisecond {
+			t.Errorf("echo took %v, want the 2 s pause", took)
+		}
+	}
+	t.Run("h1", func(t *testing.T) {
+		e := newRLEnv(t, limits)
+		d := websocket.Dialer{
+			TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: rlWeb, NextProtos: []string{"http/1.1"}},
+			NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
+			},
+			HandshakeTimeout: 5 * time.Second,
+		}
+		ws, _, err := d.Dial("wss://"+rlWeb+"/ws", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = ws.Close() }()
+		start := time.Now()
+		for i, m := range [][]byte{msg, []byte("still open")} {
+			if err := ws.WriteMessage(websocket.BinaryMessage, m); err != nil {
+				t.Fatal(err)
+			}
+			_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, got, err := ws.ReadMessage()
+			if err != nil || !bytes.Equal(got, m) {
+				t.Fatalf("echo %d: %d bytes, %v", i, len(got), err)
+			}
+			if i == 0 {
+				check(t, time.Since(start))
+			}
+		}
+	})
+	t.Run("h2", func(t *testing.T) {
+		e := newRLEnv(t, limits)
+		cc := (&accessEnv{t: t, ca: e.ca, ln: e.ln}).dialH2Access(rlWeb)
+		ws, err := openAccessWS(t, cc, rlWeb, "/ws", nil)
+		if err != nil || ws.resp.StatusCode != 200 {
+			t.Fatalf("extended CONNECT: %v %v", ws, err)
+		}
+		start := time.Now()
+		ws.echo(t, 2, msg)
+		check(t, time.Since(start))
+		ws.echo(t, 2, []byte("still open"))
+	})
 }
