@@ -492,7 +492,7 @@ func (c *clientConn) heldWriter() io.Writer {
 type clientBodyWriter struct{ c *clientConn }
 
 func (cw clientBodyWriter) Write(p []byte) (int, error) {
-	cw.c.throttleBytes(len(p), true) // ratelimit.go
+	cw.c.throttleResponse(len(p)) // ratelimit.go
 	if len(p) > cw.c.bw.Available() {
 		_ = cw.c.conn.SetWriteDeadline(time.Now().Add(cw.c.s.cfg.BodyTimeout))
 	}
@@ -506,7 +506,7 @@ func (hw holdingWriter) Write(p []byte) (int, error) {
 		return clientBodyWriter(hw).Write(p)
 	}
 	c := hw.c
-	c.throttleBytes(len(p), true) // ratelimit.go
+	c.throttleResponse(len(p)) // ratelimit.go
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	c.batch.HoldWrites()
 	n, err := c.bw.Write(p)

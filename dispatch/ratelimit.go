@@ -107,42 +107,31 @@ func (st *h2Stream) allowRate() bool {
 	return false
 }
 
-// throttlePause is where relays of one connection (HTTP/1.1) or one
-// WebSocket wait out their instance's byte rate: each wait is a timer
-// owned by the waiting goroutine, ended early by cancel (revocation,
-// close); after cancel no wait pauses any more. The zero value is ready.
+// throttlePause ends the byte-rate pauses of one connection (HTTP/1.1),
+// one request body or one WebSocket early: cancel (revocation, an aborted
+// body copy, close) ends every pause in progress and every later one.
+// Each pause is a timer owned by the waiting goroutine. The zero value is
+// ready; the channel is made only once a pause needs it.
 type throttlePause struct {
 	mu      sync.Mutex
-	stop    chan struct{} // made by the first wait; closed by cancel
+	stop    chan struct{} // closed by cancel
 	stopped bool
 }
 
-// wait pauses for d, or until cancel or done (nil: none); it reports
-// whether the whole pause passed.
-func (p *throttlePause) wait(d time.Duration, done <-chan struct{}) bool {
+// done returns a channel closed by cancel.
+func (p *throttlePause) done() <-chan struct{} {
 	p.mu.Lock()
-	if p.stopped {
-		p.mu.Unlock()
-		return false
-	}
+	defer p.mu.Unlock()
 	if p.stop == nil {
 		p.stop = make(chan struct{})
+		if p.stopped {
+			close(p.stop)
+		}
 	}
-	stop := p.stop
-	p.mu.Unlock()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-stop:
-		return false
-	case <-done:
-		return false
-	}
+	return p.stop
 }
 
-// cancel ends every wait in progress and every later one.
+// cancel ends every pause in progress and every later one.
 func (p *throttlePause) cancel() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -155,50 +144,80 @@ func (p *throttlePause) cancel() {
 	}
 }
 
-// throttleBytes waits before n bytes of this connection's request or
-// response body are relayed, as long as its instance's byte rate asks;
-// toClient (the response's goroutine) sends what is buffered for the
-// client first.
-func (c *clientConn) throttleBytes(n int, toClient bool) {
+// reset makes a cancelled pause usable again (a new request body).
+func (p *throttlePause) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		p.stop, p.stopped = nil, false
+	}
+}
+
+// pauseFor waits d, or until a or b (nil: none) is closed.
+func pauseFor(d time.Duration, a, b <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-a:
+	case <-b:
+	}
+}
+
+// throttleResponse waits before n bytes of the response body are relayed
+// to the client, as long as the instance's byte rate asks; what is
+// buffered for the client goes out first. Revoke ends the wait.
+func (c *clientConn) throttleResponse(n int) {
 	inst := c.route.Instance
 	if !inst.LimitsBytes() {
 		return
 	}
 	if wait := inst.ThrottleBytes(n, time.Now()); wait > 0 {
-		if toClient && c.bw != nil && c.bw.Buffered() > 0 {
+		if c.bw != nil && c.bw.Buffered() > 0 {
 			_ = c.flush()
 		}
-		c.pause.wait(wait, nil)
+		pauseFor(wait, c.pause.done(), nil)
 	}
 }
 
-// throttleBytes is clientConn.throttleBytes for an HTTP/2 stream: the
-// wait ends early when the stream ends (reset, revocation closing the
-// connection).
-func (st *h2Stream) throttleBytes(n int) {
-	inst := st.hc.route.Instance
+// throttleRequest is throttleResponse for n bytes of the request body
+// (the body copy's goroutine); Revoke and the copy's abort end the wait.
+func (c *clientConn) throttleRequest(n int) {
+	inst := c.route.Instance
 	if !inst.LimitsBytes() {
 		return
 	}
 	if wait := inst.ThrottleBytes(n, time.Now()); wait > 0 {
-		_ = st.es.Flush() // what is buffered goes out before the pause
-		pauseStream(wait, st.es.Done())
+		pauseFor(wait, c.pause.done(), c.body.pause.done())
 	}
 }
 
-// pauseStream waits d or until done.
-func pauseStream(d time.Duration, done <-chan struct{}) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-done:
+// throttleBytes is clientConn.throttleResponse for an HTTP/2 stream's
+// response body (body: nil) or request body (body: the copy's pause,
+// cancelled when the copy is stopped); the stream's end (reset, the
+// connection closed by a revocation) ends the wait too.
+func (st *h2Stream) throttleBytes(n int, body *throttlePause) {
+	inst := st.hc.route.Instance
+	if !inst.LimitsBytes() {
+		return
 	}
+	wait := inst.ThrottleBytes(n, time.Now())
+	if wait <= 0 {
+		return
+	}
+	var stop <-chan struct{}
+	if body != nil {
+		stop = body.done()
+	} else {
+		_ = st.es.Flush() // what is buffered goes out before the pause
+	}
+	pauseFor(wait, st.es.Done(), stop)
 }
 
 // throttle waits before the WebSocket relays n bytes read at now, as long
-// as its instance's byte rate asks. The WebSocket counts as active
-// meanwhile: its idle timeout measures silence, not the pause.
+// as its instance's byte rate asks; revoke and closeBoth end the wait.
+// The WebSocket counts as active meanwhile: its idle timeout measures
+// silence, not the pause.
 func (p *wsPump) throttle(n int, now time.Time) {
 	inst := p.w.limit
 	if inst == nil || !inst.LimitsBytes() {
@@ -215,5 +234,5 @@ func (p *wsPump) throttle(n int, now time.Time) {
 			break
 		}
 	}
-	p.w.pause.wait(wait, nil)
+	pauseFor(wait, p.w.pause.done(), nil)
 }

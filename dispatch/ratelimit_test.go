@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -83,6 +84,10 @@ func newRLEnv(t *testing.T, limits string) *rlEnv {
 				return
 			}
 			_, _ = fmt.Fprintf(w, "%d", n)
+		case "/early": // answers having read only the start of the body
+			_, _ = io.CopyN(io.Discard, r.Body, 16<<10+1)
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			w.(http.Flusher).Flush()
 		case "/ws":
 			c, err := up.Upgrade(w, r, nil)
 			if err != nil {
@@ -668,4 +673,104 @@ func TestRateLimitWebSocketNotIdle(t *testing.T) {
 		check(t, time.Since(start))
 		ws.echo(t, 2, []byte("still open"))
 	})
+}
+
+// TestRateLimitUploadAnsweredEarly: when the app answers before reading
+// the whole of a throttled upload, the request ends at once: the stopped
+// body copy does not sit out its pause (HTTP/1.1 and HTTP/2).
+func TestRateLimitUploadAnsweredEarly(t *testing.T) {
+	// At 4 KiB/s, each buffer of the body beyond the burst waits up to 4 s:
+	// the app reads one byte more than the burst, then answers while the
+	// next buffer waits.
+	const limits = `{"bytes_per_second":4096,"bytes_burst":16384}`
+	ended := func(t *testing.T, inst *routes.Instance) {
+		t.Helper()
+		start := time.Now()
+		testutil.Eventually(t, 1500*time.Millisecond, "the request ended", func() bool { return inst.Active() == 0 })
+		_, pauses := inst.Throttled()
+		t.Logf("request ended %v after the early answer (%d pauses)", time.Since(start).Round(time.Millisecond), pauses)
+	}
+	t.Run("h1", func(t *testing.T) {
+		e := newRLEnv(t, limits)
+		inst := e.table.Lookup(rlWeb).Instance
+		// A client that keeps sending its body whatever the answer (Go's
+		// stops at the answer), so that the listener has the next buffer.
+		tc, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{ServerName: rlWeb, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer func() { _ = tc.Close() }()
+		wg.Go(func() {
+			_, _ = io.WriteString(tc, "POST /early HTTP/1.1\r\nHost: "+rlWeb+"\r\nContent-Length: 1048576\r\n\r\n")
+			_, _ = tc.Write(rlPattern(1 << 20)) // ends when tc is closed
+		})
+		_ = tc.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("status %d, want the app's 413", resp.StatusCode)
+		}
+		ended(t, inst)
+	})
+	t.Run("h2", func(t *testing.T) {
+		e := newRLEnv(t, limits)
+		inst := e.table.Lookup(rlWeb).Instance
+		req, err := http.NewRequest(http.MethodPost, "https://"+rlWeb+"/early", bytes.NewReader(rlPattern(1<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := e.client(true).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("status %d, want the app's 413", resp.StatusCode)
+		}
+		ended(t, inst)
+	})
+}
+
+// TestThrottlePauseEnds: a pause ends at once when its pause is cancelled
+// (Revoke, a request body's abort, a WebSocket's close), a cancelled
+// pause stays cancelled, and a request body's pause is usable again for
+// the next body.
+func TestThrottlePauseEnds(t *testing.T) {
+	timed := func(name string, a, b <-chan struct{}, cancel func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() {
+			pauseFor(time.Minute, a, b)
+			close(done)
+		}()
+		if cancel != nil {
+			cancel()
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the pause did not end", name)
+		}
+	}
+	var p throttlePause
+	timed("cancel", p.done(), nil, p.cancel)
+	timed("after cancel", p.done(), nil, nil)
+	var body deadlineReader
+	body.start(newRecConn(), time.Second)
+	timed("body abort", nil, body.pause.done(), body.abort)
+	body.start(newRecConn(), time.Second)
+	select {
+	case <-body.pause.done():
+		t.Fatal("the next body's pause is already cancelled")
+	default:
+	}
+	var w wsSplice
+	w.init(newRecConn(), newRecConn(), newRecConn(), time.Second)
+	timed("websocket close", w.pause.done(), nil, w.closeBoth)
 }

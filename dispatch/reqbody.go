@@ -45,6 +45,7 @@ type deadlineReader struct {
 	timeout time.Duration
 	mu      sync.Mutex
 	aborted bool
+	pause   throttlePause // the body's byte-rate pauses (ratelimit.go); abort ends them
 }
 
 var errBodyAborted = errors.New("request body aborted")
@@ -54,6 +55,7 @@ func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
 	d.mu.Lock()
 	d.conn, d.timeout, d.aborted = conn, timeout, false
 	d.mu.Unlock()
+	d.pause.reset()
 }
 
 // appWriter marks write errors towards the app, to tell them apart from
@@ -72,7 +74,7 @@ func (e *appWriteError) Error() string { return "write to app: " + e.err.Error()
 func (e *appWriteError) Unwrap() error { return e.err }
 
 func (w appWriter) Write(p []byte) (int, error) {
-	w.c.throttleBytes(len(p), false) // ratelimit.go
+	w.c.throttleRequest(len(p)) // ratelimit.go
 	_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
 	n, err := w.conn.Write(p)
 	if err != nil {
@@ -102,4 +104,5 @@ func (d *deadlineReader) abort() {
 	d.aborted = true
 	_ = d.conn.SetReadDeadline(time.Now())
 	d.mu.Unlock()
+	d.pause.cancel()
 }

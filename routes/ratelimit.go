@@ -207,7 +207,7 @@ func (i *Instance) AllowRequest(now time.Time) (ok bool, retryAfter time.Duratio
 // (applistener_instance_throttled_total{reason="bytes"}).
 func (i *Instance) ThrottleBytes(n int, now time.Time) (wait time.Duration) {
 	b := i.rates.bytes.Load()
-	if b == nil {
+	if b == nil || n <= 0 {
 		return 0
 	}
 	wait = b.take(int64(n), sinceEpoch(now))
