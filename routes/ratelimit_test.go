@@ -108,6 +108,9 @@ func TestByteBucket(t *testing.T) {
 	if total != 1750*time.Millisecond {
 		t.Errorf("448 KiB took %v of waits, want 1.75s", total)
 	}
+	if w := i.ThrottleBytes(0, now); w != 0 {
+		t.Errorf("nothing relayed waits %v while in debt, want 0", w)
+	}
 	if _, pauses := i.Throttled(); pauses != 16 {
 		t.Errorf("byte pauses = %d, want 16", pauses)
 	}
