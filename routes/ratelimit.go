@@ -71,13 +71,24 @@ type requestBucket struct {
 }
 
 func newRequestBucket(rate, burst int) *requestBucket {
-	if burst == 0 {
-		burst = max(1, rate)
-	}
+	burst = requestBurst(rate, burst)
 	interval := int64(time.Second) / int64(rate)
 	b := &requestBucket{rate: rate, burst: burst, interval: interval, tau: int64(burst) * interval}
 	b.tat.Store(fullBucket)
 	return b
+}
+
+// same reports whether b (nil: none) has these limits.
+func (b *requestBucket) same(rate, burst int) bool {
+	return b != nil && b.rate == rate && b.burst == burst
+}
+
+// requestBurst is the burst of a request limit (0: the default).
+func requestBurst(rate, burst int) int {
+	if burst == 0 {
+		return max(1, rate)
+	}
+	return burst
 }
 
 // allow admits one request at now (nanoseconds since limiterEpoch) or
@@ -105,12 +116,23 @@ type byteBucket struct {
 }
 
 func newByteBucket(rate, burst int64) *byteBucket {
-	if burst == 0 {
-		burst = min(max(DefaultMinBytesBurst, rate), MaxBytesBurst)
-	}
+	burst = bytesBurst(rate, burst)
 	b := &byteBucket{rate: rate, burst: burst, tau: bytesNanos(burst, rate)}
 	b.tat.Store(fullBucket)
 	return b
+}
+
+// same reports whether b (nil: none) has these limits.
+func (b *byteBucket) same(rate, burst int64) bool {
+	return b != nil && b.rate == rate && b.burst == burst
+}
+
+// bytesBurst is the burst of a byte limit (0: the default).
+func bytesBurst(rate, burst int64) int64 {
+	if burst == 0 {
+		return min(max(DefaultMinBytesBurst, rate), MaxBytesBurst)
+	}
+	return burst
 }
 
 // bytesNanos is the time n bytes take at rate bytes per second.
@@ -153,23 +175,15 @@ type instanceRates struct {
 // limits did not change keeps its state; a changed one starts full, so
 // that a raised limit takes effect at once.
 func (r *instanceRates) setRates(l *Limits) {
-	switch {
-	case l.RequestsPerSecond == 0:
+	if rate := l.RequestsPerSecond; rate == 0 {
 		r.requests.Store(nil)
-	default:
-		nb := newRequestBucket(l.RequestsPerSecond, l.RequestsBurst)
-		if old := r.requests.Load(); old == nil || old.rate != nb.rate || old.burst != nb.burst {
-			r.requests.Store(nb)
-		}
+	} else if burst := requestBurst(rate, l.RequestsBurst); !r.requests.Load().same(rate, burst) {
+		r.requests.Store(newRequestBucket(rate, burst))
 	}
-	switch {
-	case l.BytesPerSecond == 0:
+	if rate := l.BytesPerSecond; rate == 0 {
 		r.bytes.Store(nil)
-	default:
-		nb := newByteBucket(l.BytesPerSecond, l.BytesBurst)
-		if old := r.bytes.Load(); old == nil || old.rate != nb.rate || old.burst != nb.burst {
-			r.bytes.Store(nb)
-		}
+	} else if burst := bytesBurst(rate, l.BytesBurst); !r.bytes.Load().same(rate, burst) {
+		r.bytes.Store(newByteBucket(rate, burst))
 	}
 }
 
