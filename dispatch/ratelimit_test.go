@@ -29,6 +29,7 @@ import (
 	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
+	"github.com/applistener/applistener/wake"
 )
 
 // The rate-limit tests' hosts: team/limited (web and an h2c gRPC
@@ -61,13 +62,19 @@ type rlEnv struct {
 	appPort  int
 	grpcPort int
 	log      *lineLog // the access log (JSON)
+	// sleeping installs team/limited asleep (wake on any request), with a
+	// wake coordinator whose platform counts wakes and never wakes it.
+	sleeping bool
+	wakes    atomic.Int32
 	wg       sync.WaitGroup
 }
 
-func newRLEnv(t *testing.T, limits string) *rlEnv {
+func newRLEnv(t *testing.T, limits string) *rlEnv { return newRLEnvWith(t, limits, false) }
+
+func newRLEnvWith(t *testing.T, limits string, sleeping bool) *rlEnv {
 	t.Helper()
 	h2Verify(t)
-	e := &rlEnv{t: t}
+	e := &rlEnv{t: t, sleeping: sleeping}
 	ca, cert := wildcardAuthority(t, "rate limit test CA")
 	e.ca = ca
 	up := websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
@@ -125,7 +132,22 @@ func newRLEnv(t *testing.T, limits string) *rlEnv {
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
 	e.apply(limits)
 	e.log = &lineLog{}
-	e.srv = New(Config{Logger: slog.New(slog.DiscardHandler), AccessLog: AccessLogJSON, AccessLogWriter: e.log})
+	cfg := Config{Logger: slog.New(slog.DiscardHandler), AccessLog: AccessLogJSON, AccessLogWriter: e.log}
+	ctx, stopFollow := context.WithCancel(context.Background())
+	var coord *wake.Coordinator
+	if sleeping {
+		coord, err = wake.New(wake.Options{Logger: slog.New(slog.DiscardHandler),
+			Waker: wake.WakerFunc(func(context.Context, wake.Key) error {
+				e.wakes.Add(1)
+				return nil
+			})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Wakes = coord
+		e.wg.Go(func() { coord.FollowTable(ctx, e.table) })
+	}
+	e.srv = New(cfg)
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +155,10 @@ func newRLEnv(t *testing.T, limits string) *rlEnv {
 	serveRoutesTLS(&e.wg, e.ln, cert, e.table, e.srv)
 	t.Cleanup(func() {
 		_ = e.ln.Close()
+		stopFollow()
+		if coord != nil {
+			coord.Close()
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = e.srv.Shutdown(sctx)
 		cancel()
@@ -149,8 +175,13 @@ func (e *rlEnv) applyDoc(limits string, withLimited bool) routes.ApplyResult {
 	other := fmt.Sprintf(`{"workspace":"team","sandbox":"other","generation":"1","services":[{"name":"web","port":%d}]}`, e.appPort)
 	entries := other
 	if withLimited {
-		entries = fmt.Sprintf(`{"workspace":"team","sandbox":"limited","generation":"1","limits":%s,"services":[`+
-			`{"name":"web","port":%d},{"name":"grpc","port":%d,"protocol":"h2c"}]},`, limits, e.appPort, e.grpcPort) + other
+		state := "active"
+		if e.sleeping {
+			state = "sleeping"
+		}
+		entries = fmt.Sprintf(`{"workspace":"team","sandbox":"limited","generation":"1","state":%q,"limits":%s,"services":[`+
+			`{"name":"web","port":%d,"wake":{"on":"any","hold_seconds":1}},{"name":"grpc","port":%d,"protocol":"h2c"}]},`,
+			state, limits, e.appPort, e.grpcPort) + other
 	}
 	d, err := routes.ParseDocument([]byte(`{"revision":"r","instances":[` + entries + `]}`))
 	if err != nil || len(d.Rejected) > 0 {
@@ -773,4 +804,35 @@ func TestThrottlePauseEnds(t *testing.T) {
 	var w wsSplice
 	w.init(newRecConn(), newRecConn(), newRecConn(), time.Second)
 	timed("websocket close", w.pause.done(), nil, w.closeBoth)
+}
+
+// TestRateLimitNeverWakes: a request refused by its instance's rate never
+// wakes the sleeping instance (HTTP/1.1 and HTTP/2): the rate is checked
+// before the hold.
+func TestRateLimitNeverWakes(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			// A request the rate admits is held and wakes: on a loaded
+			// machine that stalls past the bucket's second, start over.
+			for range 3 {
+				e := newRLEnvWith(t, `{"requests_per_second":1,"requests_burst":1}`, true)
+				e.drain()
+				r := e.get(e.client(h2), rlWeb, "/", map[string]string{"Accept": "text/html", "Sec-Fetch-Mode": "navigate"})
+				if r.status != http.StatusTooManyRequests {
+					continue
+				}
+				if n := e.wakes.Load(); n != 0 {
+					t.Fatalf("%d wakes for a refused request, want none", n)
+				}
+				// An admitted request is held and wakes it (the count is live).
+				e.apply(`{"requests_per_second":1000}`)
+				e.get(e.client(h2), rlWeb, "/", map[string]string{"Accept": "text/html", "Sec-Fetch-Mode": "navigate"})
+				if n := e.wakes.Load(); n != 1 {
+					t.Fatalf("%d wakes for an admitted request, want 1", n)
+				}
+				return
+			}
+			t.Fatal("three requests on a drained bucket were all admitted")
+		})
+	}
 }
