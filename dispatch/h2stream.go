@@ -635,7 +635,8 @@ func (st *h2Stream) end() {
 // copyRequestBody streams the request body to the app: Content-Length
 // framing when the length is known, chunked otherwise. Each read of the
 // client's body (the engine's read timeout) and each write to the app is
-// bounded by BodyTimeout.
+// bounded by BodyTimeout; a write waits out the instance's byte rate
+// first, a wait that pause (cancelled when the copy is stopped) ends.
 func (st *h2Stream) copyRequestBody(bc *backendConn, req *request, pause *throttlePause) error {
 	s, es := st.s, st.es
 	bufp := s.bufPool.Get().(*[]byte)
