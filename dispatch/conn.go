@@ -74,6 +74,9 @@ type clientConn struct {
 	parkID       uint64
 	parkTimer    *time.Timer
 	parkDeadline time.Time
+	// pause is where body relays wait out the instance's byte rate
+	// (ratelimit.go); Revoke ends it.
+	pause throttlePause
 }
 
 // Revoke closes the connection because its route was revoked (or the
@@ -88,6 +91,7 @@ func (c *clientConn) Revoke(cause error) {
 	ws, be := c.ws, c.backend
 	parked := c.unparkLocked()
 	c.mu.Unlock()
+	c.pause.cancel()
 	if ws != nil {
 		ws.revoke(cause)
 		return
@@ -417,6 +421,9 @@ func (c *clientConn) handleRequest(head []byte) bool {
 			return keep
 		}
 	}
+	if proceed, keep := c.allowRate(); !proceed { // ratelimit.go
+		return keep
+	}
 	if c.route.Sleeping() { // sleep.go
 		if proceed, keep := c.holdSleeping(); !proceed {
 			return keep
@@ -496,6 +503,7 @@ func (c *clientConn) heldWriter() io.Writer {
 type clientBodyWriter struct{ c *clientConn }
 
 func (cw clientBodyWriter) Write(p []byte) (int, error) {
+	cw.c.throttleResponse(len(p)) // ratelimit.go
 	if len(p) > cw.c.bw.Available() {
 		_ = cw.c.conn.SetWriteDeadline(time.Now().Add(cw.c.s.cfg.BodyTimeout))
 	}
@@ -509,6 +517,7 @@ func (hw holdingWriter) Write(p []byte) (int, error) {
 		return clientBodyWriter(hw).Write(p)
 	}
 	c := hw.c
+	c.throttleResponse(len(p)) // ratelimit.go
 	_ = c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 	c.batch.HoldWrites()
 	n, err := c.bw.Write(p)

@@ -74,6 +74,7 @@ func (w h2BodyWriter) Write(p []byte) (int, error) { return w.st.writeBody(p) }
 // writeBody writes response body bytes; the last ones of a body of known
 // length end the response.
 func (st *h2Stream) writeBody(p []byte) (int, error) {
+	st.throttleBytes(len(p), nil) // ratelimit.go
 	if st.bodyLeft < 0 || int64(len(p)) < st.bodyLeft {
 		n, err := st.es.Write(p)
 		if st.bodyLeft > 0 {
@@ -173,6 +174,9 @@ func (st *h2Stream) serve() bool {
 		return false
 	}
 	if ar := st.s.routePool(hc.route).access; ar != nil && !st.checkAccess(ar) {
+		return false
+	}
+	if !st.allowRate() { // ratelimit.go
 		return false
 	}
 	if hc.route.Sleeping() && !st.holdSleeping() { // sleep.go
@@ -445,7 +449,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	if hasBody {
 		bs = &h2BodyCopy{}
 		x.sendBody(func(bc *backendConn) error {
-			err := st.copyRequestBody(bc, req)
+			err := st.copyRequestBody(bc, req, &bs.pause)
 			var cbe *h2ClientBodyError
 			if errors.As(err, &cbe) && !bs.aborted.Load() {
 				// The client's body failed: the app, waiting for the
@@ -456,6 +460,7 @@ func (st *h2Stream) proxy(req *request) bool {
 			return err
 		}, func() {
 			bs.aborted.Store(true)
+			bs.pause.cancel()
 			es.CloseRead()
 		})
 	}
@@ -637,8 +642,9 @@ func (st *h2Stream) end() {
 // copyRequestBody streams the request body to the app: Content-Length
 // framing when the length is known, chunked otherwise. Each read of the
 // client's body (the engine's read timeout) and each write to the app is
-// bounded by BodyTimeout.
-func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
+// bounded by BodyTimeout; a write waits out the instance's byte rate
+// first, a wait that pause (cancelled when the copy is stopped) ends.
+func (st *h2Stream) copyRequestBody(bc *backendConn, req *request, pause *throttlePause) error {
 	s, es := st.s, st.es
 	bufp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bufp)
@@ -682,6 +688,7 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 				out = p[:m]
 				remaining -= int64(m)
 			}
+			st.throttleBytes(m, pause) // ratelimit.go
 			if err := write(out); err != nil {
 				return err
 			}
@@ -708,6 +715,7 @@ func (st *h2Stream) copyRequestBody(bc *backendConn, req *request) error {
 type h2BodyCopy struct {
 	aborted   atomic.Bool
 	clientErr *h2ClientBodyError
+	pause     throttlePause // the body's byte-rate pauses (ratelimit.go)
 }
 
 // h2ClientBodyError is a failure to read the client's request body;

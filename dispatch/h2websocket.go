@@ -231,7 +231,8 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	if s.cfg.Fair != nil {
 		sp.fair, sp.flow = s.cfg.Fair, &hc.route.Instance.Fair
 	}
-	s.cfg.Fair.Release(st.fair) // from here each chunk is admitted
+	s.cfg.Fair.Release(st.fair)  // from here each chunk is admitted
+	sp.limit = hc.route.Instance // byte rate (ratelimit.go)
 	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})
 	// Bytes the app sent right behind its 101 belong to the stream.

@@ -12,7 +12,7 @@ import (
 // app connection, so that the wait for a response ends at once.
 func (c *clientConn) copyRequestBody(bc *backendConn) error {
 	defer func() { c.in.src = c.conn }()
-	w := appWriter{bc.conn, c.s.cfg.BodyTimeout}
+	w := appWriter{bc.conn, c.s.cfg.BodyTimeout, c}
 	var n int64
 	var err error
 	switch c.req.body {
@@ -45,6 +45,7 @@ type deadlineReader struct {
 	timeout time.Duration
 	mu      sync.Mutex
 	aborted bool
+	pause   throttlePause // the body's byte-rate pauses (ratelimit.go); abort ends them
 }
 
 var errBodyAborted = errors.New("request body aborted")
@@ -54,6 +55,7 @@ func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
 	d.mu.Lock()
 	d.conn, d.timeout, d.aborted = conn, timeout, false
 	d.mu.Unlock()
+	d.pause.reset()
 }
 
 // appWriter marks write errors towards the app, to tell them apart from
@@ -62,6 +64,7 @@ func (d *deadlineReader) start(conn net.Conn, timeout time.Duration) {
 type appWriter struct {
 	conn    net.Conn
 	timeout time.Duration
+	c       *clientConn // whose instance's byte rate the body is under
 }
 
 type appWriteError struct{ err error }
@@ -71,6 +74,7 @@ func (e *appWriteError) Error() string { return "write to app: " + e.err.Error()
 func (e *appWriteError) Unwrap() error { return e.err }
 
 func (w appWriter) Write(p []byte) (int, error) {
+	w.c.throttleRequest(len(p)) // ratelimit.go
 	_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
 	n, err := w.conn.Write(p)
 	if err != nil {
@@ -100,4 +104,5 @@ func (d *deadlineReader) abort() {
 	d.aborted = true
 	_ = d.conn.SetReadDeadline(time.Now())
 	d.mu.Unlock()
+	d.pause.cancel()
 }

@@ -29,6 +29,7 @@ func (c *clientConn) websocket(bc *backendConn, resp *response) bool {
 	if c.s.cfg.Fair != nil {
 		sp.fair, sp.flow = c.s.cfg.Fair, &c.route.Instance.Fair
 	}
+	sp.limit = c.route.Instance // byte rate (ratelimit.go)
 
 	// The record's method, path, user agent and referer become strings
 	// before the buffer of the request head goes back to its pool below.

@@ -193,6 +193,11 @@ type wsSplice struct {
 	timerMu   sync.Mutex
 	timer     *time.Timer // the grace backstop after a revocation
 	idleTimer *time.Timer
+	// limit is the instance whose byte rate the frames are under (nil:
+	// none); pause is where they wait it out (ratelimit.go), ended by
+	// revoke and closeBoth.
+	limit *routes.Instance
+	pause throttlePause
 
 	pumps   [2]*wsPump   // client to app, app to client
 	parkMu  sync.Mutex   // orders parking against closeBoth
@@ -222,6 +227,7 @@ func (w *wsSplice) init(client, clientRaw, app net.Conn, grace time.Duration) {
 }
 
 func (w *wsSplice) closeBoth() {
+	w.pause.cancel()
 	w.closeOnce.Do(func() {
 		// A parked direction leaves the poller before its socket is
 		// closed, and resumes to see the close and end.
@@ -266,6 +272,7 @@ func (w *wsSplice) revoke(cause error) {
 	case errors.Is(cause, errIdle):
 		code, reason = 1001, "idle timeout"
 	}
+	w.pause.cancel() // a throttled direction goes on to its close frame
 	a := w.toClient.requestClose(closeFrame(code, reason, false))
 	b := w.toApp.requestClose(closeFrame(code, reason, true))
 	if a && b {
@@ -451,6 +458,7 @@ func (p *wsPump) forward(b []byte) (bool, error) {
 	if !p.parkAt.IsZero() && p.parkAt.Sub(now) < parkAfter/2 {
 		p.armPark(now)
 	}
+	p.throttle(len(b), now) // ratelimit.go; before the fair slot: a pause holds none
 	t := p.w.admitChunk()
 	finished, err := p.d.write(b)
 	p.w.fair.Release(t)

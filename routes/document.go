@@ -152,6 +152,20 @@ type Limits struct {
 	// listener is busy (1 to MaxWeight; 0 means 1): weight 3 is admitted
 	// three times per round of a weight-1 instance's once.
 	Weight int `json:"weight,omitempty"`
+	// RequestsPerSecond is the instance's request rate limit (ratelimit.go):
+	// requests beyond it are answered 429; 0 means unlimited.
+	RequestsPerSecond int `json:"requests_per_second,omitempty"`
+	// RequestsBurst is how many requests may arrive at once on top of the
+	// rate; 0 means max(1, requests_per_second). Only with a rate.
+	RequestsBurst int `json:"requests_burst,omitempty"`
+	// BytesPerSecond is the instance's byte rate limit, shared by both
+	// directions of all its requests and WebSockets: relaying pauses
+	// beyond it (never cut); 0 means unlimited.
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
+	// BytesBurst is how many bytes may be relayed at once on top of the
+	// rate; 0 means max(64 KiB, bytes_per_second) (at most MaxBytesBurst).
+	// Only with a rate.
+	BytesBurst int64 `json:"bytes_burst,omitempty"`
 }
 
 // ServiceSpec is one routed port of an instance.
@@ -600,6 +614,7 @@ func (s *InstanceSpec) validate(ps *problemList, opts parseOptions) {
 	if s.Limits.Weight < 0 || s.Limits.Weight > MaxWeight {
 		ps.add("limits.weight", "%d out of range 1..%d", s.Limits.Weight, MaxWeight)
 	}
+	s.Limits.validateRates(ps) // ratelimit.go
 	s.validateState(ps)
 	if len(s.Services) == 0 {
 		ps.add("services", "at least one service is required")

@@ -29,6 +29,9 @@ type instanceCollector struct {
 	// instance's work queued because the listener was busy.
 	fairWaits   *prometheus.Desc
 	fairSeconds *prometheus.Desc
+	// throttled counts rate-limit refusals (reason="requests") and pauses
+	// (reason="bytes").
+	throttled *prometheus.Desc
 }
 
 func newInstanceCollector(t *Table) *instanceCollector {
@@ -45,6 +48,8 @@ func newInstanceCollector(t *Table) *instanceCollector {
 			"Requests, handshakes and WebSocket chunks of an instance that queued for fair admission because every slot was taken.", labels, nil),
 		fairSeconds: prometheus.NewDesc("applistener_instance_fair_wait_seconds_total",
 			"Time the instance's work spent queued for fair admission.", labels, nil),
+		throttled: prometheus.NewDesc("applistener_instance_throttled_total", "Rate limiting of an instance, by reason: requests refused with 429 over limits.requests_per_second (requests), relay pauses over limits.bytes_per_second (bytes).",
+			[]string{"workspace", "sandbox", "reason"}, nil),
 	}
 }
 
@@ -57,6 +62,7 @@ func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.bytes
 	ch <- c.fairWaits
 	ch <- c.fairSeconds
+	ch <- c.throttled
 }
 
 // Collect implements prometheus.Collector.
@@ -64,7 +70,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.t.mu.Lock()
 	list := make([]*Instance, 0, len(c.t.instances))
 	for _, i := range c.t.instances {
-		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 || i.Fair.Waits() > 0 {
+		if i.requests.Load() > 0 || i.limited.Load() > 0 || i.active.Load() > 0 || i.Fair.Waits() > 0 || i.rates.throttledRequests.Load() > 0 {
 			list = append(list, i)
 		}
 	}
@@ -76,16 +82,18 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		return strings.Compare(a.Key.Sandbox, b.Key.Sandbox)
 	})
 	limit := c.t.opts.MaxInstanceLabels
-	var oActive, oMax, oReq, oLim, oApp, oClient, oWaits, oWaitSec float64
+	var oActive, oMax, oReq, oLim, oApp, oClient, oWaits, oWaitSec, oThrReq, oThrBytes float64
 	for n, i := range list {
 		active, max := float64(i.active.Load()), float64(i.maxStreams.Load())
 		req, lim := float64(i.requests.Load()), float64(i.limited.Load())
 		toApp, toClient := float64(i.bytesToApp.Load()), float64(i.bytesToClient.Load())
 		waits, waitSec := float64(i.Fair.Waits()), i.Fair.WaitTime().Seconds()
+		thrReq, thrBytes := i.Throttled()
 		if n >= limit {
 			oActive, oMax, oReq, oLim = oActive+active, oMax+max, oReq+req, oLim+lim
 			oApp, oClient = oApp+toApp, oClient+toClient
 			oWaits, oWaitSec = oWaits+waits, oWaitSec+waitSec
+			oThrReq, oThrBytes = oThrReq+float64(thrReq), oThrBytes+float64(thrBytes)
 			continue
 		}
 		ws, sb := i.Key.Workspace, i.Key.Sandbox
@@ -97,6 +105,8 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, toClient, ws, sb, "to_client")
 		ch <- prometheus.MustNewConstMetric(c.fairWaits, prometheus.CounterValue, waits, ws, sb)
 		ch <- prometheus.MustNewConstMetric(c.fairSeconds, prometheus.CounterValue, waitSec, ws, sb)
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(thrReq), ws, sb, "requests")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, float64(thrBytes), ws, sb, "bytes")
 	}
 	if len(list) > limit {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, oActive, otherLabel, otherLabel)
@@ -107,5 +117,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, oClient, otherLabel, otherLabel, "to_client")
 		ch <- prometheus.MustNewConstMetric(c.fairWaits, prometheus.CounterValue, oWaits, otherLabel, otherLabel)
 		ch <- prometheus.MustNewConstMetric(c.fairSeconds, prometheus.CounterValue, oWaitSec, otherLabel, otherLabel)
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, oThrReq, otherLabel, otherLabel, "requests")
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, oThrBytes, otherLabel, otherLabel, "bytes")
 	}
 }

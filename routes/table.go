@@ -68,6 +68,8 @@ type Instance struct {
 	// Fair is the instance's flow in the listener's fair admission
 	// (limits.weight, its queue and its wait counters).
 	Fair fairshare.Flow
+	// rates are the request and byte rate limits (ratelimit.go).
+	rates instanceRates
 }
 
 // WebSocketOpened counts a WebSocket of the instance open since start, so
@@ -672,6 +674,7 @@ func (t *Table) applyLocked(doc *Document) (ApplyResult, []revocation, []Event) 
 		inst.maxStreams.Store(int64(limit))
 		inst.idleTimeout.Store(int64(time.Duration(spec.Limits.IdleTimeoutSeconds) * time.Second))
 		inst.Fair.SetWeight(spec.Limits.Weight) // in place, like the limits above
+		inst.rates.setRates(&spec.Limits)       // in place, like the stream limit
 		for j := range spec.Services {
 			svc := &spec.Services[j]
 			host := Hostname(spec.Workspace, spec.Sandbox, svc.Name, t.opts.Domain)
