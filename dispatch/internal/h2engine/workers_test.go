@@ -92,3 +92,39 @@ func TestStreamGoroutineReleasedOnTick(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// waitingSpares counts the spare goroutines waiting for a stream.
+func waitingSpares() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "h2engine.waitSpare")
+}
+
+// TestStreamGoroutineSpare: a connection with one stream at a time has
+// its next request served by the goroutine that served the last one (a
+// spare, as no other stream ran when it finished), not by a new goroutine
+// whose stack grows again; spares end within spareIdle once no stream
+// comes, so nothing is left waiting.
+func TestStreamGoroutineSpare(t *testing.T) {
+	testutil.VerifyNone(t)
+	h := &gidRecorder{gids: map[string]string{}}
+	// Spares of earlier tests could take this test's streams.
+	testutil.Eventually(t, 10*time.Second, "earlier spares to end", func() bool { return waitingSpares() == 0 })
+	s := newTestServer(t, false, Config{}, h)
+	c := dialRaw(t, s)
+	id := uint32(1)
+	for _, path := range []string{"/a", "/b", "/c"} {
+		// Wait for the last stream's goroutine to wait as a spare first:
+		// a request that comes sooner finds none and starts a goroutine.
+		if path != "/a" {
+			testutil.Eventually(t, 10*time.Second, "the goroutine to wait as a spare", func() bool { return waitingSpares() >= 1 })
+		}
+		c.request(id, path, true)
+		c.waitEnd(id)
+		id += 2
+	}
+	if a, b, cc := h.gid("/a"), h.gid("/b"), h.gid("/c"); a == "" || a != b || b != cc {
+		t.Fatalf("streams /a, /b, /c ran on goroutines %q, %q, %q; want the same (a spare)", a, b, cc)
+	}
+	testutil.Eventually(t, 10*time.Second, "the spare to end once no stream comes", func() bool { return waitingSpares() == 0 })
+}
