@@ -73,13 +73,15 @@ func (c *Conn) runStreams(st *Stream) {
 // stack grows again to what a handler needs (the copies cost about a
 // tenth of the CPU of such a request: the TLS write's frames are deep).
 // Instead the goroutine waits as a spare, for a stream of any connection,
-// up to spareIdle; at most maxSpares wait at once. A spare belongs to no
+// up to spareIdle; at most maxSpares wait at once. A connection's flusher
+// (write.go) runs on a spare as well: its TLS write needs the same stack. A spare belongs to no
 // connection while it waits (the connection it served has counted it out
 // of its WaitGroup), so an idle connection still holds no goroutine but
 // its reader, and a spare ends on its own soon after the load stops.
 
 // spareJob is a stream handed to a spare goroutine, with its connection
-// (which has counted the goroutine in its WaitGroup).
+// (which has counted the goroutine in its WaitGroup); without a stream,
+// the connection's flusher (runFlusher) is to run.
 type spareJob struct {
 	c  *Conn
 	st *Stream
@@ -102,12 +104,17 @@ const spareIdle = 20 * time.Millisecond
 // goroutines all end when a burst is over (nextStream).
 const maxSpares = 256
 
-// runWorker serves st on c (runStreams), then, as a spare, the streams of
-// any connection handed to it, until none comes for spareIdle.
+// runWorker serves st on c (runStreams), or runs c's flusher when st is
+// nil, then, as a spare, the streams and flushers of any connection handed
+// to it, until none comes for spareIdle.
 func runWorker(c *Conn, st *Stream) {
 	var idle *time.Timer
 	for {
-		c.runStreams(st)
+		if st == nil {
+			c.runFlusher()
+		} else {
+			c.runStreams(st)
+		}
 		job, ok := waitSpare(&idle)
 		if !ok {
 			return
