@@ -22,9 +22,18 @@ type backendConn struct {
 	probe     sock.IdleProbe
 	wait      sock.ReplyWait // writing a request and waiting for its answer
 	src       appSource      // what in reads from: conn, acknowledging early (appack.go)
+	// hangups, set when dialled, watches for the app's close of this
+	// connection (apphangup.go); nil: it is probed before reuse instead.
+	hangups *appHangups
+	// watchID is its registration in hangups (0: none any more), under
+	// hangups.mu.
+	watchID uint64
+	// appClosed: hangups saw the app close (or reset) the connection.
+	appClosed atomic.Bool
 }
 
 func (b *backendConn) close() {
+	b.hangups.unwatch(b)
 	_ = b.conn.Close()
 	b.in.r = b.in.w // drop unread bytes so the buffer can go back
 	b.in.release()
@@ -39,7 +48,7 @@ func (b *backendConn) close() {
 // recently used one first (LIFO), so that the connections a quieter route
 // no longer needs sink to the bottom, stay unused and are retired once idle
 // for idleTimeout — before the app's own keep-alive timeout can race a
-// reuse (an app that closes sooner is caught by the probe in get). The
+// reuse (an app that closes sooner is caught by get's checks). The
 // instance's max_streams (requests in flight cannot exceed it) and, when
 // set, maxIdle bound the idle connections; beyond the bound the oldest is
 // closed.
@@ -66,6 +75,9 @@ type backendPool struct {
 	onStale func()
 	// h2c is the route's HTTP/2 pool when its service declares h2c (h2c_pool.go).
 	h2c h2cSlot
+	// hangups, when set, notes the app's closes of the connections it
+	// dials (the Server's, shared by all routes; apphangup.go).
+	hangups *appHangups
 
 	mu sync.Mutex
 	// idle is oldest first: put appends, pop takes the last (LIFO).
@@ -96,7 +108,7 @@ func (p *backendPool) limit() int {
 
 // get returns an idle connection that the app has not closed, or nil.
 // Connections the app closed while they were idle are discarded here,
-// before any request byte is written on them (see sock.IdleProbe), so that the
+// before any request byte is written on them (see usable), so that the
 // request goes to a new connection exactly once.
 func (p *backendPool) get() *backendConn {
 	for {
@@ -105,7 +117,7 @@ func (p *backendPool) get() *backendConn {
 		if bc == nil {
 			return nil
 		}
-		if now.Sub(bc.idleSince) < probeIdleAfter || bc.probe.Usable() {
+		if bc.usable(now) {
 			bc.reused = true
 			bc.src.reads = 0
 			return bc
@@ -117,14 +129,47 @@ func (p *backendPool) get() *backendConn {
 	}
 }
 
+// usable reports whether the idle connection bc may carry a request now,
+// as far as the listener can tell without reading: the app has not closed
+// it (nor, for one idle a while, sent bytes nobody asked for). How it
+// tells depends on how long bc has been idle:
+//   - seen closed by the hang-up watch (apphangup.go): never usable;
+//   - under probeIdleAfter: usable (apps close idle connections after
+//     seconds, or announce the close in the response, never pooled);
+//   - under probeAllAfter and watched: the watch's word, as of a poll at
+//     most hangupPollEvery old; a busy route's reuses share that poll, so
+//     its requests make no system call of their own here;
+//   - otherwise (or unwatched): its own probe (sock.IdleProbe, a system
+//     call), exact, which also finds unsolicited bytes.
+//
+// An app that closes a connection in the moment before its reuse (the
+// first two cases' margins) costs that request a 502; it is not replayed
+// (retry.go).
+func (bc *backendConn) usable(now time.Time) bool {
+	if bc.appClosed.Load() {
+		return false
+	}
+	idle := now.Sub(bc.idleSince)
+	switch {
+	case idle < probeIdleAfter:
+		return true
+	case idle < probeAllAfter && bc.hangups != nil:
+		return !bc.hangups.hungUp(bc, now)
+	}
+	return bc.probe.Usable()
+}
+
 // probeIdleAfter is how long a connection must have been idle before its
-// reuse is preceded by a probe (about 1 µs, a system call). Apps close
-// idle connections after seconds, or announce the close in the response
-// (never pooled); a connection handed back under a millisecond ago is
-// reused unprobed, which keeps the probe off the hot path of busy routes.
-// Should an app close one in that millisecond, the request fails with 502
-// and is not replayed (retry.go).
+// reuse is checked at all (a connection handed back under a millisecond
+// ago is reused as is).
 const probeIdleAfter = time.Millisecond
+
+// probeAllAfter is how long a connection must have been idle before its
+// reuse is preceded by its own probe (about 1 µs, a system call) even when
+// the hang-up watch has it: apps close idle connections on a timer of
+// seconds, and the probe makes the reuse of a connection the app may just
+// have timed out exact. Below it, the watch answers.
+const probeAllAfter = 100 * time.Millisecond
 
 // pop takes the most recently used idle connection that has not outlived
 // the idle timeout; the expired ones it passes are closed (outside the lock).
@@ -160,6 +205,7 @@ func (p *backendPool) dial(ctx context.Context) (*backendConn, error) {
 	bc.in = inbuf{src: &bc.src, pool: p.bufPool}
 	bc.probe.Init(conn)
 	bc.wait.Init(conn)
+	p.hangups.watch(bc)
 	return bc, nil
 }
 
@@ -281,6 +327,7 @@ func (s *Server) routePool(route *routes.Route) *backendPool {
 		}
 		p := newBackendPool(conn, route.Port, s.cfg.MaxIdlePerRoute, route.Instance, s.cfg.BackendIdleTimeout, &s.bufPool, route.Lease)
 		p.onStale = s.m.staleConns.Inc
+		p.hangups = &s.appHangups
 		// The Host the app sees unless PreserveHost: its own loopback
 		// address, what dev servers accept.
 		host := routes.DefaultConnectorHost

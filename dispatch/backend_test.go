@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -431,5 +432,91 @@ func TestUnitBackendPoolDialError(t *testing.T) {
 	if bc, err := p.dial(ctx); err == nil {
 		bc.close()
 		t.Fatalf("dial to closed port %s succeeded", strconv.Itoa(port))
+	}
+}
+
+// waitFINAtSocket waits until the app's close of bc has reached the
+// listener's socket (as bc's own probe sees it).
+func waitFINAtSocket(t *testing.T, bc *backendConn) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, "the app's FIN to reach the listener", func() bool { return !bc.probe.Usable() })
+}
+
+// ageIdle makes the pool's idle connections look idle for d longer.
+func ageIdle(p *backendPool, d time.Duration) {
+	p.mu.Lock()
+	for _, bc := range p.idle {
+		bc.idleSince = bc.idleSince.Add(-d)
+	}
+	p.mu.Unlock()
+}
+
+// TestUnitBackendPoolHangupWatch: with the hang-up watch, the reuse of one
+// connection polls for all of them (at most every hangupPollEvery): a
+// connection the app closed while idle is known closed before it is
+// popped, and discarded without a probe of its own; the watch's epoll
+// instance lives only while connections are registered.
+func TestUnitBackendPoolHangupWatch(t *testing.T) {
+	verifyNoLeaks(t)
+	app := newLoopbackApp(t)
+	lease := routes.NewLease()
+	p := newTestBackendPool(app, 8, time.Minute, lease)
+	defer lease.Cancel(routes.ErrWithdrawn)
+	h := &appHangups{}
+	p.hangups = h
+	var stale atomic.Int64
+	p.onStale = func() { stale.Add(1) }
+	a, peerA := app.dialPair(t, p)
+	b, _ := app.dialPair(t, p)
+	if a.hangups != h || b.hangups != h {
+		t.Fatal("dialled connections are not watched")
+	}
+	p.put(a)
+	p.put(b)
+	_ = peerA.Close()
+	waitFINAtSocket(t, a)
+	ageIdle(p, 2*probeIdleAfter)
+	h.polled.Store(0) // no poll since: the next reuse polls
+	if got := p.get(); got != b {
+		t.Fatalf("get = %p; want the open connection %p", got, b)
+	}
+	if !a.appClosed.Load() {
+		t.Fatal("the poll made by the reuse of b did not note a's close")
+	}
+	if got := p.get(); got != nil {
+		t.Fatalf("get = %p; want nil (the closed connection discarded)", got)
+	}
+	if n := stale.Load(); n != 1 {
+		t.Fatalf("stale connections counted: %d; want 1", n)
+	}
+	b.close()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.w != nil || len(h.conns) != 0 {
+		t.Fatalf("watch still open (%v) with %d registrations after every connection closed", h.w != nil, len(h.conns))
+	}
+}
+
+// TestUnitBackendPoolProbeAfterLongIdle: a connection idle for
+// probeAllAfter is probed before reuse even when the watch has not (yet)
+// seen the app's close: the reuse of a connection the app may just have
+// timed out is exact.
+func TestUnitBackendPoolProbeAfterLongIdle(t *testing.T) {
+	verifyNoLeaks(t)
+	app := newLoopbackApp(t)
+	lease := routes.NewLease()
+	p := newTestBackendPool(app, 8, time.Minute, lease)
+	defer lease.Cancel(routes.ErrWithdrawn)
+	h := &appHangups{}
+	p.hangups = h
+	bc, peer := app.dialPair(t, p)
+	p.put(bc)
+	_ = peer.Close()
+	waitFINAtSocket(t, bc)
+	ageIdle(p, probeAllAfter)
+	// The last poll looks recent: the watch will not poll again.
+	h.polled.Store(time.Now().Add(time.Hour).UnixNano())
+	if got := p.get(); got != nil {
+		t.Fatalf("get = %p; want nil (closed by the app, found by the probe)", got)
 	}
 }

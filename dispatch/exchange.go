@@ -251,6 +251,10 @@ func (x *exchange) readHead(interim func(*response) error) error {
 		}
 		x.s.scopeCookies(&x.resp, x.sni, x.pool)
 		x.s.rewriteRedirects(&x.resp, x.pool, x.sni, x.publicPort)
+		if x.resp.status == 101 {
+			// The connection becomes a WebSocket's, never pooled again.
+			x.bc.hangups.unwatch(x.bc)
+		}
 		if x.resp.status == 101 || x.resp.status >= 200 {
 			x.firstByteDur = time.Since(x.sentAt)
 			return nil

@@ -176,8 +176,9 @@ func (c *recConn) setWriteErr(err error) {
 }
 
 // waitIdleStale waits until pool holds idle connections and the app has
-// closed every one of them, as the probe that precedes a reuse sees it
-// (connections idle for probeIdleAfter or more are probed).
+// closed every one of them, as a probe of the socket sees it, and each has
+// been idle for probeIdleAfter (younger ones are reused unchecked). The
+// listener must then find them closed by itself (backendConn.usable).
 func waitIdleStale(t *testing.T, pool *backendPool) {
 	t.Helper()
 	testutil.Eventually(t, 5*time.Second, "the app's close to reach the pooled connections", func() bool {

@@ -18,10 +18,11 @@ package dispatch
 //
 // An app connection that the app closed while it was idle is not a
 // failure at all: backendPool.get finds it closed before anything is
-// written (sock.IdleProbe) and the request takes another connection. Once a
-// byte of the request may have been read by the app, an EOF or reset is
-// answered with 502 and never replayed, whatever the method: the app may
-// have acted on it.
+// written (backendConn.usable: the hang-up watch, or the connection's own
+// probe) and the request takes another connection. Once a byte of the
+// request may have been read by the app, an EOF or reset is answered with
+// 502 and never replayed, whatever the method: the app may have acted on
+// it.
 
 // sendFailure is where sending a request to the app failed.
 type sendFailure uint8

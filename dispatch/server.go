@@ -227,6 +227,8 @@ type Server struct {
 	idle idlePoller // idle WebSocket directions (idlepoll.go)
 	// idleH1 holds the idle HTTP/1.1 keep-alive connections (idlepark.go).
 	idleH1 idlePoller
+	// appHangups notes the app connections that apps closed (apphangup.go).
+	appHangups appHangups
 }
 
 // New returns a Server.

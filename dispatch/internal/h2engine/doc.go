@@ -30,7 +30,11 @@
 // again. Waiting goroutines are at most MaxConcurrentStreams, end when no
 // stream runs, when the connection closes and at each tick of the
 // connection timer (IdleTimeout, PingInterval), so a connection that
-// holds only a WebSocket keeps none for long. The Stream carries Method,
+// holds only a WebSocket keeps none for long. A goroutine that ends so
+// waits instead, up to spareIdle, as a spare for a new stream of any
+// connection (at most maxSpares of them), so that a client with one
+// request at a time does not start a goroutine, and grow its stack, per
+// request; an idle connection holds none. The Stream carries Method,
 // Scheme, Authority, Path, Protocol (RFC 8441), Header (a reused slice)
 // and ContentLength, and Trailer once the body has been read.
 //

@@ -2,6 +2,8 @@ package h2engine
 
 import (
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/http2"
 
@@ -9,10 +11,11 @@ import (
 )
 
 // The goroutines that run handlers: startStream starts a stream's
-// handler on a goroutine that served an earlier stream (handed over by
-// nextStream) or on a new one; when the handler has returned,
-// finishStream closes the stream and gives its place among the
-// MaxConcurrentStreams back.
+// handler on a goroutine that served an earlier stream of the connection
+// (handed over by nextStream), else on a spare goroutine that served a
+// stream of any connection (spareWorkers), else on a new one; when the
+// handler has returned, finishStream closes the stream and gives its place
+// among the MaxConcurrentStreams back.
 
 // startStream opens st and runs its handler, or refuses it.
 func (c *Conn) startStream(st *Stream, endStream bool) error {
@@ -38,9 +41,14 @@ func (c *Conn) startStream(st *Stream, endStream bool) error {
 	c.mu.Unlock()
 	select {
 	case c.handoff <- st: // a goroutine that served a stream takes it
+		return nil
 	default:
-		c.wg.Add(1)
-		go c.runStreams(st)
+	}
+	c.wg.Add(1)
+	select {
+	case spareWorkers <- spareJob{c, st}: // a spare goroutine takes it
+	default:
+		go runWorker(c, st)
 	}
 	return nil
 }
@@ -55,6 +63,86 @@ func (c *Conn) runStreams(st *Stream) {
 	for st != nil {
 		c.runStream(st)
 		st = c.nextStream()
+	}
+}
+
+// Spare goroutines. A connection with one stream at a time (a browser's
+// or a client's request after request, h2load -m1) has no other stream
+// running when its handler returns, so nextStream lets the goroutine end,
+// and the next request's handler would start on a new goroutine whose
+// stack grows again to what a handler needs (the copies cost about a
+// tenth of the CPU of such a request: the TLS write's frames are deep).
+// Instead the goroutine waits as a spare, for a stream of any connection,
+// up to spareIdle; at most maxSpares wait at once. A connection's flusher
+// (write.go) runs on a spare as well: its TLS write needs the same stack. A spare belongs to no
+// connection while it waits (the connection it served has counted it out
+// of its WaitGroup), so an idle connection still holds no goroutine but
+// its reader, and a spare ends on its own soon after the load stops.
+
+// spareJob is a stream handed to a spare goroutine, with its connection
+// (which has counted the goroutine in its WaitGroup); without a stream,
+// the connection's flusher (runFlusher) is to run.
+type spareJob struct {
+	c  *Conn
+	st *Stream
+}
+
+// spareWorkers hands streams to the spare goroutines waiting in
+// waitSpare.
+var spareWorkers = make(chan spareJob)
+
+// spares counts the goroutines waiting in waitSpare.
+var spares atomic.Int32
+
+// spareIdle is how long a spare goroutine waits for a stream before it
+// ends.
+const spareIdle = 20 * time.Millisecond
+
+// maxSpares bounds the spare goroutines waiting at once (at a handler's
+// stack of 16 to 32 KiB, a few MiB, for spareIdle after the load stops):
+// enough for the bursts of a few connections with 100 streams each, whose
+// goroutines all end when a burst is over (nextStream).
+const maxSpares = 256
+
+// runWorker serves st on c (runStreams), or runs c's flusher when st is
+// nil, then, as a spare, the streams and flushers of any connection handed
+// to it, until none comes for spareIdle.
+func runWorker(c *Conn, st *Stream) {
+	var idle *time.Timer
+	for {
+		if st == nil {
+			c.runFlusher()
+		} else {
+			c.runStreams(st)
+		}
+		job, ok := waitSpare(&idle)
+		if !ok {
+			return
+		}
+		c, st = job.c, job.st
+	}
+}
+
+// waitSpare waits, as one of at most maxSpares spare goroutines, up to
+// spareIdle for a stream; false: none came, or there are spares enough.
+// idle is the goroutine's timer, made on its first wait.
+func waitSpare(idle **time.Timer) (spareJob, bool) {
+	if spares.Add(1) > maxSpares {
+		spares.Add(-1)
+		return spareJob{}, false
+	}
+	defer spares.Add(-1)
+	if *idle == nil {
+		*idle = time.NewTimer(spareIdle)
+	} else {
+		(*idle).Reset(spareIdle)
+	}
+	select {
+	case job := <-spareWorkers:
+		(*idle).Stop()
+		return job, true
+	case <-(*idle).C:
+		return spareJob{}, false
 	}
 }
 

@@ -92,3 +92,55 @@ func TestStreamGoroutineReleasedOnTick(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// spareGoroutines returns the ids of the spare goroutines waiting for a
+// stream.
+func spareGoroutines() map[string]bool { return goroutinesIn("h2engine.waitSpare") }
+
+// goroutinesIn returns the ids of the goroutines whose stack holds fn
+// ("": all).
+func goroutinesIn(fn string) map[string]bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	ids := map[string]bool{}
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			id, _, _ := strings.Cut(strings.TrimPrefix(g, "goroutine "), " ")
+			ids[id] = true
+		}
+	}
+	return ids
+}
+
+// TestStreamGoroutineSpare: a connection with one stream at a time has
+// its next request served by a goroutine that served an earlier stream
+// and waited as a spare (no other stream ran when it finished), not by a
+// new goroutine whose stack grows again; spares end within spareIdle once
+// no stream comes, so nothing is left waiting.
+func TestStreamGoroutineSpare(t *testing.T) {
+	testutil.VerifyNone(t)
+	h := &gidRecorder{gids: map[string]string{}}
+	// Spares of earlier tests could take this test's streams.
+	testutil.Eventually(t, 10*time.Second, "earlier spares to end", func() bool { return len(spareGoroutines()) == 0 })
+	s := newTestServer(t, false, Config{}, h)
+	c := dialRaw(t, s)
+	c.request(1, "/a", true)
+	c.waitEnd(1)
+	id := uint32(3)
+	for _, path := range []string{"/b", "/c"} {
+		// Wait for the last stream's goroutine to wait as a spare first:
+		// a request that comes sooner finds none and starts a goroutine.
+		testutil.Eventually(t, 10*time.Second, "the goroutine to wait as a spare", func() bool { return len(spareGoroutines()) > 0 })
+		// No other goroutine of the connection waits (no stream runs): a
+		// goroutine that was there before the request and served it was
+		// a spare.
+		before := goroutinesIn("")
+		c.request(id, path, true)
+		c.waitEnd(id)
+		if g := h.gid(path); !before[g] {
+			t.Fatalf("stream %s ran on goroutine %q, started for it; want a spare", path, g)
+		}
+		id += 2
+	}
+	testutil.Eventually(t, 10*time.Second, "the spares to end once no stream comes", func() bool { return len(spareGoroutines()) == 0 })
+}

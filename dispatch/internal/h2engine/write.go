@@ -331,7 +331,12 @@ func (c *Conn) startFlusher() {
 	}
 	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.runFlusher()
+	// A spare goroutine (workers.go) has the stack the TLS write needs.
+	select {
+	case spareWorkers <- spareJob{c: c}:
+	default:
+		go runWorker(c, nil)
+	}
 }
 
 // runFlusher writes the queued control frames and the frames owed a

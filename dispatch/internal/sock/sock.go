@@ -17,6 +17,9 @@
 //     seen without reading (POLLRDHUP).
 //   - probe_linux.go, probe_other.go: IdleProbe, whether an idle connection
 //     is still usable (a zero-timeout poll).
+//   - hangupwatch_linux.go, hangupwatch_other.go: HangupWatch, which of
+//     many sockets the peer closed, noted by one epoll instance and
+//     collected with one system call.
 //   - readable_unix.go, readable_other.go: WaitReadable, a wait for bytes
 //     without a buffer (MSG_PEEK inside the runtime poller).
 //   - replywait.go, replywait_unix.go, replywait_other.go: ReplyWait, a
