@@ -14,8 +14,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/net/http2"
 )
 
 // runQuiet is the quiet client of the noisy-neighbour workloads: one
@@ -266,9 +264,8 @@ func (q *quietH1) close() {
 // quietH2 is one HTTP/2 connection (TLS, ALPN h2) used one stream at a time.
 type quietH2 struct {
 	t   *target
-	tr  *http2.Transport
-	cc  *http2.ClientConn
-	raw net.Conn
+	tr  *http.Transport
+	cc  *http.ClientConn
 	url string
 }
 
@@ -276,28 +273,36 @@ func newQuietH2(t *target) (*quietH2, error) {
 	if t.sni == "" {
 		return nil, errors.New("-proto h2 needs TLS (-sni)")
 	}
-	q := &quietH2{t: t, tr: &http2.Transport{}, url: "https://" + t.host + t.path}
+	q := &quietH2{t: t, url: "https://" + t.host + t.path}
+	q.tr = &http.Transport{
+		Protocols: new(http.Protocols),
+		// Every connection is the target's own dial (its address, SNI
+		// and roots), with ALPN h2 only.
+		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
+			cfg := q.t.tlsConfig()
+			cfg.NextProtos = []string{"h2"}
+			c, err := q.t.dial(cfg, 5*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			if p := c.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != "h2" {
+				_ = c.Close()
+				return nil, fmt.Errorf("negotiated %q, not h2", p)
+			}
+			return c, nil
+		},
+	}
+	q.tr.Protocols.SetHTTP2(true)
 	return q, q.reconnect()
 }
 
 func (q *quietH2) reconnect() error {
 	q.close()
-	cfg := q.t.tlsConfig()
-	cfg.NextProtos = []string{"h2"}
-	c, err := q.t.dial(cfg, 5*time.Second)
+	cc, err := q.tr.NewClientConn(context.Background(), "https", net.JoinHostPort(q.t.host, "443"))
 	if err != nil {
-		return err
-	}
-	if p := c.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != "h2" {
-		_ = c.Close()
-		return fmt.Errorf("negotiated %q, not h2", p)
-	}
-	cc, err := q.tr.NewClientConn(c)
-	if err != nil {
-		_ = c.Close()
 		return fmt.Errorf("h2 client connection: %w", err)
 	}
-	q.cc, q.raw = cc, c
+	q.cc = cc
 	return nil
 }
 
@@ -330,9 +335,5 @@ func (q *quietH2) close() {
 	if q.cc != nil {
 		_ = q.cc.Close()
 		q.cc = nil
-	}
-	if q.raw != nil {
-		_ = q.raw.Close()
-		q.raw = nil
 	}
 }
