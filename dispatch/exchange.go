@@ -48,6 +48,9 @@ type exchange struct {
 	// writing the request for the answer to be readable (appwait.go): for
 	// a caller that reads the answer next and has nothing else to do.
 	awaitFor time.Duration
+	// fairErr is why the exchange could not take its fair-admission slot
+	// back after waiting for the app (resumeFair): readHead returns it.
+	fairErr error
 
 	// Timings and counts for the access log and the latency histograms
 	// (accesslog.go), the same for both protocols.
@@ -69,6 +72,12 @@ type exchangeClient interface {
 	// gone reports whether nobody is waiting for the answer any more (the
 	// client went away, or its connection was revoked). It does not block.
 	gone() bool
+	// pauseFair gives back the request's fair-admission slot while it
+	// waits for the app's answer (fair.go); resumeFair takes one again,
+	// in the instance's turn, and fails when the client side ended or
+	// its route was revoked while it queued.
+	pauseFair()
+	resumeFair() error
 }
 
 // dialContexter is a client side whose dials have a context of their own,
@@ -156,7 +165,12 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		var err error
 		if x.awaitFor > 0 {
 			_ = bc.conn.SetReadDeadline(now.Add(x.awaitFor))
+			// The wait for the answer gives the fair-admission slot
+			// back (fair.go); a failure to take it again ends the
+			// exchange in readHead.
+			x.cl.pauseFair()
 			n, now, err = bc.wait.WriteAwait(head)
+			x.fairErr = x.cl.resumeFair()
 		} else {
 			n, err = bc.conn.Write(head)
 			now = time.Now()
@@ -240,9 +254,28 @@ func (x *exchange) bodySent() bool {
 // readHead reads response heads into x.resp until a final one (status 200
 // or more, or 101), handing each other 1xx to interim.
 func (x *exchange) readHead(interim func(*response) error) error {
+	// After connect's wait for the answer ended early, the answer is
+	// there: no pause for it.
+	answered := x.awaitFor > 0 && time.Since(x.sentAt) < x.awaitFor
 	for {
 		x.armHeadTimeout()
-		head, err := readAppResponseHead(x.bc)
+		if x.fairErr != nil {
+			return x.fairErr
+		}
+		var head []byte
+		var err error
+		if answered {
+			answered = false
+			head, err = readAppResponseHead(x.bc)
+		} else {
+			// Waiting for the app is not the listener's work: the slot
+			// goes to another instance's request meanwhile (fair.go).
+			x.cl.pauseFair()
+			head, err = readAppResponseHead(x.bc)
+			if x.fairErr = x.cl.resumeFair(); x.fairErr != nil {
+				return x.fairErr
+			}
+		}
 		if err != nil {
 			return &appError{err: err, sent: true}
 		}

@@ -55,3 +55,68 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 	st.fair = t
 	return true
 }
+
+// releaseFair gives back the stream's fair admission, if it holds one.
+func (st *h2Stream) releaseFair() {
+	st.s.cfg.Fair.Release(st.fair)
+	st.fair = fairshare.Ticket{}
+}
+
+// pauseFair gives back the stream's slot while it waits for its app.
+func (st *h2Stream) pauseFair() {
+	if !st.s.holdFairAppWait {
+		st.releaseFair()
+	}
+}
+
+// resumeFair takes a slot again once the app has answered.
+func (st *h2Stream) resumeFair() error {
+	fair := st.s.cfg.Fair
+	if fair == nil || st.s.holdFairAppWait {
+		return nil
+	}
+	if t, ok := fair.TryAdmit(); ok {
+		st.fair = t
+		return nil
+	}
+	lease := st.hc.route.Lease.Done()
+	t, err := fair.AdmitEither(&st.hc.route.Instance.Fair, fairshare.KindRequest, st.es.Done(), lease)
+	if err != nil {
+		return resumeFailure(lease)
+	}
+	st.fair = t
+	return nil
+}
+
+// pauseFair gives back the request's slot while it waits for its app.
+func (c *clientConn) pauseFair() {
+	if c.s.holdFairAppWait {
+		return
+	}
+	c.s.cfg.Fair.Release(c.fair)
+	c.fair = fairshare.Ticket{}
+}
+
+// resumeFair takes a slot again once the app has answered.
+func (c *clientConn) resumeFair() error {
+	if c.s.cfg.Fair == nil || c.s.holdFairAppWait {
+		return nil
+	}
+	t, ok := c.s.admitFair(c.route.Instance, c.route.Lease.Done())
+	if !ok {
+		return errClientRevoked
+	}
+	c.fair = t
+	return nil
+}
+
+// resumeFailure is the error of a resumeFair that ended while queued: the
+// route's revocation, or else the stream's end.
+func resumeFailure(lease <-chan struct{}) error {
+	select {
+	case <-lease:
+		return errClientRevoked
+	default:
+		return errClientGone
+	}
+}

@@ -31,8 +31,11 @@ const (
 
 // fairEnv is the real listener and dispatch sharing one fair-admission
 // scheduler, in front of an app serving two instances (team/a, team/b):
-// /hold/NAME reports NAME's arrival and waits until released (or the
-// client goes away), any other path answers at once.
+// /hold/NAME sends the response head, reports NAME's arrival and holds
+// the body until released (the listener relays the body: it holds its
+// slot); /wait/NAME reports NAME's arrival and holds before answering at
+// all (the listener waits for its app: no slot held); any other path
+// answers at once.
 type fairEnv struct {
 	t        *testing.T
 	ca       *tlsconf.Authority
@@ -46,11 +49,27 @@ type fairEnv struct {
 
 func newFairEnv(t *testing.T, slots int, lease time.Duration) *fairEnv {
 	t.Helper()
+	return newFairEnvWith(t, slots, lease, false)
+}
+
+// newFairEnvWith is newFairEnv; holdAppWait keeps a request's slot while
+// it waits for its app (Server.holdFairAppWait).
+func newFairEnvWith(t *testing.T, slots int, lease time.Duration, holdAppWait bool) *fairEnv {
+	t.Helper()
 	h2Verify(t)
 	e := &fairEnv{t: t, arrivals: make(chan string, 64), release: make(chan struct{})}
 	stop := make(chan struct{})
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if name, ok := strings.CutPrefix(r.URL.Path, "/hold/"); ok {
+		if strings.HasPrefix(r.URL.Path, "/hold/") {
+			w.Header().Set("Content-Length", "2")
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+		}
+		name, hold := strings.CutPrefix(r.URL.Path, "/hold/")
+		if !hold {
+			name, hold = strings.CutPrefix(r.URL.Path, "/wait/")
+		}
+		if hold {
 			e.arrivals <- name
 			select {
 			case <-e.release:
@@ -78,6 +97,7 @@ func newFairEnv(t *testing.T, slots int, lease time.Duration) *fairEnv {
 	e.reg = prometheus.NewRegistry()
 	e.sched = fairshare.New(fairshare.Config{Slots: slots, Lease: lease, Registerer: e.reg})
 	srv := New(Config{Fair: e.sched, Logger: discard})
+	srv.holdFairAppWait = holdAppWait
 	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -212,11 +232,13 @@ func (e *fairEnv) waiting(n int) {
 // three more of A's queued, B's request, queued last, reaches the app
 // before A's remaining queue (deficit round robin, not first come first
 // served), on HTTP/1.1 and HTTP/2. The order is set by the app's holds,
-// not by timing.
+// not by timing: each admitted request keeps its slot until the app
+// lets it go (holdFairAppWait; otherwise each would give its slot to the
+// next while it waits for the app, and their arrivals would race).
 func TestFairAdmissionOrder(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
-			e := newFairEnv(t, 1, time.Hour) // no takeover here
+			e := newFairEnvWith(t, 1, time.Hour, true) // no takeover here
 			// Every connection is open (handshake done) before the slot is held.
 			var as []fairClient
 			for range 4 {
@@ -275,8 +297,10 @@ func TestFairAdmissionOrder(t *testing.T) {
 	}
 }
 
-// TestFairLeaseLongPoll: A's long polls hold every slot, yet B is served:
-// a slot held past its lease is taken over for B (HTTP/1.1 and HTTP/2).
+// TestFairLeaseLongPoll: A's long polls (their heads answered, their
+// bodies held: the listener relays them) hold every slot, yet B is
+// served: a slot held past its lease is taken over for B (HTTP/1.1 and
+// HTTP/2).
 func TestFairLeaseLongPoll(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
@@ -305,6 +329,42 @@ func TestFairLeaseLongPoll(t *testing.T) {
 					t.Error(err)
 				}
 			}
+		})
+	}
+}
+
+// TestFairAppWaitFreesSlot: a request waiting for its app holds no slot.
+// With one slot that is never taken over (lease of an hour), A's request
+// waits at its app while B's requests are served at once, and no lease
+// takeover was needed (HTTP/1.1 and HTTP/2). Before the app wait gave its
+// slot back, B waited for A's app.
+func TestFairAppWaitFreesSlot(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
+			e := newFairEnv(t, 1, time.Hour)
+			a, b := e.client(fairHostA, h2), e.client(fairHostB, h2)
+			ra := send(a, "/wait/a")
+			if got := e.arrival(); got != "a" {
+				t.Fatalf("arrival %q, want a", got)
+			}
+			for i := range 3 {
+				select {
+				case err := <-send(b, "/fast"):
+					if err != nil {
+						t.Fatalf("B's request %d while A waits for its app: %v", i, err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("B's request %d waited 10 s behind A's wait for its app", i)
+				}
+			}
+			if got := e.metric("applistener_fair_lease_takeovers_total", ""); got != 0 {
+				t.Errorf("lease takeovers %v, want none", got)
+			}
+			e.release <- struct{}{}
+			if err := <-ra; err != nil {
+				t.Error(err)
+			}
+			testutil.Eventually(t, 5*time.Second, "every slot free", func() bool { return !e.sched.Contended() })
 		})
 	}
 }

@@ -206,7 +206,7 @@ func (st *h2Stream) serve() bool {
 	if !st.admitFair(inst) {
 		return false
 	}
-	defer st.s.cfg.Fair.Release(st.fair)
+	defer st.releaseFair()
 	st.rec.admitted(inst)
 	st.s.m.streamsActive.Inc()
 	defer st.s.m.streamsActive.Dec()

@@ -71,7 +71,7 @@ func (st *h2Stream) serveWebSocket() bool {
 	if !st.admitFair(inst) {
 		return false
 	}
-	defer st.s.cfg.Fair.Release(st.fair)
+	defer st.releaseFair()
 	st.rec.admitted(inst)
 	s.m.streamsActive.Inc()
 	defer s.m.streamsActive.Dec()
@@ -231,7 +231,7 @@ func (st *h2Stream) spliceWebSocket(bc *backendConn) bool {
 	if s.cfg.Fair != nil {
 		sp.fair, sp.flow = s.cfg.Fair, &hc.route.Instance.Fair
 	}
-	s.cfg.Fair.Release(st.fair)  // from here each chunk is admitted
+	st.releaseFair()             // from here each chunk is admitted
 	sp.limit = hc.route.Instance // byte rate (ratelimit.go)
 	sp.act = st.rec.wsActivity
 	_ = bc.conn.SetDeadline(time.Time{})

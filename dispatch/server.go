@@ -212,6 +212,10 @@ type Server struct {
 	// noObserve turns the latency histograms off as well (only for the
 	// benchmark that measures their cost).
 	noObserve bool
+	// holdFairAppWait keeps a request's fair-admission slot while it
+	// waits for its app (only for the test that checks the admission
+	// order through the listener, which the app's holds must pin).
+	holdFairAppWait bool
 	bufPool   sync.Pool // *[]byte read buffers, client and app side
 	bwPool    sync.Pool // *bufio.Writer towards clients
 	bigPool   sync.Pool // *[]byte app-side buffers while a large body is copied
