@@ -212,13 +212,14 @@ type Server struct {
 	// noObserve turns the latency histograms off as well (only for the
 	// benchmark that measures their cost).
 	noObserve bool
-	// holdFairAppWait keeps a request's fair-admission slot while it
-	// waits for its app (only for the test that checks the admission
-	// order through the listener, which the app's holds must pin).
+	// holdFairAppWait keeps an HTTP/2 stream's fair-admission slot while
+	// it waits for its app, as HTTP/1.1 requests always do (fair.go);
+	// only for the test that checks the admission order through the
+	// listener, which the app's holds must pin.
 	holdFairAppWait bool
-	bufPool   sync.Pool // *[]byte read buffers, client and app side
-	bwPool    sync.Pool // *bufio.Writer towards clients
-	bigPool   sync.Pool // *[]byte app-side buffers while a large body is copied
+	bufPool         sync.Pool // *[]byte read buffers, client and app side
+	bwPool          sync.Pool // *bufio.Writer towards clients
+	bigPool         sync.Pool // *[]byte app-side buffers while a large body is copied
 
 	mu       sync.Mutex
 	conns    map[*clientConn]struct{}
