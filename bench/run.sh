@@ -12,7 +12,7 @@
 #   BENCH_ROUNDS=N        rounds (default 3; median reported, min/max as spread)
 #   BENCH_TARGETS="..."   subset of: applistener applistener-nofair nginx haproxy caddy
 #                         direct-tls direct-plain (applistener-nofair: serve with
-#                         --fair-slots -1, the noisy-neighbour workloads only; by
+#                         --fair-slots -1: the noisy-neighbour workloads and the saturating small, many, h2_mux and h2_one, the A/B pair of fair admission; by
 #                         default it runs when the binary knows that flag)
 #   BENCH_PROFILE=0|1     profile applistener where it is behind HAProxy (default 1; 0 in quick mode)
 #   BENCH_SCHED=rr|nice|none  scheduling of the benchmark's processes (default rr:
@@ -1398,7 +1398,7 @@ workloads_all() {
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	caddy) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	applistener) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
-	applistener-nofair) echo "noisy_h1 noisy_h2 noisy10_h1" ;;
+	applistener-nofair) echo "small many h2_mux h2_one noisy_h1 noisy_h2 noisy10_h1" ;;
 	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
 	esac
 }
