@@ -43,7 +43,7 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 	if fair == nil {
 		return true
 	}
-	if t, ok := fair.TryAdmit(); ok {
+	if t, ok := fair.TryAdmitFlow(&inst.Fair); ok {
 		st.fair = t
 		return true
 	}
@@ -75,7 +75,7 @@ func (st *h2Stream) resumeFair() error {
 	if fair == nil || st.s.holdFairAppWait {
 		return nil
 	}
-	if t, ok := fair.TryAdmit(); ok {
+	if t, ok := fair.TryAdmitFlow(&st.hc.route.Instance.Fair); ok {
 		st.fair = t
 		return nil
 	}

@@ -587,7 +587,8 @@ func runSupervisor(ctx context.Context, o *serveOptions, logger *slog.Logger, si
 		}
 		var fair *fairshare.Scheduler
 		if o.fairSlots >= 0 {
-			fair = fairshare.New(fairshare.Config{Slots: o.fairSlots, Lease: o.fairLease, Registerer: reg})
+			fair = fairshare.New(fairshare.Config{Slots: o.fairSlots, Lease: o.fairLease,
+				SoloWindow: fairshare.DefaultSoloWindow, Registerer: reg})
 			defer fair.Close()
 		}
 		disp = dispatch.New(dispatch.Config{

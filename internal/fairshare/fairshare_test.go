@@ -475,3 +475,51 @@ func TestAdmitEitherCancelledBySecond(t *testing.T) {
 		t.Errorf("taken %b, waiting %d", s.taken.Load(), s.Waiting())
 	}
 }
+
+// TestSoloWindow: a flow that has been the only one admitted for the solo
+// window is admitted at once (the zero Ticket) even with every slot taken;
+// the first admission of another flow ends that, and from then on both
+// queue in turn. Without a window (the zero Config) nothing changes.
+func TestSoloWindow(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	s.solo = int64(time.Second)
+	s.lease = int64(time.Hour) // no takeover while the clock moves on
+	var a, b Flow
+	held, err := s.Admit(&a, KindRequest, nil, 0)
+	if err != nil || !held.Valid() {
+		t.Fatalf("first admission: %+v %v", held, err)
+	}
+	if _, ok := s.TryAdmitFlow(&a); ok {
+		t.Fatal("admitted beyond the slots before the flow was alone for the window")
+	}
+	clock.advance(time.Second)
+	tk, ok := s.TryAdmitFlow(&a)
+	if !ok || tk.Valid() {
+		t.Fatalf("alone for the window: admitted %v with %+v, want the zero Ticket", ok, tk)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _, _ = s.TryAdmitFlow(&a) }); allocs != 0 {
+		t.Errorf("%v allocations per solo admission", allocs)
+	}
+	// Another flow arrives: it queues for the slot, and so does a again.
+	var wg sync.WaitGroup
+	qb := enqueue(t, s, &b, "b", nil, 1, &wg)
+	if _, ok := s.TryAdmitFlow(&a); ok {
+		t.Fatal("a admitted beyond the slots while b waits")
+	}
+	s.Release(held)
+	tb := <-qb.got
+	wg.Wait()
+	clock.advance(time.Second / 2)
+	if _, ok := s.TryAdmitFlow(&a); ok {
+		t.Fatal("a admitted beyond the slots half a window after b")
+	}
+	s.Release(tb)
+
+	off, offClock, _ := newTest(t, 1) // SoloWindow 0
+	h, _ := off.Admit(&a, KindRequest, nil, 0)
+	offClock.advance(time.Hour)
+	if _, ok := off.TryAdmitFlow(&a); ok {
+		t.Fatal("admitted beyond the slots without a solo window")
+	}
+	off.Release(h)
+}
