@@ -192,23 +192,11 @@ func newAccessEnv(t *testing.T, configure ...func(*Config)) *accessEnv {
 	e.ca = ca
 	e.app, e.rpc = newAccessApp(t, false), newAccessApp(t, true)
 	e.grpcMD = make(chan metadata.MD, 16)
-	gs := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	e.grpcPort = startGRPCApp(t, grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		e.grpcMD <- md
 		return h(ctx, req)
 	}))
-	testpb.RegisterTestServiceServer(gs, &rpcServer{})
-	gln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.grpcPort = gln.Addr().(*net.TCPAddr).Port
-	var gwg sync.WaitGroup
-	gwg.Go(func() { _ = gs.Serve(gln) })
-	t.Cleanup(func() {
-		gs.Stop()
-		gwg.Wait()
-	})
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler), AccessTokens: true})
 	e.apply()
 	cfg := Config{

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,22 +30,11 @@ import (
 //
 //	go test -run XXX -bench H2CUnary -count 3 ./dispatch/
 func BenchmarkH2CUnary(b *testing.B) {
-	gs := grpc.NewServer()
-	testpb.RegisterTestServiceServer(gs, &rpcServer{})
-	appLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = gs.Serve(appLn) })
-	defer func() {
-		gs.Stop()
-		wg.Wait()
-	}()
+	appPort := startGRPCApp(b)
 	host := "team--s0--rpc." + sharedBenchDomain
 
 	l := startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
-		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appLn.Addr().(*net.TCPAddr).Port)})
+		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appPort)})
 	defer l.stop(b)
 	srv := l.srv
 
@@ -59,7 +46,7 @@ func BenchmarkH2CUnary(b *testing.B) {
 		b.Cleanup(func() { _ = cc.Close() })
 		return testpb.NewTestServiceClient(cc)
 	}
-	direct := newClient(appLn.Addr().String(), insecureCreds{})
+	direct := newClient(fmt.Sprintf("127.0.0.1:%d", appPort), insecureCreds{})
 	via := newClient(l.addr,
 		credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: l.ca.Pool(), MinVersion: tls.VersionTLS12}))
 	req := &testpb.SimpleRequest{ResponseSize: 64, Payload: &testpb.Payload{Body: make([]byte, 64)}}

@@ -828,3 +828,22 @@ func TestH2CStalledUpload(t *testing.T) {
 	testutil.Eventually(t, 2*time.Second, "slot released", func() bool { return inst.Active() == 0 })
 	h2MustDo(t, cc, h2Req(t, "GET", h2cPlainHost, "/after", nil), 200)
 }
+
+// startGRPCApp serves the test service (rpcServer) with grpc-go on a
+// loopback port until the test or benchmark ends, and returns the port.
+func startGRPCApp(tb testing.TB, opts ...grpc.ServerOption) int {
+	tb.Helper()
+	gs := grpc.NewServer(opts...)
+	testpb.RegisterTestServiceServer(gs, &rpcServer{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = gs.Serve(ln) })
+	tb.Cleanup(func() {
+		gs.Stop()
+		wg.Wait()
+	})
+	return ln.Addr().(*net.TCPAddr).Port
+}

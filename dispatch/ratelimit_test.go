@@ -116,25 +116,14 @@ func newRLEnvWith(t *testing.T, limits string, sleeping bool) *rlEnv {
 	}))
 	t.Cleanup(app.Close)
 	e.appPort = app.Listener.Addr().(*net.TCPAddr).Port
-	gs := grpc.NewServer()
-	testpb.RegisterTestServiceServer(gs, &rpcServer{})
-	gln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.grpcPort = gln.Addr().(*net.TCPAddr).Port
-	var gwg sync.WaitGroup
-	gwg.Go(func() { _ = gs.Serve(gln) })
-	t.Cleanup(func() {
-		gs.Stop()
-		gwg.Wait()
-	})
+	e.grpcPort = startGRPCApp(t)
 	e.table = routes.NewTable(routes.Options{Domain: h2Domain, Logger: slog.New(slog.DiscardHandler)})
 	e.apply(limits)
 	e.log = &lineLog{}
 	cfg := Config{Logger: slog.New(slog.DiscardHandler), AccessLog: AccessLogJSON, AccessLogWriter: e.log}
 	ctx, stopFollow := context.WithCancel(context.Background())
 	var coord *wake.Coordinator
+	var err error
 	if sleeping {
 		coord, err = wake.New(wake.Options{Logger: slog.New(slog.DiscardHandler),
 			Waker: wake.WakerFunc(func(context.Context, wake.Key) error {
