@@ -650,13 +650,7 @@ func TestAccessWebSocket(t *testing.T) {
 	e := newAccessEnv(t)
 	tok := e.token("k1", "demo", "web", "", 0, time.Hour)
 	t.Run("h1", func(t *testing.T) {
-		d := websocket.Dialer{
-			TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: accWeb, NextProtos: []string{"http/1.1"}},
-			NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-			},
-			HandshakeTimeout: 5 * time.Second,
-		}
+		d := listenerWSDialer(e.ca, e.ln.Addr().String(), accWeb)
 		hdr := http.Header{"Accept": {"text/html"}, "Origin": {accOrigin}}
 		_, resp, err := d.Dial("wss://"+accWeb+"/ws", hdr)
 		if err == nil || resp == nil || resp.StatusCode != 401 {
@@ -808,12 +802,7 @@ func TestAccessGenerationRevokes(t *testing.T) {
 	tok := e.token("k1", "demo", "web", "", 0, time.Hour)
 	hdr := http.Header{"X-Applistener-Token": {tok}}
 	// HTTP/1.1 WebSocket.
-	d := websocket.Dialer{
-		TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: accWeb, NextProtos: []string{"http/1.1"}},
-		NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-		},
-	}
+	d := listenerWSDialer(e.ca, e.ln.Addr().String(), accWeb)
 	ws1, _, err := d.Dial("wss://"+accWeb+"/ws", hdr)
 	if err != nil {
 		t.Fatal(err)

@@ -316,13 +316,7 @@ func TestRateLimitRequests(t *testing.T) {
 	}
 
 	t.Run("websocket h1", func(t *testing.T) {
-		d := websocket.Dialer{
-			TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: rlWeb, NextProtos: []string{"http/1.1"}},
-			NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-			},
-			HandshakeTimeout: 5 * time.Second,
-		}
+		d := listenerWSDialer(e.ca, e.ln.Addr().String(), rlWeb)
 		resp := refused(e, func() (*http.Response, bool) {
 			ws, resp, err := d.Dial("wss://"+rlWeb+"/ws", nil)
 			if err == nil {
@@ -537,13 +531,7 @@ func TestRateLimitBytes(t *testing.T) {
 	t.Run("websocket h1", func(t *testing.T) {
 		fresh()
 		_, pauses0 := inst.Throttled()
-		d := websocket.Dialer{
-			TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: rlWeb, NextProtos: []string{"http/1.1"}},
-			NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-			},
-			HandshakeTimeout: 5 * time.Second,
-		}
+		d := listenerWSDialer(e.ca, e.ln.Addr().String(), rlWeb)
 		ws, _, err := d.Dial("wss://"+rlWeb+"/ws", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -654,13 +642,7 @@ func TestRateLimitWebSocketNotIdle(t *testing.T) {
 	}
 	t.Run("h1", func(t *testing.T) {
 		e := newRLEnv(t, limits)
-		d := websocket.Dialer{
-			TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), ServerName: rlWeb, NextProtos: []string{"http/1.1"}},
-			NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, e.ln.Addr().String())
-			},
-			HandshakeTimeout: 5 * time.Second,
-		}
+		d := listenerWSDialer(e.ca, e.ln.Addr().String(), rlWeb)
 		ws, _, err := d.Dial("wss://"+rlWeb+"/ws", nil)
 		if err != nil {
 			t.Fatal(err)

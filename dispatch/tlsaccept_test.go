@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/applistener/applistener/listener"
 	"github.com/applistener/applistener/routes"
 	"github.com/applistener/applistener/tlsconf"
@@ -91,4 +93,16 @@ func serveRoutesTLS(wg *sync.WaitGroup, ln net.Listener, cert tls.Certificate, t
 			})
 		}
 	})
+}
+
+// listenerWSDialer returns a WebSocket dialer that speaks HTTP/1.1 to the
+// listener at addr for host, trusting ca, with a 5 s handshake timeout.
+func listenerWSDialer(ca *tlsconf.Authority, addr, host string) websocket.Dialer {
+	return websocket.Dialer{
+		TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: host, NextProtos: []string{"http/1.1"}},
+		NetDialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		},
+		HandshakeTimeout: 5 * time.Second,
+	}
 }
