@@ -131,8 +131,9 @@ fi
 if [[ $SCHED == rr ]] && ! command -v chrt >/dev/null; then SCHED=nice; fi
 # The noisy-neighbour workloads' quiet client and quiet app: one step above
 # the rest (a lower nice value only where that is permitted).
-QUIET_PRIO=$((RT_PRIO + 1)) QUIET_NICE=$NICE
+QUIET_PRIO=$((RT_PRIO + 1)) QUIET_NICE=$NICE QUIET_SCHED=$SCHED
 if [[ $(id -u) == 0 ]]; then QUIET_NICE=$((NICE - 1)); fi
+if [[ $SCHED == nice && $(id -u) == 0 ]] && command -v chrt >/dev/null; then QUIET_SCHED=rr; fi
 case $SCHED in
 rr) SCHED_DESC="SCHED_RR priority $RT_PRIO" ;;
 nice) SCHED_DESC="nice $NICE" ;;
@@ -265,7 +266,7 @@ now() { date +%s.%N; }
 run_pinned() {
 	local cpu=$1
 	shift
-	case $SCHED in
+	case ${PIN_SCHED:-$SCHED} in
 	rr) exec chrt -r "${PIN_PRIO:-$RT_PRIO}" taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
 	nice) exec nice -n "${PIN_NICE:-$NICE}" taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
 	*) exec taskset -c "$cpu" env GOMAXPROCS=1 "$@" ;;
@@ -473,7 +474,7 @@ start_backend() {
 # its own app; it runs with the quiet client, on the proxy's core above the
 # proxy (see wl_noisy), so that B's figures are the proxy's, not core 1's.
 start_quiet_backend() {
-	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APPQ" >"$TMP/benchapp-quiet.log" 2>&1 &
+	PIN_SCHED=$QUIET_SCHED PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_APPQ" >"$TMP/benchapp-quiet.log" 2>&1 &
 	STARTED+=("$!")
 	local i
 	for i in $(seq 1 50); do
@@ -1300,7 +1301,7 @@ noisy_quiet_hosts() { # count
 quiet_lg() { # http1|h2 hosts duration: one JSON line
 	local port=$PORT
 	[[ $1 != h2 ]] || port=$H2PORT
-	PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/loadgen" quiet -proto "$1" -addr "127.0.0.1:$port" \
+	PIN_SCHED=$QUIET_SCHED PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/loadgen" quiet -proto "$1" -addr "127.0.0.1:$port" \
 		-sni "$SNI" -hosts "$2" -rate "$NOISY_RATE" -duration "${3}s" -warmup 1s 2>>"$TMP/loadgen.err" |
 		tee -a "$TMP/loadgen.log" | tail -n 1 || true
 }
