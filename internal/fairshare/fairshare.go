@@ -10,6 +10,12 @@
 // waiter in that order, so a flooding flow queues behind its own work, not
 // in front of everyone else's.
 //
+// Some slots are kept for light flows (Config.Reserve): while anyone
+// queues, a flow with waiters of its own gets a slot only while more than
+// the reserve is free, and a flow that holds no slot and has no queue takes
+// a free one at once. A flood therefore never holds every slot while others
+// want one, and a neighbour's request does not wait for the flood's to end.
+//
 // A slot is meant to cover CPU work. One held longer than the lease (an
 // exchange waiting on a long poll, a slow client, a streamed body) may be
 // taken over for a waiter: its generation changes and the old holder's
@@ -45,6 +51,11 @@ const DefaultLease = 2 * time.Millisecond
 // the noise while the quiet instance's median stayed under 1 ms (5 ms
 // without fair admission); 16 doubled that median.
 const SlotsPerProc = 8
+
+// ReservePerSlots is the default reserve (Config.Reserve): one slot in
+// eight is kept for flows that hold none, so that on one core (8 slots) a
+// flood holds at most 7 while others want one.
+const ReservePerSlots = 8
 
 // DefaultSoloWindow is the solo window serve uses (Config.SoloWindow): a
 // neighbour that sends at least once a second is always queued for in
@@ -90,6 +101,10 @@ func (t Ticket) Valid() bool { return t.gen != 0 }
 // copied after first use.
 type Flow struct {
 	weight atomic.Int32 // 0: 1
+	// held is the number of slots the flow's tickets hold; queued the
+	// number of its waiters (changed under Scheduler.mu).
+	held   atomic.Int32
+	queued atomic.Int32
 	// Counters, read by the instance metrics.
 	waits     atomic.Uint64
 	waitNanos atomic.Int64
@@ -132,6 +147,10 @@ type Config struct {
 	Lease time.Duration
 	// Registerer receives the scheduler's metrics; nil: none.
 	Registerer prometheus.Registerer
+	// Reserve is the number of slots kept, while anyone queues, for flows
+	// that hold no slot: 0 for Slots / ReservePerSlots (none below 8
+	// slots), negative for none.
+	Reserve int
 	// SoloWindow, when positive, lets a flow that has been the only one
 	// admitted for that long be admitted at once even when every slot is
 	// taken (with the zero Ticket): with nobody else to be fair to,
@@ -147,11 +166,17 @@ type Scheduler struct {
 	n     int
 	full  uint64
 	lease int64
+	// heavyMax is the most slots taken (n minus the reserve) at which a
+	// slot may go to a flow that already holds one while others queue.
+	heavyMax int
 	// taken has bit i set while slot i is held (or handed to a waiter).
 	taken atomic.Uint64
 	// waiting is the number of queued waiters; changed under mu only.
 	waiting atomic.Int64
 	slot    [MaxSlots]atomic.Uint64 // heldWord or released gen<<32
+	// holder is the flow of slot i's current ticket (nil for TryAdmit's),
+	// written by whoever issues it and read by whoever ends it.
+	holder [MaxSlots]atomic.Pointer[Flow]
 
 	now   func() int64 // monotonic nanoseconds
 	timer func(d time.Duration, f func()) stopper
@@ -190,7 +215,12 @@ func New(cfg Config) *Scheduler {
 	if lease <= 0 {
 		lease = DefaultLease
 	}
-	s := &Scheduler{n: n, lease: int64(lease), now: monotonic, timer: realTimer, m: newMetrics(cfg.Registerer),
+	reserve := cfg.Reserve
+	if reserve == 0 {
+		reserve = n / ReservePerSlots
+	}
+	reserve = min(max(reserve, 0), n-1)
+	s := &Scheduler{n: n, heavyMax: n - reserve, lease: int64(lease), now: monotonic, timer: realTimer, m: newMetrics(cfg.Registerer),
 		solo: int64(max(cfg.SoloWindow, 0))}
 	if n == MaxSlots {
 		s.full = ^uint64(0)
@@ -245,16 +275,29 @@ func (s *Scheduler) expired(w uint64, now int64) bool {
 	return w&heldBit != 0 && int64(age)*int64(time.Microsecond) >= s.lease
 }
 
-// issue gives slot i, whose bit the caller set, a new ticket. Nobody else
-// writes the word of a slot whose bit is set and whose ticket is not out.
-func (s *Scheduler) issue(i int) Ticket {
+// issue gives slot i, whose bit the caller set, a new ticket for flow f
+// (nil: none). Nobody else writes the word of a slot whose bit is set and
+// whose ticket is not out.
+func (s *Scheduler) issue(i int, f *Flow) Ticket {
 	g := nextGen(genOf(s.slot[i].Load()))
+	if f != nil {
+		f.held.Add(1)
+	}
+	s.holder[i].Store(f)
 	s.slot[i].Store(s.heldWord(g, s.now()))
 	return Ticket{gen: g, slot: uint8(i)}
 }
 
-// tryTake takes a free slot, if any.
-func (s *Scheduler) tryTake() (Ticket, bool) {
+// ended notes that slot i's ticket no longer holds it (released or taken
+// over): its flow holds one slot fewer.
+func (s *Scheduler) ended(i int) {
+	if f := s.holder[i].Swap(nil); f != nil {
+		f.held.Add(-1)
+	}
+}
+
+// tryTake takes a free slot, if any, for flow f (nil: none).
+func (s *Scheduler) tryTake(f *Flow) (Ticket, bool) {
 	for {
 		b := s.taken.Load()
 		if b == s.full {
@@ -262,9 +305,16 @@ func (s *Scheduler) tryTake() (Ticket, bool) {
 		}
 		i := bits.TrailingZeros64(^b)
 		if s.taken.CompareAndSwap(b, b|1<<i) {
-			return s.issue(i), true
+			return s.issue(i, f), true
 		}
 	}
+}
+
+// light reports whether flow f may take a free slot without queueing
+// while others wait: it holds none and has no waiters of its own (the
+// reserve is for it).
+func light(f *Flow) bool {
+	return f != nil && f.held.Load() == 0 && f.queued.Load() == 0
 }
 
 // TryAdmit admits at once if a slot is free and nobody waits; it never
@@ -276,7 +326,7 @@ func (s *Scheduler) TryAdmit() (Ticket, bool) {
 	if s.waiting.Load() > 0 {
 		return Ticket{}, false
 	}
-	return s.tryTake()
+	return s.tryTake(nil)
 }
 
 // Admit admits a unit of work of flow f: at once when a slot is free and
@@ -299,8 +349,10 @@ func (s *Scheduler) TryAdmitFlow(f *Flow) (Ticket, bool) {
 		return Ticket{}, true
 	}
 	s.noteFlow(f)
-	if t, ok := s.TryAdmit(); ok {
-		return t, true
+	if s.waiting.Load() == 0 || light(f) {
+		if t, ok := s.tryTake(f); ok {
+			return t, true
+		}
 	}
 	if s.alone() {
 		return Ticket{}, true
@@ -336,18 +388,16 @@ func (s *Scheduler) AdmitEither(f *Flow, kind Kind, done, also <-chan struct{}) 
 func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout time.Duration) (Ticket, error) {
 	start := s.now()
 	s.mu.Lock()
-	if t, ok := s.tryTake(); ok {
-		if s.waiting.Load() == 0 {
+	if s.waiting.Load() == 0 || light(f) {
+		if t, ok := s.tryTake(f); ok {
 			s.mu.Unlock()
 			return t, nil
 		}
-		// Others wait: the slot goes to the first in turn, and this one
-		// queues behind them.
-		s.grantLocked(int(t.slot))
 	}
 	w := s.waiter.Get().(*waiter)
 	w.flow = f
 	s.enqueueLocked(w)
+	s.fillLocked()    // free slots go to waiters in turn (this one perhaps)
 	s.reclaimLocked() // slots held past their lease go to waiters at once
 	s.armLocked()
 	s.mu.Unlock()
@@ -407,6 +457,7 @@ func (s *Scheduler) Release(t Ticket) bool {
 			break
 		}
 	}
+	s.ended(i)
 	if s.waiting.Load() == 0 {
 		s.taken.And(^(uint64(1) << i))
 		if s.waiting.Load() == 0 {
@@ -414,9 +465,7 @@ func (s *Scheduler) Release(t Ticket) bool {
 		}
 		// A waiter queued meanwhile, perhaps after seeing no free slot.
 		s.mu.Lock()
-		if t, ok := s.tryTake(); ok {
-			s.grantOrFreeLocked(int(t.slot))
-		}
+		s.fillLocked()
 		s.mu.Unlock()
 		return true
 	}
@@ -427,21 +476,42 @@ func (s *Scheduler) Release(t Ticket) bool {
 }
 
 // grantOrFreeLocked hands slot i, whose bit is set and whose ticket is not
-// out (or not yet used), to the next waiter, or frees it.
+// out (or not yet used), to the next waiter in turn that may have it, or
+// frees it.
 func (s *Scheduler) grantOrFreeLocked(i int) {
-	if s.waiting.Load() == 0 {
+	if !s.grantLocked(i) {
 		s.slot[i].Store(uint64(genOf(s.slot[i].Load())) << 32)
 		s.taken.And(^(uint64(1) << i))
-		return
 	}
-	s.grantLocked(i)
 }
 
-// grantLocked gives slot i a new ticket and hands it to the next waiter in
-// turn; there is one.
-func (s *Scheduler) grantLocked(i int) {
-	w := s.nextLocked()
-	w.ready <- s.issue(i)
+// fillLocked hands free slots to waiters in turn while one may have them.
+func (s *Scheduler) fillLocked() {
+	for s.waiting.Load() > 0 {
+		t, ok := s.tryTake(nil)
+		if !ok {
+			return
+		}
+		if !s.grantLocked(int(t.slot)) {
+			s.ended(int(t.slot))
+			s.slot[t.slot].Store(uint64(t.gen) << 32)
+			s.taken.And(^(uint64(1) << t.slot))
+			return
+		}
+	}
+}
+
+// grantLocked gives slot i, whose bit is set, a new ticket and hands it to
+// the next waiter in turn that may have it; it reports false when none
+// may. Within the reserve (more than heavyMax slots taken, i included)
+// only a flow that holds no slot may.
+func (s *Scheduler) grantLocked(i int) bool {
+	w := s.nextLocked(bits.OnesCount64(s.taken.Load()) > s.heavyMax)
+	if w == nil {
+		return false
+	}
+	w.ready <- s.issue(i, w.flow)
+	return true
 }
 
 // enqueueLocked queues w on its flow, and the flow on the ring.
@@ -449,6 +519,7 @@ func (s *Scheduler) enqueueLocked(w *waiter) {
 	f := w.flow
 	w.queued = true
 	w.prev, w.next = f.tail, nil
+	f.queued.Add(1)
 	if f.tail != nil {
 		f.tail.next = w
 	} else {
@@ -477,6 +548,7 @@ func (s *Scheduler) dequeueLocked(w *waiter) {
 		f.tail = w.prev
 	}
 	w.prev, w.next, w.queued = nil, nil, false
+	f.queued.Add(-1)
 	s.waiting.Add(-1)
 	if f.head == nil {
 		s.ringRemoveLocked(f)
@@ -485,9 +557,24 @@ func (s *Scheduler) dequeueLocked(w *waiter) {
 
 // nextLocked takes the next waiter by deficit round robin: the flow at the
 // front of the ring is served until its deficit (refilled with its weight
-// each round) is spent, then goes to the back.
-func (s *Scheduler) nextLocked() *waiter {
+// each round) is spent, then goes to the back. With lightOnly, it takes
+// the first waiter in ring order whose flow holds no slot, without
+// touching deficits or the ring's order; nil if there is none.
+func (s *Scheduler) nextLocked(lightOnly bool) *waiter {
 	f := s.ring
+	if f == nil {
+		return nil
+	}
+	if lightOnly {
+		for f.held.Load() != 0 {
+			if f = f.next; f == s.ring {
+				return nil
+			}
+		}
+		w := f.head
+		s.dequeueLocked(w)
+		return w
+	}
 	w := f.head
 	s.dequeueLocked(w)
 	if f.active {
@@ -576,8 +663,9 @@ func (s *Scheduler) reclaimLocked() {
 		if !s.slot[i].CompareAndSwap(w, uint64(genOf(w))<<32) {
 			continue
 		}
+		s.ended(i)
 		s.m.takeovers.Inc()
-		s.grantLocked(i)
+		s.grantOrFreeLocked(i)
 	}
 }
 

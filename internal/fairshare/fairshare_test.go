@@ -523,3 +523,113 @@ func TestSoloWindow(t *testing.T) {
 	}
 	off.Release(h)
 }
+
+// TestReserveForLightFlows: with 8 slots one is kept for flows that hold
+// none. A flood that took every slot before anyone queued gives the next
+// release to a neighbour queued behind the flood's own waiters; after that
+// the flood is held to 7 slots while it queues, so a newcomer is admitted
+// at once, without queueing, and the reserve's slot goes back to the flood
+// only when nobody else wants it.
+func TestReserveForLightFlows(t *testing.T) {
+	s, _, _ := newTest(t, 8)
+	if s.heavyMax != 7 {
+		t.Fatalf("heavyMax = %d, want 7 (one slot in eight reserved)", s.heavyMax)
+	}
+	var flood, b, c Flow
+	var held []Ticket
+	for range 8 {
+		tk, ok := s.TryAdmitFlow(&flood)
+		if !ok {
+			t.Fatal("a free slot was refused")
+		}
+		held = append(held, tk)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	fq := []*queued{enqueue(t, s, &flood, "flood1", nil, 1, &wg), enqueue(t, s, &flood, "flood2", nil, 2, &wg)}
+	bq := enqueue(t, s, &b, "b", nil, 3, &wg)
+
+	// Every slot is the flood's: the first release goes to b, queued last.
+	s.Release(held[0])
+	bt := <-bq.got
+	if got := flood.held.Load(); got != 7 {
+		t.Fatalf("flood holds %d slots, want 7", got)
+	}
+	// The next release would leave no slot free for a newcomer: it is kept.
+	s.Release(held[1])
+	select {
+	case <-fq[0].got:
+		t.Fatal("the reserve's slot went to the flood while it still held 6 and b held one")
+	case <-time.After(20 * time.Millisecond):
+	}
+	// A newcomer that holds nothing takes it at once, though the flood queues.
+	ct, ok := s.TryAdmitFlow(&c)
+	if !ok {
+		t.Fatal("a light flow was queued behind the flood while a reserved slot was free")
+	}
+	// While b and c hold one each, the flood's own release is kept free
+	// too: the reserve is a free slot, whoever uses the others.
+	s.Release(held[2])
+	select {
+	case <-fq[0].got:
+		t.Fatal("the flood was given the last free slot while b and c held one each")
+	case <-time.After(20 * time.Millisecond):
+	}
+	// b and c end: each release leaves a slot free beyond the reserve, for
+	// the flood's waiters in turn.
+	s.Release(bt)
+	f1 := <-fq[0].got
+	s.Release(ct)
+	f2 := <-fq[1].got
+	for _, tk := range append(held[3:], f1, f2) {
+		s.Release(tk)
+	}
+	for _, f := range []*Flow{&flood, &b, &c} {
+		if got := f.held.Load(); got != 0 {
+			t.Fatalf("a flow still counts %d slots after every release", got)
+		}
+	}
+	if got := s.taken.Load(); got != 0 {
+		t.Fatalf("slots still taken after every release: %b", got)
+	}
+}
+
+// TestReserveOff: below 8 slots, or with a negative Reserve, there is no
+// reserve: a release goes to the next waiter in turn even when that flow
+// already holds slots.
+func TestReserveOff(t *testing.T) {
+	for _, cfg := range []Config{{Slots: 4}, {Slots: 8, Reserve: -1}} {
+		s := New(cfg)
+		if s.heavyMax != cfg.Slots {
+			t.Fatalf("%+v: heavyMax = %d, want %d", cfg, s.heavyMax, cfg.Slots)
+		}
+		s.Close()
+	}
+}
+
+// TestTakeoverEndsHolding: a slot taken over after its lease no longer
+// counts for the flow that held it.
+func TestTakeoverEndsHolding(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	var a, b Flow
+	at, ok := s.TryAdmitFlow(&a)
+	if !ok {
+		t.Fatal("free slot refused")
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bq := enqueue(t, s, &b, "b", nil, 1, &wg)
+	clock.advance(10 * time.Millisecond)
+	s.onLease()
+	bt := <-bq.got
+	if a.held.Load() != 0 || b.held.Load() != 1 {
+		t.Fatalf("after the takeover a holds %d, b %d; want 0 and 1", a.held.Load(), b.held.Load())
+	}
+	if s.Release(at) {
+		t.Fatal("the taken-over ticket still released its slot")
+	}
+	s.Release(bt)
+	if b.held.Load() != 0 {
+		t.Fatalf("b holds %d after its release", b.held.Load())
+	}
+}
