@@ -35,6 +35,8 @@
 #                         and allocations over the measured run, system calls by
 #                         kind in a separate pass counted by perf (see mech_*)
 #   BENCH_SYSCALL_DUR=N   seconds of that system-call pass (default 2)
+#   (gRPC: grpc_unary and grpc_stream run against applistener, nginx, HAProxy
+#   and direct-plain, the app's own h2c port; see wl_grpc)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,6 +82,13 @@ MANY_CONNS=400     # wrk connections, small requests from many clients
 H2_MUX_CONNS=4     # h2load: connections x streams, multiplexed
 H2_MUX_STREAMS=100
 H2_ONE_CONNS=50    # h2load: connections with one stream each
+# gRPC (grpc_unary, grpc_stream; see wl_grpc): loadgen grpc, the grpc-go
+# client, GRPC_CONNS connections x GRPC_STREAMS calls in flight (unary) or
+# long-lived ping-pong streams (stream) each, 64-byte messages both ways.
+GRPC_CONNS=4
+GRPC_STREAMS=16
+GRPC_SIZE=64
+GRPC_HOST=team--demo--rpc.apps.test
 RELOAD_ROUTES=10000
 MR_ROUTES=10000    # many routes: routes installed (besides the benchmarked one) ...
 MR_LIVE=1000       # ... the first of them pointing at the app, loaded evenly
@@ -110,6 +119,7 @@ CADDY_VERSION=v2.11.9
 P_APP=$((PORT_BASE + 0))       # backend app, plain HTTP
 P_APPSTATS=$((PORT_BASE + 1))  # backend app's counters (GET /stats)
 P_APPQ=$((PORT_BASE + 2))      # the quiet instances' app (noisy-neighbour workloads)
+P_APPGRPC=$((PORT_BASE + 3))   # backend app, gRPC in h2c (gRPC workloads)
 P_AL=$((PORT_BASE + 43))       # applistener
 P_ADMIN=$((PORT_BASE + 90))    # applistener admin (pprof)
 P_NGINX=$((PORT_BASE + 44))
@@ -213,6 +223,8 @@ install_tools() {
 # knows --fair-slots; by default (no BENCH_TARGETS) it then runs beside
 # applistener. NOISY=1 when some target runs a noisy-neighbour workload:
 # their instances are then configured everywhere (NOISY_ROUTES of them).
+# GRPC=1 when some target runs a gRPC workload: the app then serves gRPC
+# and every proxy gets the route GRPC_HOST (GRPC_ROUTES: 1).
 fair_targets() {
 	local help t keep=""
 	help=$("$TMP/applistener" serve --help 2>&1 || true)
@@ -223,9 +235,10 @@ fair_targets() {
 		for t in $TARGETS; do [[ $t == applistener-nofair ]] || keep+="$t "; done
 		TARGETS=$keep
 	fi
-	NOISY=0 NOISY_ROUTES=0
+	NOISY=0 NOISY_ROUTES=0 GRPC=0 GRPC_ROUTES=0
 	for t in $TARGETS; do
 		if [[ " $(workloads_for "$t") " == *" noisy"* ]]; then NOISY=1 NOISY_ROUTES=$((NOISY_QUIET + 1)); fi
+		if [[ " $(workloads_for "$t") " == *" grpc_"* ]]; then GRPC=1 GRPC_ROUTES=1; fi
 	done
 }
 
@@ -460,7 +473,9 @@ idle_hosts() {
 }
 start_backend() {
 	"$TMP/benchapp" -h >/dev/null 2>&1 || true
-	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "$(app_addrs)" -stats-addr "127.0.0.1:$P_APPSTATS" >"$TMP/benchapp.log" 2>&1 &
+	local grpc=()
+	((GRPC == 0)) || grpc=(-grpc-addr "127.0.0.1:$P_APPGRPC")
+	run_pinned "$LOAD_CPU" "$TMP/benchapp" -addr "$(app_addrs)" -stats-addr "127.0.0.1:$P_APPSTATS" "${grpc[@]}" >"$TMP/benchapp.log" 2>&1 &
 	BACKEND_PID=$!
 	STARTED+=("$BACKEND_PID")
 	local i
@@ -501,15 +516,20 @@ app_delta() {
 }
 
 # ---------------------------------------------------------------- proxies
-# routes_doc: the benchmarked route team/demo, the idle workloads' extra
-# routes, the noisy-neighbour instances team/a (the app) and team/b1..b9
-# (the quiet app) when those workloads run (NOISY=1), then n more.
+# routes_doc: the benchmarked route team/demo (with its gRPC service rpc, h2c
+# to the app's gRPC port, when a gRPC workload runs: GRPC=1), the idle
+# workloads' extra routes, the noisy-neighbour instances team/a (the app)
+# and team/b1..b9 (the quiet app) when those workloads run (NOISY=1), then
+# n more.
 routes_doc() { # extra-route-count revision [live]: the first live extra routes point at the app too
 	local n=$1 rev=$2 live=${3:-0}
 	awk -v n="$n" -v rev="$rev" -v app="$P_APP" -v live="$live" -v apps="$IDLE_APPS" \
-		-v noisy="$NOISY" -v quiet="$NOISY_QUIET" -v appq="$P_APPQ" 'BEGIN{
+		-v noisy="$NOISY" -v quiet="$NOISY_QUIET" -v appq="$P_APPQ" -v grpc="$GRPC" -v appgrpc="$P_APPGRPC" 'BEGIN{
 		printf "{\"revision\":\"%s\",\"instances\":[", rev
-		printf "{\"workspace\":\"team\",\"sandbox\":\"demo\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", app
+		printf "{\"workspace\":\"team\",\"sandbox\":\"demo\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.0.1\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}", app
+		if (grpc)
+			printf ",{\"name\":\"rpc\",\"port\":%d,\"protocol\":\"h2c\",\"revision\":1}", appgrpc
+		printf "]}"
 		for (k = 1; k < apps; k++)
 			printf ",\n{\"workspace\":\"team\",\"sandbox\":\"demo%d\",\"generation\":\"1\",\"connector\":{\"type\":\"tcp\",\"host\":\"127.0.3.%d\"},\"services\":[{\"name\":\"web\",\"port\":%d,\"revision\":1}]}", k, k, app
 		if (noisy) {
@@ -549,7 +569,7 @@ start_applistener() {
 		--routes-file "$TMP/routes.json" --admin-address "127.0.0.1:$P_ADMIN" --admin-pprof \
 		--default-max-streams 0 --drain-timeout 2s ${BENCH_APPLISTENER_ARGS:-} >>"$TMP/applistener.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_AL SCHEME=https H2PORT=$P_AL
+	PORT=$P_AL SCHEME=https H2PORT=$P_AL GRPCPORT=$P_AL
 }
 # applistener with fair admission off (--fair-slots -1; after any
 # BENCH_APPLISTENER_ARGS, so it wins): the A/B partner of the noisy-neighbour
@@ -653,6 +673,24 @@ start_nginx() {
 		extra_up+="    include $d/noisy.conf;
 "
 	fi
+	if ((GRPC)); then
+		# gRPC: HTTP/2 from the client (the http2 port), grpc_pass to the
+		# app's h2c port over kept-alive upstream connections.
+		extra_up+="    upstream grpcapp { server 127.0.0.1:$P_APPGRPC; keepalive 512; keepalive_requests 1000000; keepalive_timeout 60s; }
+"
+		extra_srv+="    server {
+        listen 127.0.0.1:$P_NGINX_H2 ssl http2;
+        server_name $GRPC_HOST;
+        ssl_certificate $TMP/certs/chain.crt;
+        ssl_certificate_key $TMP/certs/tls.key;
+        location / {
+            grpc_pass grpc://grpcapp;
+            grpc_read_timeout 1h;
+            grpc_send_timeout 1h;
+        }
+    }
+"
+	fi
 	cat >"$d/nginx.conf" <<EOF
 worker_processes 1;
 worker_rlimit_nofile $((2 * CONN_LIMIT + 1000));
@@ -719,7 +757,7 @@ $extra_srv    server {
 EOF
 	run_pinned "$PROXY_CPU" "$NGINX" -p "$d" -c "$d/nginx.conf" -e "$d/logs/error.log" >>"$d/logs/stderr.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_NGINX SCHEME=https H2PORT=$P_NGINX_H2
+	PORT=$P_NGINX SCHEME=https H2PORT=$P_NGINX_H2 GRPCPORT=$P_NGINX_H2
 }
 
 start_haproxy() {
@@ -754,6 +792,15 @@ start_haproxy() {
 "
 		done
 	fi
+	if ((GRPC)); then
+		# gRPC: HTTP/2 from the client (the alpn h2 bind), HTTP/2 without
+		# TLS to the app (proto h2).
+		extra_use+="    use_backend grpcapp if { ssl_fc_sni -m str $GRPC_HOST } { req.hdr(host),field(1,:),lower -m str $GRPC_HOST }
+"
+		extra_be+="backend grpcapp
+    server s1 127.0.0.1:$P_APPGRPC proto h2
+"
+	fi
 	cat >"$d/haproxy.cfg" <<EOF
 global
     nbthread 1
@@ -785,7 +832,7 @@ ${extra_be}backend none
 EOF
 	run_pinned "$PROXY_CPU" "$HAPROXY" -db -f "$d/haproxy.cfg" >>"$d/haproxy.log" 2>&1 &
 	TARGET_PID=$!
-	PORT=$P_HAPROXY SCHEME=https H2PORT=$P_HAPROXY_H2
+	PORT=$P_HAPROXY SCHEME=https H2PORT=$P_HAPROXY_H2 GRPCPORT=$P_HAPROXY_H2
 }
 
 start_caddy() {
@@ -825,15 +872,19 @@ start_direct-tls() {
 	TARGET_PID=$!
 	PORT=$P_DTLS SCHEME=https
 }
+# The gRPC workloads' direct rate is the backend app's own h2c port, where
+# the load generator meets the app on the load core as through every proxy
+# (see wl_grpc).
 start_direct-plain() {
 	run_pinned "$PROXY_CPU" "$TMP/benchapp" -addr "127.0.0.1:$P_DPLAIN" >>"$TMP/direct.log" 2>&1 &
 	TARGET_PID=$!
 	PORT=$P_DPLAIN SCHEME=http
+	((GRPC == 0)) || GRPCPORT=$P_APPGRPC
 }
 
 start_target() {
 	TARGET=$1
-	H2PORT=""
+	H2PORT="" GRPCPORT=""
 	"start_$TARGET"
 	STARTED+=("$TARGET_PID")
 	wait_ready "$SCHEME" "$PORT" || die "$TARGET did not come up (see logs in $TMP; BENCH_KEEP=1 keeps them)"
@@ -1064,6 +1115,90 @@ wl_ws_echo() { # round duration
 	record "$TARGET" ws_echo_cpu_us "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / ($mps * $(jget .watch_wall_s "$j"))")"
 }
 
+# gRPC (grpc_unary, grpc_stream): loadgen grpc, the real grpc-go client,
+# against the backend app's grpc-go server (grpc_testing.TestService, h2c on
+# P_APPGRPC) through each proxy's HTTP/2 port (TLS, ALPN h2, SNI =
+# :authority = GRPC_HOST): applistener's route team/demo/rpc with
+# "protocol":"h2c", nginx grpc_pass, HAProxy proto h2. direct-plain is the
+# same app's h2c port without a proxy, plaintext: the direct rate, with the
+# client and the server where they are for every proxy (both on the load
+# core; with the app on the proxy's core instead, as for the HTTP rows, the
+# client and server would have a core each only without a proxy, and even a
+# proxy that cost nothing would stay near 0.5x). GRPC_CONNS connections x
+# GRPC_STREAMS calls in flight (unary) or ping-pong streams (stream),
+# saturating; a 1 s warm-up inside the run.
+# - rate: calls (unary) or messages (stream; one message each way, a round
+#   trip) per second that started in the measured window;
+# - ratio to direct: each round's rate over direct-plain's in the same round
+#   (grpc_ratios, after the rounds);
+# - proxy CPU per call and busy share: over exactly the measured window
+#   (loadgen -watch); the mechanism per call (context switches, allocations,
+#   system calls) as for the small-request rows, divided by every call the
+#   run completed (warm-up included: the mechanism window is the whole run);
+# - app connections opened per 1,000 calls;
+# - the load core's busy share over the whole run (/proc/stat): the client
+#   and the app share it, and when it is near 100 % they, not the proxy,
+#   bound the rate.
+# direct-plain has no proxy: its rate, latencies and load core only.
+# core_ticks CPU: "BUSY TOTAL" clock ticks of that core so far (/proc/stat).
+core_ticks() {
+	awk -v c="cpu$1" '$1 == c { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
+}
+run_grpc() { # unary|stream duration -> GRPC_JSON, MECH_N, APP_DIALS_K, LOAD_BUSY
+	local s0 s1 b0 t0 b1 t1
+	s0=$(app_stats)
+	read -r b0 t0 <<<"$(core_ticks "$LOAD_CPU")"
+	mech_begin
+	GRPC_JSON=$(load "$TMP/loadgen" grpc -mode "$1" -addr "127.0.0.1:$GRPCPORT" -sni "${SNI:+$GRPC_HOST}" -host "$GRPC_HOST" \
+		-conns "$GRPC_CONNS" -streams "$GRPC_STREAMS" -size "$GRPC_SIZE" -duration "${2}s" -warmup 1s -watch "$(watch_list)" \
+		2>>"$TMP/loadgen.err" | tee -a "$TMP/loadgen.log" | tail -n 1 || true)
+	mech_end
+	read -r b1 t1 <<<"$(core_ticks "$LOAD_CPU")"
+	LOAD_BUSY=""
+	((t1 <= t0)) || LOAD_BUSY=$(calc "($b1 - $b0) * 100 / ($t1 - $t0)")
+	s1=$(app_stats)
+	app_delta "$s0" "$s1"
+	MECH_N=$(jget .total "$GRPC_JSON")
+	MECH_N=${MECH_N:-0}
+}
+wl_grpc() { # round duration unary|stream metric-prefix
+	local j r n key=calls_per_s
+	[[ -n $GRPCPORT ]] || return 0
+	[[ $3 == unary ]] || key=msgs_per_s
+	run_grpc "$3" "$2"
+	j=$GRPC_JSON
+	[[ -n $j ]] || { note "$TARGET $4: loadgen failed ($(tail -n 1 "$TMP/loadgen.err"))"; return 0; }
+	[[ $(jget .errors "$j") == 0 ]] || note "$TARGET $4 round $1: $(jget .errors "$j") failed calls or messages, the first: $(jget .first_error "$j")"
+	r=$(jget ".$key" "$j") n=$(jget .samples "$j")
+	[[ -n $r && ${n:-0} -gt 0 ]] || { note "$TARGET $4 round $1: no call completed"; return 0; }
+	record "$TARGET" "${4}_rps" "$1" "$r"
+	record "$TARGET" "${4}_p50_ms" "$1" "$(jget .p50_ms "$j")"
+	record "$TARGET" "${4}_p99_ms" "$1" "$(jget .p99_ms "$j")"
+	record "$TARGET" "${4}_load_pct" "$1" "$LOAD_BUSY"
+	[[ $TARGET != direct-plain ]] || return 0
+	record "$TARGET" "${4}_cpu_us" "$1" "$(calc "$(jget .watch_cpu_s "$j") * 1e6 / $n")"
+	record "$TARGET" "${4}_cpu_pct" "$1" "$(jget .watch_cpu_pct "$j")"
+	record "$TARGET" "${4}_dials" "$1" "$APP_DIALS_K"
+	mech_record "$4" "$1"
+	mech_syscall_pass "$4" "$1" run_grpc "$3" "$SYSCALL_DUR"
+}
+wl_grpc_unary() { wl_grpc "$1" "$2" unary grpc_unary; }
+wl_grpc_stream() { wl_grpc "$1" "$2" stream grpc_stream; }
+# grpc_ratios: each target's gRPC rate over direct-plain's in the same
+# round, as figures of their own (grpc_unary_ratio, grpc_stream_ratio).
+grpc_ratios() {
+	local w
+	for w in grpc_unary grpc_stream; do
+		awk -F'\t' -v m="${w}_rps" -v out="${w}_ratio" '$2 == m { v[$1, $3] = $4; t[$1] = 1; r[$3] = 1 }
+			END {
+				for (x in t) for (k in r)
+					if (x != "direct-plain" && (x, k) in v && ("direct-plain", k) in v && v["direct-plain", k] > 0)
+						printf "%s\t%s\t%s\t%.6g\n", x, out, k, v[x, k] / v["direct-plain", k]
+			}' "$RAW" >"$TMP/grpc_ratios.tsv"
+		cat "$TMP/grpc_ratios.tsv" >>"$RAW"
+	done
+}
+
 # Idle scale (idle_h1, idle_ws): IDLE_N connections opened on a freshly
 # started proxy (TLS keep-alive after one request, or WebSockets after one
 # echo) and held idle. Figures: the proxy's RSS (VmRSS of all its
@@ -1178,7 +1313,7 @@ wl_reload() { # round
 		# measure the scrapes rather than the table change.
 		for _ in $(seq 1 40); do
 			n=$(routes_installed)
-			if [[ ${n:-0} -ge $((RELOAD_ROUTES + IDLE_APPS + NOISY_ROUTES)) ]]; then
+			if [[ ${n:-0} -ge $((RELOAD_ROUTES + IDLE_APPS + NOISY_ROUTES + GRPC_ROUTES)) ]]; then
 				calc "($(now) - $t0) * 1000" >"$TMP/reload.applied"
 				exit 0
 			fi
@@ -1226,10 +1361,10 @@ wl_manyroutes() { # round duration
 		put_routes routes_doc "$MR_ROUTES" "many-$1" "$MR_LIVE"
 		for i in $(seq 1 100); do
 			n=$(routes_installed)
-			[[ ${n:-0} -lt $((MR_ROUTES + IDLE_APPS + NOISY_ROUTES)) ]] || break
+			[[ ${n:-0} -lt $((MR_ROUTES + IDLE_APPS + NOISY_ROUTES + GRPC_ROUTES)) ]] || break
 			sleep 0.1
 		done
-		[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS + NOISY_ROUTES)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
+		[[ ${n:-0} -ge $((MR_ROUTES + IDLE_APPS + NOISY_ROUTES + GRPC_ROUTES)) ]] || { note "applistener manyroutes: the $MR_ROUTES-route table was not installed"; return 0; }
 	fi
 	lg routes -host-pattern "$MR_PATTERN" -routes "$MR_LIVE" -conns "$MR_CONNS" -duration 1s -warmup 0s >/dev/null
 	# One route then spread in odd rounds, the other way round in even
@@ -1395,12 +1530,12 @@ workloads_for() {
 }
 workloads_all() {
 	case $1 in
-	direct-plain) echo "small rate dl64k dl1m ws_echo" ;;
+	direct-plain) echo "small rate dl64k dl1m ws_echo grpc_unary grpc_stream" ;;
 	direct-tls) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
 	caddy) echo "small rate dl64k dl1m hs_full hs_resumed ws_echo" ;;
-	applistener) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
+	applistener) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo grpc_unary grpc_stream manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
 	applistener-nofair) echo "small many h2_mux h2_one noisy_h1 noisy_h2 noisy10_h1" ;;
-	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
+	*) echo "idle_h1 idle_ws small many h2_mux h2_one rate dl64k dl1m hs_full hs_resumed ws_echo grpc_unary grpc_stream manyroutes noisy_h1 noisy_h2 noisy10_h1" ;;
 	esac
 }
 
@@ -1418,6 +1553,8 @@ run_workload() { # name round
 	hs_full) wl_hs_full "$2" "$SHORT_DUR" ;;
 	hs_resumed) wl_hs_resumed "$2" "$SHORT_DUR" ;;
 	ws_echo) wl_ws_echo "$2" "$SHORT_DUR" ;;
+	grpc_unary) wl_grpc_unary "$2" "$DUR" ;;
+	grpc_stream) wl_grpc_stream "$2" "$DUR" ;;
 	manyroutes) wl_manyroutes "$2" "$DUR" ;;
 	noisy_h1) wl_noisy_h1 "$2" "$NOISY_DUR" ;;
 	noisy_h2) wl_noisy_h2 "$2" "$NOISY_DUR" ;;
@@ -1513,7 +1650,7 @@ fair_targets
 certs
 mkdir -p "$RESULTS/profiles"
 
-for p in $P_APP $P_APPSTATS $P_APPQ $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS $P_DPLAIN $P_NGINX_H2 $P_HAPROXY_H2; do
+for p in $P_APP $P_APPSTATS $P_APPQ $P_APPGRPC $P_AL $P_ADMIN $P_NGINX $P_HAPROXY $P_CADDY $P_DTLS $P_DPLAIN $P_NGINX_H2 $P_HAPROXY_H2; do
 	port_free "$p" || die "port $p is in use (set BENCH_PORT_BASE)"
 done
 
@@ -1570,6 +1707,8 @@ for round in $(seq 1 "$ROUNDS"); do
 		stop_target
 	done
 done
+
+((GRPC == 0)) || grpc_ratios
 
 # Machine and run description.
 META=$TMP/meta.tsv

@@ -10,6 +10,10 @@
 // test is what saturates. -nethttp serves everything with net/http instead.
 // WebSocket upgrades always go to gorilla/websocket.
 //
+// -grpc-addr also serves gRPC in h2c (plaintext HTTP/2) on its own port:
+// grpc_testing.TestService's UnaryCall and FullDuplexCall (grpc.go), for
+// the gRPC workloads.
+//
 // -stats-addr serves GET /stats (plain HTTP, JSON): the connections
 // accepted and the requests answered so far, from which run.sh derives how
 // often a proxy opened a new connection to the app ("app dials per 1,000
@@ -72,8 +76,9 @@ func wsEcho(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Counters behind -stats-addr: connections accepted (plain and TLS) and
-// requests answered (WebSocket upgrades included).
+// Counters behind -stats-addr: connections accepted (plain, TLS and gRPC)
+// and requests answered (WebSocket upgrades included; gRPC: unary calls and
+// streamed messages).
 var accepts, requests atomic.Uint64
 
 func statsHandler(w http.ResponseWriter, _ *http.Request) {
@@ -280,6 +285,7 @@ func main() {
 	keyFile := flag.String("key", "", "TLS key (PEM)")
 	useNetHTTP := flag.Bool("nethttp", false, "serve with net/http instead of the lean path")
 	statsAddr := flag.String("stats-addr", "", "plain HTTP address of GET /stats: connections accepted, requests answered (empty: none)")
+	grpcAddr := flag.String("grpc-addr", "", "gRPC in h2c (plaintext HTTP/2) listen address: grpc_testing.TestService UnaryCall and FullDuplexCall (empty: none)")
 	flag.Parse()
 
 	if *statsAddr != "" {
@@ -334,6 +340,14 @@ func main() {
 		fmt.Printf("tls %s\n", ln.Addr())
 		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
 		go serve(tlsLean{ln, cfg})
+	}
+	if *grpcAddr != "" {
+		ln, err := net.Listen("tcp", *grpcAddr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("grpc %s\n", ln.Addr())
+		go func() { log.Fatal(serveGRPC(ln)) }()
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

@@ -62,6 +62,22 @@ var metrics = []metric{
 	{"ws_echo_mps", "ws_echo", "WebSocket echo, 100 connections, 64 B messages", "msg/s", "higher", true},
 	{"ws_echo_p99_ms", "ws_echo", "  round-trip p99", "ms", "lower", false},
 	{"ws_echo_cpu_us", "ws_echo", "  proxy CPU per message (both directions)", "µs", "lower", true},
+	{"grpc_unary_rps", "grpc_unary", "gRPC unary calls, 4 connections × 16 in flight (grpc-go client and server, 64 B each way)", "calls/s", "higher", true},
+	{"grpc_unary_ratio", "grpc_unary", "  ÷ the direct rate (direct-plain: the client straight to the app's h2c port, same round; goal ≥ 0.6)", "×", "higher", false},
+	{"grpc_unary_p50_ms", "grpc_unary", "  latency p50", "ms", "lower", false},
+	{"grpc_unary_p99_ms", "grpc_unary", "  latency p99", "ms", "lower", false},
+	{"grpc_unary_cpu_us", "grpc_unary", "  proxy CPU per call", "µs", "lower", true},
+	{"grpc_unary_cpu_pct", "grpc_unary", "  proxy core busy", "%", "info", false},
+	{"grpc_unary_dials", "grpc_unary", "  app connections opened per 1,000 calls", "dials", "lower", false},
+	{"grpc_unary_load_pct", "grpc_unary", "  load core busy (client and app; near 100: they bound the rate)", "%", "info", false},
+	{"grpc_stream_rps", "grpc_stream", "gRPC streaming, 4 connections × 16 FullDuplexCall streams, ping-pong 64 B messages", "msg/s", "higher", true},
+	{"grpc_stream_ratio", "grpc_stream", "  ÷ the direct rate (direct-plain: the client straight to the app's h2c port, same round; goal ≥ 0.8)", "×", "higher", false},
+	{"grpc_stream_p50_ms", "grpc_stream", "  round-trip p50", "ms", "lower", false},
+	{"grpc_stream_p99_ms", "grpc_stream", "  round-trip p99", "ms", "lower", false},
+	{"grpc_stream_cpu_us", "grpc_stream", "  proxy CPU per message (round trip)", "µs", "lower", true},
+	{"grpc_stream_cpu_pct", "grpc_stream", "  proxy core busy", "%", "info", false},
+	{"grpc_stream_dials", "grpc_stream", "  app connections opened per 1,000 messages", "dials", "lower", false},
+	{"grpc_stream_load_pct", "grpc_stream", "  load core busy (client and app; near 100: they bound the rate)", "%", "info", false},
 	{"idle_h1_kib", "idle_h1", "idle TLS keep-alive connection (HTTP/1.1, after one request): proxy RSS per connection", "KiB", "lower", true},
 	{"idle_h1_open", "idle_h1", "  idle connections held", "conns", "info", false},
 	{"idle_h1_hs_cps", "idle_h1", "  new TLS connections/s while they are held (loadgen hs)", "conn/s", "higher", false},
@@ -150,10 +166,11 @@ const (
 	noisyThroughput = 0.9
 )
 
-// mechWorkloads are the small-request HTTP/1.1 and HTTP/2 workloads for
-// which run.sh measures the mechanism per request (context switches,
-// allocations, system calls by kind).
-var mechWorkloads = []string{"small", "many", "h2_mux", "h2_one", "rate"}
+// mechWorkloads are the small-request HTTP/1.1 and HTTP/2 workloads and
+// the gRPC ones for which run.sh measures the mechanism per request (per
+// call, per streamed message: context switches, allocations, system calls
+// by kind).
+var mechWorkloads = []string{"small", "many", "h2_mux", "h2_one", "rate", "grpc_unary", "grpc_stream"}
 
 // mechMetrics are the per-request mechanism rows of workload w, shown in the
 // main table after its other rows. The system calls by kind
@@ -214,24 +231,26 @@ func kindMetrics(data map[string]map[string][]float64) []metric {
 // workloadNames label the follow-up rows of a workload in the detailed
 // table and in the JSON, where they stand alone.
 var workloadNames = map[string]string{
-	"small":      "small requests, saturating",
-	"many":       "small requests, 400 clients",
-	"h2_mux":     "HTTP/2, 4 × 100 streams",
-	"h2_one":     "HTTP/2, 50 × 1 stream",
-	"rate":       "small requests at 5,000 req/s",
-	"dl64k":      "64 KiB responses",
-	"dl1m":       "1 MiB responses",
-	"hs_full":    "full TLS handshakes",
-	"hs_resumed": "resumed TLS handshakes",
-	"ws_echo":    "WebSocket echo",
-	"idle_h1":    "idle TLS keep-alive connections",
-	"idle_ws":    "idle WebSockets",
-	"ws_idle":    "idle WebSockets (5,000)",
-	"reload":     "route replacement",
-	"manyroutes": "many routes",
-	"noisy_h1":   "noisy neighbours, HTTP/1.1",
-	"noisy_h2":   "noisy neighbours, HTTP/2",
-	"noisy10_h1": "noisy neighbours, 10 instances",
+	"small":       "small requests, saturating",
+	"many":        "small requests, 400 clients",
+	"h2_mux":      "HTTP/2, 4 × 100 streams",
+	"h2_one":      "HTTP/2, 50 × 1 stream",
+	"rate":        "small requests at 5,000 req/s",
+	"dl64k":       "64 KiB responses",
+	"dl1m":        "1 MiB responses",
+	"hs_full":     "full TLS handshakes",
+	"hs_resumed":  "resumed TLS handshakes",
+	"ws_echo":     "WebSocket echo",
+	"grpc_unary":  "gRPC unary calls",
+	"grpc_stream": "gRPC streaming (ping-pong messages)",
+	"idle_h1":     "idle TLS keep-alive connections",
+	"idle_ws":     "idle WebSockets",
+	"ws_idle":     "idle WebSockets (5,000)",
+	"reload":      "route replacement",
+	"manyroutes":  "many routes",
+	"noisy_h1":    "noisy neighbours, HTTP/1.1",
+	"noisy_h2":    "noisy neighbours, HTTP/2",
+	"noisy10_h1":  "noisy neighbours, 10 instances",
 }
 
 // fullTitle is the title of m that stands alone.
@@ -503,7 +522,7 @@ func writeMechanism(md *strings.Builder, stats map[string]map[string]*stat, targ
 		return
 	}
 	fmt.Fprintf(md, "\n## Mechanism per request\n\n")
-	fmt.Fprintf(md, "Per request, medians of the rounds. Context switches (all threads, /proc/PID/task/*/status) and Go allocations (applistener's go_memstats_mallocs_total) over the measured run; system calls in a separate, shorter pass of the same workload, counted by `perf stat` on the syscalls:sys_enter_* tracepoints (in-kernel counters: ~0.2 µs more kernel time per call, so not during the measured run). These counts depend far less on other load on the machine than req/s does.\n")
+	fmt.Fprintf(md, "Per request (gRPC: per call, or per streamed message), medians of the rounds. Context switches (all threads, /proc/PID/task/*/status) and Go allocations (applistener's go_memstats_mallocs_total) over the measured run; system calls in a separate, shorter pass of the same workload, counted by `perf stat` on the syscalls:sys_enter_* tracepoints (in-kernel counters: ~0.2 µs more kernel time per call, so not during the measured run). These counts depend far less on other load on the machine than req/s does.\n")
 	for _, w := range ws {
 		first := ""
 		for _, m := range metrics {

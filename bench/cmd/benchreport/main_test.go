@@ -179,3 +179,50 @@ func TestNoNoisySectionWithoutFigures(t *testing.T) {
 		t.Errorf("noisy-neighbour section without its figures:\n%s", md)
 	}
 }
+
+// TestGRPCRows: the gRPC workloads have their rows in the main table (the
+// ratio to the direct rate among them, direct-plain as a column) and their
+// mechanism per call in the mechanism section.
+func TestGRPCRows(t *testing.T) {
+	raw := strings.Join([]string{
+		"applistener\tgrpc_unary_rps\t1\t9000",
+		"haproxy\tgrpc_unary_rps\t1\t15000",
+		"direct-plain\tgrpc_unary_rps\t1\t20000",
+		"applistener\tgrpc_unary_ratio\t1\t0.45",
+		"haproxy\tgrpc_unary_ratio\t1\t0.75",
+		"applistener\tgrpc_unary_cpu_us\t1\t80",
+		"haproxy\tgrpc_unary_cpu_us\t1\t40",
+		"applistener\tgrpc_unary_syscalls\t1\t5",
+		"haproxy\tgrpc_unary_syscalls\t1\t3",
+		"applistener\tgrpc_unary_sys_write\t1\t2",
+		"haproxy\tgrpc_unary_sys_sendto\t1\t1",
+		"applistener\tgrpc_unary_csw_vol\t1\t0.5",
+		"haproxy\tgrpc_unary_csw_vol\t1\t0.1",
+		"applistener\tgrpc_stream_rps\t1\t30000",
+		"direct-plain\tgrpc_stream_rps\t1\t40000",
+		"applistener\tgrpc_stream_ratio\t1\t0.75",
+	}, "\n") + "\n"
+	md, doc := runReport(t, raw)
+	for _, want := range []string{
+		"| workload | unit | applistener | haproxy | direct-plain |",
+		"| gRPC unary calls, 4 connections × 16 in flight (grpc-go client and server, 64 B each way) | calls/s ↑ | 9000 | 15000 | 20000 |",
+		"| &nbsp;&nbsp;÷ the direct rate (direct-plain: the client straight to the app's h2c port, same round; goal ≥ 0.6) | × ↑ | 0.450 | 0.750 | – |",
+		"| &nbsp;&nbsp;proxy CPU per call | µs ↓ | 80.0 | 40.0 | – |",
+		"| &nbsp;&nbsp;÷ the direct rate (direct-plain: the client straight to the app's h2c port, same round; goal ≥ 0.8) | × ↑ | 0.750 | – | – |",
+		"### gRPC unary calls",
+		"| &nbsp;&nbsp;send calls (write, writev, sendto, sendmsg, sendmmsg, sendfile, splice) | calls | 2.00 | 1.00 | – | +1.00 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	ids := map[string]bool{}
+	for _, m := range doc["metrics"].([]any) {
+		ids[m.(map[string]any)["id"].(string)] = true
+	}
+	for _, id := range []string{"grpc_unary_rps", "grpc_unary_ratio", "grpc_unary_sys_write", "grpc_stream_ratio"} {
+		if !ids[id] {
+			t.Errorf("JSON lacks metric %s", id)
+		}
+	}
+}

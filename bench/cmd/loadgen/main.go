@@ -13,6 +13,8 @@
 //	loadgen quiet     one keep-alive connection per host at a fixed rate each,
 //	                  HTTP/1.1 or HTTP/2, latency from the intended send time
 //	                  (the noisy-neighbour workloads' quiet client; quiet.go)
+//	loadgen grpc      gRPC unary calls or streamed ping-pong messages per second
+//	                  with the grpc-go client, TLS or h2c (grpc.go)
 package main
 
 import (
@@ -34,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|idle|wsidle|routes|quiet [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen rate|hs|wsecho|idle|wsidle|routes|quiet|grpc [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -51,6 +53,8 @@ func main() {
 		err = runRoutes(os.Args[2:])
 	case "quiet":
 		err = runQuiet(os.Args[2:])
+	case "grpc":
+		err = runGRPC(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
