@@ -50,6 +50,9 @@ type clientConn struct {
 	// them (h1panic.go).
 	slot *routes.Instance
 	fair fairshare.Ticket
+	// fairPaused: pauseFair gave fair back for the wait for the app;
+	// resumeFair takes one again.
+	fairPaused bool
 	// rec is the request being handled, for the access log and the
 	// latency histograms (accesslog.go); ci what the connection adds.
 	rec    accessRecord
@@ -439,7 +442,7 @@ func (c *clientConn) handleRequest(head []byte) bool {
 		inst.Release()
 		return c.deny(denyRevoked)
 	}
-	c.slot, c.fair = inst, fair
+	c.slot, c.fair, c.fairPaused = inst, fair, false
 	c.rec.admitted(inst) // counted, its arrival the last request (accesslog.go)
 	c.s.m.streamsActive.Inc()
 	keep := c.proxy()

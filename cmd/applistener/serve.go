@@ -134,7 +134,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.responseTimeout, "app-response-header-timeout", dispatch.DefaultResponseHeaderTimeout, "timeout for an app's response head, counted from the end of the request body (504 beyond)")
 	fs.DurationVar(&o.backendIdle, "app-backend-idle-timeout", dispatch.DefaultBackendIdleTimeout, "idle app connections are closed after this (keep below the app's keep-alive timeout)")
 	fs.DurationVar(&o.handshakeTimeout, "app-handshake-timeout", listener.DefaultHandshakeTimeout, "time allowed for the ClientHello and TLS handshake")
-	fs.IntVar(&o.fairSlots, "fair-slots", 0, "fair admission across instances when the listener is busy: request heads, HTTP/2 streams, TLS handshakes and WebSocket chunks beyond this many at once queue per instance and are admitted in turn (limits.weight); 0: 8 × GOMAXPROCS (at most 64), negative: off")
+	fs.IntVar(&o.fairSlots, "fair-slots", 0, "fair admission across instances when the listener is busy: request heads, HTTP/2 streams, TLS handshakes and WebSocket chunks beyond this many at once queue per instance and are admitted in turn (limits.weight), one slot in nine kept for instances that hold none; 0: 9 × GOMAXPROCS (at most 64), negative: off")
 	fs.DurationVar(&o.fairLease, "fair-lease", fairshare.DefaultLease, "how long one admission (a request waiting on its app, a slow client, a streamed body) counts before a queued instance's work may take its place")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.IntVar(&o.defaultMaxStreams, "default-max-streams", 1024, "stream limit of instances whose limits.max_streams is 0 (0: none)")

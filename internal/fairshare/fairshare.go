@@ -45,17 +45,18 @@ const MaxSlots = 64
 const DefaultLease = 2 * time.Millisecond
 
 // SlotsPerProc is the number of slots per GOMAXPROCS when Config.Slots is
-// 0. Measured on one core with a 100-connection flood on one instance and
-// 100 requests/s on another: 4 cut the flood's throughput by a quarter or
-// more (a slot also covers the wait for the app's answer), 8 kept it within
-// the noise while the quiet instance's median stayed under 1 ms (5 ms
-// without fair admission); 16 doubled that median.
-const SlotsPerProc = 8
+// 0: 8 for the flows that queue plus one for the reserve (ReservePerSlots).
+// Measured on one core with a 100-connection flood on one instance and
+// 100 requests/s on another: 4 for the flood cut its throughput by a
+// quarter or more (a slot also covers the wait for the app's answer), 8
+// kept it within the noise while the quiet instance's median stayed under
+// 1 ms (5 ms without fair admission); 16 doubled that median.
+const SlotsPerProc = 9
 
 // ReservePerSlots is the default reserve (Config.Reserve): one slot in
-// eight is kept for flows that hold none, so that on one core (8 slots) a
-// flood holds at most 7 while others want one.
-const ReservePerSlots = 8
+// nine is kept for flows that hold none, so that on one core a flood holds
+// at most 8 while others want one.
+const ReservePerSlots = 9
 
 // DefaultSoloWindow is the solo window serve uses (Config.SoloWindow): a
 // neighbour that sends at least once a second is always queued for in
@@ -123,6 +124,9 @@ func (f *Flow) SetWeight(w int) { f.weight.Store(int32(min(max(w, 1), MaxWeight)
 // Weight returns the flow's weight.
 func (f *Flow) Weight() int { return int(max(f.weight.Load(), 1)) }
 
+// Backlogged reports whether the flow has admissions queued now.
+func (f *Flow) Backlogged() bool { return f.queued.Load() > 0 }
+
 // Waits returns how many admissions of the flow had to queue.
 func (f *Flow) Waits() uint64 { return f.waits.Load() }
 
@@ -148,7 +152,7 @@ type Config struct {
 	// Registerer receives the scheduler's metrics; nil: none.
 	Registerer prometheus.Registerer
 	// Reserve is the number of slots kept, while anyone queues, for flows
-	// that hold no slot: 0 for Slots / ReservePerSlots (none below 8
+	// that hold no slot: 0 for Slots / ReservePerSlots (none below 9
 	// slots), negative for none.
 	Reserve int
 	// SoloWindow, when positive, lets a flow that has been the only one

@@ -524,20 +524,20 @@ func TestSoloWindow(t *testing.T) {
 	off.Release(h)
 }
 
-// TestReserveForLightFlows: with 8 slots one is kept for flows that hold
+// TestReserveForLightFlows: with 9 slots one is kept for flows that hold
 // none. A flood that took every slot before anyone queued gives the next
 // release to a neighbour queued behind the flood's own waiters; after that
 // the flood is held to 7 slots while it queues, so a newcomer is admitted
 // at once, without queueing, and the reserve's slot goes back to the flood
 // only when nobody else wants it.
 func TestReserveForLightFlows(t *testing.T) {
-	s, _, _ := newTest(t, 8)
-	if s.heavyMax != 7 {
-		t.Fatalf("heavyMax = %d, want 7 (one slot in eight reserved)", s.heavyMax)
+	s, _, _ := newTest(t, 9)
+	if s.heavyMax != 8 {
+		t.Fatalf("heavyMax = %d, want 8 (one slot in nine reserved)", s.heavyMax)
 	}
 	var flood, b, c Flow
 	var held []Ticket
-	for range 8 {
+	for range 9 {
 		tk, ok := s.TryAdmitFlow(&flood)
 		if !ok {
 			t.Fatal("a free slot was refused")
@@ -552,14 +552,14 @@ func TestReserveForLightFlows(t *testing.T) {
 	// Every slot is the flood's: the first release goes to b, queued last.
 	s.Release(held[0])
 	bt := <-bq.got
-	if got := flood.held.Load(); got != 7 {
-		t.Fatalf("flood holds %d slots, want 7", got)
+	if got := flood.held.Load(); got != 8 {
+		t.Fatalf("flood holds %d slots, want 8", got)
 	}
 	// The next release would leave no slot free for a newcomer: it is kept.
 	s.Release(held[1])
 	select {
 	case <-fq[0].got:
-		t.Fatal("the reserve's slot went to the flood while it still held 6 and b held one")
+		t.Fatal("the reserve's slot went to the flood while it still held 7 and b held one")
 	case <-time.After(20 * time.Millisecond):
 	}
 	// A newcomer that holds nothing takes it at once, though the flood queues.
@@ -594,11 +594,11 @@ func TestReserveForLightFlows(t *testing.T) {
 	}
 }
 
-// TestReserveOff: below 8 slots, or with a negative Reserve, there is no
+// TestReserveOff: below 9 slots, or with a negative Reserve, there is no
 // reserve: a release goes to the next waiter in turn even when that flow
 // already holds slots.
 func TestReserveOff(t *testing.T) {
-	for _, cfg := range []Config{{Slots: 4}, {Slots: 8, Reserve: -1}} {
+	for _, cfg := range []Config{{Slots: 8}, {Slots: 9, Reserve: -1}} {
 		s := New(cfg)
 		if s.heavyMax != cfg.Slots {
 			t.Fatalf("%+v: heavyMax = %d, want %d", cfg, s.heavyMax, cfg.Slots)
