@@ -62,8 +62,10 @@ type h2Stream struct {
 	// left of a body of known length (-1: unknown).
 	bodyW    io.Writer
 	bodyLeft int64
-	// fair is the stream's fair admission (fair.go).
-	fair fairshare.Ticket
+	// fair is the stream's fair admission (fair.go); fairKept: pauseFair
+	// kept it for the wait for the app (resumeFair takes none).
+	fair     fairshare.Ticket
+	fairKept bool
 }
 
 // h2BodyWriter is an h2Stream's writeBody as an io.Writer.
