@@ -87,12 +87,18 @@ var kindNames = [numKinds]string{"request", "handshake", "websocket"}
 // String returns the kind's metric label.
 func (k Kind) String() string { return kindNames[k] }
 
-// Ticket is an admission: the slot and its generation. The zero Ticket
+// Ticket is an admission: the slot and its generation, or, for an
+// admission beyond the slots (overflowSlot), its flow. The zero Ticket
 // admits nothing; releasing it is a no-op.
 type Ticket struct {
+	flow *Flow
 	gen  uint32
 	slot uint8
 }
+
+// overflowSlot is the slot of a light flow's admission beyond the slots
+// (TryAdmitFlow).
+const overflowSlot = MaxSlots
 
 // Valid reports whether t is an admission (not the zero Ticket).
 func (t Ticket) Valid() bool { return t.gen != 0 }
@@ -314,6 +320,18 @@ func (s *Scheduler) tryTake(f *Flow) (Ticket, bool) {
 	}
 }
 
+// overflow admits light flow f beyond the slots: its one unit of work in
+// progress. A flow holding anything, or with waiters, is refused, and
+// nobody without a reserve (Config.Reserve): there, flows queue in turn
+// from their first unit of work.
+func (s *Scheduler) overflow(f *Flow) (Ticket, bool) {
+	if s.heavyMax == s.n || f == nil || f.queued.Load() != 0 || !f.held.CompareAndSwap(0, 1) {
+		return Ticket{}, false
+	}
+	s.m.overflows.Inc()
+	return Ticket{flow: f, gen: 1, slot: overflowSlot}, true
+}
+
 // light reports whether flow f may take a free slot without queueing
 // while others wait: it holds none and has no waiters of its own (the
 // reserve is for it).
@@ -347,7 +365,12 @@ func (s *Scheduler) Admit(f *Flow, kind Kind, done <-chan struct{}, timeout time
 // TryAdmitFlow is TryAdmit for a unit of work of flow f: it also notes f
 // as the latest flow admitted and, when f has been the only one for the
 // solo window (Config.SoloWindow), admits it at once with the zero Ticket
-// even when every slot is taken. It never blocks or allocates.
+// even when every slot is taken. A light flow (it holds no slot and has
+// nothing queued) is always admitted: into a free slot, else beyond the
+// slots, once (its ticket counts as held until released), when the
+// scheduler keeps a reserve, so that each instance always has one unit of
+// work admitted and only a flow with more than one queues. It never
+// blocks or allocates.
 func (s *Scheduler) TryAdmitFlow(f *Flow) (Ticket, bool) {
 	if s == nil {
 		return Ticket{}, true
@@ -357,6 +380,9 @@ func (s *Scheduler) TryAdmitFlow(f *Flow) (Ticket, bool) {
 		if t, ok := s.tryTake(f); ok {
 			return t, true
 		}
+	}
+	if t, ok := s.overflow(f); ok {
+		return t, true
 	}
 	if s.alone() {
 		return Ticket{}, true
@@ -397,6 +423,10 @@ func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout
 			s.mu.Unlock()
 			return t, nil
 		}
+	}
+	if t, ok := s.overflow(f); ok {
+		s.mu.Unlock()
+		return t, nil
 	}
 	w := s.waiter.Get().(*waiter)
 	w.flow = f
@@ -450,6 +480,10 @@ func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout
 func (s *Scheduler) Release(t Ticket) bool {
 	if s == nil || t.gen == 0 {
 		return false
+	}
+	if t.slot == overflowSlot {
+		t.flow.held.Add(-1)
+		return true
 	}
 	i := int(t.slot)
 	for {
@@ -692,6 +726,7 @@ type metrics struct {
 	wait      [numKinds]prometheus.Observer
 	waiting   prometheus.Gauge
 	takeovers prometheus.Counter
+	overflows prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -709,12 +744,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "applistener_fair_lease_takeovers_total",
 			Help: "Admission slots taken over for a waiter because their holder kept them longer than the lease.",
 		}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "applistener_fair_overflow_admissions_total",
+			Help: "Admissions beyond the slots: an instance that held none and had nothing queued found every slot taken and was admitted at once (one at a time per instance).",
+		}),
 	}
 	for k := range numKinds {
 		m.wait[k] = wait.WithLabelValues(k.String())
 	}
 	if reg != nil {
-		reg.MustRegister(wait, m.waiting, m.takeovers)
+		reg.MustRegister(wait, m.waiting, m.takeovers, m.overflows)
 	}
 	return m
 }

@@ -525,11 +525,12 @@ func TestSoloWindow(t *testing.T) {
 }
 
 // TestReserveForLightFlows: with 9 slots one is kept for flows that hold
-// none. A flood that took every slot before anyone queued gives the next
-// release to a neighbour queued behind the flood's own waiters; after that
-// the flood is held to 7 slots while it queues, so a newcomer is admitted
-// at once, without queueing, and the reserve's slot goes back to the flood
-// only when nobody else wants it.
+// none, and such a flow is always admitted. A flood that took every slot
+// before anyone queued cannot stop a neighbour's first request, which is
+// admitted beyond the slots (once: its second queues); the flood's
+// releases are then kept free while only the reserve would be left, so
+// that a newcomer takes a free slot at once, and go to the flood's own
+// waiters once more than the reserve is free.
 func TestReserveForLightFlows(t *testing.T) {
 	s, _, _ := newTest(t, 9)
 	if s.heavyMax != 8 {
@@ -547,38 +548,40 @@ func TestReserveForLightFlows(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	fq := []*queued{enqueue(t, s, &flood, "flood1", nil, 1, &wg), enqueue(t, s, &flood, "flood2", nil, 2, &wg)}
-	bq := enqueue(t, s, &b, "b", nil, 3, &wg)
 
-	// Every slot is the flood's: the first release goes to b, queued last.
-	s.Release(held[0])
-	bt := <-bq.got
-	if got := flood.held.Load(); got != 8 {
-		t.Fatalf("flood holds %d slots, want 8", got)
+	// Every slot is the flood's: b's first request is admitted beyond them.
+	bt, ok := s.TryAdmitFlow(&b)
+	if !ok || !bt.Valid() {
+		t.Fatal("a flow holding nothing was not admitted while a flood held every slot")
 	}
-	// The next release would leave no slot free for a newcomer: it is kept.
-	s.Release(held[1])
+	if got := testutil.ToFloat64(s.m.overflows); got != 1 {
+		t.Fatalf("overflow admissions = %v, want 1", got)
+	}
+	if _, ok := s.TryAdmitFlow(&b); ok {
+		t.Fatal("b's second request was admitted beyond the slots too")
+	}
+	// The flood's release would leave no slot free for a newcomer: kept.
+	s.Release(held[0])
 	select {
 	case <-fq[0].got:
-		t.Fatal("the reserve's slot went to the flood while it still held 7 and b held one")
+		t.Fatal("the reserve's slot went to the flood")
 	case <-time.After(20 * time.Millisecond):
 	}
 	// A newcomer that holds nothing takes it at once, though the flood queues.
 	ct, ok := s.TryAdmitFlow(&c)
-	if !ok {
-		t.Fatal("a light flow was queued behind the flood while a reserved slot was free")
+	if !ok || ct.slot == overflowSlot {
+		t.Fatal("a light flow did not take the free reserved slot")
 	}
-	// While b and c hold one each, the flood's own release is kept free
-	// too: the reserve is a free slot, whoever uses the others.
-	s.Release(held[2])
+	s.Release(held[1]) // the reserve again
 	select {
 	case <-fq[0].got:
-		t.Fatal("the flood was given the last free slot while b and c held one each")
+		t.Fatal("the reserve's slot went to the flood")
 	case <-time.After(20 * time.Millisecond):
 	}
-	// b and c end: each release leaves a slot free beyond the reserve, for
-	// the flood's waiters in turn.
-	s.Release(bt)
+	// With more than the reserve free, the flood's releases go to its own.
+	s.Release(held[2])
 	f1 := <-fq[0].got
+	s.Release(bt)
 	s.Release(ct)
 	f2 := <-fq[1].got
 	for _, tk := range append(held[3:], f1, f2) {
