@@ -453,7 +453,20 @@ func TestAccessKeyRotation(t *testing.T) {
 	e.keys.write(t, "k2")
 	written := time.Now()
 	rotated = true
-	testutil.Eventually(t, waitTimeout, "k1's token to be refused", func() bool { return status(false, tok1) == 401 })
+	// Until the listener has read the new file, a check authenticates
+	// with k1 and the rotation then closes its connection, perhaps in
+	// the middle of the request: an error there means "not yet".
+	testutil.Eventually(t, waitTimeout, "k1's token to be refused", func() bool {
+		c := e.p.httpClient(t, false)
+		defer c.CloseIdleConnections()
+		resp, err := c.Do(newRequest(t, "GET", webOrigin+"/api", "", "Accept", "application/json", tokenHeader, tok1))
+		if err != nil {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode == 401
+	})
 	t.Logf("k1 refused %v after the keys file was written (the listener polls it)", time.Since(written).Round(time.Millisecond))
 	if st := status(true, tok1); st != 401 {
 		t.Errorf("over HTTP/2 k1's token: status %d; want 401", st)
