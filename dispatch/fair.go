@@ -43,10 +43,6 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 	if fair == nil {
 		return true
 	}
-	if t, ok := fair.TryAdmitFlow(&inst.Fair); ok {
-		st.fair = t
-		return true
-	}
 	t, err := fair.AdmitEither(&inst.Fair, fairshare.KindRequest, st.es.Done(), st.hc.route.Lease.Done())
 	if err != nil {
 		st.deny(denyRevoked)
@@ -69,26 +65,21 @@ func (st *h2Stream) releaseFair() {
 // back; the flood's throughput 0.65× (the slots bound its streams in
 // flight, as its connections' on HTTP/1.1).
 func (st *h2Stream) pauseFair() {
-	if !st.fair.Valid() || st.s.holdFairAppWait || st.hc.route.Instance.Active() > fairLightStreams {
-		st.fairKept = true
-		return
+	st.fairPaused = st.s.givesFairBack(st.hc.route.Instance, st.fair)
+	if st.fairPaused {
+		st.releaseFair()
 	}
-	st.fairKept = false
-	st.releaseFair()
 }
 
-// resumeFair takes a slot again once the app has answered.
+// resumeFair takes a slot again once the app has answered, if pauseFair
+// gave it back.
 func (st *h2Stream) resumeFair() error {
-	fair := st.s.cfg.Fair
-	if fair == nil || st.fairKept {
+	if !st.fairPaused {
 		return nil
 	}
-	if t, ok := fair.TryAdmitFlow(&st.hc.route.Instance.Fair); ok {
-		st.fair = t
-		return nil
-	}
+	st.fairPaused = false
 	lease := st.hc.route.Lease.Done()
-	t, err := fair.AdmitEither(&st.hc.route.Instance.Fair, fairshare.KindRequest, st.es.Done(), lease)
+	t, err := st.s.cfg.Fair.AdmitEither(&st.hc.route.Instance.Fair, fairshare.KindRequest, st.es.Done(), lease)
 	if err != nil {
 		return resumeFailure(lease)
 	}
@@ -100,6 +91,13 @@ func (st *h2Stream) resumeFair() error {
 // for its requests and streams to give their fair-admission slots back
 // while they wait for the app (pauseFair).
 const fairLightStreams = 2
+
+// givesFairBack reports whether a request of inst holding ticket t gives
+// it back while it waits for its app: it holds one, and inst has at most
+// fairLightStreams requests in flight (see clientConn.pauseFair).
+func (s *Server) givesFairBack(inst *routes.Instance, t fairshare.Ticket) bool {
+	return t.Valid() && !s.holdFairAppWait && inst.Active() <= fairLightStreams
+}
 
 // pauseFair keeps an HTTP/1.1 request's slot while it waits for its app
 // when its instance has more than fairLightStreams requests in flight (a
@@ -113,12 +111,11 @@ const fairLightStreams = 2
 // apps do not shrink the slots left for the flood (nine of them cut its
 // throughput by 40 %). HTTP/2 streams do the same (h2Stream.pauseFair).
 func (c *clientConn) pauseFair() {
-	if !c.fair.Valid() || c.s.holdFairAppWait || c.route.Instance.Active() > fairLightStreams {
-		return
+	c.fairPaused = c.s.givesFairBack(c.route.Instance, c.fair)
+	if c.fairPaused {
+		c.s.cfg.Fair.Release(c.fair)
+		c.fair = fairshare.Ticket{}
 	}
-	c.s.cfg.Fair.Release(c.fair)
-	c.fair = fairshare.Ticket{}
-	c.fairPaused = true
 }
 
 // resumeFair takes a slot again once the app has answered, if pauseFair
@@ -128,13 +125,7 @@ func (c *clientConn) resumeFair() error {
 		return nil
 	}
 	c.fairPaused = false
-	fair := c.s.cfg.Fair
-	if t, ok := fair.TryAdmitFlow(&c.route.Instance.Fair); ok {
-		c.fair = t
-		return nil
-	}
-	lease := c.route.Lease.Done()
-	t, err := fair.Admit(&c.route.Instance.Fair, fairshare.KindRequest, lease, 0)
+	t, err := c.s.cfg.Fair.Admit(&c.route.Instance.Fair, fairshare.KindRequest, c.route.Lease.Done(), 0)
 	if err != nil {
 		return errClientRevoked
 	}

@@ -62,10 +62,11 @@ type h2Stream struct {
 	// left of a body of known length (-1: unknown).
 	bodyW    io.Writer
 	bodyLeft int64
-	// fair is the stream's fair admission (fair.go); fairKept: pauseFair
-	// kept it for the wait for the app (resumeFair takes none).
-	fair     fairshare.Ticket
-	fairKept bool
+	// fair is the stream's fair admission (fair.go); fairPaused:
+	// pauseFair gave it back for the wait for the app, resumeFair takes
+	// one again.
+	fair       fairshare.Ticket
+	fairPaused bool
 }
 
 // h2BodyWriter is an h2Stream's writeBody as an io.Writer.

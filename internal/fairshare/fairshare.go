@@ -130,9 +130,6 @@ func (f *Flow) SetWeight(w int) { f.weight.Store(int32(min(max(w, 1), MaxWeight)
 // Weight returns the flow's weight.
 func (f *Flow) Weight() int { return int(max(f.weight.Load(), 1)) }
 
-// Backlogged reports whether the flow has admissions queued now.
-func (f *Flow) Backlogged() bool { return f.queued.Load() > 0 }
-
 // Waits returns how many admissions of the flow had to queue.
 func (f *Flow) Waits() uint64 { return f.waits.Load() }
 
@@ -320,6 +317,17 @@ func (s *Scheduler) tryTake(f *Flow) (Ticket, bool) {
 	}
 }
 
+// admitNow admits flow f without queueing if it may: into a free slot
+// when nobody waits or f is light, else beyond the slots (overflow).
+func (s *Scheduler) admitNow(f *Flow) (Ticket, bool) {
+	if s.waiting.Load() == 0 || light(f) {
+		if t, ok := s.tryTake(f); ok {
+			return t, true
+		}
+	}
+	return s.overflow(f)
+}
+
 // overflow admits light flow f beyond the slots: its one unit of work in
 // progress. A flow holding anything, or with waiters, is refused, and
 // nobody without a reserve (Config.Reserve): there, flows queue in turn
@@ -376,12 +384,7 @@ func (s *Scheduler) TryAdmitFlow(f *Flow) (Ticket, bool) {
 		return Ticket{}, true
 	}
 	s.noteFlow(f)
-	if s.waiting.Load() == 0 || light(f) {
-		if t, ok := s.tryTake(f); ok {
-			return t, true
-		}
-	}
-	if t, ok := s.overflow(f); ok {
+	if t, ok := s.admitNow(f); ok {
 		return t, true
 	}
 	if s.alone() {
@@ -418,13 +421,7 @@ func (s *Scheduler) AdmitEither(f *Flow, kind Kind, done, also <-chan struct{}) 
 func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout time.Duration) (Ticket, error) {
 	start := s.now()
 	s.mu.Lock()
-	if s.waiting.Load() == 0 || light(f) {
-		if t, ok := s.tryTake(f); ok {
-			s.mu.Unlock()
-			return t, nil
-		}
-	}
-	if t, ok := s.overflow(f); ok {
+	if t, ok := s.admitNow(f); ok {
 		s.mu.Unlock()
 		return t, nil
 	}
@@ -518,9 +515,14 @@ func (s *Scheduler) Release(t Ticket) bool {
 // frees it.
 func (s *Scheduler) grantOrFreeLocked(i int) {
 	if !s.grantLocked(i) {
-		s.slot[i].Store(uint64(genOf(s.slot[i].Load())) << 32)
-		s.taken.And(^(uint64(1) << i))
+		s.freeLocked(i)
 	}
+}
+
+// freeLocked frees slot i, whose bit is set and whose ticket is not out.
+func (s *Scheduler) freeLocked(i int) {
+	s.slot[i].Store(uint64(genOf(s.slot[i].Load())) << 32)
+	s.taken.And(^(uint64(1) << i))
 }
 
 // fillLocked hands free slots to waiters in turn while one may have them.
@@ -531,9 +533,7 @@ func (s *Scheduler) fillLocked() {
 			return
 		}
 		if !s.grantLocked(int(t.slot)) {
-			s.ended(int(t.slot))
-			s.slot[t.slot].Store(uint64(t.gen) << 32)
-			s.taken.And(^(uint64(1) << t.slot))
+			s.freeLocked(int(t.slot)) // its ticket, a flowless one, never went out
 			return
 		}
 	}
