@@ -239,6 +239,11 @@ func (st *h2Stream) proxyH2C() bool {
 				{Name: "grpc-message", Value: "the application's stream ended unexpectedly"},
 			}) != nil
 		}
+		if !rw.headed {
+			// Nothing relayed yet (a response declared empty whose
+			// stream then failed): answered as any failed app is.
+			return st.h2cFailed(rerr, context.Cause(ctx))
+		}
 		return true
 	}
 	var trailers []h2engine.HeaderField
