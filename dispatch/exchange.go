@@ -48,6 +48,9 @@ type exchange struct {
 	// writing the request for the answer to be readable (appwait.go): for
 	// a caller that reads the answer next and has nothing else to do.
 	awaitFor time.Duration
+	// awaitUntil is when connect's wait for the answer ends (its read
+	// deadline, taken before the write): after it, the wait ran out.
+	awaitUntil time.Time
 	// fairErr is why the exchange could not take its fair-admission slot
 	// back after waiting for the app (resumeFair): readHead returns it.
 	fairErr error
@@ -164,7 +167,8 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 		var n int
 		var err error
 		if x.awaitFor > 0 {
-			_ = bc.conn.SetReadDeadline(now.Add(x.awaitFor))
+			x.awaitUntil = now.Add(x.awaitFor)
+			_ = bc.conn.SetReadDeadline(x.awaitUntil)
 			// The wait for the answer gives the fair-admission slot
 			// back (fair.go); a failure to take it again ends the
 			// exchange in readHead.
@@ -251,12 +255,21 @@ func (x *exchange) bodySent() bool {
 	return x.bodyErr == nil
 }
 
+// awaitRanOut reports whether connect's wait for the answer ended by its
+// deadline. It compares with the deadline itself, not with sentAt plus
+// awaitFor: sentAt is taken after the write, a little later than the
+// deadline's start, so that sum would still lie ahead when the wait has
+// already run out, and the head would wait a second full timeout.
+func (x *exchange) awaitRanOut() bool {
+	return !time.Now().Before(x.awaitUntil)
+}
+
 // readHead reads response heads into x.resp until a final one (status 200
 // or more, or 101), handing each other 1xx to interim.
 func (x *exchange) readHead(interim func(*response) error) error {
 	// After connect's wait for the answer ended early, the answer is
 	// there: no pause for it.
-	answered := x.awaitFor > 0 && time.Since(x.sentAt) < x.awaitFor
+	answered := x.awaitFor > 0 && !x.awaitRanOut()
 	for {
 		x.armHeadTimeout()
 		if x.fairErr != nil {

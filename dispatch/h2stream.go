@@ -469,7 +469,7 @@ func (st *h2Stream) proxy(req *request) bool {
 	}
 
 	var err error
-	if x.awaitFor > 0 && time.Since(x.sentAt) >= x.awaitFor {
+	if x.awaitFor > 0 && x.awaitRanOut() {
 		// The wait ran out without an answer: the response-head timeout,
 		// counted from the request's write as readHead would.
 		err = &appError{err: os.ErrDeadlineExceeded, sent: true}
