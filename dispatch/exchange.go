@@ -81,6 +81,9 @@ type exchangeClient interface {
 	// its route was revoked while it queued.
 	pauseFair()
 	resumeFair() error
+	// answerSpin is how long connect polls for the app's answer before it
+	// parks (0: it parks at once); see fair.go.
+	answerSpin() time.Duration
 }
 
 // dialContexter is a client side whose dials have a context of their own,
@@ -173,7 +176,16 @@ func (x *exchange) connect(ctx context.Context, head []byte, bodyInMemory bool) 
 			// back (fair.go); a failure to take it again ends the
 			// exchange in readHead.
 			x.cl.pauseFair()
-			n, now, err = bc.wait.WriteAwait(head)
+			spin := x.cl.answerSpin()
+			var spun bool
+			n, now, err, spun = bc.wait.WriteAwaitSpin(head, spin)
+			if spin > 0 && err == nil {
+				outcome := 0 // parked
+				if spun {
+					outcome = 1 // answered
+				}
+				x.s.m.answerSpins[outcome].Inc()
+			}
 			x.fairErr = x.cl.resumeFair()
 		} else {
 			n, err = bc.conn.Write(head)

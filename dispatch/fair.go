@@ -143,3 +143,29 @@ func resumeFailure(lease <-chan struct{}) error {
 		return errClientGone
 	}
 }
+
+// appAnswerSpin is how long a light instance's request (one that gave its
+// slot back for the wait, pauseFair) polls for its app's answer before it
+// parks, while the scheduler is contended. A parked goroutine is woken by
+// Go's network poller only once the run queue is empty, which behind a
+// neighbour's flood on one core takes up to milliseconds; an app that
+// answers within the spin skips that wait. A light instance has at most
+// fairLightStreams requests in flight, so the CPU it spends is bounded by
+// its request rate.
+const appAnswerSpin = 25 * time.Microsecond
+
+// answerSpin: see appAnswerSpin.
+func (c *clientConn) answerSpin() time.Duration {
+	if c.fairPaused && c.s.cfg.Fair.Contended() {
+		return appAnswerSpin
+	}
+	return 0
+}
+
+// answerSpin: see appAnswerSpin.
+func (st *h2Stream) answerSpin() time.Duration {
+	if st.fairPaused && st.s.cfg.Fair.Contended() {
+		return appAnswerSpin
+	}
+	return 0
+}

@@ -96,7 +96,7 @@ func newFairEnvWith(t *testing.T, slots int, lease time.Duration, holdAppWait bo
 	}
 	e.reg = prometheus.NewRegistry()
 	e.sched = fairshare.New(fairshare.Config{Slots: slots, Lease: lease, Registerer: e.reg})
-	srv := New(Config{Fair: e.sched, Logger: discard})
+	srv := New(Config{Fair: e.sched, Logger: discard, Registerer: e.reg})
 	srv.holdFairAppWait = holdAppWait
 	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -485,5 +485,61 @@ func TestWebSocketChunkAdmission(t *testing.T) {
 	var off wsSplice // no scheduler: nothing to admit
 	if off.admitChunk().Valid() {
 		t.Error("admission without a scheduler")
+	}
+}
+
+// TestAnswerSpin: while fair admission is contended, a light instance's
+// request polls for its app's answer (appAnswerSpin) instead of parking at
+// once, on both protocols, counted by outcome; while it is not, nothing
+// polls.
+func TestAnswerSpin(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
+			e := newFairEnv(t, 9, time.Hour)
+			b := e.client(fairHostB, h2)
+			spins := func() float64 {
+				mfs, err := e.reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var n float64
+				for _, mf := range mfs {
+					if mf.GetName() == "applistener_app_answer_spins_total" {
+						for _, m := range mf.GetMetric() {
+							n += m.GetCounter().GetValue()
+						}
+					}
+				}
+				return n
+			}
+			if err := <-send(b, "/fast"); err != nil {
+				t.Fatal(err)
+			}
+			if n := spins(); n != 0 {
+				t.Fatalf("%v polls for the answer while nothing was contended, want 0", n)
+			}
+			// Every slot taken (as by a neighbour's flood): B, light, is
+			// admitted beyond them and polls for its answer.
+			var held []fairshare.Ticket
+			for range e.sched.Slots() {
+				tk, ok := e.sched.TryAdmit()
+				if !ok {
+					t.Fatal("a free slot refused")
+				}
+				held = append(held, tk)
+			}
+			if !e.sched.Contended() {
+				t.Fatal("every slot taken, yet not contended")
+			}
+			if err := <-send(b, "/fast"); err != nil {
+				t.Fatal(err)
+			}
+			if n := spins(); n != 1 {
+				t.Fatalf("%v polls for the answer under contention, want 1", n)
+			}
+			for _, tk := range held {
+				e.sched.Release(tk)
+			}
+		})
 	}
 }

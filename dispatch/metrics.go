@@ -31,6 +31,9 @@ type metrics struct {
 	upstreamConnect   prometheus.Observer
 	upstreamFirstByte prometheus.Observer
 	accessLogDropped  prometheus.Counter
+	// answerSpins counts the polls for an app's answer (fair.go,
+	// appAnswerSpin) by outcome: answered while polling, or parked.
+	answerSpins [2]prometheus.Counter
 
 	// requestsByCode and denialsByCode are requests and denials by code
 	// (see request and denied).
@@ -125,8 +128,13 @@ func newMetrics(reg prometheus.Registerer, parked func() float64) *metrics {
 		Name: "applistener_access_log_dropped_total",
 		Help: "Access-log lines dropped by the per-instance rate bound.",
 	})
+	spins := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "applistener_app_answer_spins_total",
+		Help: "Requests of a light instance that polled for their app's answer (up to 25 µs) instead of parking at once, while fair admission was contended, by outcome: answered (caught while polling) or parked (the app took longer).",
+	}, []string{"outcome"})
+	m.answerSpins = [2]prometheus.Counter{spins.WithLabelValues("parked"), spins.WithLabelValues("answered")}
 	if reg != nil {
-		reg.MustRegister(reqDuration, upstreamConnect, upstreamFirstByte, m.accessLogDropped)
+		reg.MustRegister(reqDuration, upstreamConnect, upstreamFirstByte, m.accessLogDropped, spins)
 		idle := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "applistener_websocket_directions_idle",
 			Help: "WebSocket directions idle for 50 ms or more, parked without a goroutine or buffer (two per idle WebSocket).",

@@ -25,6 +25,10 @@ type ReplyWait struct {
 	n     int
 	err   error
 	at    time.Time
+	// spin, when positive, is how long the wait polls for the answer
+	// before it parks (WriteAwaitSpin); spun reports that it came then.
+	spin time.Duration
+	spun bool
 }
 
 // Init prepares the wait for conn, once per connection (nothing is
@@ -38,14 +42,32 @@ func (w *ReplyWait) Init(conn net.Conn) {
 	if w.raw == nil {
 		return
 	}
-	w.fn = func(uintptr) bool {
+	w.fn = func(fd uintptr) bool {
 		if w.wrote {
 			return true // readable (or failed): the read that follows tells
 		}
 		w.wrote = true
 		w.n, w.err = w.conn.Write(w.head)
 		w.at = time.Now()
-		return w.err != nil
+		if w.err != nil {
+			return true
+		}
+		return w.spin > 0 && w.poll(fd)
+	}
+}
+
+// poll checks, until spin has passed since the write, whether the answer
+// is readable; each check is one non-blocking peek.
+func (w *ReplyWait) poll(fd uintptr) bool {
+	deadline := w.at.Add(w.spin)
+	for {
+		if peekReadable(fd) {
+			w.spun = true
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
 	}
 }
 
@@ -54,18 +76,29 @@ func (w *ReplyWait) Init(conn net.Conn) {
 // ends without bytes is left to the read that follows. It returns the
 // write's outcome and when it ended.
 func (w *ReplyWait) WriteAwait(head []byte) (int, time.Time, error) {
+	n, at, err, _ := w.WriteAwaitSpin(head, 0)
+	return n, at, err
+}
+
+// WriteAwaitSpin is WriteAwait that first polls for the answer for up to
+// spin after the write (one non-blocking peek after another) before it
+// parks; spun reports that the answer came while it polled. A goroutine
+// that parks is woken by the runtime's poller only when the run queue is
+// empty, which on a busy core can be milliseconds; an app that answers
+// within the spin is caught without it.
+func (w *ReplyWait) WriteAwaitSpin(head []byte, spin time.Duration) (n int, at time.Time, err error, spun bool) {
 	if w.raw == nil {
 		n, err := w.conn.Write(head)
-		return n, time.Now(), err
+		return n, time.Now(), err, false
 	}
-	w.head, w.wrote, w.n, w.err = head, false, 0, nil
+	w.head, w.wrote, w.n, w.err, w.spin, w.spun = head, false, 0, nil, spin, false
 	_ = w.raw.Read(w.fn)
 	w.head = nil
 	if !w.wrote {
 		// The read failed before the function ran (closed, or a deadline
 		// already past): write as usual, the error comes from there.
 		n, err := w.conn.Write(head)
-		return n, time.Now(), err
+		return n, time.Now(), err, false
 	}
-	return w.n, w.at, w.err
+	return w.n, w.at, w.err, w.spun
 }

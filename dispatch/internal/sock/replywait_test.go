@@ -120,3 +120,55 @@ func TestReplyWaitAppHangsUp(t *testing.T) {
 		t.Fatalf("read after the app hung up: %v, want EOF", err)
 	}
 }
+
+// TestReplyWaitSpin: WriteAwaitSpin polls for the answer for up to its
+// spin after the write: an answer that comes within it returns without
+// parking (spun), one that comes later is waited for as WriteAwait does.
+func TestReplyWaitSpin(t *testing.T) {
+	c, w, app := replyWaitPair(t)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answerAfter := func(d time.Duration) {
+		go func() {
+			var b [8]byte
+			_, _ = io.ReadFull(app, b[:])
+			time.Sleep(d)
+			_, _ = app.Write([]byte("answer\n"))
+		}()
+	}
+	read := func() {
+		t.Helper()
+		if !readable(t, c) {
+			t.Fatal("returned before the answer was readable")
+		}
+		var b [7]byte
+		if _, err := io.ReadFull(c, b[:]); err != nil || string(b[:]) != "answer\n" {
+			t.Fatalf("answer %q, %v", b, err)
+		}
+	}
+
+	// Within the spin (a generous one: the app's goroutine must run).
+	answerAfter(20 * time.Millisecond)
+	if n, _, err, spun := w.WriteAwaitSpin([]byte("request\n"), 5*time.Second); n != 8 || err != nil || !spun {
+		t.Fatalf("answer within the spin: n %d, err %v, spun %v; want 8, nil, true", n, err, spun)
+	}
+	read()
+
+	// After the spin: parked, then woken by the answer.
+	answerAfter(200 * time.Millisecond)
+	start := time.Now()
+	n, _, err, spun := w.WriteAwaitSpin([]byte("request\n"), 10*time.Microsecond)
+	if n != 8 || err != nil || spun {
+		t.Fatalf("answer after the spin: n %d, err %v, spun %v; want 8, nil, false", n, err, spun)
+	}
+	if d := time.Since(start); d < 150*time.Millisecond {
+		t.Fatalf("returned after %v, before the answer", d)
+	}
+	read()
+
+	// No spin: WriteAwait's behaviour, never spun.
+	answerAfter(0)
+	if _, _, err, spun := w.WriteAwaitSpin([]byte("request\n"), 0); err != nil || spun {
+		t.Fatalf("no spin: err %v, spun %v", err, spun)
+	}
+	read()
+}
