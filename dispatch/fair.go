@@ -54,8 +54,11 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 
 // releaseFair gives back the stream's fair admission, if it holds one.
 func (st *h2Stream) releaseFair() {
-	st.s.cfg.Fair.Release(st.fair)
-	st.fair = fairshare.Ticket{}
+	if st.fair.Valid() {
+		st.s.cfg.Fair.Release(st.fair)
+		st.fair = fairshare.Ticket{}
+		st.s.pollParked() // fairpoll.go
+	}
 }
 
 // pauseFair gives the stream's slot back while it waits for its app,

@@ -45,16 +45,17 @@ type fairEnv struct {
 	table    *routes.Table
 	arrivals chan string
 	release  chan struct{}
+	srv      *Server
 }
 
 func newFairEnv(t *testing.T, slots int, lease time.Duration) *fairEnv {
 	t.Helper()
-	return newFairEnvWith(t, slots, lease, false)
+	return newFairEnvWith(t, slots, lease, func(*Server) {})
 }
 
-// newFairEnvWith is newFairEnv; holdAppWait keeps a request's slot while
-// it waits for its app (Server.holdFairAppWait).
-func newFairEnvWith(t *testing.T, slots int, lease time.Duration, holdAppWait bool) *fairEnv {
+// newFairEnvWith is newFairEnv with configure applied to the server before
+// it serves (e.g. holdFairAppWait).
+func newFairEnvWith(t *testing.T, slots int, lease time.Duration, configure func(*Server)) *fairEnv {
 	t.Helper()
 	h2Verify(t)
 	e := &fairEnv{t: t, arrivals: make(chan string, 64), release: make(chan struct{})}
@@ -97,7 +98,8 @@ func newFairEnvWith(t *testing.T, slots int, lease time.Duration, holdAppWait bo
 	e.reg = prometheus.NewRegistry()
 	e.sched = fairshare.New(fairshare.Config{Slots: slots, Lease: lease, Registerer: e.reg})
 	srv := New(Config{Fair: e.sched, Logger: discard, Registerer: e.reg})
-	srv.holdFairAppWait = holdAppWait
+	configure(srv)
+	e.srv = srv
 	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +240,8 @@ func (e *fairEnv) waiting(n int) {
 func TestFairAdmissionOrder(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
-			e := newFairEnvWith(t, 1, time.Hour, true) // no takeover here
+			// Slots kept through the app wait; no takeover here.
+			e := newFairEnvWith(t, 1, time.Hour, func(s *Server) { s.holdFairAppWait = true })
 			// Every connection is open (handshake done) before the slot is held.
 			var as []fairClient
 			for range 4 {
@@ -541,5 +544,46 @@ func TestAnswerSpin(t *testing.T) {
 				e.sched.Release(tk)
 			}
 		})
+	}
+}
+
+// TestQuietConnParksAtOnce: while fair admission is contended, an
+// HTTP/1.1 keep-alive connection of a light instance parks with the idle
+// poller as soon as its response is written (not after parkAfter, here an
+// hour), and its next request is served from there; while nothing is
+// contended it waits in place. (HTTP/2 connections do not park between
+// requests; their streams' releases deliver parked HTTP/1.1 connections,
+// s.pollParked, as HTTP/1.1 requests' do: TestPollNowDelivers.)
+func TestQuietConnParksAtOnce(t *testing.T) {
+	e := newFairEnvWith(t, 9, time.Hour, func(s *Server) { s.idleParkAfter = time.Hour })
+	b := e.client(fairHostB, false)
+	if err := <-send(b, "/fast"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.srv.idleH1.waiters(); n != 0 {
+		t.Fatalf("%d connections parked with nothing contended and an hour to wait first", n)
+	}
+	var held []fairshare.Ticket
+	for range e.sched.Slots() {
+		tk, ok := e.sched.TryAdmit()
+		if !ok {
+			t.Fatal("a free slot refused")
+		}
+		held = append(held, tk)
+	}
+	defer func() {
+		for _, tk := range held {
+			e.sched.Release(tk)
+		}
+	}()
+	if err := <-send(b, "/fast"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, "B parked at once", func() bool { return e.srv.idleH1.waiters() == 1 })
+	for range 3 {
+		if err := <-send(b, "/fast"); err != nil {
+			t.Fatalf("a request of the parked connection: %v", err)
+		}
+		testutil.Eventually(t, 5*time.Second, "B parked again", func() bool { return e.srv.idleH1.waiters() == 1 })
 	}
 }

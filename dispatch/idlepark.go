@@ -31,10 +31,20 @@ import (
 func (c *clientConn) waitIdle(idle time.Duration) (n int, parked bool) {
 	now := time.Now()
 	deadline := now.Add(idle)
+	if c.parksAtOnce() { // fairpoll.go
+		n, parked, ended := c.parkAtOnce(deadline)
+		if n > 0 || parked || ended {
+			return n, parked
+		}
+	}
 	first := deadline
-	canPark := idle > parkAfter
+	after := parkAfter
+	if c.s.idleParkAfter > 0 {
+		after = c.s.idleParkAfter
+	}
+	canPark := idle > after
 	if canPark {
-		first = now.Add(parkAfter)
+		first = now.Add(after)
 	}
 	_ = c.conn.SetReadDeadline(first)
 	n, err := c.conn.Read(c.one[:])

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
 )
@@ -33,6 +35,49 @@ type idlePoller struct {
 	ep      *sock.Epoll // the current epoll instance; nil while nothing waits
 	next    uint64
 	waiting map[uint64]idleWait
+
+	// lastPoll is when pollNow last looked (nanoseconds since pollEpoch).
+	lastPoll atomic.Int64
+}
+
+// pollEpoch is pollNow's clock origin.
+var pollEpoch = time.Now()
+
+// pollNowEvery is how often, at most, pollNow looks for events.
+const pollNowEvery = 20 * time.Microsecond
+
+// pollNow delivers the events pending now, without waiting and without
+// the runtime's poller (each wake runs in a new goroutine, as run's do);
+// at most once per pollNowEvery, one epoll_wait. The busy path calls it
+// (fairpoll.go): Go polls the network only when its run queue is empty,
+// which behind a flood on one core can take milliseconds, and a quiet
+// connection's next request would wait for that.
+func (p *idlePoller) pollNow() {
+	now := int64(time.Since(pollEpoch))
+	last := p.lastPoll.Load()
+	if now-last < int64(pollNowEvery) || !p.lastPoll.CompareAndSwap(last, now) {
+		return
+	}
+	var buf [16]func()
+	woke := buf[:0]
+	p.mu.Lock()
+	if p.ep != nil && len(p.waiting) > 0 {
+		for _, id := range p.ep.Poll() {
+			if w, ok := p.waiting[id]; ok {
+				delete(p.waiting, id)
+				p.ep.Remove(w.fd)
+				woke = append(woke, w.wake)
+			}
+		}
+	}
+	retired := p.closeIfEmptyLocked()
+	p.mu.Unlock()
+	if retired != nil {
+		_ = retired.Close() // its goroutine ends
+	}
+	for _, wake := range woke {
+		go wake()
+	}
 }
 
 type idleWait struct {

@@ -23,7 +23,7 @@ var keepAliveYield = runtime.Gosched
 // yieldBeforeNextRequest yields before the next request is read, unless
 // bytes of it are already at hand.
 func (c *clientConn) yieldBeforeNextRequest() {
-	if c.in.buffered() == 0 && len(c.pending) == 0 {
+	if c.in.buffered() == 0 && len(c.pending) == 0 && !c.parksAtOnce() {
 		keepAliveYield()
 	}
 }

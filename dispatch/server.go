@@ -217,6 +217,9 @@ type Server struct {
 	// only for the test that checks the admission order through the
 	// listener, which the app's holds must pin.
 	holdFairAppWait bool
+	// idleParkAfter replaces parkAfter for HTTP/1.1 keep-alive connections
+	// when positive (tests: an hour makes parking at once observable).
+	idleParkAfter time.Duration
 	bufPool         sync.Pool // *[]byte read buffers, client and app side
 	bwPool          sync.Pool // *bufio.Writer towards clients
 	bigPool         sync.Pool // *[]byte app-side buffers while a large body is copied

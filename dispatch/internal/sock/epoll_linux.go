@@ -24,6 +24,9 @@ type Epoll struct {
 	rc     syscall.RawConn
 	events []unix.EpollEvent
 	ids    []uint64
+	// Poll's own buffers (it may run alongside Wait).
+	pollEvents []unix.EpollEvent
+	pollIDs    []uint64
 }
 
 // OpenEpoll creates an epoll instance; it fails outside Linux.
@@ -43,7 +46,8 @@ func OpenEpoll() (*Epoll, error) {
 		_ = f.Close()
 		return nil, fmt.Errorf("epoll raw conn: %w", err)
 	}
-	return &Epoll{f: f, fd: epfd, rc: rc, events: make([]unix.EpollEvent, 64), ids: make([]uint64, 0, 64)}, nil
+	return &Epoll{f: f, fd: epfd, rc: rc, events: make([]unix.EpollEvent, 64), ids: make([]uint64, 0, 64),
+		pollEvents: make([]unix.EpollEvent, 16), pollIDs: make([]uint64, 0, 16)}, nil
 }
 
 // Add registers fd under id, once: its event removes nothing by itself, the
@@ -65,6 +69,23 @@ func (e *Epoll) Remove(fd int) {
 
 // Close closes the instance; a Wait in progress returns its error.
 func (e *Epoll) Close() error { return e.f.Close() }
+
+// Poll returns the ids of events pending now, without waiting: one
+// epoll_wait with a zero timeout, outside the runtime's poller. The slice
+// is valid until the next Poll. It may run alongside Wait (registrations
+// are one-shot: an event goes to one of them); its callers serialise Poll
+// among themselves and against Close.
+func (e *Epoll) Poll() []uint64 {
+	n, err := unix.EpollWait(e.fd, e.pollEvents, 0)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	e.pollIDs = e.pollIDs[:0]
+	for _, ev := range e.pollEvents[:n] {
+		e.pollIDs = append(e.pollIDs, uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32)
+	}
+	return e.pollIDs
+}
 
 // Wait parks until events are pending and hands their ids to deliver, which
 // runs inside the runtime poller's read and must not block. It returns nil

@@ -66,3 +66,48 @@ func TestEpoll(t *testing.T) {
 		t.Fatal("Close did not end the Wait")
 	}
 }
+
+// TestEpollPoll: Poll returns at once, without a Wait: nothing while no
+// registered socket has bytes, then the id of the one whose peer wrote,
+// once (registrations are one-shot).
+func TestEpollPoll(t *testing.T) {
+	ep, err := OpenEpoll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ep.Close() }()
+	quiet, _ := tcpPair(t)
+	busy, busyPeer := tcpPair(t)
+	const quietID, busyID = 5, 1<<33 | 9
+	for _, r := range []struct {
+		c  net.Conn
+		id uint64
+	}{{quiet, quietID}, {busy, busyID}} {
+		fd, ok := FD(r.c)
+		if !ok {
+			t.Fatal("no descriptor")
+		}
+		if err := ep.Add(fd, r.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids := ep.Poll(); len(ids) != 0 {
+		t.Fatalf("Poll with nothing readable = %v", ids)
+	}
+	if _, err := busyPeer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for deadline := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+		got = slices.Clone(ep.Poll())
+		if len(got) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if !slices.Equal(got, []uint64{busyID}) {
+		t.Fatalf("Poll = %v, want [%d]", got, uint64(busyID))
+	}
+	if ids := ep.Poll(); len(ids) != 0 {
+		t.Fatalf("a one-shot event delivered twice: %v", ids)
+	}
+}

@@ -25,3 +25,6 @@ func (e *Epoll) Close() error { return nil }
 
 // Wait fails at once.
 func (e *Epoll) Wait(func([]uint64)) error { return errNoEpoll }
+
+// Poll has nothing pending.
+func (e *Epoll) Poll() []uint64 { return nil }
