@@ -220,6 +220,7 @@ type Server struct {
 	// idleParkAfter replaces parkAfter for HTTP/1.1 keep-alive connections
 	// when positive (tests: an hour makes parking at once observable).
 	idleParkAfter time.Duration
+
 	bufPool         sync.Pool // *[]byte read buffers, client and app side
 	bwPool          sync.Pool // *bufio.Writer towards clients
 	bigPool         sync.Pool // *[]byte app-side buffers while a large body is copied
