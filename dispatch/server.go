@@ -221,9 +221,9 @@ type Server struct {
 	// when positive (tests: an hour makes parking at once observable).
 	idleParkAfter time.Duration
 
-	bufPool         sync.Pool // *[]byte read buffers, client and app side
-	bwPool          sync.Pool // *bufio.Writer towards clients
-	bigPool         sync.Pool // *[]byte app-side buffers while a large body is copied
+	bufPool sync.Pool // *[]byte read buffers, client and app side
+	bwPool  sync.Pool // *bufio.Writer towards clients
+	bigPool sync.Pool // *[]byte app-side buffers while a large body is copied
 
 	mu       sync.Mutex
 	conns    map[*clientConn]struct{}
