@@ -20,7 +20,9 @@ type Request struct {
 	Header                          []hpack.HeaderField
 	// Body is the request body, nil for none. It is read until io.EOF
 	// (from its own goroutine while the response is read), and closed
-	// when the stream ends; Close must make a Read in progress return.
+	// (perhaps more than once) when the stream ends; Close must make a
+	// Read in progress return. No Read runs after RoundTrip has failed
+	// or the response body's Close has returned.
 	// A Body that implements BufferedReader and has bytes at hand when
 	// RoundTrip is called has them sent with the HEADERS, in one write.
 	Body io.ReadCloser
@@ -82,6 +84,8 @@ type stream struct {
 	readWake    chan struct{}
 	bodyClosed  bool
 	stopCtx     func() bool
+	// sent is closed when the request body's goroutine (if any) is done.
+	sent chan struct{}
 }
 
 var bodyBufPool = sync.Pool{New: func() any {
@@ -189,16 +193,19 @@ func (c *Conn) RoundTrip(ctx context.Context, req *Request) (*Response, error) {
 		if bufp == nil {
 			bufp = bodyBufPool.Get().(*[]byte)
 		}
+		s.sent = make(chan struct{})
 		go s.sendBody(bufp, pend, eof)
 	}
 
 	<-s.respReady
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s.resp == nil {
-		return nil, s.err
+	resp, err := s.resp, s.err
+	c.mu.Unlock()
+	if resp == nil {
+		s.awaitSent()
+		return nil, err
 	}
-	return s.resp, nil
+	return resp, nil
 }
 
 // writeHeadersLocked encodes a header block and queues it as HEADERS
@@ -239,6 +246,7 @@ func (s *stream) sendBody(bufp *[]byte, pend []byte, eof bool) {
 	defer func() {
 		bodyBufPool.Put(bufp)
 		_ = req.Body.Close()
+		close(s.sent)
 	}()
 	buf := *bufp
 	for {
@@ -264,6 +272,14 @@ func (s *stream) sendBody(bufp *[]byte, pend []byte, eof bool) {
 			return
 		}
 		pend = nil
+	}
+}
+
+// awaitSent waits for the request body's goroutine, which the stream's
+// end has stopped.
+func (s *stream) awaitSent() {
+	if s.sent != nil {
+		<-s.sent
 	}
 }
 
@@ -480,6 +496,9 @@ func (b *Body) Close() error {
 		s.abortLocked(errBodyClosed, true)
 		c.kickLocked()
 	}
+	c.mu.Unlock()
+	s.awaitSent()
+	c.mu.Lock()
 	return nil
 }
 
