@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/applistener/applistener/dispatch/internal/h2client"
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
@@ -28,6 +29,10 @@ type h2cPool struct {
 	bp   *backendPool    // the route's connector, port and Host
 	cfg  h2client.Config // the connections' settings
 	addr string
+
+	// writes counts the write calls made on the app connections (for
+	// benchmarks: writes per call).
+	writes atomic.Uint64
 
 	mu      sync.Mutex
 	clients []*h2cClient
@@ -297,6 +302,11 @@ type h2cConn struct {
 	net.Conn
 	p    *h2cPool
 	once sync.Once
+}
+
+func (c *h2cConn) Write(p []byte) (int, error) {
+	c.p.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 func (c *h2cConn) Close() error {
