@@ -207,11 +207,13 @@ func (st *h2Stream) proxyH2C() bool {
 	s.m.request(resp.Status)
 	if resp.ContentLength != 0 {
 		// A body follows, possibly much later (a stream): the client
-		// gets the head now. A response without one (a gRPC
+		// gets the head now, unless more of the response is already at
+		// hand (a unary gRPC answer: head, message and trailers go out
+		// in one write). A response without a body (a gRPC
 		// trailers-only answer) goes out as one HEADERS frame with
 		// END_STREAM.
 		err := rw.head()
-		if err == nil {
+		if n, ended := resp.Body.Buffered(); err == nil && n == 0 && !ended {
 			err = st.flush()
 		}
 		if err != nil {
@@ -399,7 +401,8 @@ func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *h2clie
 
 // copyBody relays the app's response body, flushing whenever the app's
 // stream has nothing more at hand (what it has buffered goes out in one
-// write to the client, however many messages it holds); rerr is a
+// write to the client, however many messages it holds, and a response
+// whose end has arrived is flushed by its end); rerr is a
 // failure reading from the app, werr one writing to the client.
 func (w *h2cResponse) copyBody(src *h2client.Body) (n int64, rerr, werr error) {
 	st := w.st
@@ -410,8 +413,10 @@ func (w *h2cResponse) copyBody(src *h2client.Body) (n int64, rerr, werr error) {
 		m, err := src.Read(buf)
 		if m > 0 {
 			if werr = w.head(); werr == nil {
-				if _, werr = st.es.Write(buf[:m]); werr == nil && src.Buffered() == 0 {
-					werr = st.flush()
+				if _, werr = st.es.Write(buf[:m]); werr == nil {
+					if more, ended := src.Buffered(); more == 0 && !ended {
+						werr = st.flush()
+					}
 				}
 			}
 			if werr != nil {

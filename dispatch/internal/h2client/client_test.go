@@ -260,7 +260,7 @@ func TestSlowReaderHoldsThePeerBack(t *testing.T) {
 	if limit := int64(window + 32<<10); last > limit {
 		t.Fatalf("the peer wrote %d bytes to a reader that took nothing, beyond %d", last, limit)
 	}
-	if got := resp.Body.Buffered(); got > window {
+	if got, _ := resp.Body.Buffered(); got > window {
 		t.Fatalf("%d bytes buffered, beyond the window %d", got, window)
 	}
 	n, err := io.Copy(io.Discard, resp.Body)

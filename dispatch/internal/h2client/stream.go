@@ -476,12 +476,14 @@ func (b *Body) Read(p []byte) (int, error) {
 	}
 }
 
-// Buffered returns how many body bytes Read returns without waiting.
-func (b *Body) Buffered() int {
+// Buffered returns how many body bytes Read returns without waiting, and
+// whether the body ends after them (the response's END_STREAM, trailers
+// included, has arrived): a relay flushes only when neither holds.
+func (b *Body) Buffered() (n int, ended bool) {
 	c := b.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(b.s.recvBuf) - b.s.recvOff
+	return len(b.s.recvBuf) - b.s.recvOff, b.s.remoteEnded || b.s.err != nil
 }
 
 // Close ends the body: a stream not yet closed both ways is reset
