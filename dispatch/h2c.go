@@ -224,7 +224,7 @@ func (st *h2Stream) proxyH2C() bool {
 	n, rerr, werr := rw.copyBody(resp.Body)
 	complete.Store(rerr == nil && werr == nil)
 	for _, f := range resp.Trailer {
-		k := http.CanonicalHeaderKey(f.Name)
+		k := h2cCanonicalName(f.Name)
 		respTrailer[k] = append(respTrailer[k], f.Value)
 	}
 	st.rec.bytesOut = n
@@ -312,7 +312,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 	}
 	out := make([]h2engine.HeaderField, 0, n)
 	for k, vv := range h {
-		name := httpgrammar.ToLower(k)
+		name := h2cLowerName(k)
 		for _, v := range vv {
 			out = append(out, h2engine.HeaderField{Name: name, Value: v})
 		}
@@ -325,7 +325,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 func h2cClientHeader(fields []h2engine.HeaderField) http.Header {
 	h := make(http.Header, len(fields))
 	for _, f := range fields {
-		k := http.CanonicalHeaderKey(f.Name)
+		k := h2cCanonicalName(f.Name)
 		if k == "Cookie" && len(h[k]) > 0 {
 			h[k][0] += "; " + f.Value
 			continue
@@ -516,7 +516,7 @@ func (b *h2cBody) Buffered() (int, bool) { return b.st.es.Buffered() }
 func (b *h2cBody) trailerFields() []hpack.HeaderField {
 	var out []hpack.HeaderField
 	for k, vv := range b.trailer {
-		name := httpgrammar.ToLower(k)
+		name := h2cLowerName(k)
 		for _, v := range vv {
 			out = append(out, hpack.HeaderField{Name: name, Value: v})
 		}
@@ -648,7 +648,7 @@ func h2cHeaderFields(h http.Header, contentLength int64, trailers []string) []hp
 	}
 	out := make([]hpack.HeaderField, 0, n)
 	for k, vv := range h {
-		name := httpgrammar.ToLower(k)
+		name := h2cLowerName(k)
 		sensitive := name == "x-request-id" || name == "grpc-timeout"
 		for _, v := range vv {
 			out = append(out, hpack.HeaderField{Name: name, Value: v, Sensitive: sensitive})
@@ -669,7 +669,7 @@ func h2cHeaderFields(h http.Header, contentLength int64, trailers []string) []hp
 func h2cResponseHeader(fields []hpack.HeaderField) (header, trailer http.Header) {
 	header, trailer = make(http.Header, len(fields)), make(http.Header)
 	for _, f := range fields {
-		k := http.CanonicalHeaderKey(f.Name)
+		k := h2cCanonicalName(f.Name)
 		if k == "Trailer" {
 			for t := range strings.SplitSeq(f.Value, ",") {
 				if t = strings.TrimSpace(t); t != "" {
@@ -681,6 +681,42 @@ func h2cResponseHeader(fields []hpack.HeaderField) (header, trailer http.Header)
 		header[k] = append(header[k], f.Value)
 	}
 	return header, trailer
+}
+
+// h2cCommonNames are the field names an h2c exchange (gRPC's above all)
+// carries on every call, canonical and lowercase: h2cLowerName and
+// h2cCanonicalName find them without allocating.
+var h2cLowerNames, h2cCanonicalNames = func() (lower, canonical map[string]string) {
+	names := []string{
+		"Accept", "Accept-Encoding", "Access-Control-Allow-Credentials", "Access-Control-Allow-Origin",
+		"Authorization", "Cache-Control", "Content-Encoding", "Content-Length", "Content-Type", "Cookie",
+		"Date", "Forwarded", "Grpc-Accept-Encoding", "Grpc-Encoding", "Grpc-Message", "Grpc-Status",
+		"Grpc-Status-Details-Bin", "Grpc-Timeout", "Location", "Server", "Set-Cookie", "Te", "Trailer",
+		"Traceparent", "User-Agent", "Vary", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Port",
+		"X-Forwarded-Proto", "X-Forwarded-User", "X-Request-Id",
+	}
+	lower, canonical = make(map[string]string, len(names)), make(map[string]string, len(names))
+	for _, n := range names {
+		l := strings.ToLower(n)
+		lower[n], canonical[l] = l, n
+	}
+	return lower, canonical
+}()
+
+// h2cLowerName returns a canonical field name in lowercase (HTTP/2's).
+func h2cLowerName(k string) string {
+	if l, ok := h2cLowerNames[k]; ok {
+		return l
+	}
+	return httpgrammar.ToLower(k)
+}
+
+// h2cCanonicalName returns an HTTP/2 field name in canonical form.
+func h2cCanonicalName(name string) string {
+	if k, ok := h2cCanonicalNames[name]; ok {
+		return k
+	}
+	return http.CanonicalHeaderKey(name)
 }
 
 // teTrailers reports whether TE names exactly "trailers", the only value

@@ -42,8 +42,8 @@ func (c *Conn) readLoop() {
 		c.closeLocked(err)
 	}
 	c.mu.Unlock()
-	close(c.readDone)
 	c.runHook()
+	close(c.readDone)
 }
 
 // readFrames handles frames until an error that ends the connection.
