@@ -543,3 +543,115 @@ func TestWriteTimeout(t *testing.T) {
 	}
 	t.Logf("failed after %v: %v", time.Since(start), c.Err())
 }
+
+// TestSendWithinThePeersWindows: a request body never goes beyond the
+// peer's stream window; the rest follows its WINDOW_UPDATEs.
+func TestSendWithinThePeersWindows(t *testing.T) {
+	testutil.VerifyNone(t)
+	const window, total = 1000, 10000
+	type step struct {
+		n   int
+		end bool
+	}
+	got := make(chan step, 64)
+	more := make(chan struct{})
+	p := rawPeer(t, func(fr *http2.Framer, _ net.Conn) {
+		if readUntilHeaders(fr) == nil {
+			return
+		}
+		n := 0
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			d, ok := f.(*http2.DataFrame)
+			if !ok {
+				continue
+			}
+			n += len(d.Data())
+			got <- step{n, d.StreamEnded()}
+			if n == window {
+				<-more
+				_ = fr.WriteWindowUpdate(1, total-window)
+			}
+			if d.StreamEnded() {
+				break
+			}
+		}
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(":status", "200"), EndHeaders: true, EndStream: true})
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
+				return
+			}
+		}
+	}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+	c, _ := dial(t, p, Config{})
+	done := make(chan error, 1)
+	go func() {
+		resp, err := do(t, c, testCtx(t), &Request{Method: "POST", Body: newBufferedBody(make([]byte, total))})
+		if err == nil {
+			_, err = readAll(t, resp)
+		}
+		done <- err
+	}()
+	last := step{}
+	for last.n < window {
+		last = <-got
+	}
+	if last.n != window {
+		t.Fatalf("the peer got %d bytes with a window of %d", last.n, window)
+	}
+	// Nothing more comes without window.
+	select {
+	case s := <-got:
+		t.Fatalf("%d bytes sent beyond the window", s.n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(more)
+	for !last.end {
+		last = <-got
+	}
+	if last.n != total {
+		t.Fatalf("the peer got %d bytes in all, want %d", last.n, total)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCloseEndsEveryStream: closing the connection (a route revoked)
+// fails the streams in flight, the one still sending its body included,
+// and leaves no goroutine behind.
+func TestCloseEndsEveryStream(t *testing.T) {
+	testutil.VerifyNone(t)
+	arrived := make(chan struct{}, 2)
+	p := startH2Server(t, &http2.Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	c, _ := dial(t, p, Config{})
+	pr, pw := io.Pipe()
+	defer func() { _ = pw.Close() }()
+	var resps [2]*Response
+	for i, body := range []io.ReadCloser{nil, pipeBody{pr}} {
+		resp, err := do(t, c, testCtx(t), &Request{Method: "POST", Body: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resps[i] = resp
+		<-arrived
+	}
+	_ = c.Close()
+	for i, resp := range resps {
+		if _, err := io.ReadAll(resp.Body); !errors.Is(err, ErrConnClosed) {
+			t.Fatalf("stream %d after Close: %v, want ErrConnClosed", i, err)
+		}
+		_ = resp.Body.Close()
+	}
+	if c.Reserve() {
+		t.Fatal("Reserve on a closed connection")
+	}
+}

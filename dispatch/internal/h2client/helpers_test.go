@@ -157,7 +157,7 @@ func (b pipeBody) Close() error { return b.PipeReader.Close() }
 
 // rawPeer is a scripted HTTP/2 server: it reads the client preface,
 // sends its SETTINGS, then runs script with a framer on the connection.
-func rawPeer(t *testing.T, script func(fr *http2.Framer, c net.Conn)) *peers {
+func rawPeer(t *testing.T, script func(fr *http2.Framer, c net.Conn), settings ...http2.Setting) *peers {
 	return startPeers(t, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		br := bufio.NewReader(c)
@@ -168,7 +168,7 @@ func rawPeer(t *testing.T, script func(fr *http2.Framer, c net.Conn)) *peers {
 		fr := http2.NewFramer(c, br)
 		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 		fr.AllowIllegalWrites = true
-		if err := fr.WriteSettings(); err != nil {
+		if err := fr.WriteSettings(settings...); err != nil {
 			return
 		}
 		script(fr, c)
