@@ -114,10 +114,9 @@ func (st *h2Stream) proxyH2C() bool {
 
 	// The app's stream is cancelled when the client's ends early (a
 	// reset, the connection closed), not when the handler returns after
-	// a complete exchange: the transport, if it had not yet seen that its
-	// stream was complete, would reset it and send a PING that gRPC
-	// servers count against the client (too many, and they close the
-	// connection).
+	// a complete exchange (a reset of a stream the app has ended is
+	// useless, and gRPC servers count resets and PINGs against their
+	// client: too many, and they close the connection).
 	ctx, cancel := context.WithCancelCause(context.Background())
 	var complete atomic.Bool
 	es.AfterReset(func() {
@@ -594,7 +593,8 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 		}
 	}
 	if _, ok := dst["User-Agent"]; !ok {
-		// The transport would add its own.
+		// None is sent (net/http's transport, which h2c apps were
+		// reached with before, would have added its own).
 		dst["User-Agent"] = nil
 	}
 	dst["X-Forwarded-For"] = []string{string(claims.appendForwardedFor(nil, fi))}
