@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -547,22 +546,6 @@ func (c *h2cHeadClock) stop() {
 	if c.t != nil {
 		c.t.Stop()
 	}
-}
-
-// h2cURL is the URL of the request to the app: the client's path and
-// query exactly as sent.
-func h2cURL(hostPort, target string) *url.URL {
-	u := &url.URL{Scheme: "http", Host: hostPort}
-	path, query, hasQuery := strings.Cut(target, "?")
-	if target == "" || strings.HasPrefix(path, "//") {
-		// Opaque cannot carry a path starting with "//".
-		if pu, err := url.ParseRequestURI(target); err == nil {
-			u.Path, u.RawPath, u.RawQuery = pu.Path, pu.RawPath, pu.RawQuery
-		}
-		return u
-	}
-	u.Opaque, u.RawQuery, u.ForceQuery = path, query, hasQuery && query == ""
-	return u
 }
 
 // h2cRequestHeader returns the fields sent to an h2c app: the client's,

@@ -135,10 +135,9 @@ type Conn struct {
 	framesRead atomic.Uint64 // liveness, for the PING check
 	writes     atomic.Uint64 // conn writes made, for tests and benchmarks
 
-	readDone  chan struct{}
-	ctrlWake  chan struct{}
-	ctrlDone  chan struct{}
-	closeOnce sync.Once
+	readDone chan struct{}
+	ctrlWake chan struct{}
+	ctrlDone chan struct{}
 
 	mu      sync.Mutex
 	cond    *sync.Cond // windows, buffer room, stream and connection state

@@ -63,13 +63,25 @@ func startPeers(t *testing.T, serve func(net.Conn)) *peers {
 	return p
 }
 
-// startH2Server serves h with golang.org/x/net/http2's server (h2c, prior
-// knowledge) on loopback.
-func startH2Server(t *testing.T, srv *http2.Server, h http.Handler) *peers {
+// startH2Server serves h with net/http's HTTP/2 server (h2c, prior
+// knowledge; maxStreams is its SETTINGS_MAX_CONCURRENT_STREAMS, 0 for its
+// default) on loopback until the test ends.
+func startH2Server(t *testing.T, maxStreams int, h http.Handler) *peers {
 	t.Helper()
-	return startPeers(t, func(c net.Conn) {
-		srv.ServeConn(c, &http2.ServeConnOpts{Handler: h})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	protos := new(http.Protocols)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: protos, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams}}
+	p := &peers{ln: ln}
+	p.wg.Go(func() { _ = srv.Serve(ln) })
+	t.Cleanup(func() {
+		_ = srv.Close()
+		p.wg.Wait()
 	})
+	return p
 }
 
 // countingConn counts the writes made on it.
