@@ -5,9 +5,14 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 
 	"golang.org/x/net/http2"
 )
+
+// goAwayTimeout bounds the write of the GOAWAY that tells a peer which
+// protocol error ends its connection.
+const goAwayTimeout = time.Second
 
 // readLoop reads the peer's frames until the connection ends; it never
 // writes (the control loop writes what it queues).
@@ -34,10 +39,17 @@ func (c *Conn) readLoop() {
 			err = fmt.Errorf("h2client: reading from the peer: %w", err)
 		}
 		if code != 0 && !c.writing {
-			// Best effort: the peer learns why (the write is bounded by
-			// WriteTimeout).
+			// Best effort: the peer learns why, in a write bounded by
+			// goAwayTimeout (no other write is in progress, and what is
+			// queued is whole frames).
 			_ = c.wfr.WriteGoAway(0, code, nil)
-			c.kickLocked()
+			buf := c.out
+			c.out, c.writing = nil, true
+			c.mu.Unlock()
+			_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
+			_, _ = c.nc.Write(buf)
+			c.mu.Lock()
+			c.writing = false
 		}
 		c.closeLocked(err)
 	}

@@ -129,6 +129,12 @@ func (c *Conn) RoundTrip(ctx context.Context, req *Request) (*Response, error) {
 	c.mu.Lock()
 	if c.reserved <= 0 {
 		c.mu.Unlock()
+		if bufp != nil {
+			bodyBufPool.Put(bufp)
+		}
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
 		return nil, ErrNoSlot
 	}
 	c.reserved--
