@@ -170,21 +170,24 @@ func (b pipeBody) Close() error { return b.PipeReader.Close() }
 // rawPeer is a scripted HTTP/2 server: it reads the client preface,
 // sends its SETTINGS, then runs script with a framer on the connection.
 func rawPeer(t *testing.T, script func(fr *http2.Framer, c net.Conn), settings ...http2.Setting) *peers {
-	return startPeers(t, func(c net.Conn) {
-		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-		br := bufio.NewReader(c)
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(br, preface); err != nil || string(preface) != http2.ClientPreface {
-			return
-		}
-		fr := http2.NewFramer(c, br)
-		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-		fr.AllowIllegalWrites = true
-		if err := fr.WriteSettings(settings...); err != nil {
-			return
-		}
-		script(fr, c)
-	})
+	return startPeers(t, func(c net.Conn) { servePeer(c, script, settings...) })
+}
+
+// servePeer is rawPeer's side of one connection.
+func servePeer(c net.Conn, script func(fr *http2.Framer, c net.Conn), settings ...http2.Setting) {
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(br, preface); err != nil || string(preface) != http2.ClientPreface {
+		return
+	}
+	fr := http2.NewFramer(c, br)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	fr.AllowIllegalWrites = true
+	if err := fr.WriteSettings(settings...); err != nil {
+		return
+	}
+	script(fr, c)
 }
 
 // readUntilHeaders reads frames until a request's HEADERS, which it returns.
