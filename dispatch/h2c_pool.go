@@ -16,10 +16,9 @@ import (
 // the app of one route whose service declares "protocol": "h2c". Each is an
 // h2client.Conn over a connection dialled through the route's connector
 // (the same dial path as the HTTP/1.1 pool, network namespaces included).
-// Requests share
-// the first connection with a free stream; a further one is dialled (one
-// dial at a time) only when every connection is at the app's
-// SETTINGS_MAX_CONCURRENT_STREAMS, up to maxH2CConns, beyond which a
+// Requests share the first connection with a free stream; a further one
+// is dialled (one dial at a time) only when every connection is at the
+// app's SETTINGS_MAX_CONCURRENT_STREAMS, up to maxH2CConns, beyond which a
 // request waits for a stream of the least loaded one. A connection idle
 // for Config.BackendIdleTimeout closes itself. The pool is attached to the
 // route's lease: revoking the route closes every connection, which ends
@@ -105,8 +104,8 @@ func (p *h2cPool) roundTrip(ctx context.Context, req *h2client.Request) (*h2clie
 // get returns a connection with a stream reserved for the caller: the
 // first with a free one, else a new one (one dial at a time), else, when
 // maxH2CConns are all busy, the least loaded one once it has a stream
-// free. Conn methods never run the state hook (which takes p.mu) while
-// the caller holds p.mu: they are never called under p.mu.
+// free. The connections' state hook takes p.mu: Conn methods are never
+// called under p.mu.
 func (p *h2cPool) get(ctx context.Context) (*h2client.Conn, error) {
 	for {
 		var clients [maxH2CConns]*h2cClient
