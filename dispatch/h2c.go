@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptrace"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/applistener/applistener/dispatch/internal/h2client"
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/internal/httpgrammar"
 )
@@ -112,10 +113,9 @@ func (st *h2Stream) proxyH2C() bool {
 
 	// The app's stream is cancelled when the client's ends early (a
 	// reset, the connection closed), not when the handler returns after
-	// a complete exchange: the transport, if it had not yet seen that its
-	// stream was complete, would reset it and send a PING that gRPC
-	// servers count against the client (too many, and they close the
-	// connection).
+	// a complete exchange (a reset of a stream the app has ended is
+	// useless, and gRPC servers count resets and PINGs against their
+	// client: too many, and they close the connection).
 	ctx, cancel := context.WithCancelCause(context.Background())
 	var complete atomic.Bool
 	es.AfterReset(func() {
@@ -136,41 +136,41 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	start := time.Now()
 	var sentAt atomic.Int64 // unix nanoseconds: the request head was written
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+	out := &h2client.Request{
+		Method:       es.Method,
+		Scheme:       "http",
+		Authority:    authority,
+		Path:         appPath,
 		WroteHeaders: func() { sentAt.Store(time.Now().UnixNano()) },
-	})
-	out := &http.Request{
-		Method:     es.Method,
-		URL:        h2cURL(bp.hostHeader, appPath),
-		Proto:      "HTTP/2.0",
-		ProtoMajor: 2,
-		Header:     header,
-		Host:       authority,
 	}
-	out = out.WithContext(ctx)
-	var body *h2cBody
+	if out.Path == "" {
+		out.Path = "/"
+	}
+	var declared []string // the request trailers forwarded
 	if es.ContentLength == 0 {
-		out.Body = http.NoBody
 		startClock()
 	} else {
-		body = &h2cBody{st: st, onEnd: startClock}
+		body := &h2cBody{st: st, onEnd: startClock}
 		out.Body = body
-		out.ContentLength = es.ContentLength
-		if declared := clientHeader.Values("Trailer"); len(declared) > 0 {
+		if list := clientHeader.Values("Trailer"); len(list) > 0 {
 			// Declared request trailers: the values are copied when the
-			// body ends, before the transport reads them.
-			out.Trailer = make(http.Header)
-			for _, list := range declared {
-				for k := range strings.SplitSeq(list, ",") {
+			// body ends.
+			body.trailer = make(http.Header)
+			for _, l := range list {
+				for k := range strings.SplitSeq(l, ",") {
 					k = http.CanonicalHeaderKey(strings.TrimSpace(k))
 					if k != "" && h2FieldError(k, "") == nil && fi.trailerForwarded([]byte(k)) {
-						out.Trailer[k] = nil
+						if _, dup := body.trailer[k]; !dup {
+							declared = append(declared, k)
+						}
+						body.trailer[k] = nil
 					}
 				}
 			}
-			body.trailer = out.Trailer
+			out.Trailer = body.trailerFields
 		}
 	}
+	out.Header = h2cHeaderFields(header, es.ContentLength, declared)
 
 	resp, err := st.h2cRoundTrip(ctx, pool, out)
 	clock.stop()
@@ -180,35 +180,38 @@ func (st *h2Stream) proxyH2C() bool {
 			st.rec.firstByte = time.Since(time.Unix(0, sent))
 		}
 	}
-	if err == nil && !validStatus(resp.StatusCode) {
-		// (1xx answers are interim: the transport reads past them.)
+	if err == nil && !validStatus(resp.Status) {
+		// (1xx answers are interim: the client reads past them.)
 		_ = resp.Body.Close()
-		err = &badResponseError{fmt.Errorf("status %d", resp.StatusCode)}
+		err = &badResponseError{fmt.Errorf("status %d", resp.Status)}
 	}
 	if err != nil {
 		return st.h2cFailed(err, context.Cause(ctx))
 	}
 	defer func() { _ = resp.Body.Close() }()
+	respHeader, respTrailer := h2cResponseHeader(resp.Header)
 
 	publicPort := hostPort([]byte(st.host))
-	h := make(http.Header, len(resp.Header))
-	s.h2cResponseFields(h, resp.Header, false, hc.sni, publicPort, bp)
+	h := make(http.Header, len(respHeader))
+	s.h2cResponseFields(h, respHeader, false, hc.sni, publicPort, bp)
 	if o := st.acc.origin; o != nil && len(h.Values("Access-Control-Allow-Origin")) == 0 {
 		h["Access-Control-Allow-Origin"] = []string{string(o)}
 		h["Access-Control-Allow-Credentials"] = []string{"true"}
 	}
 	// The request's id in place of the app's (as for HTTP/1.1 apps).
 	h["X-Request-Id"] = []string{string(st.rec.id.bytes())}
-	rw := h2cResponse{st: st, status: resp.StatusCode, fields: h2Fields(h)}
-	st.rec.status, st.rec.outcome = resp.StatusCode, outcomeOK
-	s.m.request(resp.StatusCode)
+	rw := h2cResponse{st: st, status: resp.Status, fields: h2Fields(h)}
+	st.rec.status, st.rec.outcome = resp.Status, outcomeOK
+	s.m.request(resp.Status)
 	if resp.ContentLength != 0 {
 		// A body follows, possibly much later (a stream): the client
-		// gets the head now. A response without one (a gRPC
+		// gets the head now, unless more of the response is already at
+		// hand (a unary gRPC answer: head, message and trailers go out
+		// in one write). A response without a body (a gRPC
 		// trailers-only answer) goes out as one HEADERS frame with
 		// END_STREAM.
 		err := rw.head()
-		if err == nil {
+		if n, ended := resp.Body.Buffered(); err == nil && n == 0 && !ended {
 			err = st.flush()
 		}
 		if err != nil {
@@ -218,6 +221,10 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	n, rerr, werr := rw.copyBody(resp.Body)
 	complete.Store(rerr == nil && werr == nil)
+	for _, f := range resp.Trailer {
+		k := h2cCanonicalName(f.Name)
+		respTrailer[k] = append(respTrailer[k], f.Value)
+	}
 	st.rec.bytesOut = n
 	s.m.bytesToClient.Add(float64(n))
 	switch {
@@ -231,7 +238,7 @@ func (st *h2Stream) proxyH2C() bool {
 			return true // nobody is listening
 		}
 		s.log.Warn("app stream failed", "class_uid", 4001, "host", hc.route.Host, "port", hc.route.Port, "err", rerr)
-		if isGRPC(h) && !hasTrailer(resp.Trailer, "Grpc-Status") {
+		if isGRPC(h) && !hasTrailer(respTrailer, "Grpc-Status") {
 			// End the call as a gRPC server whose connection was lost
 			// would: UNAVAILABLE, in trailers.
 			return rw.end([]h2engine.HeaderField{
@@ -247,9 +254,9 @@ func (st *h2Stream) proxyH2C() bool {
 		return true
 	}
 	var trailers []h2engine.HeaderField
-	if len(resp.Trailer) > 0 {
-		th := make(http.Header, len(resp.Trailer))
-		s.h2cResponseFields(th, resp.Trailer, true, hc.sni, publicPort, bp)
+	if len(respTrailer) > 0 {
+		th := make(http.Header, len(respTrailer))
+		s.h2cResponseFields(th, respTrailer, true, hc.sni, publicPort, bp)
 		trailers = h2Fields(th)
 	}
 	if err := rw.end(trailers); err != nil {
@@ -303,7 +310,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 	}
 	out := make([]h2engine.HeaderField, 0, n)
 	for k, vv := range h {
-		name := httpgrammar.ToLower(k)
+		name := h2cLowerName(k)
 		for _, v := range vv {
 			out = append(out, h2engine.HeaderField{Name: name, Value: v})
 		}
@@ -316,7 +323,7 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 func h2cClientHeader(fields []h2engine.HeaderField) http.Header {
 	h := make(http.Header, len(fields))
 	for _, f := range fields {
-		k := http.CanonicalHeaderKey(f.Name)
+		k := h2cCanonicalName(f.Name)
 		if k == "Cookie" && len(h[k]) > 0 {
 			h[k][0] += "; " + f.Value
 			continue
@@ -330,8 +337,8 @@ func h2cClientHeader(fields []h2engine.HeaderField) http.Header {
 // listens on the port yet) is retried with backoff for up to the route's
 // start grace, as for HTTP/1.1 apps (appstart.go); nothing of the request
 // has been read then, so sending it again is safe.
-func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *http.Request) (*http.Response, error) {
-	resp, err := pool.roundTrip(out)
+func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *h2client.Request) (*h2client.Response, error) {
+	resp, err := pool.roundTrip(ctx, out)
 	var de *dialError
 	if err == nil || !errors.As(err, &de) || !refusedByApp(de.err) {
 		return resp, err
@@ -374,7 +381,7 @@ func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *http.R
 		case ctx.Err() != nil:
 			return nil, end(startClientGone, errClientGone)
 		}
-		resp, err = pool.roundTrip(out)
+		resp, err = pool.roundTrip(ctx, out)
 		attempts++
 		switch {
 		case err == nil:
@@ -390,9 +397,12 @@ func (st *h2Stream) h2cRoundTrip(ctx context.Context, pool *h2cPool, out *http.R
 	}
 }
 
-// copyBody relays the app's response body, flushing after every read;
-// rerr is a failure reading from the app, werr one writing to the client.
-func (w *h2cResponse) copyBody(src io.Reader) (n int64, rerr, werr error) {
+// copyBody relays the app's response body, flushing whenever the app's
+// stream has nothing more at hand (what it has buffered goes out in one
+// write to the client, however many messages it holds, and a response
+// whose end has arrived is flushed by its end); rerr is a
+// failure reading from the app, werr one writing to the client.
+func (w *h2cResponse) copyBody(src *h2client.Body) (n int64, rerr, werr error) {
 	st := w.st
 	bufp := st.s.bufPool.Get().(*[]byte)
 	defer st.s.bufPool.Put(bufp)
@@ -402,7 +412,9 @@ func (w *h2cResponse) copyBody(src io.Reader) (n int64, rerr, werr error) {
 		if m > 0 {
 			if werr = w.head(); werr == nil {
 				if _, werr = st.es.Write(buf[:m]); werr == nil {
-					werr = st.flush()
+					if more, ended := src.Buffered(); more == 0 && !ended {
+						werr = st.flush()
+					}
 				}
 			}
 			if werr != nil {
@@ -452,11 +464,11 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 	return false
 }
 
-// h2cBody is the request body handed to the transport: the client's body,
-// counted, with its declared trailers copied when it ends.
+// h2cBody is the request body handed to the app's client: the client's
+// body, counted, with its declared trailers copied when it ends.
 type h2cBody struct {
 	st      *h2Stream
-	trailer http.Header // the outgoing request's declared trailers, or nil
+	trailer http.Header // the declared trailers (values once the body ended), or nil
 	onEnd   func()      // the body has been read whole
 	n       int64
 	ended   bool
@@ -493,6 +505,23 @@ func (b *h2cBody) Close() error {
 	return nil
 }
 
+// Buffered reports what the client's body holds now (h2client sends a
+// body that is whole with the request head, in one write).
+func (b *h2cBody) Buffered() (int, bool) { return b.st.es.Buffered() }
+
+// trailerFields returns the declared trailers' values as fields, once
+// Read has returned io.EOF.
+func (b *h2cBody) trailerFields() []hpack.HeaderField {
+	var out []hpack.HeaderField
+	for k, vv := range b.trailer {
+		name := h2cLowerName(k)
+		for _, v := range vv {
+			out = append(out, hpack.HeaderField{Name: name, Value: v})
+		}
+	}
+	return out
+}
+
 // h2cHeadClock bounds the wait for the app's response head: it starts when
 // the request body has been sent whole (a client-streaming gRPC call may
 // send for as long as it likes first) and stops when the head arrives.
@@ -517,22 +546,6 @@ func (c *h2cHeadClock) stop() {
 	if c.t != nil {
 		c.t.Stop()
 	}
-}
-
-// h2cURL is the URL of the request to the app: the client's path and
-// query exactly as sent.
-func h2cURL(hostPort, target string) *url.URL {
-	u := &url.URL{Scheme: "http", Host: hostPort}
-	path, query, hasQuery := strings.Cut(target, "?")
-	if target == "" || strings.HasPrefix(path, "//") {
-		// Opaque cannot carry a path starting with "//".
-		if pu, err := url.ParseRequestURI(target); err == nil {
-			u.Path, u.RawPath, u.RawQuery = pu.Path, pu.RawPath, pu.RawQuery
-		}
-		return u
-	}
-	u.Opaque, u.RawQuery, u.ForceQuery = path, query, hasQuery && query == ""
-	return u
 }
 
 // h2cRequestHeader returns the fields sent to an h2c app: the client's,
@@ -563,7 +576,8 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 		}
 	}
 	if _, ok := dst["User-Agent"]; !ok {
-		// The transport would add its own.
+		// None is sent (net/http's transport, which h2c apps were
+		// reached with before, would have added its own).
 		dst["User-Agent"] = nil
 	}
 	dst["X-Forwarded-For"] = []string{string(claims.appendForwardedFor(nil, fi))}
@@ -603,6 +617,89 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 		}
 	}
 	return dst
+}
+
+// h2cHeaderFields returns the request fields for the app's client: names
+// lowercase, the body's content-length when the client declared one, and
+// the trailers the request will carry. Fields whose values are unique to
+// one request (its id, a gRPC deadline) are never indexed, so that they
+// do not churn the connection's HPACK table.
+func h2cHeaderFields(h http.Header, contentLength int64, trailers []string) []hpack.HeaderField {
+	n := 2
+	for _, vv := range h {
+		n += len(vv)
+	}
+	out := make([]hpack.HeaderField, 0, n)
+	for k, vv := range h {
+		name := h2cLowerName(k)
+		sensitive := name == "x-request-id" || name == "grpc-timeout"
+		for _, v := range vv {
+			out = append(out, hpack.HeaderField{Name: name, Value: v, Sensitive: sensitive})
+		}
+	}
+	if contentLength > 0 {
+		out = append(out, hpack.HeaderField{Name: "content-length", Value: strconv.FormatInt(contentLength, 10)})
+	}
+	if len(trailers) > 0 {
+		out = append(out, hpack.HeaderField{Name: "trailer", Value: strings.Join(trailers, ",")})
+	}
+	return out
+}
+
+// h2cResponseHeader returns an app's response fields as an http.Header
+// (canonical names), and its trailers as declared by its Trailer field
+// (names without values; the values are added when they arrive).
+func h2cResponseHeader(fields []hpack.HeaderField) (header, trailer http.Header) {
+	header, trailer = make(http.Header, len(fields)), make(http.Header)
+	for _, f := range fields {
+		k := h2cCanonicalName(f.Name)
+		if k == "Trailer" {
+			for t := range strings.SplitSeq(f.Value, ",") {
+				if t = strings.TrimSpace(t); t != "" {
+					trailer[http.CanonicalHeaderKey(t)] = nil
+				}
+			}
+			continue
+		}
+		header[k] = append(header[k], f.Value)
+	}
+	return header, trailer
+}
+
+// h2cCommonNames are the field names an h2c exchange (gRPC's above all)
+// carries on every call, canonical and lowercase: h2cLowerName and
+// h2cCanonicalName find them without allocating.
+var h2cLowerNames, h2cCanonicalNames = func() (lower, canonical map[string]string) {
+	names := []string{
+		"Accept", "Accept-Encoding", "Access-Control-Allow-Credentials", "Access-Control-Allow-Origin",
+		"Authorization", "Cache-Control", "Content-Encoding", "Content-Length", "Content-Type", "Cookie",
+		"Date", "Forwarded", "Grpc-Accept-Encoding", "Grpc-Encoding", "Grpc-Message", "Grpc-Status",
+		"Grpc-Status-Details-Bin", "Grpc-Timeout", "Location", "Server", "Set-Cookie", "Te", "Trailer",
+		"Traceparent", "User-Agent", "Vary", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Port",
+		"X-Forwarded-Proto", "X-Forwarded-User", "X-Request-Id",
+	}
+	lower, canonical = make(map[string]string, len(names)), make(map[string]string, len(names))
+	for _, n := range names {
+		l := strings.ToLower(n)
+		lower[n], canonical[l] = l, n
+	}
+	return lower, canonical
+}()
+
+// h2cLowerName returns a canonical field name in lowercase (HTTP/2's).
+func h2cLowerName(k string) string {
+	if l, ok := h2cLowerNames[k]; ok {
+		return l
+	}
+	return httpgrammar.ToLower(k)
+}
+
+// h2cCanonicalName returns an HTTP/2 field name in canonical form.
+func h2cCanonicalName(name string) string {
+	if k, ok := h2cCanonicalNames[name]; ok {
+		return k
+	}
+	return http.CanonicalHeaderKey(name)
 }
 
 // teTrailers reports whether TE names exactly "trailers", the only value

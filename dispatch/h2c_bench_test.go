@@ -26,7 +26,9 @@ import (
 // spent in them), ratio is listener/direct; cpu-ns/call is the process's
 // CPU (client, listener and server) per pair of calls; app-dials counts
 // the app connections the listener opened (the warm-up call included):
-// one, when the route's pool multiplexes every call.
+// one, when the route's pool multiplexes every call; app-writes/call
+// counts the write calls on the app connections per call through the
+// listener.
 //
 //	go test -run XXX -bench H2CUnary -count 3 ./dispatch/
 func BenchmarkH2CUnary(b *testing.B) {
@@ -62,11 +64,14 @@ func BenchmarkH2CUnary(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	route := l.table.Lookup(host)
+	pool := srv.h2cPoolOf(route, srv.routePool(route))
 	var directNs, viaNs atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(sharedBenchParallelism)
 	workers := sharedBenchParallelism * runtime.GOMAXPROCS(0)
 	cpu0 := processCPU()
+	writes0 := pool.writes.Load()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -94,6 +99,7 @@ func BenchmarkH2CUnary(b *testing.B) {
 	b.ReportMetric(viaRate/directRate, "ratio")
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/call-pair")
 	b.ReportMetric(counterValue(srv.m.dials.WithLabelValues("ok")), "app-dials")
+	b.ReportMetric(float64(pool.writes.Load()-writes0)/float64(b.N), "app-writes/call")
 }
 
 // counterValue reads a counter.

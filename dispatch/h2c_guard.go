@@ -7,13 +7,13 @@ import (
 )
 
 // errH2CReadPanic is what a read of an h2c app connection returns after
-// a panic in it: the transport ends that connection (its streams fail).
+// a panic in it: h2client ends that connection (its streams fail).
 var errH2CReadPanic = errors.New("h2c app connection: panic recovered in a read")
 
-// Read reads from the app connection for net/http's HTTP/2 read loop, the
-// one of our code that runs there (a connector's connection may be ours).
+// Read reads from the app connection for h2client's read loop (a
+// connector's connection may be ours).
 // A panic is recovered (panicguard H2CRead): the connection closes, the
-// read fails, and the transport ends that connection only (its streams
+// read fails, and h2client ends that connection only (its streams
 // fail; the next request dials anew), never the process.
 func (c *h2cConn) Read(p []byte) (n int, err error) {
 	defer func() {

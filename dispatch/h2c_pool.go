@@ -4,20 +4,21 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"sync"
+	"sync/atomic"
 
+	"github.com/applistener/applistener/dispatch/internal/h2client"
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/routes"
 )
 
 // h2cPool holds the HTTP/2 (prior knowledge, plain text) connections to
-// the app of one route whose service declares "protocol": "h2c". Each is a
-// net/http ClientConn dialled through the route's connector (the same dial
-// path as the HTTP/1.1 pool, network namespaces included). Requests share
-// the first connection with a free stream; a further one is dialled (one
-// dial at a time) only when every connection is at the app's
-// SETTINGS_MAX_CONCURRENT_STREAMS, up to maxH2CConns, beyond which a
+// the app of one route whose service declares "protocol": "h2c". Each is an
+// h2client.Conn over a connection dialled through the route's connector
+// (the same dial path as the HTTP/1.1 pool, network namespaces included).
+// Requests share the first connection with a free stream; a further one
+// is dialled (one dial at a time) only when every connection is at the
+// app's SETTINGS_MAX_CONCURRENT_STREAMS, up to maxH2CConns, beyond which a
 // request waits for a stream of the least loaded one. A connection idle
 // for Config.BackendIdleTimeout closes itself. The pool is attached to the
 // route's lease: revoking the route closes every connection, which ends
@@ -25,8 +26,12 @@ import (
 type h2cPool struct {
 	s    *Server
 	bp   *backendPool    // the route's connector, port and Host
-	t    *http.Transport // the connections' factory and settings
+	cfg  h2client.Config // the connections' settings
 	addr string
+
+	// writes counts the write calls made on the app connections (for
+	// benchmarks: writes per call).
+	writes atomic.Uint64
 
 	mu      sync.Mutex
 	clients []*h2cClient
@@ -40,7 +45,7 @@ const maxH2CConns = 4
 
 // h2cClient is one HTTP/2 connection of the pool.
 type h2cClient struct {
-	cc *http.ClientConn
+	cc *h2client.Conn
 }
 
 // h2cDial is a dial that requests wait for.
@@ -68,26 +73,18 @@ func (s *Server) h2cPoolOf(route *routes.Route, bp *backendPool) *h2cPool {
 
 func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 	p := &h2cPool{s: s, bp: bp, conns: make(map[*h2cConn]struct{}), addr: bp.hostHeader}
-	protos := new(http.Protocols)
-	protos.SetUnencryptedHTTP2(true)
-	p.t = &http.Transport{
-		Protocols:   protos,
-		DialContext: p.dial,
-		// Bodies and their encodings pass through untouched.
-		DisableCompression: true,
-		// A connection without streams for this long closes itself.
-		IdleConnTimeout:        s.cfg.BackendIdleTimeout,
+	p.cfg = h2client.Config{
+		// What the app may send ahead of what the clients take.
+		StreamWindow:           h2cStreamWindow,
+		ConnWindow:             h2cConnWindow,
 		MaxResponseHeaderBytes: h2cMaxResponseHeaderBytes,
-		HTTP2: &http.HTTP2Config{
-			// A dead app connection (a frozen sandbox) is found by PING.
-			SendPingTimeout: H2ReadIdleTimeout,
-			PingTimeout:     H2PingTimeout,
-			// An app that reads nothing for this long loses the connection.
-			WriteByteTimeout: s.cfg.BodyTimeout,
-			// What the app may send ahead of what the clients take.
-			MaxReceiveBufferPerStream:     h2cStreamWindow,
-			MaxReceiveBufferPerConnection: h2cConnWindow,
-		},
+		// A dead app connection (a frozen sandbox) is found by PING.
+		ReadIdleTimeout: H2ReadIdleTimeout,
+		PingTimeout:     H2PingTimeout,
+		// An app that reads nothing for this long loses the connection.
+		WriteTimeout: s.cfg.BodyTimeout,
+		// A connection without streams for this long closes itself.
+		IdleTimeout: s.cfg.BackendIdleTimeout,
 	}
 	if !lease.Attach(p) {
 		p.closed = true
@@ -96,19 +93,20 @@ func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 }
 
 // roundTrip sends req on a connection of the pool.
-func (p *h2cPool) roundTrip(req *http.Request) (*http.Response, error) {
-	cc, err := p.get(req.Context())
+func (p *h2cPool) roundTrip(ctx context.Context, req *h2client.Request) (*h2client.Response, error) {
+	cc, err := p.get(ctx)
 	if err != nil {
-		return nil, err
+		return nil, err // the body is untouched: the caller may try again
 	}
-	return cc.RoundTrip(req)
+	return cc.RoundTrip(ctx, req)
 }
 
-// get returns a connection with a stream reserved for the caller (or,
-// when maxH2CConns are all busy, the least loaded one: its RoundTrip
-// waits for a stream). ClientConn methods that change its state run its
-// state hook, which takes p.mu: they are never called under p.mu.
-func (p *h2cPool) get(ctx context.Context) (*http.ClientConn, error) {
+// get returns a connection with a stream reserved for the caller: the
+// first with a free one, else a new one (one dial at a time), else, when
+// maxH2CConns are all busy, the least loaded one once it has a stream
+// free. The connections' state hook takes p.mu: Conn methods are never
+// called under p.mu.
+func (p *h2cPool) get(ctx context.Context) (*h2client.Conn, error) {
 	for {
 		var clients [maxH2CConns]*h2cClient
 		p.mu.Lock()
@@ -119,21 +117,27 @@ func (p *h2cPool) get(ctx context.Context) (*http.ClientConn, error) {
 		n := copy(clients[:], p.clients)
 		d := p.dialing
 		p.mu.Unlock()
-		var least *http.ClientConn
-		usable := 0
+		var least *h2client.Conn
+		leastN, usable := 0, 0
 		for _, c := range clients[:n] {
-			if c.cc.Reserve() == nil {
+			if c.cc.Reserve() {
 				return c.cc, nil
 			}
 			if c.cc.Err() != nil {
 				continue
 			}
 			usable++
-			if least == nil || c.cc.InFlight() < least.InFlight() {
-				least = c.cc
+			if inFlight := c.cc.InFlight(); least == nil || inFlight < leastN {
+				least, leastN = c.cc, inFlight
 			}
 		}
 		if usable >= maxH2CConns {
+			if err := least.WaitReserve(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil, err
+				}
+				continue // that connection went away: choose again
+			}
 			return least, nil
 		}
 		if d == nil {
@@ -163,20 +167,17 @@ func (p *h2cPool) get(ctx context.Context) (*http.ClientConn, error) {
 // runDial opens a connection and adds it to the pool.
 func (p *h2cPool) runDial(d *h2cDial) {
 	// The dial is bounded by DialTimeout (p.dial), not by the request
-	// that started it: others may be waiting for it.
-	cc, err := p.t.NewClientConn(context.Background(), "http", p.addr)
+	// that started it: others may be waiting for it. So is the wait for
+	// the app's SETTINGS.
+	ctx, cancel := context.WithTimeout(context.Background(), p.s.cfg.DialTimeout)
+	cc, err := p.newConn(ctx)
+	cancel()
 	if err == nil {
-		c := &h2cClient{cc: cc}
-		cc.SetStateHook(func(cc *http.ClientConn) {
-			if cc.Err() != nil {
-				p.remove(c)
-			}
-		})
 		p.mu.Lock()
 		if p.closed {
 			err = &dialError{errH2CPoolClosed}
 		} else {
-			p.clients = append(p.clients, c)
+			p.clients = append(p.clients, &h2cClient{cc: cc})
 		}
 		p.mu.Unlock()
 		if err != nil {
@@ -190,12 +191,23 @@ func (p *h2cPool) runDial(d *h2cDial) {
 	close(d.done)
 }
 
-// remove forgets a closed connection.
-func (p *h2cPool) remove(c *h2cClient) {
+// newConn dials the app and starts HTTP/2 on the connection.
+func (p *h2cPool) newConn(ctx context.Context) (*h2client.Conn, error) {
+	conn, err := p.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg := p.cfg
+	cfg.StateHook = func(cc *h2client.Conn) { p.remove(cc) }
+	return h2client.NewConn(ctx, conn, cfg)
+}
+
+// remove forgets a connection that takes no new streams.
+func (p *h2cPool) remove(cc *h2client.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, x := range p.clients {
-		if x == c {
+		if x.cc == cc {
 			p.clients = append(p.clients[:i], p.clients[i+1:]...)
 			return
 		}
@@ -205,14 +217,13 @@ func (p *h2cPool) remove(c *h2cClient) {
 // The receive windows toward h2c apps, the same as the client side's
 // (h2engine.Config.InitialWindowSize and ConnWindowSize, which dispatch
 // leaves at their defaults). They bound what the listener buffers of an
-// app's responses: the transport keeps a stream's DATA until the stream's
+// app's responses: the client keeps a stream's DATA until the stream's
 // copy (proxyH2C) takes it, which it does only as fast as the client
 // accepts it, and gives the app window back only for what was taken. An
 // app writing to a client who reads nothing is therefore stopped by flow
 // control after h2cStreamWindow bytes on that stream, and after
 // h2cConnWindow (plus the protocol's initial 64 KiB) on its connection
-// in all; net/http's defaults (4 MiB per stream, 1 GiB per connection)
-// let such an app make the listener hold megabytes per stream.
+// in all.
 //
 // The price is head-of-line blocking between the streams of one app
 // connection: streams whose clients read nothing hold their windows' worth
@@ -229,7 +240,7 @@ const h2cMaxResponseHeaderBytes = 64 << 10
 
 // dial opens a connection to the app through the route's connector,
 // bounded by Config.DialTimeout. A failure comes back as a *dialError.
-func (p *h2cPool) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+func (p *h2cPool) dial(ctx context.Context) (net.Conn, error) {
 	if p.isClosed() {
 		return nil, &dialError{errH2CPoolClosed}
 	}
@@ -290,6 +301,11 @@ type h2cConn struct {
 	net.Conn
 	p    *h2cPool
 	once sync.Once
+}
+
+func (c *h2cConn) Write(p []byte) (int, error) {
+	c.p.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 func (c *h2cConn) Close() error {

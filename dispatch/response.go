@@ -112,7 +112,7 @@ func parseResponseHead(r *response, head []byte, headRequest bool, maxFields int
 // validStatus reports whether an app's status may be relayed: one of
 // RFC 9110's classes, 100 to 599. Every app protocol checks it: an
 // HTTP/1.1 app's status line (parseResponseHead), an h2c app's :status
-// (proxyH2C), which net/http's transport takes as any integer. Anything
+// (proxyH2C), which h2client takes as any integer. Anything
 // else is the app's failure: 502, logged as an invalid response with the
 // status.
 func validStatus(code int) bool { return code >= 100 && code <= 599 }

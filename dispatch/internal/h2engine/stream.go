@@ -113,6 +113,17 @@ func (st *Stream) CloseRead() {
 	c.mu.Unlock()
 }
 
+// Buffered returns how many request body bytes Read returns without
+// waiting, and whether the body ends after them (END_STREAM received,
+// and nothing makes Read fail first): a forwarder can send a body that is
+// already whole together with the request head.
+func (st *Stream) Buffered() (n int, ended bool) {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(st.recvBuf) - st.recvOff, st.remoteClosed && st.resetErr == nil && !st.readClosed && !c.closing
+}
+
 // Bounds on what a pooled stream keeps.
 const (
 	maxPooledFields = 128
