@@ -413,7 +413,9 @@ func (w *h2cResponse) copyBody(src *h2client.Body) (n int64, rerr, werr error) {
 			if werr = w.head(); werr == nil {
 				if _, werr = st.es.Write(buf[:m]); werr == nil {
 					if more, ended := src.Buffered(); more == 0 && !ended {
-						werr = st.flush()
+						// Soon, not now: the other streams' messages
+						// that are ready go out in the same write.
+						werr = st.es.FlushSoon()
 					}
 				}
 			}

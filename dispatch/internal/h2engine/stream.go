@@ -557,6 +557,29 @@ func (st *Stream) Flush() error {
 	return c.unlockWrite(true)
 }
 
+// FlushSoon has what the connection has buffered written soon: at once
+// when the stream is alone on its connection, else by the flusher
+// goroutine, which first lets the other streams whose writes are ready
+// add theirs, so that one write carries them all, as at the end of a
+// response (endAndFlush). For a relay of small messages on many streams
+// (gRPC streaming), which costs a system call and a TLS record per
+// message when each is flushed at once.
+func (st *Stream) FlushSoon() error {
+	c := st.c
+	c.lockWrite()
+	st.unflushed.Store(0)
+	c.mu.Lock()
+	others := c.live > 1
+	c.mu.Unlock()
+	if !others {
+		return c.unlockWrite(true)
+	}
+	c.flushOwed.Store(true)
+	err := c.unlockWrite(false)
+	c.kickFlush()
+	return err
+}
+
 // Reset resets the stream with code (RST_STREAM) unless it is already
 // closed; reads and writes fail from then on.
 func (st *Stream) Reset(code http2.ErrCode) {

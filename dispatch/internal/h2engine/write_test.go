@@ -45,3 +45,48 @@ func TestResponsesCoalesced(t *testing.T) {
 		t.Fatalf("%d responses ready together took %d writes, want at most %d", streams, n, streams/5)
 	}
 }
+
+// TestFlushSoonCoalesced: body pieces that streams flush with FlushSoon
+// at the same moment go out in a few writes, not one per stream, and each
+// stream's piece reaches the client without the stream ending.
+func TestFlushSoonCoalesced(t *testing.T) {
+	const streams = 100
+	gate := make(chan struct{})
+	done := make(chan struct{})
+	var started atomic.Int32
+	h := HandlerFunc(func(st *Stream) {
+		_ = st.WriteHeaders(200, nil, false)
+		_ = st.Flush()
+		started.Add(1)
+		<-gate
+		_, _ = st.Write([]byte("message"))
+		_ = st.FlushSoon()
+		<-done
+		_ = st.End()
+	})
+	s := newTestServer(t, false, Config{MaxConcurrentStreams: streams}, h)
+	c := dialRaw(t, s)
+	for i := range streams {
+		c.request(uint32(2*i+1), "/", true)
+	}
+	testutil.Eventually(t, 10*time.Second, "every handler started", func() bool { return started.Load() == streams })
+	s.mu.Lock()
+	conn := s.conns[0]
+	s.mu.Unlock()
+	before := conn.flushes.Load()
+	close(gate)
+	got := 0
+	c.waitFor(10*time.Second, "every message", func(f http2.Frame) bool {
+		if d, ok := f.(*http2.DataFrame); ok && len(d.Data()) > 0 {
+			if d.StreamEnded() {
+				t.Fatal("a message arrived with END_STREAM")
+			}
+			got++
+		}
+		return got == streams
+	})
+	if n := conn.flushes.Load() - before; n > streams/5 {
+		t.Errorf("%d messages flushed together took %d writes, want at most %d", streams, n, streams/5)
+	}
+	close(done)
+}
