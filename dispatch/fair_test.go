@@ -523,25 +523,13 @@ func TestAnswerSpin(t *testing.T) {
 			}
 			// Every slot taken (as by a neighbour's flood): B, light, is
 			// admitted beyond them and polls for its answer.
-			var held []fairshare.Ticket
-			for range e.sched.Slots() {
-				tk, ok := e.sched.TryAdmit()
-				if !ok {
-					t.Fatal("a free slot refused")
-				}
-				held = append(held, tk)
-			}
-			if !e.sched.Contended() {
-				t.Fatal("every slot taken, yet not contended")
-			}
+			release := e.holdEverySlot()
+			defer release()
 			if err := <-send(b, "/fast"); err != nil {
 				t.Fatal(err)
 			}
 			if n := spins(); n != 1 {
 				t.Fatalf("%v polls for the answer under contention, want 1", n)
-			}
-			for _, tk := range held {
-				e.sched.Release(tk)
 			}
 		})
 	}
@@ -563,19 +551,7 @@ func TestQuietConnParksAtOnce(t *testing.T) {
 	if n := e.srv.idleH1.waiters(); n != 0 {
 		t.Fatalf("%d connections parked with nothing contended and an hour to wait first", n)
 	}
-	var held []fairshare.Ticket
-	for range e.sched.Slots() {
-		tk, ok := e.sched.TryAdmit()
-		if !ok {
-			t.Fatal("a free slot refused")
-		}
-		held = append(held, tk)
-	}
-	defer func() {
-		for _, tk := range held {
-			e.sched.Release(tk)
-		}
-	}()
+	defer e.holdEverySlot()()
 	if err := <-send(b, "/fast"); err != nil {
 		t.Fatal(err)
 	}
@@ -585,5 +561,27 @@ func TestQuietConnParksAtOnce(t *testing.T) {
 			t.Fatalf("a request of the parked connection: %v", err)
 		}
 		testutil.Eventually(t, 5*time.Second, "B parked again", func() bool { return e.srv.idleH1.waiters() == 1 })
+	}
+}
+
+// holdEverySlot takes every admission slot (as a neighbour's flood would)
+// and returns what gives them back.
+func (e *fairEnv) holdEverySlot() (release func()) {
+	e.t.Helper()
+	var held []fairshare.Ticket
+	for range e.sched.Slots() {
+		tk, ok := e.sched.TryAdmit()
+		if !ok {
+			e.t.Fatal("a free slot refused")
+		}
+		held = append(held, tk)
+	}
+	if !e.sched.Contended() {
+		e.t.Fatal("every slot taken, yet not contended")
+	}
+	return func() {
+		for _, tk := range held {
+			e.sched.Release(tk)
+		}
 	}
 }

@@ -23,15 +23,7 @@ func TestResponsesCoalesced(t *testing.T) {
 		_ = st.WriteHeaders(200, []HeaderField{{Name: "content-length", Value: "2"}}, false)
 		_ = st.WriteLast([]byte("ok"))
 	})
-	s := newTestServer(t, false, Config{MaxConcurrentStreams: streams}, h)
-	c := dialRaw(t, s)
-	for i := range streams {
-		c.request(uint32(2*i+1), "/", true)
-	}
-	testutil.Eventually(t, 10*time.Second, "every handler started", func() bool { return started.Load() == streams })
-	s.mu.Lock()
-	conn := s.conns[0]
-	s.mu.Unlock()
+	c, conn := startStreams(t, streams, h, &started)
 	before := conn.flushes.Load()
 	close(gate)
 	ended := 0
@@ -64,15 +56,7 @@ func TestFlushSoonCoalesced(t *testing.T) {
 		<-done
 		_ = st.End()
 	})
-	s := newTestServer(t, false, Config{MaxConcurrentStreams: streams}, h)
-	c := dialRaw(t, s)
-	for i := range streams {
-		c.request(uint32(2*i+1), "/", true)
-	}
-	testutil.Eventually(t, 10*time.Second, "every handler started", func() bool { return started.Load() == streams })
-	s.mu.Lock()
-	conn := s.conns[0]
-	s.mu.Unlock()
+	c, conn := startStreams(t, streams, h, &started)
 	before := conn.flushes.Load()
 	close(gate)
 	got := 0
@@ -89,4 +73,19 @@ func TestFlushSoonCoalesced(t *testing.T) {
 		t.Errorf("%d messages flushed together took %d writes, want at most %d", streams, n, streams/5)
 	}
 	close(done)
+}
+
+// startStreams opens n streams on one connection served by h and waits
+// until started counts n handlers.
+func startStreams(t *testing.T, n int, h Handler, started *atomic.Int32) (*rawClient, *Conn) {
+	t.Helper()
+	s := newTestServer(t, false, Config{MaxConcurrentStreams: uint32(n)}, h)
+	c := dialRaw(t, s)
+	for i := range n {
+		c.request(uint32(2*i+1), "/", true)
+	}
+	testutil.Eventually(t, 10*time.Second, "every handler started", func() bool { return started.Load() == int32(n) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c, s.conns[0]
 }
