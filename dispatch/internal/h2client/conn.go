@@ -245,14 +245,17 @@ func NewConn(ctx context.Context, nc net.Conn, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("h2client: acknowledging the peer's SETTINGS: %w", err)
 	}
 	c.out = c.out[:0]
-	go c.readLoop()
-	go c.ctrlLoop()
+	// The timers are armed before the read loop starts: a peer's
+	// GOAWAY or hang-up may close the connection (closeLocked stops
+	// them) at once.
 	if cfg.ReadIdleTimeout > 0 {
 		c.health = time.AfterFunc(cfg.ReadIdleTimeout, c.healthCheck)
 	}
 	if cfg.IdleTimeout > 0 {
 		c.idle = time.AfterFunc(cfg.IdleTimeout, c.idleCheck)
 	}
+	go c.readLoop()
+	go c.ctrlLoop()
 	return c, nil
 }
 
