@@ -182,6 +182,11 @@ func (p *h2cPool) runDial(d *h2cDial) {
 		p.mu.Unlock()
 		if err != nil {
 			_ = cc.Close()
+		} else if cc.Err() != nil {
+			// The app ended it (GOAWAY, hang-up) before it was added:
+			// its state hook may have run already, and found nothing to
+			// remove.
+			p.remove(cc)
 		}
 	}
 	p.mu.Lock()

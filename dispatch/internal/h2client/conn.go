@@ -77,6 +77,10 @@ const (
 	maxStreamsUnlimited = 1000
 	// max1xx bounds the interim responses before the final one.
 	max1xx = 8
+	// maxReadQueued bounds the frames the read loop queues (answers to
+	// PING and SETTINGS, resets, window updates) that no writer has taken
+	// yet: a peer that asks for more while it reads nothing is flooding.
+	maxReadQueued = 256 << 10
 )
 
 // Errors a caller may test for with errors.Is.
@@ -144,9 +148,12 @@ type Conn struct {
 	out     []byte     // frames queued for the next write
 	spare   []byte
 	writing bool // a goroutine is writing out (the group's writer)
-	wfr     *http2.Framer
-	hbuf    bytes.Buffer
-	henc    *hpack.Encoder
+	// readQueued counts the bytes the read loop queued in out since a
+	// writer last took it.
+	readQueued int
+	wfr        *http2.Framer
+	hbuf       bytes.Buffer
+	henc       *hpack.Encoder
 
 	streams  map[uint32]*stream
 	nextID   uint32
@@ -238,14 +245,17 @@ func NewConn(ctx context.Context, nc net.Conn, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("h2client: acknowledging the peer's SETTINGS: %w", err)
 	}
 	c.out = c.out[:0]
-	go c.readLoop()
-	go c.ctrlLoop()
+	// The timers are armed before the read loop starts: a peer's
+	// GOAWAY or hang-up may close the connection (closeLocked stops
+	// them) at once.
 	if cfg.ReadIdleTimeout > 0 {
 		c.health = time.AfterFunc(cfg.ReadIdleTimeout, c.healthCheck)
 	}
 	if cfg.IdleTimeout > 0 {
 		c.idle = time.AfterFunc(cfg.IdleTimeout, c.idleCheck)
 	}
+	go c.readLoop()
+	go c.ctrlLoop()
 	return c, nil
 }
 
@@ -300,6 +310,7 @@ func (c *Conn) kickLocked() {
 	for len(c.out) > 0 && !c.closed {
 		buf := c.out
 		c.out = c.spare[:0]
+		c.readQueued = 0
 		c.mu.Unlock()
 		err := c.writeConn(buf)
 		c.mu.Lock()

@@ -66,7 +66,9 @@ func (c *Conn) readFrames() error {
 			var se http2.StreamError
 			if errors.As(err, &se) {
 				c.framesRead.Add(1)
-				c.streamError(se)
+				if err := c.streamError(se); err != nil {
+					return err
+				}
 				continue
 			}
 			return err
@@ -74,6 +76,7 @@ func (c *Conn) readFrames() error {
 		c.framesRead.Add(1)
 		hook := false
 		c.mu.Lock()
+		queued := len(c.out)
 		switch f := f.(type) {
 		case *http2.MetaHeadersFrame:
 			err = c.onHeaders(f)
@@ -106,6 +109,9 @@ func (c *Conn) readFrames() error {
 		case *http2.PushPromiseFrame:
 			err = &ProtocolError{Code: http2.ErrCodeProtocol, Reason: "PUSH_PROMISE, which this client disabled"}
 		}
+		if ferr := c.readQueuedLocked(queued); err == nil {
+			err = ferr
+		}
 		c.mu.Unlock()
 		if hook {
 			c.runHook()
@@ -116,10 +122,22 @@ func (c *Conn) readFrames() error {
 	}
 }
 
+// readQueuedLocked counts what the read loop queued since out held
+// before bytes, and fails when the peer asks for more answers than the
+// writes take (mu held; the read loop never shrinks out).
+func (c *Conn) readQueuedLocked(before int) error {
+	c.readQueued += len(c.out) - before
+	if c.readQueued > maxReadQueued {
+		return &ProtocolError{Code: http2.ErrCodeEnhanceYourCalm, Reason: fmt.Sprintf("more than %d bytes of answers queued for a peer that does not read them", maxReadQueued)}
+	}
+	return nil
+}
+
 // streamError resets the stream the framer found at fault.
-func (c *Conn) streamError(se http2.StreamError) {
+func (c *Conn) streamError(se http2.StreamError) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	queued := len(c.out)
 	reason := se.Error()
 	if d := c.rfr.ErrorDetail(); d != nil {
 		reason = d.Error()
@@ -130,6 +148,7 @@ func (c *Conn) streamError(se http2.StreamError) {
 		_ = c.wfr.WriteRSTStream(se.StreamID, se.Code)
 	}
 	c.kickCtrl()
+	return c.readQueuedLocked(queued)
 }
 
 // resetStreamLocked resets s for a fault of the peer's.
