@@ -89,32 +89,3 @@ func TestPollNowDelivers(t *testing.T) {
 	default:
 	}
 }
-
-// TestChainWakes: every wake of a batch runs, each in its own goroutine (a
-// blocked one does not hold up those after it: the next is started before
-// it runs).
-func TestChainWakes(t *testing.T) {
-	const n = 5
-	ran := make(chan int, n)
-	block := make(chan struct{})
-	var wakes []func()
-	for i := range n {
-		wakes = append(wakes, func() {
-			ran <- i
-			if i == 0 {
-				<-block // the first never returns until the end
-			}
-		})
-	}
-	chainWakes(wakes)
-	seen := map[int]bool{}
-	for range n {
-		select {
-		case i := <-ran:
-			seen[i] = true
-		case <-time.After(5 * time.Second):
-			t.Fatalf("only %v ran", seen)
-		}
-	}
-	close(block)
-}

@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,33 +75,9 @@ func (p *idlePoller) pollNow() {
 	if retired != nil {
 		_ = retired.Close() // its goroutine ends
 	}
-	if len(woke) > 0 {
-		chainWakes(woke)
+	for _, wake := range woke {
+		go wake()
 	}
-}
-
-// chainWakes starts wakes one after another: each in its own goroutine,
-// started by the previous one as it begins. A goroutine started by another
-// runs next on its processor, ahead of the run queue, but only the latest
-// one started: started together, all but one would go to the back of the
-// queue, behind a flood's runnable goroutines. Chained, each runs as soon
-// as the one before it blocks.
-func chainWakes(wakes []func()) {
-	if len(wakes) == 1 {
-		go wakes[0]()
-		return
-	}
-	rest := slices.Clone(wakes[1:])
-	first := wakes[0]
-	go chainNext(first, rest)
-}
-
-// chainNext starts the next wake of a chain, then runs wake.
-func chainNext(wake func(), rest []func()) {
-	if len(rest) > 0 {
-		go chainNext(rest[0], rest[1:])
-	}
-	wake()
 }
 
 type idleWait struct {
@@ -193,8 +168,8 @@ func (p *idlePoller) run(ep *sock.Epoll) {
 	for {
 		woke = woke[:0]
 		err := ep.Wait(deliver)
-		if len(woke) > 0 {
-			chainWakes(woke)
+		for _, wake := range woke {
+			go wake()
 		}
 		if err != nil {
 			return // ep was closed
