@@ -570,11 +570,14 @@ func (e *fairEnv) holdEverySlot() (release func()) {
 	e.t.Helper()
 	var held []fairshare.Ticket
 	for range e.sched.Slots() {
-		tk, ok := e.sched.TryAdmit()
-		if !ok {
-			e.t.Fatal("a free slot refused")
-		}
-		held = append(held, tk)
+		// A request just answered may not have given its slot back yet.
+		testutil.Eventually(e.t, 5*time.Second, "a free slot", func() bool {
+			tk, ok := e.sched.TryAdmit()
+			if ok {
+				held = append(held, tk)
+			}
+			return ok
+		})
 	}
 	if !e.sched.Contended() {
 		e.t.Fatal("every slot taken, yet not contended")
