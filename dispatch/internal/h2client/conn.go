@@ -524,6 +524,10 @@ func (c *Conn) idleCheck() {
 			c.idle.Reset(left)
 			return
 		}
+		// The reason is set before the GOAWAY goes out: the write
+		// unlocks c.mu, and the peer may hang up meanwhile, whose EOF
+		// would otherwise become the connection's error.
+		c.err = ErrIdle
 		_ = c.wfr.WriteGoAway(0, http2.ErrCodeNo, nil)
 		c.kickLocked()
 		c.closeLocked(ErrIdle)
