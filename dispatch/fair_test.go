@@ -316,6 +316,10 @@ func TestFairLeaseLongPoll(t *testing.T) {
 					t.Fatalf("arrival %q, want a long poll", got)
 				}
 			}
+			// A's two requests in flight gave their slots back while
+			// their app worked (fairLightStreams); they hold them again
+			// once their heads are relayed, through the long bodies.
+			testutil.Eventually(t, 5*time.Second, "A's long polls hold both slots", e.sched.Contended)
 			for i := range 3 {
 				status, err := b.get("/fast")
 				if err != nil || status != 200 {
