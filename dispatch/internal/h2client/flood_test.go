@@ -26,15 +26,9 @@ func TestControlFloodFromAPeerThatDoesNotRead(t *testing.T) {
 	wg.Go(func() {
 		defer func() { _ = pc.Close() }()
 		servePeer(pc, func(fr *http2.Framer, c net.Conn) {
-			for {
-				f, err := fr.ReadFrame()
-				if err != nil {
-					sent <- 0
-					return
-				}
-				if sf, ok := f.(*http2.SettingsFrame); ok && sf.IsAck() {
-					break
-				}
+			if !readUntilSettingsAck(fr) {
+				sent <- 0
+				return
 			}
 			// From here on the peer reads nothing.
 			n := 0
@@ -80,14 +74,8 @@ func TestGoAwayRightAfterSettings(t *testing.T) {
 	wg.Go(func() {
 		defer func() { _ = pc.Close() }()
 		servePeer(pc, func(fr *http2.Framer, c net.Conn) {
-			for {
-				f, err := fr.ReadFrame()
-				if err != nil {
-					return
-				}
-				if sf, ok := f.(*http2.SettingsFrame); ok && sf.IsAck() {
-					break
-				}
+			if !readUntilSettingsAck(fr) {
+				return
 			}
 			// NewConn returns once this ACK is read: the GOAWAY
 			// races with what it does after.
@@ -118,5 +106,19 @@ func TestGoAwayRightAfterSettings(t *testing.T) {
 	_ = c.Close()
 	if len(hooked) != 0 {
 		t.Fatal("the state hook ran twice")
+	}
+}
+
+// readUntilSettingsAck reads frames until the client acknowledges the
+// peer's SETTINGS; false when the connection failed first.
+func readUntilSettingsAck(fr *http2.Framer) bool {
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return false
+		}
+		if sf, ok := f.(*http2.SettingsFrame); ok && sf.IsAck() {
+			return true
+		}
 	}
 }
