@@ -158,16 +158,15 @@ func resumeFailure(lease <-chan struct{}) error {
 const appAnswerSpin = 25 * time.Microsecond
 
 // answerSpin: see appAnswerSpin.
-func (c *clientConn) answerSpin() time.Duration {
-	if c.fairPaused && c.s.cfg.Fair.Contended() {
-		return appAnswerSpin
-	}
-	return 0
-}
+func (c *clientConn) answerSpin() time.Duration { return c.s.answerSpin(c.fairPaused) }
 
 // answerSpin: see appAnswerSpin.
-func (st *h2Stream) answerSpin() time.Duration {
-	if st.fairPaused && st.s.cfg.Fair.Contended() {
+func (st *h2Stream) answerSpin() time.Duration { return st.s.answerSpin(st.fairPaused) }
+
+// answerSpin is appAnswerSpin for a request that gave its slot back for
+// the app wait (paused) while the scheduler is contended, else 0.
+func (s *Server) answerSpin(paused bool) time.Duration {
+	if paused && s.cfg.Fair.Contended() {
 		return appAnswerSpin
 	}
 	return 0
