@@ -303,9 +303,13 @@ func (g *fakeGateway) servePush(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	var last []byte
+	// changed belongs to the document last written: taken under the same
+	// lock, so that a setDoc between the write and the wait is not missed.
+	var changed chan struct{}
 	write := func() bool {
 		g.mu.Lock()
 		doc := g.doc
+		changed = g.changed
 		g.mu.Unlock()
 		if !bytes.Equal(doc, last) {
 			if _, err := w.Write(append(doc, '\n')); err != nil {
@@ -322,9 +326,6 @@ func (g *fakeGateway) servePush(w http.ResponseWriter, r *http.Request) {
 	tk := time.NewTicker(every)
 	defer tk.Stop()
 	for {
-		g.mu.Lock()
-		changed := g.changed
-		g.mu.Unlock()
 		select {
 		case <-r.Context().Done():
 			return

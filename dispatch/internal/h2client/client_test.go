@@ -479,13 +479,20 @@ func TestMalformedFromThePeer(t *testing.T) {
 	}
 	for name, script := range cases {
 		t.Run(name, func(t *testing.T) {
+			refused := make(chan struct{}) // the client's RST_STREAM, GOAWAY or close
 			p := rawPeer(t, func(fr *http2.Framer, _ net.Conn) {
 				if readUntilHeaders(fr) == nil {
 					return
 				}
 				script(fr)
+				defer close(refused)
 				for {
-					if _, err := fr.ReadFrame(); err != nil {
+					f, err := fr.ReadFrame()
+					if err != nil {
+						return
+					}
+					switch f.(type) {
+					case *http2.RSTStreamFrame, *http2.GoAwayFrame:
 						return
 					}
 				}
@@ -493,6 +500,14 @@ func TestMalformedFromThePeer(t *testing.T) {
 			c, _ := dial(t, p, Config{StreamWindow: 65535, MaxResponseHeaderBytes: 8 << 10})
 			resp, err := do(t, c, testCtx(t), &Request{})
 			if err == nil {
+				// Read the body only once the client has refused what the
+				// peer sent: reading returns window credit, and the client
+				// may take it as sent after that credit if it reads first.
+				select {
+				case <-refused:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the client sent no RST_STREAM or GOAWAY and did not close")
+				}
 				_, err = readAll(t, resp)
 			}
 			var pe *ProtocolError
