@@ -17,6 +17,7 @@ import (
 	"github.com/applistener/applistener/dispatch/internal/h2client"
 	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/internal/httpgrammar"
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // Services that declare "protocol": "h2c" (gRPC servers and other apps
@@ -476,8 +477,19 @@ type h2cBody struct {
 	ended   bool
 }
 
-func (b *h2cBody) Read(p []byte) (int, error) {
-	n, err := b.st.es.Read(p)
+// Read reads the client's request body for h2client's sender goroutine.
+// A panic is recovered (panicguard RequestBody): that stream fails (the
+// client's stream is reset), the app connection and its other streams
+// go on.
+func (b *h2cBody) Read(p []byte) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.st.hc.panicked(panicguard.RequestBody, r)
+			n, err = 0, &panicguard.PanicError{Where: panicguard.RequestBody, Value: r}
+		}
+	}()
+	panicguard.Point(panicguard.RequestBody, b.st.hc.sni)
+	n, err = b.st.es.Read(p)
 	if n > 0 {
 		b.n += int64(n)
 		b.st.bodyIn.Store(b.n)

@@ -85,6 +85,8 @@ func newH2CPool(s *Server, bp *backendPool, lease *routes.Lease) *h2cPool {
 		WriteTimeout: s.cfg.BodyTimeout,
 		// A connection without streams for this long closes itself.
 		IdleTimeout: s.cfg.BackendIdleTimeout,
+		// A panic in the frame loop closes that app connection only.
+		OnPanic: p.panicked, // h2c_guard.go
 	}
 	if !lease.Attach(p) {
 		p.closed = true
@@ -306,11 +308,6 @@ type h2cConn struct {
 	net.Conn
 	p    *h2cPool
 	once sync.Once
-}
-
-func (c *h2cConn) Write(p []byte) (int, error) {
-	c.p.writes.Add(1)
-	return c.Conn.Write(p)
 }
 
 func (c *h2cConn) Close() error {

@@ -12,9 +12,11 @@
 // failure the loop retries after its backoff.
 //
 // The goroutines of net/http's servers (admin, gateway) are not guarded
-// here: net/http recovers a handler's panic per request itself. Neither
-// is the frame loop of net/http's HTTP/2 client (the h2c pool's): what
-// runs of ours in it, the connection's reads, is (H2CRead).
+// here: net/http recovers a handler's panic per request itself. The h2c
+// pool's connections (the listener's own HTTP/2 client) are: the frame
+// loop (H2CConn, through h2client's Config.OnPanic), the connection's
+// reads (H2CRead) and writes (H2CConn), and the request body that a
+// stream's sender reads (RequestBody).
 package panicguard
 
 import (
@@ -37,7 +39,8 @@ const (
 	WebSocket    = "websocket"     // a WebSocket splice direction (also a resumed parked one)
 	EdgeConn     = "edge_conn"     // the edge's per-connection goroutine
 	EdgePipe     = "edge_pipe"     // a direction of a connection the edge splices
-	H2CRead      = "h2c_read"      // the read loop of an h2c app connection (our side of it: the connection's reads)
+	H2CRead      = "h2c_read"      // the reads of an h2c app connection (the connection under the read loop; a connector's may be ours)
+	H2CConn      = "h2c_conn"      // an h2c app connection of the listener's own HTTP/2 client: its frame loop, and its writes
 	RequestBody  = "request_body"  // the copy of one request's body to the app (HTTP/1.1 and HTTP/2)
 
 	// Control-plane loops: a panic ends the one attempt (a session, a
@@ -50,7 +53,7 @@ const (
 )
 
 // Where lists every entry point, for tests and documentation.
-var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe, H2CRead, RequestBody,
+var Where = []string{ListenerConn, HTTP1Conn, H2Conn, H2Flusher, H2Stream, WebSocket, EdgeConn, EdgePipe, H2CRead, H2CConn, RequestBody,
 	SupervisorSession, SupervisorAdvertise, DiscoveryWatch, EdgeWatch, EdgeExpiry}
 
 var panics = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/applistener/applistener/internal/panicguard"
 	"github.com/applistener/applistener/internal/testutil"
 )
 
@@ -670,5 +671,71 @@ func TestCloseEndsEveryStream(t *testing.T) {
 	}
 	if c.Reserve() {
 		t.Fatal("Reserve on a closed connection")
+	}
+}
+
+// TestPanicInReadLoop: a panic while the read loop handles a frame (mu
+// held) is recovered: Config.OnPanic sees it, the connection closes with
+// ErrPanicked, its stream fails, and mu is free (Err, Reserve and Close
+// return); the process goes on.
+func TestPanicInReadLoop(t *testing.T) {
+	testutil.VerifyNone(t)
+	more := make(chan struct{})
+	p := startH2Server(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-more:
+			_, _ = w.Write([]byte("x"))
+		case <-r.Context().Done():
+		}
+	}))
+	var seen atomic.Value
+	c, _ := dial(t, p, Config{OnPanic: func(r any) { seen.Store(fmt.Sprint(r)) }})
+	resp, err := do(t, c, testCtx(t), &Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := p.ln.Addr().String()
+	var injected atomic.Int64
+	restore := panicguard.SetTestHook(func(where, id string) {
+		if where == panicguard.H2CConn && id == addr && injected.Add(1) == 1 {
+			panic("injected panic in the read loop")
+		}
+	})
+	defer restore()
+	close(more) // the DATA frame that follows is handled with the hook set
+	read := make(chan error, 1)
+	go func() {
+		_, err := readAll(t, resp)
+		read <- err
+	}()
+	select {
+	case err = <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not fail after the read loop's panic (mu left held?)")
+	}
+	if !errors.Is(err, ErrPanicked) {
+		t.Fatalf("the stream's body: %v; want ErrPanicked", err)
+	}
+	if got, _ := seen.Load().(string); got != "injected panic in the read loop" {
+		t.Fatalf("OnPanic saw %q", got)
+	}
+	done := make(chan error, 1)
+	go func() {
+		// Each of these takes mu: a mutex left held by the panic hangs here.
+		if c.Reserve() {
+			done <- errors.New("Reserve on a connection closed by a panic")
+			return
+		}
+		done <- c.Err()
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrPanicked) {
+			t.Fatalf("connection error %v; want ErrPanicked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection's mutex is still held after the panic")
 	}
 }

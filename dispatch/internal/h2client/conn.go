@@ -61,6 +61,11 @@ type Config struct {
 	// StateHook, if set, is called (without the connection's locks held)
 	// when the connection stops taking new streams: GOAWAY, or closed.
 	StateHook func(*Conn)
+	// OnPanic, if set, is called with the value of a panic recovered in
+	// the connection's read loop, from the deferred function that
+	// recovered it (the panicking stack is still the current one). The
+	// connection then closes, failing its streams; the process goes on.
+	OnPanic func(r any)
 }
 
 // Defaults used when a Config field is zero.
@@ -97,6 +102,9 @@ var (
 	ErrPingTimeout = errors.New("h2client: the peer stopped answering (PING timeout)")
 	// ErrIdle: the connection closed after Config.IdleTimeout without streams.
 	ErrIdle = errors.New("h2client: idle connection closed")
+	// ErrPanicked: a panic was recovered in the connection's read loop,
+	// which closed the connection (Config.OnPanic saw the panic).
+	ErrPanicked = errors.New("h2client: panic recovered in the connection's read loop")
 	// ErrNoSlot: RoundTrip without a reserved stream slot.
 	ErrNoSlot = errors.New("h2client: no stream slot reserved")
 )
@@ -137,6 +145,7 @@ type Conn struct {
 	rfr *http2.Framer // the read loop's only
 
 	framesRead atomic.Uint64 // liveness, for the PING check
+	peer       string        // nc's remote address: the connection's identity for panicguard.Point
 	writes     atomic.Uint64 // conn writes made, for tests and benchmarks
 
 	readDone chan struct{}
@@ -197,6 +206,7 @@ func NewConn(ctx context.Context, nc net.Conn, cfg Config) (*Conn, error) {
 	}
 	c := &Conn{
 		nc:             nc,
+		peer:           nc.RemoteAddr().String(),
 		cfg:            cfg,
 		readDone:       make(chan struct{}),
 		ctrlWake:       make(chan struct{}, 1),

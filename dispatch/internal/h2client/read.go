@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/applistener/applistener/internal/panicguard"
 )
 
 // goAwayTimeout bounds the write of the GOAWAY that tells a peer which
@@ -17,7 +19,7 @@ const goAwayTimeout = time.Second
 // readLoop reads the peer's frames until the connection ends; it never
 // writes (the control loop writes what it queues).
 func (c *Conn) readLoop() {
-	err := c.readFrames()
+	err := c.readFramesGuarded()
 	c.mu.Lock()
 	if !c.closed {
 		var ce http2.ConnectionError
@@ -59,6 +61,23 @@ func (c *Conn) readLoop() {
 }
 
 // readFrames handles frames until an error that ends the connection.
+// readFramesGuarded is readFrames with a panic recovered: reported to
+// Config.OnPanic, the connection closed, ErrPanicked returned (readLoop
+// then fails the streams). Every section of the loop that holds mu
+// releases it in a deferred call, so that the unwinding leaves it free.
+func (c *Conn) readFramesGuarded() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if c.cfg.OnPanic != nil {
+				c.cfg.OnPanic(r)
+			}
+			_ = c.nc.Close()
+			err = fmt.Errorf("%w: %v", ErrPanicked, r)
+		}
+	}()
+	return c.readFrames()
+}
+
 func (c *Conn) readFrames() error {
 	for {
 		f, err := c.rfr.ReadFrame()
@@ -74,45 +93,7 @@ func (c *Conn) readFrames() error {
 			return err
 		}
 		c.framesRead.Add(1)
-		hook := false
-		c.mu.Lock()
-		queued := len(c.out)
-		switch f := f.(type) {
-		case *http2.MetaHeadersFrame:
-			err = c.onHeaders(f)
-		case *http2.DataFrame:
-			err = c.onData(f)
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				err = c.applySettingsLocked(f)
-				if err == nil {
-					_ = c.wfr.WriteSettingsAck()
-					c.kickCtrl()
-				}
-			}
-		case *http2.WindowUpdateFrame:
-			err = c.onWindowUpdate(f)
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				_ = c.wfr.WritePing(true, f.Data)
-				c.kickCtrl()
-			}
-		case *http2.RSTStreamFrame:
-			if s := c.streams[f.StreamID]; s != nil {
-				s.abortLocked(&StreamResetError{Code: f.ErrCode}, false)
-			} else if f.StreamID >= c.nextID {
-				err = &ProtocolError{Code: http2.ErrCodeProtocol, Reason: fmt.Sprintf("RST_STREAM on idle stream %d", f.StreamID)}
-			}
-		case *http2.GoAwayFrame:
-			c.onGoAway(f)
-			hook = true
-		case *http2.PushPromiseFrame:
-			err = &ProtocolError{Code: http2.ErrCodeProtocol, Reason: "PUSH_PROMISE, which this client disabled"}
-		}
-		if ferr := c.readQueuedLocked(queued); err == nil {
-			err = ferr
-		}
-		c.mu.Unlock()
+		hook, err := c.handleFrame(f)
 		if hook {
 			c.runHook()
 		}
@@ -120,6 +101,52 @@ func (c *Conn) readFrames() error {
 			return err
 		}
 	}
+}
+
+// handleFrame applies a frame the peer sent (mu taken, and released by a
+// deferred call: a panic in it leaves mu free for readLoop's close). It
+// reports whether the connection's state hook is due.
+func (c *Conn) handleFrame(f http2.Frame) (hook bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	panicguard.Point(panicguard.H2CConn, c.peer)
+	queued := len(c.out)
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		err = c.onHeaders(f)
+	case *http2.DataFrame:
+		err = c.onData(f)
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			err = c.applySettingsLocked(f)
+			if err == nil {
+				_ = c.wfr.WriteSettingsAck()
+				c.kickCtrl()
+			}
+		}
+	case *http2.WindowUpdateFrame:
+		err = c.onWindowUpdate(f)
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			_ = c.wfr.WritePing(true, f.Data)
+			c.kickCtrl()
+		}
+	case *http2.RSTStreamFrame:
+		if s := c.streams[f.StreamID]; s != nil {
+			s.abortLocked(&StreamResetError{Code: f.ErrCode}, false)
+		} else if f.StreamID >= c.nextID {
+			err = &ProtocolError{Code: http2.ErrCodeProtocol, Reason: fmt.Sprintf("RST_STREAM on idle stream %d", f.StreamID)}
+		}
+	case *http2.GoAwayFrame:
+		c.onGoAway(f)
+		hook = true
+	case *http2.PushPromiseFrame:
+		err = &ProtocolError{Code: http2.ErrCodeProtocol, Reason: "PUSH_PROMISE, which this client disabled"}
+	}
+	if ferr := c.readQueuedLocked(queued); err == nil {
+		err = ferr
+	}
+	return hook, err
 }
 
 // readQueuedLocked counts what the read loop queued since out held
