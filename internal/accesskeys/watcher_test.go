@@ -224,7 +224,10 @@ func TestRunFollowsTheFile(t *testing.T) {
 		}
 	}()
 	writeFile(t, path, keysDoc("k2:2"))
-	testutil.Eventually(t, 10*time.Second, "the rotation to be seen", func() bool { return w.Keys().Has("k2") })
+	// The new keys are current before OnChange runs: wait for both.
+	testutil.Eventually(t, 10*time.Second, "the rotation to be seen and reported", func() bool {
+		return w.Keys().Has("k2") && len(ch.all()) > 0
+	})
 	all := ch.all()
 	if len(all) != 1 || strings.Join(all[0].Removed, ",") != "k1" || strings.Join(all[0].Added, ",") != "k2" {
 		t.Fatalf("changes %+v", all)
