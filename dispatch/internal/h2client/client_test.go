@@ -739,3 +739,16 @@ func TestPanicInReadLoop(t *testing.T) {
 		t.Fatal("the connection's mutex is still held after the panic")
 	}
 }
+
+// TestTimersNearZero: health and idle timers that fire before NewConn has
+// stored them (a timeout of a nanosecond) find them stored (no nil timer,
+// no race) and do their work.
+func TestTimersNearZero(t *testing.T) {
+	testutil.VerifyNone(t)
+	p := startH2Server(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for range 20 {
+		c, _ := dial(t, p, Config{ReadIdleTimeout: time.Nanosecond, PingTimeout: time.Nanosecond, IdleTimeout: time.Nanosecond})
+		testutil.Eventually(t, 10*time.Second, "the connection closed by a timer", func() bool { return c.Err() != nil })
+		_ = c.Close()
+	}
+}

@@ -257,13 +257,17 @@ func NewConn(ctx context.Context, nc net.Conn, cfg Config) (*Conn, error) {
 	c.out = c.out[:0]
 	// The timers are armed before the read loop starts: a peer's
 	// GOAWAY or hang-up may close the connection (closeLocked stops
-	// them) at once.
+	// them) at once. They are assigned under mu, which their functions
+	// take before they touch them: a timer that fires before its
+	// assignment (a timeout near zero) waits for it.
+	c.mu.Lock()
 	if cfg.ReadIdleTimeout > 0 {
 		c.health = time.AfterFunc(cfg.ReadIdleTimeout, c.healthCheck)
 	}
 	if cfg.IdleTimeout > 0 {
 		c.idle = time.AfterFunc(cfg.IdleTimeout, c.idleCheck)
 	}
+	c.mu.Unlock()
 	go c.readLoop()
 	go c.ctrlLoop()
 	return c, nil
