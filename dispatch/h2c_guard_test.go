@@ -95,21 +95,27 @@ func testPanicH2CClosesOnlyItsAppConnection(t *testing.T, site string, here func
 	if got := panicguard.Count(site); got != before+1 {
 		t.Fatalf("applistener_panics_total{where=%s} = %v; want %v", site, got, before+1)
 	}
+	expectPanicLines(t, logs, site, `"app":"`+rpcAddr+`"`)
+}
+
+// expectPanicLines waits for a panic log line of where, then checks that
+// every one has the stack, the injected value and wants (the identity).
+func expectPanicLines(t *testing.T, logs *lineLog, where string, wants ...string) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, "a panic log line of "+where, func() bool {
+		return strings.Contains(logs.text(), `"where":"`+where+`"`)
+	})
+	wants = append(wants, `"stack":"goroutine `, "injected panic at "+where)
 	logs.mu.Lock()
 	defer logs.mu.Unlock()
-	found := false
 	for _, l := range logs.lines {
-		if strings.Contains(l, `"where":"`+site+`"`) {
-			found = true
-			for _, want := range []string{`"app":"` + rpcAddr + `"`, `"stack":"goroutine `, "injected panic at " + site} {
+		if strings.Contains(l, `"where":"`+where+`"`) {
+			for _, want := range wants {
 				if !strings.Contains(l, want) {
 					t.Errorf("the panic's log line lacks %s: %s", want, l)
 				}
 			}
 		}
-	}
-	if !found {
-		t.Fatalf("no panic log line of %s", site)
 	}
 }
 
@@ -198,20 +204,5 @@ func TestPanicH2CRequestBodyFailsOnlyItsStream(t *testing.T) {
 	if got := only(); got != conn {
 		t.Fatalf("%d app connections after the panic, the first one kept: %v; want it alone", pool.open(), got == conn)
 	}
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	found := false
-	for _, l := range logs.lines {
-		if strings.Contains(l, `"where":"request_body"`) {
-			found = true
-			for _, want := range []string{`"sni":"` + h2cRPCHost + `"`, `"stack":"goroutine `, "injected panic at request_body"} {
-				if !strings.Contains(l, want) {
-					t.Errorf("the panic's log line lacks %s: %s", want, l)
-				}
-			}
-		}
-	}
-	if !found {
-		t.Fatal("no panic log line of request_body")
-	}
+	expectPanicLines(t, logs, panicguard.RequestBody, `"sni":"`+h2cRPCHost+`"`)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,28 +17,23 @@ import (
 func TestControlFloodFromAPeerThatDoesNotRead(t *testing.T) {
 	// net.Pipe: nothing is buffered between the two ends, so the first
 	// answer the peer does not read stops the connection's writes.
-	cc, pc := net.Pipe()
 	const flood = 1 << 20 // 17 MiB of PINGs
 	sent := make(chan int, 1)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
-		defer func() { _ = pc.Close() }()
-		servePeer(pc, func(fr *http2.Framer, c net.Conn) {
-			if !readUntilSettingsAck(fr) {
-				sent <- 0
-				return
+	cc, wait := pipePeer(func(fr *http2.Framer, c net.Conn) {
+		if !readUntilSettingsAck(fr) {
+			sent <- 0
+			return
+		}
+		// From here on the peer reads nothing.
+		n := 0
+		for ; n < flood; n++ {
+			if err := fr.WritePing(false, [8]byte{byte(n)}); err != nil {
+				break
 			}
-			// From here on the peer reads nothing.
-			n := 0
-			for ; n < flood; n++ {
-				if err := fr.WritePing(false, [8]byte{byte(n)}); err != nil {
-					break
-				}
-			}
-			sent <- n
-		})
+		}
+		sent <- n
 	})
+	defer wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	c, err := NewConn(ctx, cc, Config{WriteTimeout: time.Minute})
 	cancel()
@@ -68,25 +62,20 @@ func TestControlFloodFromAPeerThatDoesNotRead(t *testing.T) {
 // must be set before the read loop starts (go test -race finds the race
 // otherwise), and the state hook still runs once.
 func TestGoAwayRightAfterSettings(t *testing.T) {
-	cc, pc := net.Pipe()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
-		defer func() { _ = pc.Close() }()
-		servePeer(pc, func(fr *http2.Framer, c net.Conn) {
-			if !readUntilSettingsAck(fr) {
+	cc, wait := pipePeer(func(fr *http2.Framer, c net.Conn) {
+		if !readUntilSettingsAck(fr) {
+			return
+		}
+		// NewConn returns once this ACK is read: the GOAWAY
+		// races with what it does after.
+		_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
 				return
 			}
-			// NewConn returns once this ACK is read: the GOAWAY
-			// races with what it does after.
-			_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
-			for {
-				if _, err := fr.ReadFrame(); err != nil {
-					return
-				}
-			}
-		})
+		}
 	})
+	defer wait()
 	hooked := make(chan struct{}, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	c, err := NewConn(ctx, cc, Config{ReadIdleTimeout: time.Minute, IdleTimeout: time.Minute, StateHook: func(*Conn) { hooked <- struct{}{} }})

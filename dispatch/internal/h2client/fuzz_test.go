@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,21 +51,16 @@ func FuzzPeerAnswer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
 		// net.Pipe, not loopback TCP: thousands of executions a second
 		// would leave the machine's ephemeral ports in TIME_WAIT.
-		cc, pc := net.Pipe()
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		wg.Go(func() {
-			defer func() { _ = pc.Close() }()
-			servePeer(pc, func(fr *http2.Framer, c net.Conn) {
-				if readUntilHeaders(fr) == nil {
-					return
-				}
-				if _, err := c.Write(script); err != nil {
-					return
-				}
-				// Then the peer hangs up.
-			})
+		cc, wait := pipePeer(func(fr *http2.Framer, c net.Conn) {
+			if readUntilHeaders(fr) == nil {
+				return
+			}
+			if _, err := c.Write(script); err != nil {
+				return
+			}
+			// Then the peer hangs up.
 		})
+		defer wait()
 		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c, err := NewConn(cctx, cc, Config{StreamWindow: 65535, MaxResponseHeaderBytes: 8 << 10})
 		ccancel()

@@ -173,6 +173,19 @@ func rawPeer(t *testing.T, script func(fr *http2.Framer, c net.Conn), settings .
 	return startPeers(t, func(c net.Conn) { servePeer(c, script, settings...) })
 }
 
+// pipePeer runs script as rawPeer's side of a net.Pipe in a goroutine of
+// its own and returns the client's end; wait waits for the script to end
+// (its end of the pipe is closed then).
+func pipePeer(script func(fr *http2.Framer, c net.Conn)) (cc net.Conn, wait func()) {
+	cc, pc := net.Pipe()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer func() { _ = pc.Close() }()
+		servePeer(pc, script)
+	})
+	return cc, wg.Wait
+}
+
 // servePeer is rawPeer's side of one connection.
 func servePeer(c net.Conn, script func(fr *http2.Framer, c net.Conn), settings ...http2.Setting) {
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
