@@ -17,11 +17,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeClock is a manual clock; its timer never fires by itself (tests call
 // onLease).
-type fakeClock struct{ t atomic.Int64 }
+// It records the duration of the latest timer armed.
+type fakeClock struct{ t, armed atomic.Int64 }
 
-func (c *fakeClock) now() int64                          { return c.t.Load() }
-func (c *fakeClock) advance(d time.Duration)             { c.t.Add(int64(d)) }
-func (c *fakeClock) timer(time.Duration, func()) stopper { return fakeTimer{} }
+func (c *fakeClock) now() int64              { return c.t.Load() }
+func (c *fakeClock) advance(d time.Duration) { c.t.Add(int64(d)) }
+func (c *fakeClock) timer(d time.Duration, _ func()) stopper {
+	c.armed.Store(int64(d))
+	return fakeTimer{}
+}
 
 type fakeTimer struct{}
 
@@ -267,6 +271,60 @@ func TestLeaseTimerDuration(t *testing.T) {
 	}
 	s.Release(t1)
 	s.Release(t2)
+}
+
+// TestReleaseReclaims: a release while others queue also takes over, for
+// the next waiter, any other slot held past its lease, without the lease
+// timer (the timer is a backstop: it would start a goroutine, which takes
+// the processor's next place from a neighbour's goroutine just started).
+func TestReleaseReclaims(t *testing.T) {
+	s, clock, _ := newTest(t, 2)
+	old, _ := s.TryAdmit()
+	clock.advance(3 * time.Millisecond)
+	young, _ := s.TryAdmit()
+	var a, b Flow
+	var wg sync.WaitGroup
+	qa := enqueue(t, s, &a, "a", nil, 1, &wg)
+	qb := enqueue(t, s, &b, "b", nil, 2, &wg)
+	clock.advance(2 * time.Millisecond) // old's lease (5 ms) ends; young's does not
+	s.Release(young)
+	ta := <-qa.got // young's slot
+	var tb Ticket
+	select {
+	case tb = <-qb.got: // old's slot, taken over by the release
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release did not take over the slot held past its lease")
+	}
+	wg.Wait()
+	if got := testutil.ToFloat64(s.m.takeovers); got != 1 {
+		t.Errorf("takeovers %v, want 1", got)
+	}
+	if s.Release(old) {
+		t.Error("the old holder's release took effect after the takeover")
+	}
+	s.Release(ta)
+	s.Release(tb)
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("after all: taken %b, waiting %d", s.taken.Load(), s.Waiting())
+	}
+}
+
+// TestLeaseTimerIsABackstop: the lease timer is armed a lease after the
+// oldest slot's lease ends, for when nothing is released or queued
+// meanwhile (releases and queued admissions reclaim on time).
+func TestLeaseTimerIsABackstop(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	clock.advance(time.Millisecond)
+	var f Flow
+	var wg sync.WaitGroup
+	q := enqueue(t, s, &f, "w", nil, 1, &wg)
+	if got, want := time.Duration(clock.armed.Load()), 4*time.Millisecond+s.Lease(); got != want {
+		t.Errorf("lease timer armed for %v, want %v (the oldest slot's remaining lease, plus a lease)", got, want)
+	}
+	s.Release(held)
+	s.Release(<-q.got)
+	wg.Wait()
 }
 
 func TestCancelWhileQueued(t *testing.T) {
