@@ -224,3 +224,47 @@ func TestReadyWritersShareOneWriteOnOneCore(t *testing.T) {
 		t.Errorf("%d writes for %d lines from goroutines ready at once on one core: want at most %d (batched)", dst.writes, n, n/10)
 	}
 }
+
+// TestWakeKeepsTheNextPlaceOnOneCore: on one core, a goroutine started
+// just before a line is written (a neighbour's request the writer of the
+// line has just delivered) still runs before the goroutines that were
+// already waiting; the drain goroutine's wake does not take its place. A
+// wake by channel send would (the started goroutine then ran after all of
+// them), which pushed quiet instances' requests behind a flood's.
+func TestWakeKeepsTheNextPlaceOnOneCore(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector randomises the run order; `make test` runs this without it")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	dst := &countingWriter{}
+	w := New(dst, 0, time.Hour, false)
+	defer w.Close(5 * time.Second)
+	line := []byte("a request ended\n")
+	// The drain goroutine is parked in its wait once a first line is out.
+	_, _ = w.Write(line)
+	testutil.Eventually(t, 5*time.Second, "the first line written", func() bool {
+		dst.mu.Lock()
+		defer dst.mu.Unlock()
+		return dst.bytes == len(line)
+	})
+
+	var mu sync.Mutex
+	var order []string
+	note := func(name string) {
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { note("waiting") })
+	}
+	wg.Go(func() { note("started") }) // takes the processor's next place
+	_, _ = w.Write(line)                // wakes the drain goroutine
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if order[0] != "started" {
+		t.Errorf("run order %v: the goroutine started before the line was written ran after those already waiting (the writer's wake took its place)", order)
+	}
+}

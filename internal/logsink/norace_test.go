@@ -1,0 +1,6 @@
+//go:build !race
+
+package logsink
+
+// raceEnabled: see race_test.go.
+const raceEnabled = false
