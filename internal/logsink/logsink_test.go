@@ -260,7 +260,7 @@ func TestWakeKeepsTheNextPlaceOnOneCore(t *testing.T) {
 		wg.Go(func() { note("waiting") })
 	}
 	wg.Go(func() { note("started") }) // takes the processor's next place
-	_, _ = w.Write(line)                // wakes the drain goroutine
+	_, _ = w.Write(line)              // wakes the drain goroutine
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
