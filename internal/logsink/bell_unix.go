@@ -45,14 +45,20 @@ func (b *pipeBell) ring() {
 
 func (b *pipeBell) wait(until time.Time) bool {
 	if !until.Equal(b.deadline) {
-		if err := b.r.SetReadDeadline(until); err != nil {
-			return false
-		}
+		// Pipes take deadlines on Unix; without one the wait would only
+		// end at the next ring.
+		_ = b.r.SetReadDeadline(until)
 		b.deadline = until
 	}
 	n, err := b.r.Read(b.buf[:])
-	if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) && err != nil {
-		return true // rung (or broken: the drain looks, and stops if asked)
+	switch {
+	case n > 0:
+		return true
+	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
+		// The pipe failed (it is closed only after the drain goroutine
+		// has stopped): look at the queue now and then, never spin.
+		time.Sleep(10 * time.Millisecond)
+		return true
 	}
 	return false
 }
