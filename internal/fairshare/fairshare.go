@@ -278,10 +278,13 @@ func (s *Scheduler) heldWord(g uint32, now int64) uint64 {
 	return uint64(g)<<32 | heldBit | uint64(now/int64(time.Microsecond))&startMask
 }
 
-// expired reports whether the held word w's lease has ended at now.
+// expired reports whether the held word w's lease has ended at now. A
+// word issued after now was read (a slot taken without the lock while
+// reclaimLocked looked) has a negative age, which wraps modulo 2³¹: ages
+// beyond half the range are such, never expired.
 func (s *Scheduler) expired(w uint64, now int64) bool {
 	age := (uint64(now/int64(time.Microsecond)) - w) & startMask
-	return w&heldBit != 0 && int64(age)*int64(time.Microsecond) >= s.lease
+	return w&heldBit != 0 && age < startMask/2 && int64(age)*int64(time.Microsecond) >= s.lease
 }
 
 // issue gives slot i, whose bit the caller set, a new ticket for flow f

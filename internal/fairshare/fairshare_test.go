@@ -68,6 +68,31 @@ func enqueue(t *testing.T, s *Scheduler, f *Flow, name string, done <-chan struc
 	return q
 }
 
+// settle waits for a queued Admit's locked section (it counts itself
+// waiting before it reclaims and arms the timer under the same lock).
+func settle(s *Scheduler) {
+	s.mu.Lock()
+	s.mu.Unlock() //nolint:staticcheck // an empty critical section: waiting for the holder is the point
+}
+
+// TestStampAfterTheClock: a slot issued after reclaimLocked read the clock
+// (taken without the lock meanwhile) has a negative age, which wraps; it is
+// not expired, and it expires a lease after its own stamp.
+func TestStampAfterTheClock(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	now := clock.now()
+	w := s.heldWord(1, now+int64(time.Microsecond))
+	if s.expired(w, now) {
+		t.Error("a slot stamped a microsecond after the clock was read counts as expired")
+	}
+	if s.expired(w, now+s.lease) {
+		t.Error("expired before its lease ended")
+	}
+	if !s.expired(w, now+int64(time.Microsecond)+s.lease) {
+		t.Error("not expired once its lease ended")
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -286,6 +311,7 @@ func TestReleaseReclaims(t *testing.T) {
 	var wg sync.WaitGroup
 	qa := enqueue(t, s, &a, "a", nil, 1, &wg)
 	qb := enqueue(t, s, &b, "b", nil, 2, &wg)
+	settle(s)
 	clock.advance(2 * time.Millisecond) // old's lease (5 ms) ends; young's does not
 	s.Release(young)
 	ta := <-qa.got // young's slot
@@ -319,6 +345,7 @@ func TestLeaseTimerIsABackstop(t *testing.T) {
 	var f Flow
 	var wg sync.WaitGroup
 	q := enqueue(t, s, &f, "w", nil, 1, &wg)
+	settle(s)
 	if got, want := time.Duration(clock.armed.Load()), 4*time.Millisecond+s.Lease(); got != want {
 		t.Errorf("lease timer armed for %v, want %v (the oldest slot's remaining lease, plus a lease)", got, want)
 	}

@@ -25,6 +25,11 @@ func newPipeBell() (waker, error) {
 		return nil, err
 	}
 	wrc, err := w.SyscallConn()
+	if err == nil {
+		// A pipe the runtime's poller did not take has no deadlines (and
+		// a read would block a thread): the caller falls back.
+		err = r.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		_ = r.Close()
 		_ = w.Close()
@@ -45,9 +50,7 @@ func (b *pipeBell) ring() {
 
 func (b *pipeBell) wait(until time.Time) bool {
 	if !until.Equal(b.deadline) {
-		// Pipes take deadlines on Unix; without one the wait would only
-		// end at the next ring.
-		_ = b.r.SetReadDeadline(until)
+		_ = b.r.SetReadDeadline(until) // it took one in newPipeBell
 		b.deadline = until
 	}
 	n, err := b.r.Read(b.buf[:])
@@ -63,7 +66,9 @@ func (b *pipeBell) wait(until time.Time) bool {
 	return false
 }
 
+// close closes the write end first: a late ring then does nothing (it
+// would get EPIPE from a pipe without a reader).
 func (b *pipeBell) close() {
-	_ = b.r.Close()
 	_ = b.w.Close()
+	_ = b.r.Close()
 }

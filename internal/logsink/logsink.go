@@ -83,9 +83,11 @@ func New(dst io.Writer, queue int, summaryEvery time.Duration, json bool) *Write
 // request, delivered just before it, behind the whole run queue for a
 // millisecond or more (measured in an execution trace of a ten-instance
 // flood). A goroutine the poller wakes joins the back of the run queue:
-// the log waits its turn (on a saturated core at most the poller's
-// 10 ms), and requests do not wait for the log. It costs a write of one
-// byte when the buffer was empty, and a read per wake.
+// the log waits its turn (on a saturated core the runtime polls at least
+// every 10 ms), and requests do not wait for the log. It costs a write of
+// one byte when the buffer was empty, and a read per wake. (The wait's
+// deadline, for the drop summary, still wakes it like a timer: once per
+// summary interval.)
 type waker interface {
 	ring()
 	// wait waits until the bell rings (true) or until (false).
