@@ -12,12 +12,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -262,14 +262,11 @@ func sessTokenFile(t *testing.T, token string) string {
 }
 
 // sessDeadEndpoint returns the URL of a loopback port nobody listens on.
+// The port stays bound (deadPort), so none of the supervisor's own
+// listeners can be given it: a port merely closed again once was, and the
+// "dead" gateway then answered as the supervisor's app listener.
 func sessDeadEndpoint(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return "http://" + addr
+	return "http://127.0.0.1:" + strconv.Itoa(deadPort(t))
 }
 
 // TestSessionLongKeepaliveGrant: the reference gateway grants 5 s

@@ -423,6 +423,11 @@ func TestRequestRelay(t *testing.T) {
 		go func() { errs <- c.Request(context.Background(), keyA) }()
 	}
 	itest.Eventually(t, 10*time.Second, "the hook called", func() bool { return p.calls.Load() == 1 })
+	// Every request has joined before the platform answers (one that
+	// started only after the answer would rightly ask again).
+	itest.Eventually(t, 10*time.Second, "the other nine requests joined the wake", func() bool {
+		return testutil.ToFloat64(c.m.coalesced) == 9
+	})
 	close(release)
 	for range 10 {
 		if err := <-errs; err != nil {
