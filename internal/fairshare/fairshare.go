@@ -278,13 +278,14 @@ func (s *Scheduler) heldWord(g uint32, now int64) uint64 {
 	return uint64(g)<<32 | heldBit | uint64(now/int64(time.Microsecond))&startMask
 }
 
-// expired reports whether the held word w's lease has ended at now. A
-// word issued after now was read (a slot taken without the lock while
-// reclaimLocked looked) has a negative age, which wraps modulo 2³¹: ages
-// beyond half the range are such, never expired.
+// expired reports whether the held word w's lease has ended at now.
 func (s *Scheduler) expired(w uint64, now int64) bool {
-	age := (uint64(now/int64(time.Microsecond)) - w) & startMask
-	return w&heldBit != 0 && age < startMask/2 && int64(age)*int64(time.Microsecond) >= s.lease
+	return w&heldBit != 0 && int64(ageOf(w, now))*int64(time.Microsecond) >= s.lease
+}
+
+// ageOf returns how long ago, in microseconds modulo 2³¹, w was stamped.
+func ageOf(w uint64, now int64) uint64 {
+	return (uint64(now/int64(time.Microsecond)) - w) & startMask
 }
 
 // issue gives slot i, whose bit the caller set, a new ticket for flow f
@@ -708,6 +709,13 @@ func (s *Scheduler) reclaimLocked() {
 		i := bits.TrailingZeros64(b)
 		b &^= 1 << i
 		w := s.slot[i].Load()
+		if w&heldBit != 0 && ageOf(w, now) > startMask/2 {
+			// Stamped after now was read (a slot taken without the
+			// lock meanwhile): its age would wrap to 35 minutes and
+			// count as expired. The clock read after the stamp's load
+			// gives its true age.
+			now = s.now()
+		}
 		if !s.expired(w, now) {
 			continue
 		}

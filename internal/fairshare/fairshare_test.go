@@ -75,21 +75,49 @@ func settle(s *Scheduler) {
 	s.mu.Unlock() //nolint:staticcheck // an empty critical section: waiting for the holder is the point
 }
 
-// TestStampAfterTheClock: a slot issued after reclaimLocked read the clock
-// (taken without the lock meanwhile) has a negative age, which wraps; it is
-// not expired, and it expires a lease after its own stamp.
+// TestStampAfterTheClock: reclaimLocked reads the clock before it loads
+// the slots, and a light flow may take a slot without the lock in between:
+// its stamp is then later than the clock read, its age negative (it wraps
+// to 35 minutes). Such a slot is not taken over; one held that long
+// truly (whose age does not change on a second read) is.
 func TestStampAfterTheClock(t *testing.T) {
 	s, clock, _ := newTest(t, 1)
-	now := clock.now()
-	w := s.heldWord(1, now+int64(time.Microsecond))
-	if s.expired(w, now) {
-		t.Error("a slot stamped a microsecond after the clock was read counts as expired")
+	fresh, _ := s.TryAdmit() // stamped at the clock's time
+	clock.advance(-time.Microsecond)
+	reads := 0
+	s.now = func() int64 { // the reclaim's first read comes before the stamp
+		reads++
+		if reads == 1 {
+			return clock.now()
+		}
+		return clock.now() + int64(2*time.Microsecond)
 	}
-	if s.expired(w, now+s.lease) {
-		t.Error("expired before its lease ended")
+	var f Flow
+	s.mu.Lock()
+	w := s.waiter.Get().(*waiter)
+	w.flow = &f
+	s.enqueueLocked(w)
+	s.reclaimLocked()
+	s.mu.Unlock()
+	if got := testutil.ToFloat64(s.m.takeovers); got != 0 {
+		t.Fatalf("a slot stamped after the clock was read was taken over (%v takeovers)", got)
 	}
-	if !s.expired(w, now+int64(time.Microsecond)+s.lease) {
-		t.Error("not expired once its lease ended")
+	// The same slot, truly held for 20 minutes: taken over for the waiter.
+	s.now = clock.now
+	clock.advance(20 * time.Minute)
+	s.mu.Lock()
+	s.reclaimLocked()
+	s.mu.Unlock()
+	if got := testutil.ToFloat64(s.m.takeovers); got != 1 {
+		t.Fatalf("a slot held for 20 minutes was not taken over (%v takeovers)", got)
+	}
+	tk := <-w.ready
+	if s.Release(fresh) {
+		t.Error("the taken-over holder's release took effect")
+	}
+	s.Release(tk)
+	if s.taken.Load() != 0 || s.Waiting() != 0 {
+		t.Errorf("after all: taken %b, waiting %d", s.taken.Load(), s.Waiting())
 	}
 }
 
