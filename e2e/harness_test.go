@@ -28,12 +28,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"go.uber.org/goleak"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 const (
@@ -225,20 +226,7 @@ func freeAddr(t testing.TB) string {
 // listens, so connecting to it is refused. It is released on cleanup.
 func deadPort(t testing.TB) int {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	syscall.CloseOnExec(fd)
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sa.(*syscall.SockaddrInet4).Port
+	return testutil.DeadLoopbackPort(t)
 }
 
 func writeAtomic(t testing.TB, path string, data []byte) {

@@ -20,6 +20,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/applistener/applistener/control/api"
 	"github.com/applistener/applistener/control/internal/controltest"
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 func TestParseGatewayEndpoints(t *testing.T) {
@@ -67,16 +69,12 @@ func TestParseGatewayEndpoints(t *testing.T) {
 	}
 }
 
-// deadURL returns the URL of a loopback port nobody listens on.
+// deadURL returns the URL of a loopback port nobody listens on (and
+// nobody can be given while the test runs: a port closed again once went
+// to a gateway the test started next, listed twice).
 func deadURL(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return "http://" + addr
+	return "http://127.0.0.1:" + strconv.Itoa(testutil.DeadLoopbackPort(t))
 }
 
 // switchable is a discovery endpoint whose answer can be switched to a

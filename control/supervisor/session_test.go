@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -215,16 +215,11 @@ func TestPollAnswerOlderThanPushIsDropped(t *testing.T) {
 	}
 }
 
-// deadEndpoint returns the URL of a loopback port nobody listens on.
+// deadEndpoint returns the URL of a loopback port nobody listens on (or
+// can be given while the test runs).
 func deadEndpoint(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return "https://" + addr
+	return "https://127.0.0.1:" + strconv.Itoa(testutil.DeadLoopbackPort(t))
 }
 
 // Several endpoints: a refused connection and a 503 move the client on; it

@@ -153,7 +153,7 @@ func scrapeAll(t *testing.T) *metricSet {
 	}))
 	defer app.Close()
 	appPort := app.Listener.Addr().(*net.TCPAddr).Port
-	deadPort := freePort(t) // nothing listens: dials fail, 502
+	deadPort := testutil.DeadLoopbackPort(t) // nothing listens: dials fail, 502
 	routesFile := filepath.Join(dir, "routes.json")
 	writeFile(t, routesFile, fmt.Sprintf(`{"revision":"r1","instances":[{"workspace":"team","sandbox":"demo","generation":"1",`+
 		`"services":[{"name":"web","port":%d,"revision":1},{"name":"down","port":%d,"revision":1,"start_grace_seconds":1}]}]}`, appPort, deadPort))
