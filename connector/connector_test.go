@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/applistener/applistener/internal/testutil"
 )
 
 // echoServer accepts connections on ln and answers every line with
@@ -89,20 +91,7 @@ func testCtx(t testing.TB) context.Context {
 // but never listens: connecting to it is refused.
 func boundPort(t testing.TB) int {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	syscall.CloseOnExec(fd)
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sa.(*syscall.SockaddrInet4).Port
+	return testutil.DeadLoopbackPort(t)
 }
 
 func TestTCPDial(t *testing.T) {
