@@ -667,7 +667,7 @@ func (s *Scheduler) ringRemoveLocked(f *Flow) {
 // goroutine, and a goroutine started takes the processor's next place: a
 // quiet neighbour's connection delivered just before (fairpoll.go) was
 // pushed behind the whole run queue. Armed at the lease itself, it fired
-// thousands of times a second under a flood (measured on one core: the
+// thousands of times a second under a flood (one run on one core: the
 // delivered goroutine's start p99 1.4 ms, 0.8 ms as a backstop).
 func (s *Scheduler) armLocked() {
 	if s.armed != nil || s.closed || s.waiting.Load() == 0 {
