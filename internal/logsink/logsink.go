@@ -95,30 +95,38 @@ type waker interface {
 	close()
 }
 
-// chanBell is the waker without a pipe: a channel.
-type chanBell chan struct{}
+// chanBell is the waker without a pipe: a channel, and one timer for the
+// wait's deadline (only the drain goroutine waits).
+type chanBell struct {
+	c chan struct{}
+	t *time.Timer
+}
 
-func newChanBell() chanBell { return make(chanBell, 1) }
+func newChanBell() *chanBell {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &chanBell{c: make(chan struct{}, 1), t: t}
+}
 
-func (b chanBell) ring() {
+func (b *chanBell) ring() {
 	select {
-	case b <- struct{}{}:
+	case b.c <- struct{}{}:
 	default:
 	}
 }
 
-func (b chanBell) wait(until time.Time) bool {
-	t := time.NewTimer(time.Until(until))
-	defer t.Stop()
+func (b *chanBell) wait(until time.Time) bool {
+	b.t.Reset(time.Until(until))
+	defer b.t.Stop()
 	select {
-	case <-b:
+	case <-b.c:
 		return true
-	case <-t.C:
+	case <-b.t.C:
 		return false
 	}
 }
 
-func (chanBell) close() {}
+func (b *chanBell) close() { b.t.Stop() }
 
 // Write queues a copy of p as one line, or drops it when the writer holds
 // its bound of lines or bytes (or is closed). It never blocks on the
