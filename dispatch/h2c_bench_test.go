@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,4 +120,106 @@ func gaugeValue(g prometheus.Gauge) float64 {
 		return 0
 	}
 	return m.GetGauge().GetValue()
+}
+
+// BenchmarkH2CStream measures ping-pong messages (64 bytes) on gRPC
+// bidirectional streams through the listener: 16 streams on one client
+// connection (the client's HTTP/2 multiplexes them), each sending a
+// message and waiting for its echo. msgs/s is the rate; app-writes/msg
+// counts the write calls on the route's app connections and
+// client-reads/msg the reads by which the client's connection received
+// the listener's writes (each is at least one write by the listener),
+// per message round trip: the mechanism by which a relay of many small
+// messages keeps the client's and the app's batches whole, or splits
+// each batch into one write per message; cpu-ns/msg is the process's CPU
+// (client, listener and server).
+//
+//	go test -run XXX -bench H2CStream -count 3 ./dispatch/
+func BenchmarkH2CStream(b *testing.B) {
+	const streams = 16
+	appPort := startGRPCApp(b)
+	host := "team--s0--rpc." + sharedBenchDomain
+	l := startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
+		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appPort)})
+	defer l.stop(b)
+	srv := l.srv
+
+	var clientReads atomic.Int64
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingReadConn{Conn: nc, reads: &clientReads}, nil
+	}
+	cc, err := grpc.NewClient("passthrough:///"+l.addr, grpc.WithContextDialer(dial), grpc.WithAuthority(host),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{ServerName: host, RootCAs: l.ca.Pool(), MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cc.Close() }()
+	client := testpb.NewTestServiceClient(cc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req := &testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: make([]byte, 64)}}
+	calls := make([]testpb.TestService_FullDuplexCallClient, streams)
+	for i := range calls {
+		if calls[i], err = client.FullDuplexCall(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := calls[i].Send(req); err != nil { // warm-up: the stream is open end to end
+			b.Fatal(err)
+		}
+		if _, err := calls[i].Recv(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	route := l.table.Lookup(host)
+	pool := srv.h2cPoolOf(route, srv.routePool(route))
+
+	var next atomic.Int64
+	b.ReportAllocs()
+	cpu0 := processCPU()
+	writes0, reads0 := pool.writes.Load(), clientReads.Load()
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, call := range calls {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := call.Send(req); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := call.Recv(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/msg")
+	b.ReportMetric(float64(pool.writes.Load()-writes0)/float64(b.N), "app-writes/msg")
+	b.ReportMetric(float64(clientReads.Load()-reads0)/float64(b.N), "client-reads/msg")
+	for _, call := range calls {
+		_ = call.CloseSend()
+	}
+}
+
+// countingReadConn counts the reads that return data.
+type countingReadConn struct {
+	net.Conn
+	reads *atomic.Int64
+}
+
+func (c *countingReadConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.reads.Add(1)
+	}
+	return n, err
 }

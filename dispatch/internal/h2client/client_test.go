@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -164,6 +165,100 @@ func TestGroupCommit(t *testing.T) {
 	if writes > calls+calls/2 {
 		t.Fatalf("%d writes for %d calls", writes, calls)
 	}
+}
+
+// TestReadyStreamsShareOneWriteOnOneCore: on one core (GOMAXPROCS=1, as
+// the benchmarks and small hosts run the listener), the request bodies of
+// many streams that become readable at once (a client's batch of gRPC
+// messages, woken by one read of the client's connection) reach the app
+// in one or two writes, not one per stream: the first sender leaves the
+// write to the control loop, which lets the other senders add their frames
+// first. Up to five rounds: a preemption or a GC inside one could split
+// it; writing at once splits every one (eight writes).
+func TestReadyStreamsShareOneWriteOnOneCore(t *testing.T) {
+	testutil.VerifyNone(t)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const streams, rounds = 8, 5
+	data := make(chan uint32, streams*rounds)
+	p := rawPeer(t, func(fr *http2.Framer, _ net.Conn) {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.MetaHeadersFrame:
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: block(":status", "200"), EndHeaders: true})
+			case *http2.DataFrame:
+				if len(f.Data()) > 0 {
+					data <- f.StreamID
+				}
+			}
+		}
+	})
+	c, cc := dial(t, p, Config{})
+	gates := make([]chan struct{}, rounds)
+	for i := range gates {
+		gates[i] = make(chan struct{})
+	}
+	var resps []*Response
+	for range streams {
+		resp, err := do(t, c, testCtx(t), &Request{Method: "POST", Path: "/pkg.Svc/Stream", Body: &roundsBody{gates: gates, stop: make(chan struct{})}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resps = append(resps, resp)
+	}
+	defer func() {
+		for _, r := range resps {
+			_ = r.Body.Close()
+		}
+	}()
+	var writes []int64
+	for _, gate := range gates {
+		w0 := cc.writes.Load()
+		close(gate)
+		for range streams {
+			select {
+			case <-data:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the peer got too few messages (writes so far %v)", writes)
+			}
+		}
+		writes = append(writes, cc.writes.Load()-w0)
+		if writes[len(writes)-1] <= 2 {
+			return
+		}
+	}
+	t.Fatalf("writes per round of %d messages ready at once: %v; want at most 2 in some round", streams, writes)
+}
+
+// roundsBody is a request body that sends one message per gate, once the
+// gate is closed, and ends when closed.
+type roundsBody struct {
+	gates []chan struct{}
+	next  int
+	stop  chan struct{}
+	once  sync.Once
+}
+
+func (b *roundsBody) Read(p []byte) (int, error) {
+	if b.next == len(b.gates) {
+		<-b.stop
+		return 0, io.ErrClosedPipe
+	}
+	select {
+	case <-b.gates[b.next]:
+	case <-b.stop:
+		return 0, io.ErrClosedPipe
+	}
+	b.next++
+	return copy(p, "\x00\x00\x00\x00\x05hello"), nil
+}
+
+func (b *roundsBody) Close() error {
+	b.once.Do(func() { close(b.stop) })
+	return nil
 }
 
 // TestMultiplexBeyondMaxConcurrentStreams: with the peer allowing 2

@@ -19,7 +19,12 @@
 // buffer out, again and again until it is empty (group commit). The frames
 // other streams queue meanwhile go out together in its next write, and a
 // request whose body is already at hand has its HEADERS and DATA in one
-// write.
+// write. While other streams are open, a request head or a piece of body
+// is not written by its sender but by the control loop, after it has let
+// the goroutines that are ready run (kickSoonLocked): the requests and
+// messages that one read of a client's connection made ready reach the
+// app in one write, as the client sent them, where writing each at once
+// costs a system call per message (and the app a read per message).
 package h2client
 
 import (
@@ -29,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,6 +163,9 @@ type Conn struct {
 	out     []byte     // frames queued for the next write
 	spare   []byte
 	writing bool // a goroutine is writing out (the group's writer)
+	// writeSoon: the control loop is to write out what is queued once the
+	// goroutines ready to run have run (kickSoonLocked).
+	writeSoon bool
 	// readQueued counts the bytes the read loop queued in out since a
 	// writer last took it.
 	readQueued int
@@ -321,6 +330,7 @@ func (c *Conn) kickLocked() {
 		return
 	}
 	c.writing = true
+	c.writeSoon = false
 	for len(c.out) > 0 && !c.closed {
 		buf := c.out
 		c.out = c.spare[:0]
@@ -335,6 +345,25 @@ func (c *Conn) kickLocked() {
 		c.cond.Broadcast()
 	}
 	c.writing = false
+}
+
+// kickSoonLocked has the queued frames written soon (mu held): at once
+// when they are the only stream's (or when maxBuffered are queued), else
+// by the control loop once the goroutines that are ready to run have run
+// (runtime.Gosched). The other streams whose frames are ready add theirs
+// meanwhile, and one write carries them all: a batch of messages that a
+// client sent in one write, and that one read woke a goroutine each for,
+// reaches the app as one write too, not one per message. A write in
+// progress takes them along.
+func (c *Conn) kickSoonLocked() {
+	switch {
+	case c.writing || c.writeSoon:
+	case len(c.streams) <= 1 || len(c.out) >= maxBuffered:
+		c.kickLocked()
+	default:
+		c.writeSoon = true
+		c.kickCtrl()
+	}
 }
 
 // kickCtrl has the control loop write what the read loop queued: the
@@ -354,6 +383,12 @@ func (c *Conn) ctrlLoop() {
 		case <-c.ctrlWake:
 		case <-c.readDone:
 			return
+		}
+		c.mu.Lock()
+		soon := c.writeSoon
+		c.mu.Unlock()
+		if soon {
+			runtime.Gosched()
 		}
 		c.mu.Lock()
 		c.kickLocked()

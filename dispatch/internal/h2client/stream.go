@@ -179,7 +179,7 @@ func (c *Conn) RoundTrip(ctx context.Context, req *Request) (*Response, error) {
 		c.writeHeadersLocked(s.id, true, false, "", "", "", "", trailers)
 		s.localEnded = true
 	}
-	c.kickLocked()
+	c.kickSoonLocked()
 	if s.err == nil && !s.done {
 		s.stopCtx = context.AfterFunc(ctx, func() { s.cancel(ctx.Err()) })
 	}
@@ -340,7 +340,7 @@ func (s *stream) writeData(p []byte, end bool, trailers []hpack.HeaderField) err
 			s.localEnded = true
 			s.maybeDoneLocked()
 		}
-		c.kickLocked()
+		c.kickSoonLocked()
 		return nil
 	}
 }
