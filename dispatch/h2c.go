@@ -312,8 +312,10 @@ func h2Fields(h http.Header) []h2engine.HeaderField {
 	out := make([]h2engine.HeaderField, 0, n)
 	for k, vv := range h {
 		name := h2cLowerName(k)
+		// The request id is never indexed (see responseFields).
+		sensitive := name == "x-request-id"
 		for _, v := range vv {
-			out = append(out, h2engine.HeaderField{Name: name, Value: v})
+			out = append(out, h2engine.HeaderField{Name: name, Value: v, Sensitive: sensitive})
 		}
 	}
 	return out

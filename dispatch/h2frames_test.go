@@ -79,3 +79,53 @@ func TestH2LastDataEndsStream(t *testing.T) {
 		}
 	}
 }
+
+// TestH2RequestIDNeverIndexed: the X-Request-Id of a response, unique to
+// it, is sent as a field never indexed, so that it neither enters nor
+// churns the connection's HPACK table; the other fields still are.
+func TestH2RequestIDNeverIndexed(t *testing.T) {
+	h2Verify(t)
+	e := newH2Env(t, 0, Config{})
+	tc, fr := h2RawConn(t, e, h2WebHost)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	seen := map[string]bool{}
+	for _, id := range []uint32{1, 3, 5} {
+		hb.Reset()
+		for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", h2WebHost}, {":path", "/?x"}} {
+			_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		_ = tc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var head *http2.MetaHeadersFrame
+		for head == nil {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == id {
+				head = h
+			}
+		}
+		var got *hpack.HeaderField
+		for i, f := range head.Fields {
+			if f.Name == "x-request-id" {
+				got = &head.Fields[i]
+			} else if f.Sensitive {
+				t.Errorf("stream %d: %s sent never-indexed", id, f.Name)
+			}
+		}
+		switch {
+		case got == nil:
+			t.Fatalf("stream %d: no x-request-id in %v", id, head.Fields)
+		case !got.Sensitive:
+			t.Errorf("stream %d: x-request-id %q may be indexed; want never indexed", id, got.Value)
+		case seen[got.Value]:
+			t.Errorf("stream %d: x-request-id %q repeated", id, got.Value)
+		}
+		seen[got.Value] = true
+	}
+}

@@ -567,7 +567,10 @@ func (st *h2Stream) exchangeFailed(x *exchange, err error) bool {
 func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64) []h2engine.HeaderField {
 	b := st.outB[:0]
 	hasLength := false
-	type span struct{ name, value [2]int }
+	type span struct {
+		name, value [2]int
+		sensitive   bool
+	}
 	var spans [32]span
 	sp := spans[:0]
 	for i := range resp.fields {
@@ -616,13 +619,17 @@ func (st *h2Stream) responseFields(resp *response, keepLength bool, length int64
 		s.value[0] = len(b)
 		b = append(b, id...)
 		s.value[1] = len(b)
+		// Never indexed: a value unique to each response would only
+		// churn the connection's HPACK table (an insert and an eviction
+		// per response), for both ends.
+		s.sensitive = true
 		sp = append(sp, s)
 	}
 	st.outB = b
 	all := string(b)
 	out := st.out[:0]
 	for _, s := range sp {
-		out = append(out, h2engine.HeaderField{Name: all[s.name[0]:s.name[1]], Value: all[s.value[0]:s.value[1]]})
+		out = append(out, h2engine.HeaderField{Name: all[s.name[0]:s.name[1]], Value: all[s.value[0]:s.value[1]], Sensitive: s.sensitive})
 	}
 	st.out = out
 	return out
