@@ -190,18 +190,18 @@ func (st *h2Stream) proxyH2C() bool {
 		return st.h2cFailed(err, context.Cause(ctx))
 	}
 	defer func() { _ = resp.Body.Close() }()
-	respHeader, respTrailer := h2cResponseHeader(resp.Header)
-
 	publicPort := hostPort([]byte(st.host))
-	h := make(http.Header, len(respHeader))
-	s.h2cResponseFields(h, respHeader, false, hc.sni, publicPort, bp)
-	if o := st.acc.origin; o != nil && len(h.Values("Access-Control-Allow-Origin")) == 0 {
-		h["Access-Control-Allow-Origin"] = []string{string(o)}
-		h["Access-Control-Allow-Credentials"] = []string{"true"}
+	fields := s.h2cClientFields(st.out[:0], resp.Header, false, hc.sni, publicPort, bp)
+	if o := st.acc.origin; o != nil && !hasField(fields, "access-control-allow-origin") {
+		fields = append(fields,
+			h2engine.HeaderField{Name: "access-control-allow-origin", Value: string(o)},
+			h2engine.HeaderField{Name: "access-control-allow-credentials", Value: "true"})
 	}
-	// The request's id in place of the app's (as for HTTP/1.1 apps).
-	h["X-Request-Id"] = []string{string(st.rec.id.bytes())}
-	rw := h2cResponse{st: st, status: resp.Status, fields: h2Fields(h)}
+	// The request's id in place of the app's (as for HTTP/1.1 apps),
+	// never indexed (see responseFields).
+	fields = append(fields, h2engine.HeaderField{Name: "x-request-id", Value: string(st.rec.id.bytes()), Sensitive: true})
+	st.out = fields
+	rw := h2cResponse{st: st, status: resp.Status, fields: fields}
 	st.rec.status, st.rec.outcome = resp.Status, outcomeOK
 	s.m.request(resp.Status)
 	if resp.ContentLength != 0 {
@@ -222,10 +222,6 @@ func (st *h2Stream) proxyH2C() bool {
 	}
 	n, rerr, werr := rw.copyBody(resp.Body)
 	complete.Store(rerr == nil && werr == nil)
-	for _, f := range resp.Trailer {
-		k := h2cCanonicalName(f.Name)
-		respTrailer[k] = append(respTrailer[k], f.Value)
-	}
 	st.rec.bytesOut = n
 	s.m.bytesToClient.Add(float64(n))
 	switch {
@@ -239,7 +235,7 @@ func (st *h2Stream) proxyH2C() bool {
 			return true // nobody is listening
 		}
 		s.log.Warn("app stream failed", "class_uid", 4001, "host", hc.route.Host, "port", hc.route.Port, "err", rerr)
-		if isGRPC(h) && !hasTrailer(respTrailer, "Grpc-Status") {
+		if isGRPC(resp.Header) && !h2cHasTrailer(resp, "grpc-status") {
 			// End the call as a gRPC server whose connection was lost
 			// would: UNAVAILABLE, in trailers.
 			return rw.end([]h2engine.HeaderField{
@@ -255,10 +251,11 @@ func (st *h2Stream) proxyH2C() bool {
 		return true
 	}
 	var trailers []h2engine.HeaderField
-	if len(respTrailer) > 0 {
-		th := make(http.Header, len(respTrailer))
-		s.h2cResponseFields(th, respTrailer, true, hc.sni, publicPort, bp)
-		trailers = h2Fields(th)
+	if len(resp.Trailer) > 0 {
+		// After the head's fields, in the same array: the head may
+		// not have been written yet (a response without a body).
+		all := s.h2cClientFields(fields, resp.Trailer, true, hc.sni, publicPort, bp)
+		trailers = all[len(fields):]
 	}
 	if err := rw.end(trailers); err != nil {
 		st.rec.outcome = outcomeAborted
@@ -301,24 +298,6 @@ func (w *h2cResponse) end(trailers []h2engine.HeaderField) error {
 	err := st.es.WriteTrailers(trailers)
 	st.ended = err == nil
 	return err
-}
-
-// h2Fields returns h as HTTP/2 fields (names lowercase).
-func h2Fields(h http.Header) []h2engine.HeaderField {
-	n := 0
-	for _, vv := range h {
-		n += len(vv)
-	}
-	out := make([]h2engine.HeaderField, 0, n)
-	for k, vv := range h {
-		name := h2cLowerName(k)
-		// The request id is never indexed (see responseFields).
-		sensitive := name == "x-request-id"
-		for _, v := range vv {
-			out = append(out, h2engine.HeaderField{Name: name, Value: v, Sensitive: sensitive})
-		}
-	}
-	return out
 }
 
 // h2cClientHeader returns the client's request fields as an http.Header
@@ -662,26 +641,6 @@ func h2cHeaderFields(h http.Header, contentLength int64, trailers []string) []hp
 	return out
 }
 
-// h2cResponseHeader returns an app's response fields as an http.Header
-// (canonical names), and its trailers as declared by its Trailer field
-// (names without values; the values are added when they arrive).
-func h2cResponseHeader(fields []hpack.HeaderField) (header, trailer http.Header) {
-	header, trailer = make(http.Header, len(fields)), make(http.Header)
-	for _, f := range fields {
-		k := h2cCanonicalName(f.Name)
-		if k == "Trailer" {
-			for t := range strings.SplitSeq(f.Value, ",") {
-				if t = strings.TrimSpace(t); t != "" {
-					trailer[http.CanonicalHeaderKey(t)] = nil
-				}
-			}
-			continue
-		}
-		header[k] = append(header[k], f.Value)
-	}
-	return header, trailer
-}
-
 // h2cCommonNames are the field names an h2c exchange (gRPC's above all)
 // carries on every call, canonical and lowercase: h2cLowerName and
 // h2cCanonicalName find them without allocating.
@@ -724,48 +683,83 @@ func teTrailers(vs []string) bool {
 	return len(vs) == 1 && httpgrammar.EqualFold(httpgrammar.TrimOWS(vs[0]), "trailers")
 }
 
-// h2cResponseFields copies an h2c app's response header fields (or, with
-// trailer, its trailer fields) into h by the rules of every app protocol:
-// hop-by-hop fields dropped (Content-Length stays in the head: HTTP/2
-// frames the body the same way on both sides), cookies made host-only
-// (scopeCookies) and redirects to the app's loopback origin made public
-// (rewriteRedirects), in trailers as in the head.
-func (s *Server) h2cResponseFields(h, src http.Header, trailer bool, host string, publicPort int, bp *backendPool) {
+// h2cClientFields appends to dst an h2c app's response header fields
+// (or, with trailer, its trailer fields) as the client gets them, in the
+// app's order, by the rules of every app protocol: hop-by-hop fields
+// dropped (Content-Length stays in the head: HTTP/2 frames the body the
+// same way on both sides), the head's Trailer declaration dropped, the
+// app's X-Request-Id dropped (the caller adds the request's own id to the
+// head; in trailers it would contradict it), Host dropped from trailers, cookies made host-only (scopeCookies) and redirects to the
+// app's loopback origin made public (rewriteRedirects), in trailers as in
+// the head. Names are lowercase (HTTP/2's).
+func (s *Server) h2cClientFields(dst []h2engine.HeaderField, src []hpack.HeaderField, trailer bool, host string, publicPort int, bp *backendPool) []h2engine.HeaderField {
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
-	for k, vv := range src {
-		kb := []byte(k)
-		if hopByHop(kb) && (trailer || !httpgrammar.EqualFold(kb, "content-length")) {
+	for _, f := range src {
+		name := httpgrammar.ToLower(f.Name)
+		switch name {
+		case "set-cookie", "location", "content-location", "refresh":
+			adjust.fields = append(adjust.fields, headField{name: []byte(name), value: []byte(f.Value)})
 			continue
-		}
-		if trailer && httpgrammar.EqualFold(kb, "host") {
+		case "x-request-id":
 			continue
-		}
-		switch k {
-		case "Set-Cookie", "Location", "Content-Location", "Refresh":
-			for _, v := range vv {
-				adjust.fields = append(adjust.fields, headField{name: kb, value: []byte(v)})
+		case "host":
+			if trailer {
+				continue
 			}
+		}
+		if hopByHop([]byte(name)) && (trailer || name != "content-length") {
 			continue
 		}
-		h[k] = vv
+		dst = append(dst, h2engine.HeaderField{Name: name, Value: f.Value})
 	}
 	if len(adjust.fields) > 0 {
 		s.scopeCookies(&adjust, host, bp)
 		s.rewriteRedirects(&adjust, bp, host, publicPort)
 		for _, f := range adjust.fields {
-			k := string(f.name)
-			h[k] = append(h[k], string(f.value))
+			dst = append(dst, h2engine.HeaderField{Name: string(f.name), Value: string(f.value)})
 		}
 	}
+	return dst
+}
+
+// hasField reports whether fields hold one named name (lowercase).
+func hasField(fields []h2engine.HeaderField, name string) bool {
+	for _, f := range fields {
+		if f.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // isGRPC reports whether a response head is a gRPC one.
-func isGRPC(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+func isGRPC(fields []hpack.HeaderField) bool {
+	for _, f := range fields {
+		if f.Name == "content-type" {
+			ct := f.Value
+			return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+		}
+	}
+	return false
 }
 
-func hasTrailer(t http.Header, k string) bool {
-	_, ok := t[k]
-	return ok
+// h2cHasTrailer reports whether an app's response declared (in its Trailer
+// field) or sent the trailer name (lowercase).
+func h2cHasTrailer(resp *h2client.Response, name string) bool {
+	for _, f := range resp.Trailer {
+		if httpgrammar.EqualFold([]byte(f.Name), name) {
+			return true
+		}
+	}
+	for _, f := range resp.Header {
+		if f.Name != "trailer" {
+			continue
+		}
+		for t := range strings.SplitSeq(f.Value, ",") {
+			if httpgrammar.EqualFold([]byte(strings.TrimSpace(t)), name) {
+				return true
+			}
+		}
+	}
+	return false
 }

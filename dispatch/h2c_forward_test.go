@@ -1,12 +1,17 @@
 package dispatch
 
 import (
+	"fmt"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 )
 
 // TestUnitH2CRequestHeaderMatchesHTTP1: the fields an h2c app receives are
@@ -92,5 +97,45 @@ func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnitH2CClientFields: the rules h2cClientFields applies to an h2c
+// app's response head and trailers, each by itself.
+func TestUnitH2CClientFields(t *testing.T) {
+	s := New(Config{})
+	bp := &backendPool{port: 8080, hostHeader: "127.0.0.1:8080"}
+	in := []hpack.HeaderField{
+		{Name: "content-type", Value: "application/grpc"},
+		{Name: "content-length", Value: "5"},
+		{Name: "trailer", Value: "grpc-status"},
+		{Name: "connection", Value: "close"},
+		{Name: "keep-alive", Value: "timeout=5"},
+		{Name: "te", Value: "trailers"},
+		{Name: "proxy", Value: "http://evil.example"},
+		{Name: "proxy-authenticate", Value: "Basic"},
+		{Name: "transfer-encoding", Value: "chunked"},
+		{Name: "upgrade", Value: "h2c"},
+		{Name: "X-Request-Id", Value: "app-chosen"},
+		{Name: "host", Value: "evil.example"},
+		{Name: "Set-Cookie", Value: "a=1; Domain=apps.test"},
+		{Name: "location", Value: "http://127.0.0.1:8080/next"},
+		{Name: "x-app", Value: "kept"},
+	}
+	str := func(fs []h2engine.HeaderField) string {
+		var b strings.Builder
+		for _, f := range fs {
+			fmt.Fprintf(&b, "%s=%s|", f.Name, f.Value)
+		}
+		return b.String()
+	}
+	prefix := []h2engine.HeaderField{{Name: "before", Value: "1"}}
+	head := s.h2cClientFields(prefix, in, false, "team--demo--plain.apps.test", 0, bp)
+	if got, want := str(head), "before=1|content-type=application/grpc|content-length=5|host=evil.example|x-app=kept|set-cookie=a=1|location=https://team--demo--plain.apps.test/next|"; got != want {
+		t.Errorf("head:\n got %s\nwant %s", got, want)
+	}
+	trailers := s.h2cClientFields(nil, in, true, "team--demo--plain.apps.test", 0, bp)
+	if got, want := str(trailers), "content-type=application/grpc|x-app=kept|set-cookie=a=1|location=https://team--demo--plain.apps.test/next|"; got != want {
+		t.Errorf("trailers:\n got %s\nwant %s", got, want)
 	}
 }

@@ -215,6 +215,31 @@ func protoApp(w http.ResponseWriter, r *http.Request) {
 	case "/hang":
 		<-r.Context().Done()
 		return
+	case "/fields":
+		// Fields no client may get (hop-by-hop, or the app's own request
+		// id), in the head and in the trailers, beside fields it must.
+		h := w.Header()
+		h.Set("Trailer", "X-Done, Set-Cookie, Proxy, Location")
+		h.Set("Proxy", "http://evil.example")
+		h.Set("Proxy-Authenticate", "Basic")
+		h.Set("X-Request-Id", "app-chosen")
+		h.Set("X-App", "kept")
+		_, _ = io.WriteString(w, "body")
+		h.Set("X-Done", "yes")
+		h.Set("Set-Cookie", "t=1; Domain=apps.test; Path=/")
+		h.Set("Proxy", "http://evil.example")
+		h.Set("Location", "http://"+r.Host+"/after")
+		return
+	case "/grpc-broken", "/grpc-broken-declared":
+		// A gRPC answer whose stream fails after a first message: the
+		// server resets it.
+		w.Header().Set("Content-Type", "application/grpc")
+		if r.URL.Path == "/grpc-broken-declared" {
+			w.Header().Set("Trailer", "Grpc-Status")
+		}
+		_, _ = w.Write([]byte{0, 0, 0, 0, 0})
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
 	case "/login":
 		w.Header().Set("Set-Cookie", "sid=1; Domain=apps.test; Path=/")
 		w.Header().Add("Set-Cookie", "own=2; Path=/")
@@ -760,6 +785,77 @@ func TestH2CResponseFields(t *testing.T) {
 	cookies := res.header.Values("Set-Cookie")
 	if len(cookies) != 2 || strings.Contains(strings.ToLower(strings.Join(cookies, "|")), "domain") {
 		t.Errorf("Set-Cookie %q, want both without Domain", cookies)
+	}
+}
+
+// TestH2CResponseRules: what an h2c app's response may not pass on does
+// not reach the client, in the head or in the trailers: hop-by-hop fields,
+// the app's own X-Request-Id (the request's id replaces it) (Host and
+// Content-Length in trailers, which net/http's server does not send: see
+// TestUnitH2CClientFields); cookies in trailers are made host-only and
+// redirects in them public, as in the head. A gRPC answer whose app stream
+// fails ends as UNAVAILABLE in trailers, unless the app declared its own
+// grpc-status (the stream is reset then, as the app's was).
+func TestH2CResponseRules(t *testing.T) {
+	e := newH2CEnv(t, 0, Config{})
+	cc := e.dial(h2cPlainHost)
+	do := func(path string) (*http.Response, string, error) {
+		t.Helper()
+		resp, err := cc.RoundTrip(h2Req(t, "GET", h2cPlainHost, path, nil))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, err := io.ReadAll(resp.Body)
+		return resp, string(b), err
+	}
+
+	resp, body, err := do("/fields")
+	if err != nil || resp.StatusCode != 200 || body != "body" {
+		t.Fatalf("/fields: %d %q %v", resp.StatusCode, body, err)
+	}
+	for _, k := range []string{"Proxy", "Proxy-Authenticate", "Trailer"} {
+		if v, ok := resp.Header[k]; ok {
+			t.Errorf("head: %s %q reached the client", k, v)
+		}
+	}
+	if ids := resp.Header.Values("X-Request-Id"); len(ids) != 1 || ids[0] == "app-chosen" {
+		t.Errorf("head: X-Request-Id %q; want the request's own id only", ids)
+	}
+	if got := resp.Header.Get("X-App"); got != "kept" {
+		t.Errorf("head: X-App %q, want kept", got)
+	}
+	if got := resp.Trailer.Get("X-Done"); got != "yes" {
+		t.Errorf("trailer X-Done %q, want yes (trailers %v)", got, resp.Trailer)
+	}
+	for _, k := range []string{"Proxy"} {
+		if v := resp.Trailer.Values(k); len(v) > 0 {
+			t.Errorf("trailer %s %q reached the client", k, v)
+		}
+	}
+	if got := resp.Trailer.Get("Set-Cookie"); got == "" || strings.Contains(strings.ToLower(got), "domain") {
+		t.Errorf("trailer Set-Cookie %q, want it without Domain", got)
+	}
+	if got, want := resp.Trailer.Get("Location"), "https://"+h2cPlainHost+"/after"; got != want {
+		t.Errorf("trailer Location %q, want %q", got, want)
+	}
+
+	resp, body, err = do("/grpc-broken")
+	// (The message may be lost with the app's stream: a reset discards
+	// what was not yet relayed.)
+	if err != nil || resp.StatusCode != 200 || (body != "" && body != "\x00\x00\x00\x00\x00") {
+		t.Fatalf("/grpc-broken: %d %q %v", resp.StatusCode, body, err)
+	}
+	if got := resp.Trailer.Get("Grpc-Status"); got != "14" {
+		t.Errorf("/grpc-broken: grpc-status %q, want 14 (UNAVAILABLE); trailers %v", got, resp.Trailer)
+	}
+
+	resp, _, err = do("/grpc-broken-declared")
+	if err == nil {
+		t.Errorf("/grpc-broken-declared: the body ended cleanly (trailers %v); want the stream reset", resp.Trailer)
+	}
+	if got := resp.Trailer.Get("Grpc-Status"); got != "" {
+		t.Errorf("/grpc-broken-declared: grpc-status %q made up; want the app's or none", got)
 	}
 }
 
