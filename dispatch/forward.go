@@ -29,7 +29,8 @@ import (
 //	request trailers: the same, and never a claim         forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none)
 //	response status 100–599, else 502 (logged as an       validStatus
 //	  invalid response from the app, with the status)
-//	hop-by-hop response fields dropped                    appendResponseHead, h2Stream.responseFields, h2cResponseFields
+//	hop-by-hop response fields dropped                    appendResponseHead, h2Stream.responseFields, h2cClientFields
+//	the app's X-Request-Id replaced by the request's      (the same; h2c: in trailers too)
 //	cookie Domain wider than the host removed, in         scopeCookies
 //	  response heads and trailers
 //	redirects to the app's loopback origin made public    rewriteRedirects
