@@ -34,11 +34,7 @@ import (
 //
 //	go test -run XXX -bench H2CUnary -count 3 ./dispatch/
 func BenchmarkH2CUnary(b *testing.B) {
-	appPort := startGRPCApp(b)
-	host := "team--s0--rpc." + sharedBenchDomain
-
-	l := startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
-		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appPort)})
+	l, host, appPort := startH2CBench(b)
 	defer l.stop(b)
 	srv := l.srv
 
@@ -104,6 +100,16 @@ func BenchmarkH2CUnary(b *testing.B) {
 	b.ReportMetric(float64(pool.writes.Load()-writes0)/float64(b.N), "app-writes/call")
 }
 
+// startH2CBench starts a gRPC app and a listener with one route to it,
+// an h2c service; the caller stops the listener.
+func startH2CBench(b *testing.B) (l *benchListener, host string, appPort int) {
+	appPort = startGRPCApp(b)
+	host = "team--s0--rpc." + sharedBenchDomain
+	l = startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
+		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appPort)})
+	return l, host, appPort
+}
+
 // counterValue reads a counter.
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
@@ -137,10 +143,7 @@ func gaugeValue(g prometheus.Gauge) float64 {
 //	go test -run XXX -bench H2CStream -count 3 ./dispatch/
 func BenchmarkH2CStream(b *testing.B) {
 	const streams = 16
-	appPort := startGRPCApp(b)
-	host := "team--s0--rpc." + sharedBenchDomain
-	l := startBenchListener(b, benchListenerOptions{doc: fmt.Appendf(nil, `{"revision":"bench","instances":[{"workspace":"team","sandbox":"s0",
-		"services":[{"name":"rpc","port":%d,"protocol":"h2c"}]}]}`, appPort)})
+	l, host, _ := startH2CBench(b)
 	defer l.stop(b)
 	srv := l.srv
 
