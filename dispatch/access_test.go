@@ -38,7 +38,8 @@ import (
 
 // The routes of the access tests: team/demo's web (token, a login_url,
 // one allowed origin), api (token, bearer, no login_url), rpc (token,
-// h2c) and pub (public); team/other's web (token).
+// h2c), grpc (token, h2c, a gRPC server), rpcb (token, bearer, h2c) and
+// pub (public); team/other's web (token).
 const (
 	accWeb    = "team--demo--web." + h2Domain
 	accAPI    = "team--demo--api." + h2Domain
@@ -46,6 +47,7 @@ const (
 	accPub    = "team--demo--pub." + h2Domain
 	accOther  = "team--other--web." + h2Domain
 	accGRPC   = "team--demo--grpc." + h2Domain
+	accRPCB   = "team--demo--rpcb." + h2Domain // h2c, token, bearer
 	accOrigin = "https://app.example.com"
 	accLogin  = "https://login.example.com/sso?app=1"
 )
@@ -237,10 +239,11 @@ func (e *accessEnv) apply() {
 	    {"name":"api","port":%d,"access":{"mode":"token","bearer":true,"cors_origins":[%q]}},
 	    {"name":"rpc","port":%d,"protocol":"h2c","access":{"mode":"token"}},
 	    {"name":"grpc","port":%d,"protocol":"h2c","access":{"mode":"token"}},
+	    {"name":"rpcb","port":%d,"protocol":"h2c","access":{"mode":"token","bearer":true}},
 	    {"name":"pub","port":%d}]},
 	  {"workspace":"team","sandbox":"other","generation":"1","connector":{"type":"tcp","host":"127.0.0.1"},"services":[
 	    {"name":"web","port":%d,"access":{"mode":"token"}}]}%s]}`,
-		p, e.webGen, accLogin, accOrigin, e.webOpts, p, accOrigin, e.rpc.port(), e.grpcPort, p, p, e.thirdEntry())
+		p, e.webGen, accLogin, accOrigin, e.webOpts, p, accOrigin, e.rpc.port(), e.grpcPort, e.rpc.port(), p, p, e.thirdEntry())
 	d, err := routes.ParseDocument([]byte(doc))
 	if err != nil || len(d.Rejected) > 0 {
 		e.t.Fatalf("document: %v %+v", err, d)
@@ -1125,4 +1128,42 @@ func TestAccessHelpers(t *testing.T) {
 func promtestCounter(t *testing.T, c prometheus.Collector) float64 {
 	t.Helper()
 	return promtest.ToFloat64(c)
+}
+
+// TestAccessBearerBesideAnotherAuthorization: a request that carries the
+// listener's Bearer token and the app's own credential in two
+// Authorization fields reaches the app with the app's only, on every app
+// protocol; the listener's token is never forwarded, whatever the fields'
+// order.
+func TestAccessBearerBesideAnotherAuthorization(t *testing.T) {
+	e := newAccessEnv(t)
+	tok := e.token("k1", "demo", "*", "carol", 0, time.Hour)
+	for _, h2 := range []bool{false, true} {
+		c := e.client(h2)
+		for _, host := range []string{accAPI, accRPCB} {
+			if host == accRPCB && !h2 {
+				continue // h2c services speak HTTP/2 only
+			}
+			for _, order := range [][]string{{"Bearer " + tok, "Basic YXBwOnB3"}, {"Basic YXBwOnB3", "Bearer " + tok}} {
+				req, err := http.NewRequest("GET", "https://"+host+"/", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, v := range order {
+					req.Header.Add("Authorization", v)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				s := seen(t, accessResp{status: resp.StatusCode, body: string(b)})
+				got := s.Header.Values("Authorization")
+				if len(got) != 1 || got[0] != "Basic YXBwOnB3" {
+					t.Errorf("h2=%v %s, Authorization %q first: the app saw Authorization %q; want only the app's own", h2, host, order[0][:6], got)
+				}
+			}
+		}
+	}
 }

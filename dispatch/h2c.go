@@ -561,13 +561,22 @@ func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
 			}
 			continue
 		}
-		// The verdict is the name's; each value is counted or collected.
-		pass := false
-		for _, v := range vs {
-			pass = claims.keep(fi, nb, []byte(v))
+		// Each value has its own verdict (a consumed credential is one
+		// Authorization value among others) and is counted or collected.
+		kept := vs
+		for i, v := range vs {
+			if claims.keep(fi, nb, []byte(v)) {
+				if len(kept) < len(vs) {
+					kept = append(kept, v)
+				}
+				continue
+			}
+			if len(kept) == len(vs) {
+				kept = append(make([]string, 0, len(vs)), vs[:i]...)
+			}
 		}
-		if pass {
-			dst[name] = vs
+		if len(kept) > 0 {
+			dst[name] = kept
 		}
 	}
 	if _, ok := dst["User-Agent"]; !ok {
