@@ -578,6 +578,25 @@ func (af *accessForward) rewriteField(name, value []byte) (out []byte, drop bool
 	return value, false
 }
 
+// trailerValue returns the value a request trailer is forwarded with
+// (h2c apps get request trailers): the listener's credentials are taken
+// out as from the head (consumedField, rewriteField); keep false: not
+// forwarded. af is nil on a route without an access policy.
+func (af *accessForward) trailerValue(name, value string) (out string, keep bool) {
+	if af == nil {
+		return value, true
+	}
+	n, v := []byte(name), []byte(value)
+	if af.consumedField(n, v) {
+		return "", false
+	}
+	rv, drop := af.rewriteField(n, v)
+	if drop {
+		return "", false
+	}
+	return string(rv), true
+}
+
 // isForwardedUser reports whether name is X-Forwarded-User (the listener's
 // to set; a client's is always dropped).
 func isForwardedUser(name []byte) bool {

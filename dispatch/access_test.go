@@ -63,9 +63,10 @@ type accessApp struct {
 }
 
 type seenRequest struct {
-	Method string
-	URI    string
-	Header http.Header
+	Method  string
+	URI     string
+	Header  http.Header
+	Trailer http.Header
 }
 
 func newAccessApp(t *testing.T, h2cApp bool) *accessApp {
@@ -106,8 +107,9 @@ func newAccessApp(t *testing.T, h2cApp bool) *accessApp {
 			<-r.Context().Done()
 			return
 		}
+		_, _ = io.Copy(io.Discard, r.Body) // for its trailers
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(seenRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header})
+		_ = json.NewEncoder(w).Encode(seenRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header, Trailer: r.Trailer})
 	})
 	a.ts = httptest.NewUnstartedServer(h)
 	if h2cApp {
@@ -1164,6 +1166,69 @@ func TestAccessBearerBesideAnotherAuthorization(t *testing.T) {
 					t.Errorf("h2=%v %s, Authorization %q first: the app saw Authorization %q; want only the app's own", h2, host, order[0][:6], got)
 				}
 			}
+		}
+	}
+}
+
+// TestAccessCredentialsNotForwardedInTrailers: request trailers to an h2c
+// app follow the same rules as the head: the listener's cookie and a
+// client's X-Request-Id never reach the app in them either; other
+// trailers do. (net/http's server refuses Authorization as a trailer, so
+// the Bearer token's case is TestUnitAccessTrailerValue's.)
+func TestAccessCredentialsNotForwardedInTrailers(t *testing.T) {
+	e := newAccessEnv(t)
+	tok := e.token("k1", "demo", "*", "carol", 0, time.Hour)
+	c := e.client(true)
+	req, err := http.NewRequest("POST", "https://"+accRPCB+"/", strings.NewReader("body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Trailer = http.Header{
+		"Cookie":       {accessCookie + "=" + tok + "; app=1"},
+		"X-Request-Id": {"client-chosen"},
+		"X-Keep":       {"yes"},
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	s := seen(t, accessResp{status: resp.StatusCode, body: string(b)})
+	if got := s.Trailer.Get("X-Keep"); got != "yes" {
+		t.Fatalf("trailer X-Keep %q, want yes (trailers %v)", got, s.Trailer)
+	}
+	if got := s.Trailer.Get("Cookie"); got != "app=1" {
+		t.Errorf("trailer Cookie %q, want app=1 (the listener's cookie removed)", got)
+	}
+	if got := s.Trailer.Values("X-Request-Id"); len(got) != 0 {
+		t.Errorf("the client's X-Request-Id reached the app in a trailer: %q", got)
+	}
+}
+
+// TestUnitAccessTrailerValue: the listener's credentials are taken out of
+// request trailers as out of the head.
+func TestUnitAccessTrailerValue(t *testing.T) {
+	bearer := &accessForward{bearer: true}
+	for _, tc := range []struct {
+		af          *accessForward
+		name, value string
+		want        string
+		keep        bool
+	}{
+		{bearer, "authorization", "Bearer v1.k1.abc.def", "", false},
+		{bearer, "authorization", "Basic YXBwOnB3", "Basic YXBwOnB3", true},
+		{&accessForward{}, "authorization", "Bearer app-own", "Bearer app-own", true},
+		{bearer, "cookie", accessCookie + "=v1.k1.abc.def; app=1", "app=1", true},
+		{bearer, "cookie", accessCookie + "=v1.k1.abc.def", "", false},
+		{bearer, "x-applistener-token", "v1.k1.abc.def", "", false},
+		{bearer, "x-other", "v", "v", true},
+		{nil, "authorization", "Bearer v1.k1.abc.def", "Bearer v1.k1.abc.def", true},
+	} {
+		got, keep := tc.af.trailerValue(tc.name, tc.value)
+		if got != tc.want || keep != tc.keep {
+			t.Errorf("%s: %q → %q, %v; want %q, %v", tc.name, tc.value, got, keep, tc.want, tc.keep)
 		}
 	}
 }

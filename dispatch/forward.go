@@ -26,7 +26,8 @@ import (
 //	X-Forwarded-For/-Proto/-Host/-Port and Forwarded set  forwardClaims.appendForwardedFor, appendPublicHost,
 //	  (the public port: publicPortOf)                       forwardedPort, appendForwarded
 //	X-Request-Id: the request's id, the client's dropped  forwardClaims.keep, forwardInfo.requestID (requestid.go)
-//	request trailers: the same, and never a claim         forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none)
+//	request trailers: the same, and never a claim,        forwardInfo.trailerForwarded (h2c; HTTP/1.1 apps get none),
+//	  a request id or the listener's credentials          accessForward.trailerValue
 //	response status 100–599, else 502 (logged as an       validStatus
 //	  invalid response from the app, with the status)
 //	hop-by-hop response fields dropped                    appendResponseHead, h2Stream.responseFields, h2cClientFields
@@ -457,11 +458,12 @@ func (c *forwardClaims) appendForwarded(dst []byte, fi *forwardInfo) []byte {
 // trailerForwarded reports whether a client's request trailer field goes
 // to the app (h2c apps: HTTP/1.1 apps get no request trailers). The rules
 // are the header fields' (keep), except that forwarding and identity
-// claims never pass, even from a trusted peer: the listener's own are in
-// the head, and a trailer must not contradict them.
+// claims and the request id never pass, even from a trusted peer: the
+// listener's own are in the head, and a trailer must not contradict them.
 func (fi *forwardInfo) trailerForwarded(name []byte) bool {
 	return !httpgrammar.EqualFold(name, "host") && !hopByHop(name) &&
-		!underscoreDropped(name, fi.allowUnderscore) && !forwardingHeader(name)
+		!underscoreDropped(name, fi.allowUnderscore) && !forwardingHeader(name) &&
+		!isRequestIDField(name)
 }
 
 // appendAppHost appends the Host the app receives: the route's backend

@@ -151,7 +151,7 @@ func (st *h2Stream) proxyH2C() bool {
 	if es.ContentLength == 0 {
 		startClock()
 	} else {
-		body := &h2cBody{st: st, onEnd: startClock}
+		body := &h2cBody{st: st, onEnd: startClock, access: fi.access}
 		out.Body = body
 		if list := clientHeader.Values("Trailer"); len(list) > 0 {
 			// Declared request trailers: the values are copied when the
@@ -452,8 +452,9 @@ func (st *h2Stream) h2cFailed(err, cause error) bool {
 // body, counted, with its declared trailers copied when it ends.
 type h2cBody struct {
 	st      *h2Stream
-	trailer http.Header // the declared trailers (values once the body ended), or nil
-	onEnd   func()      // the body has been read whole
+	trailer http.Header    // the declared trailers (values once the body ended), or nil
+	access  *accessForward // the route's credential rules (nil: none)
+	onEnd   func()         // the body has been read whole
 	n       int64
 	ended   bool
 }
@@ -484,8 +485,11 @@ func (b *h2cBody) Read(p []byte) (n int, err error) {
 		}
 		for _, f := range b.st.es.Trailer {
 			k := http.CanonicalHeaderKey(f.Name)
-			if _, ok := b.trailer[k]; ok && httpgrammar.ValidFieldValue(f.Value) {
-				b.trailer[k] = append(b.trailer[k], f.Value)
+			if _, ok := b.trailer[k]; !ok || !httpgrammar.ValidFieldValue(f.Value) {
+				continue
+			}
+			if v, keep := b.access.trailerValue(f.Name, f.Value); keep {
+				b.trailer[k] = append(b.trailer[k], v)
 			}
 		}
 		b.onEnd()
