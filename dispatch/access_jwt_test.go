@@ -381,3 +381,27 @@ func BenchmarkAccessJWT(b *testing.B) {
 		}
 	})
 }
+
+// TestAccessJWTHeaderSwapH2C: a JWT carried in a header is answered with
+// the listener's own token in a cookie on every app protocol, h2c
+// services included (it was missing there: every call verified the JWT
+// again).
+func TestAccessJWTHeaderSwapH2C(t *testing.T) {
+	j := newJWTEnv(t, nil)
+	c := j.client(true)
+	for _, tc := range []struct{ name, host, svc, field, prefix string }{
+		{"web (HTTP/1.1 app)", accWeb, "web", "X-Applistener-Token", ""},
+		{"rpc (h2c app)", accRPC, "rpc", "X-Applistener-Token", ""},
+		{"rpcb (h2c app, bearer)", accRPCB, "rpcb", "Authorization", "Bearer "},
+	} {
+		jwtTok := j.rsa.Sign(t, j.claims("demo", tc.svc, time.Hour))
+		r := j.do(c, "GET", tc.host, "/data", with(fetchFrom(accOrigin), tc.field, tc.prefix+jwtTok))
+		s := seen(t, r)
+		if s.Header.Get("X-Forwarded-User") != "alice" || s.Header.Get(tc.field) != "" {
+			t.Fatalf("%s: app saw %v", tc.name, s.Header)
+		}
+		if sc := r.header.Get("Set-Cookie"); !strings.HasPrefix(sc, accessCookie+"=") {
+			t.Errorf("%s: Set-Cookie %q, want the swapped token (response %v)", tc.name, sc, r.header)
+		}
+	}
+}

@@ -197,6 +197,11 @@ func (st *h2Stream) proxyH2C() bool {
 			h2engine.HeaderField{Name: "access-control-allow-origin", Value: string(o)},
 			h2engine.HeaderField{Name: "access-control-allow-credentials", Value: "true"})
 	}
+	if sc := st.acc.swapCookie; sc != "" {
+		// The listener's own token for a header-carried JWT, as on the
+		// other paths (accessDecision.addResponseFields).
+		fields = append(fields, h2engine.HeaderField{Name: "set-cookie", Value: sc})
+	}
 	// The request's id in place of the app's (as for HTTP/1.1 apps),
 	// never indexed (see responseFields).
 	fields = append(fields, h2engine.HeaderField{Name: "x-request-id", Value: string(st.rec.id.bytes()), Sensitive: true})
@@ -698,8 +703,8 @@ func teTrailers(vs []string) bool {
 
 // h2cClientFields appends to dst an h2c app's response header fields
 // (or, with trailer, its trailer fields) as the client gets them, in the
-// app's order, by the rules of every app protocol: hop-by-hop fields
-// dropped (Content-Length stays in the head: HTTP/2 frames the body the
+// app's order, by the rules of every app protocol: hop-by-hop fields (and
+// those the app's Connection names) dropped (Content-Length stays in the head: HTTP/2 frames the body the
 // same way on both sides), the head's Trailer declaration dropped, the
 // app's X-Request-Id dropped (the caller adds the request's own id to the
 // head; in trailers it would contradict it), Host dropped from trailers, cookies made host-only (scopeCookies) and redirects to the
@@ -707,8 +712,19 @@ func teTrailers(vs []string) bool {
 // the head. Names are lowercase (HTTP/2's).
 func (s *Server) h2cClientFields(dst []h2engine.HeaderField, src []hpack.HeaderField, trailer bool, host string, publicPort int, bp *backendPool) []h2engine.HeaderField {
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
+	// The fields the app's Connection names are its hop-by-hop fields
+	// too (RFC 9110 7.6.1), as for HTTP/1.1 apps.
+	var named [][]byte
+	for _, f := range src {
+		if httpgrammar.EqualFold([]byte(f.Name), "connection") {
+			_, named, _ = parseConnection([]byte(f.Value), named)
+		}
+	}
 	for _, f := range src {
 		name := httpgrammar.ToLower(f.Name)
+		if len(named) > 0 && connectionNamed([]byte(name), named) {
+			continue
+		}
 		switch name {
 		case "set-cookie", "location", "content-location", "refresh":
 			adjust.fields = append(adjust.fields, headField{name: []byte(name), value: []byte(f.Value)})

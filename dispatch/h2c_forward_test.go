@@ -139,3 +139,16 @@ func TestUnitH2CClientFields(t *testing.T) {
 		t.Errorf("trailers:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestUnitH2CConnectionNamedResponseField: a field that an h2c app's
+// Connection names is hop-by-hop and does not reach the client, as for
+// HTTP/1.1 apps.
+func TestUnitH2CConnectionNamedResponseField(t *testing.T) {
+	s := New(Config{})
+	bp := &backendPool{port: 8080, hostHeader: "127.0.0.1:8080"}
+	in := []hpack.HeaderField{{Name: "connection", Value: "x-hop, X-Other"}, {Name: "x-hop", Value: "secret"}, {Name: "x-other", Value: "o"}, {Name: "x-app", Value: "kept"}}
+	out := s.h2cClientFields(nil, in, false, "team--demo--plain.apps.test", 0, bp)
+	if len(out) != 1 || out[0].Name != "x-app" {
+		t.Errorf("fields %v reached the client; want x-app only", out)
+	}
+}
