@@ -325,6 +325,21 @@ func seen(t *testing.T, r accessResp) seenRequest {
 	return s
 }
 
+// seenRequestOf sends req with c and decodes the app's echo of it.
+func seenRequestOf(t *testing.T, c *http.Client, req *http.Request) seenRequest {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seen(t, accessResp{status: resp.StatusCode, body: string(b)})
+}
+
 var navigate = map[string]string{"Sec-Fetch-Mode": "navigate", "Accept": "text/html,application/xhtml+xml"}
 
 func fetchFrom(origin string) map[string]string {
@@ -1154,13 +1169,7 @@ func TestAccessBearerBesideAnotherAuthorization(t *testing.T) {
 				for _, v := range order {
 					req.Header.Add("Authorization", v)
 				}
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, _ := io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				s := seen(t, accessResp{status: resp.StatusCode, body: string(b)})
+				s := seenRequestOf(t, c, req)
 				got := s.Header.Values("Authorization")
 				if len(got) != 1 || got[0] != "Basic YXBwOnB3" {
 					t.Errorf("h2=%v %s, Authorization %q first: the app saw Authorization %q; want only the app's own", h2, host, order[0][:6], got)
@@ -1189,13 +1198,7 @@ func TestAccessCredentialsNotForwardedInTrailers(t *testing.T) {
 		"X-Request-Id": {"client-chosen"},
 		"X-Keep":       {"yes"},
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	s := seen(t, accessResp{status: resp.StatusCode, body: string(b)})
+	s := seenRequestOf(t, c, req)
 	if got := s.Trailer.Get("X-Keep"); got != "yes" {
 		t.Fatalf("trailer X-Keep %q, want yes (trailers %v)", got, s.Trailer)
 	}
