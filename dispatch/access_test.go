@@ -92,6 +92,9 @@ func newAccessApp(t *testing.T, h2cApp bool) *accessApp {
 					return
 				}
 			}
+		case "/ws-refused": // an app that refuses the WebSocket
+			http.Error(w, "no WebSocket here", http.StatusForbidden)
+			return
 		case "/upload": // the sleep tests' held bodies
 			n, err := io.Copy(io.Discard, r.Body)
 			if err != nil {
@@ -1233,5 +1236,27 @@ func TestUnitAccessTrailerValue(t *testing.T) {
 		if got != tc.want || keep != tc.keep {
 			t.Errorf("%s: %q → %q, %v; want %q, %v", tc.name, tc.value, got, keep, tc.want, tc.keep)
 		}
+	}
+}
+
+// TestAccessWebSocketRefusalFields: an app's refusal of a WebSocket
+// upgrade reaches the client with the CORS fields of an allowed origin on
+// both protocols, as every other answer of the app does.
+func TestAccessWebSocketRefusalFields(t *testing.T) {
+	e := newAccessEnv(t)
+	tok := e.token("k1", "demo", "web", "", 0, time.Hour)
+	hdr := map[string]string{"Origin": accOrigin, "X-Applistener-Token": tok, "Connection": "Upgrade", "Upgrade": "websocket",
+		"Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+	r := e.do(e.client(false), "GET", accWeb, "/ws-refused", hdr)
+	if r.status != 403 || r.header.Get("Access-Control-Allow-Origin") != accOrigin {
+		t.Errorf("HTTP/1.1: %d, Access-Control-Allow-Origin %q; want 403, %q", r.status, r.header.Get("Access-Control-Allow-Origin"), accOrigin)
+	}
+	ws, err := openAccessWS(t, e.dialH2Access(accWeb), accWeb, "/ws-refused",
+		http.Header{"Origin": {accOrigin}, "X-Applistener-Token": {tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws.resp.StatusCode != 403 || ws.resp.Header.Get("Access-Control-Allow-Origin") != accOrigin {
+		t.Errorf("HTTP/2: %d, Access-Control-Allow-Origin %q; want 403, %q", ws.resp.StatusCode, ws.resp.Header.Get("Access-Control-Allow-Origin"), accOrigin)
 	}
 }

@@ -185,6 +185,9 @@ func headerValue(resp *response, name string) string {
 // reports whether the stream must be reset.
 func (st *h2Stream) relayRefusal(x *exchange) bool {
 	resp := &x.resp
+	// As every other answer of the app (and a refusal on HTTP/1.1): the
+	// CORS fields of an allowed origin, a swapped JWT's cookie.
+	st.acc.addResponseFields(resp)
 	length := int64(-1)
 	if resp.body == bodyLength {
 		length = resp.length
