@@ -94,9 +94,22 @@ var spareWorkers = make(chan spareJob)
 // spares counts the goroutines waiting in waitSpare.
 var spares atomic.Int32
 
+// defaultSpareIdle is how long a spare goroutine waits for a stream
+// before it ends (spareIdle).
+const defaultSpareIdle = 20 * time.Millisecond
+
+// spareIdleOverride, when positive, replaces defaultSpareIdle: tests that
+// must find a spare still waiting on a loaded machine lengthen it.
+var spareIdleOverride atomic.Int64
+
 // spareIdle is how long a spare goroutine waits for a stream before it
 // ends.
-const spareIdle = 20 * time.Millisecond
+func spareIdle() time.Duration {
+	if d := spareIdleOverride.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return defaultSpareIdle
+}
 
 // maxSpares bounds the spare goroutines waiting at once (at a handler's
 // stack of 16 to 32 KiB, a few MiB, for spareIdle after the load stops):
@@ -133,9 +146,9 @@ func waitSpare(idle **time.Timer) (spareJob, bool) {
 	}
 	defer spares.Add(-1)
 	if *idle == nil {
-		*idle = time.NewTimer(spareIdle)
+		*idle = time.NewTimer(spareIdle())
 	} else {
-		(*idle).Reset(spareIdle)
+		(*idle).Reset(spareIdle())
 	}
 	select {
 	case job := <-spareWorkers:

@@ -122,6 +122,11 @@ func TestStreamGoroutineSpare(t *testing.T) {
 	h := &gidRecorder{gids: map[string]string{}}
 	// Spares of earlier tests could take this test's streams.
 	testutil.Eventually(t, 10*time.Second, "earlier spares to end", func() bool { return len(spareGoroutines()) == 0 })
+	// A spare waits 3 s here instead of 20 ms: on a loaded machine the
+	// next request could come after a 20 ms spare had ended, and a new
+	// goroutine rightly served it.
+	spareIdleOverride.Store(int64(3 * time.Second))
+	defer spareIdleOverride.Store(0)
 	s := newTestServer(t, false, Config{}, h)
 	c := dialRaw(t, s)
 	c.request(1, "/a", true)
@@ -142,5 +147,6 @@ func TestStreamGoroutineSpare(t *testing.T) {
 		}
 		id += 2
 	}
+	// The spare now waiting ends at its 3 s timer.
 	testutil.Eventually(t, 10*time.Second, "the spares to end once no stream comes", func() bool { return len(spareGoroutines()) == 0 })
 }
