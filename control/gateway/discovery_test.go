@@ -108,6 +108,7 @@ type routesFixtureOptions struct {
 	noRun        bool
 	quietLogs    bool
 	http2        bool
+	warmup       time.Duration // Config.DiscoveryWarmup
 }
 
 type routesFixture struct {
@@ -155,6 +156,7 @@ func newDiscFixture(t *testing.T, o routesFixtureOptions) *routesFixture {
 		DiscoverySendTimeout:         o.sendTimeout,
 		DiscoveryMaxWatchLifetime:    o.maxLifetime,
 		DiscoveryReauthPeriod:        o.reauthPeriod,
+		DiscoveryWarmup:              o.warmup,
 		Logger:                       slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: level})),
 		Registerer:                   f.reg,
 	})
@@ -986,6 +988,19 @@ func TestDiscoveryFailClosedWithoutLoop(t *testing.T) {
 	f2.g.discovery.beat.Store(time.Now().Add(-discoveryStaleAfter - time.Second).UnixNano())
 	if resp, _ := f2.do(http.MethodGet, "/v1/workspaces/team/service-routes?watch=1", routesTokTeam, nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("watch with a stalled loop: %d", resp.StatusCode)
+	}
+}
+
+// TestDiscoveryWarmupArmedAtNew: a memory-store gateway with a warmup
+// answers discovery 503 from the moment it can serve, not only once Run
+// has started: a request in between would take the empty set for the
+// whole truth (seen in CI: one 200 without the supervisor's still-valid
+// route, 2 ms after a restart).
+func TestDiscoveryWarmupArmedAtNew(t *testing.T) {
+	f := newDiscFixture(t, routesFixtureOptions{noRun: true, warmup: time.Minute})
+	resp, body := f.do(http.MethodGet, "/v1/workspaces/team/service-routes", routesTokTeam, nil)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("GET right after New, before Run, in the warmup: %d %q; want 503", resp.StatusCode, body)
 	}
 }
 

@@ -302,6 +302,12 @@ func New(cfg Config) (*Gateway, error) {
 		ms := newMemoryStore()
 		g.store, g.storeKind = ms, "memory"
 		ms.attach(g)
+		if g.discoveryWarmup > 0 {
+			// Armed before anything can serve discovery: a request that
+			// came between the listener opening and Run starting would
+			// otherwise get the empty set as the whole truth.
+			g.discovery.warmUntil.Store(time.Now().Add(g.discoveryWarmup).UnixNano())
+		}
 		g.reloadMu.Lock()
 		err := g.importConfigLocked(context.Background())
 		g.reloadMu.Unlock()
@@ -323,8 +329,8 @@ func New(cfg Config) (*Gateway, error) {
 // discovery loop (expiry of advertised routes); discovery answers 503 when
 // Run is not running. When Run returns, the store is closed.
 func (g *Gateway) Run(ctx context.Context) {
-	if g.storeKind == "memory" && g.discoveryWarmup > 0 {
-		g.discovery.warmUntil.Store(time.Now().Add(g.discoveryWarmup).UnixNano())
+	if until := g.discovery.warmUntil.Load(); until > 0 {
+		// (Armed by New; it may have ended early already.)
 		g.log.Info("discovery answers 503 until the supervisors' sessions can have come back (memory store)",
 			"warmup", g.discoveryWarmup)
 	}
