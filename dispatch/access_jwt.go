@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/accesstoken"
+	"github.com/applistener/applistener/dispatch/internal/h2engine"
 	"github.com/applistener/applistener/internal/accessjwt"
 )
 
@@ -102,6 +103,20 @@ func (d *accessDecision) addResponseFields(resp *response) {
 	if d.swapCookie != "" {
 		resp.fields = append(resp.fields, headField{name: hdrSetCookie, value: []byte(d.swapCookie)})
 	}
+}
+
+// appendH2Fields is addResponseFields for a response already in HTTP/2
+// fields (an h2c app's, lowercase names).
+func (d *accessDecision) appendH2Fields(dst []h2engine.HeaderField) []h2engine.HeaderField {
+	if d.origin != nil && !hasField(dst, "access-control-allow-origin") {
+		dst = append(dst,
+			h2engine.HeaderField{Name: "access-control-allow-origin", Value: string(d.origin)},
+			h2engine.HeaderField{Name: "access-control-allow-credentials", Value: "true"})
+	}
+	if d.swapCookie != "" {
+		dst = append(dst, h2engine.HeaderField{Name: "set-cookie", Value: d.swapCookie})
+	}
+	return dst
 }
 
 var hdrSetCookie = []byte("Set-Cookie")

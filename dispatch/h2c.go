@@ -192,16 +192,7 @@ func (st *h2Stream) proxyH2C() bool {
 	defer func() { _ = resp.Body.Close() }()
 	publicPort := hostPort([]byte(st.host))
 	fields := s.h2cClientFields(st.out[:0], resp.Header, false, hc.sni, publicPort, bp)
-	if o := st.acc.origin; o != nil && !hasField(fields, "access-control-allow-origin") {
-		fields = append(fields,
-			h2engine.HeaderField{Name: "access-control-allow-origin", Value: string(o)},
-			h2engine.HeaderField{Name: "access-control-allow-credentials", Value: "true"})
-	}
-	if sc := st.acc.swapCookie; sc != "" {
-		// The listener's own token for a header-carried JWT, as on the
-		// other paths (accessDecision.addResponseFields).
-		fields = append(fields, h2engine.HeaderField{Name: "set-cookie", Value: sc})
-	}
+	fields = st.acc.appendH2Fields(fields)
 	// The request's id in place of the app's (as for HTTP/1.1 apps),
 	// never indexed (see responseFields).
 	fields = append(fields, h2engine.HeaderField{Name: "x-request-id", Value: string(st.rec.id.bytes()), Sensitive: true})
@@ -703,20 +694,22 @@ func teTrailers(vs []string) bool {
 
 // h2cClientFields appends to dst an h2c app's response header fields
 // (or, with trailer, its trailer fields) as the client gets them, in the
-// app's order, by the rules of every app protocol: hop-by-hop fields (and
-// those the app's Connection names) dropped (Content-Length stays in the head: HTTP/2 frames the body the
-// same way on both sides), the head's Trailer declaration dropped, the
-// app's X-Request-Id dropped (the caller adds the request's own id to the
-// head; in trailers it would contradict it), Host dropped from trailers, cookies made host-only (scopeCookies) and redirects to the
-// app's loopback origin made public (rewriteRedirects), in trailers as in
-// the head. Names are lowercase (HTTP/2's).
+// app's order, by the rules of every app protocol: hop-by-hop fields and
+// those the app's Connection names dropped (Content-Length stays in the
+// head: HTTP/2 frames the body the same way on both sides), the head's
+// Trailer declaration dropped, the app's X-Request-Id dropped (the caller
+// adds the request's own id to the head; in trailers it would contradict
+// it), Host dropped from trailers, cookies made host-only (scopeCookies)
+// and redirects to the app's loopback origin made public
+// (rewriteRedirects), in trailers as in the head. Names are lowercase
+// (HTTP/2's).
 func (s *Server) h2cClientFields(dst []h2engine.HeaderField, src []hpack.HeaderField, trailer bool, host string, publicPort int, bp *backendPool) []h2engine.HeaderField {
 	var adjust response // the fields that cookies.go and redirect.go may rewrite
 	// The fields the app's Connection names are its hop-by-hop fields
 	// too (RFC 9110 7.6.1), as for HTTP/1.1 apps.
 	var named [][]byte
 	for _, f := range src {
-		if httpgrammar.EqualFold([]byte(f.Name), "connection") {
+		if httpgrammar.EqualFold(f.Name, "connection") {
 			_, named, _ = parseConnection([]byte(f.Value), named)
 		}
 	}
@@ -776,7 +769,7 @@ func isGRPC(fields []hpack.HeaderField) bool {
 // field) or sent the trailer name (lowercase).
 func h2cHasTrailer(resp *h2client.Response, name string) bool {
 	for _, f := range resp.Trailer {
-		if httpgrammar.EqualFold([]byte(f.Name), name) {
+		if httpgrammar.EqualFold(f.Name, name) {
 			return true
 		}
 	}
@@ -785,7 +778,7 @@ func h2cHasTrailer(resp *h2client.Response, name string) bool {
 			continue
 		}
 		for t := range strings.SplitSeq(f.Value, ",") {
-			if httpgrammar.EqualFold([]byte(strings.TrimSpace(t)), name) {
+			if httpgrammar.EqualFold(strings.TrimSpace(t), name) {
 				return true
 			}
 		}

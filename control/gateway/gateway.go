@@ -329,7 +329,7 @@ func New(cfg Config) (*Gateway, error) {
 // discovery loop (expiry of advertised routes); discovery answers 503 when
 // Run is not running. When Run returns, the store is closed.
 func (g *Gateway) Run(ctx context.Context) {
-	if until := g.discovery.warmUntil.Load(); until > 0 {
+	if g.discovery.warmUntil.Load() > 0 {
 		// (Armed by New; it may have ended early already.)
 		g.log.Info("discovery answers 503 until the supervisors' sessions can have come back (memory store)",
 			"warmup", g.discoveryWarmup)
