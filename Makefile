@@ -57,9 +57,12 @@ vet:
 cross:
 	GOOS=darwin $(GO) build ./... && GOOS=darwin $(GO) vet ./... && GOOS=windows $(GO) build ./... && GOOS=windows $(GO) vet ./...
 
+## unit: every package's tests with the race detector, then the run-order
+## tests (*OnOneCore) without it: the detector randomises which ready
+## goroutine runs next, which is what they check.
 unit:
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run 'OnOneCore' ./internal/logsink
+	$(GO) test -count=1 -run 'OnOneCore' ./internal/logsink ./dispatch ./dispatch/internal/h2client
 
 fuzz-brief:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -449,7 +449,7 @@ func (c *clientConn) handleRequest(head []byte) bool {
 	c.slot = nil
 	c.s.cfg.Fair.Release(c.fair) // a WebSocket's chunks are admitted one by one
 	c.fair = fairshare.Ticket{}
-	c.s.pollParked() // fairpoll.go
+	c.s.pollParked(inst) // fairpoll.go
 	if c.handedOff {
 		return false // the WebSocket releases its stream when it ends
 	}

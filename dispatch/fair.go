@@ -57,7 +57,7 @@ func (st *h2Stream) releaseFair() {
 	if st.fair.Valid() {
 		st.s.cfg.Fair.Release(st.fair)
 		st.fair = fairshare.Ticket{}
-		st.s.pollParked() // fairpoll.go
+		st.s.pollParked(st.hc.route.Instance) // fairpoll.go
 	}
 }
 

@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/applistener/applistener/routes"
+)
 
 // While fair admission is contended (a neighbour's flood fills the slots),
 // an HTTP/1.1 keep-alive connection of a light instance (fewer than
@@ -8,10 +12,11 @@ import "time"
 // as its response is written, instead of after parkAfter, and every
 // request that gives back a slot looks for parked connections whose next
 // request has arrived (idlePoller.pollNow, at most every 20 µs): their
-// goroutines start right behind it. Go's own poller looks for network
-// events only when its run queue is empty, which behind a flood on one
-// core can take milliseconds; the flood's own progress now delivers its
-// neighbours' requests. A flooding instance's connections wait as before.
+// goroutines start right behind it, and a flood's request steps aside for
+// them (pollParked). Go's own poller looks for network events only when
+// its run queue is empty, which behind a flood on one core can take
+// milliseconds; the flood's own progress now delivers its neighbours'
+// requests. A flooding instance's connections wait as before.
 
 // longAgo is a read deadline already past: a read with it returns only
 // what TLS has buffered, without a system call.
@@ -42,9 +47,20 @@ func (c *clientConn) parkAtOnce(deadline time.Time) (n int, parked, ended bool) 
 }
 
 // pollParked delivers parked connections' requests that have arrived,
-// while fair admission is contended (see above).
-func (s *Server) pollParked() {
+// while fair admission is contended (see above). The caller's request is
+// inst's. When inst is busy (a flood: more than fairLightStreams requests
+// in flight), its goroutine steps aside for the requests delivered, which
+// then run at once instead of behind the flood's queued goroutines; a
+// light instance's request (a neighbour's, giving its slot back while it
+// waits for its app) goes on, as yielding would put it behind them.
+func (s *Server) pollParked(inst *routes.Instance) {
 	if s.cfg.Fair.Contended() {
-		s.idleH1.pollNow()
+		s.idleH1.pollNow(stepsAside(inst))
 	}
+}
+
+// stepsAside reports whether a request of inst steps aside for the
+// requests pollParked delivers: inst is busy.
+func stepsAside(inst *routes.Instance) bool {
+	return inst.Active() > fairLightStreams
 }

@@ -4,10 +4,13 @@ package dispatch
 
 import (
 	"net"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/routes"
 )
 
 // TestPollNowDelivers: pollNow hands a parked socket whose bytes arrived
@@ -49,7 +52,7 @@ func TestPollNowDelivers(t *testing.T) {
 	p.waiting[id] = idleWait{fd: fd, wake: func() { woke <- struct{}{} }}
 
 	p.lastPoll.Store(0)
-	p.pollNow()
+	p.pollNow(false)
 	if p.waiters() != 1 {
 		t.Fatal("delivered before any byte arrived")
 	}
@@ -62,7 +65,7 @@ func TestPollNowDelivers(t *testing.T) {
 			t.Fatal("pollNow never delivered the readable socket")
 		}
 		p.lastPoll.Store(0) // not throttled
-		p.pollNow()
+		p.pollNow(false)
 	}
 	select {
 	case <-woke:
@@ -81,7 +84,7 @@ func TestPollNowDelivers(t *testing.T) {
 	// longer than pollNowEvery here still finds it within).
 	p.lastPoll.Store(int64(time.Since(pollEpoch) + time.Hour))
 	before := p.lastPoll.Load()
-	p.pollNow()
+	p.pollNow(false)
 	if p.lastPoll.Load() != before {
 		t.Error("pollNow looked again within pollNowEvery")
 	}
@@ -89,5 +92,105 @@ func TestPollNowDelivers(t *testing.T) {
 	case <-woke:
 		t.Error("a socket woken twice")
 	default:
+	}
+}
+
+// TestPollNowRunsTheDeliveredFirstOnOneCore: on one core (GOMAXPROCS=1, as
+// the bench pins the listener), a request pollNow(true) delivers (a flood's
+// request steps aside) runs before its caller goes on, ahead of the
+// goroutines already queued. Without the yield it ran only once the caller
+// blocked, and whatever the caller started or woke meanwhile pushed it
+// behind every queued goroutine. pollNow(false) (a light instance's
+// request) goes on first. The scheduler looks at its global queue first
+// on one pick in 61 (where the yield puts the caller), and a preemption or
+// a GC can reorder an attempt: most attempts, not every one, must show the
+// order.
+func TestPollNowRunsTheDeliveredFirstOnOneCore(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector randomises the run order; `make test` runs this without it")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = client.Close() }()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = server.Close() }()
+	fd, ok := sock.FD(server)
+	if !ok {
+		t.Fatal("no descriptor")
+	}
+	if _, err := client.Write([]byte("GET")); err != nil { // readable from now on
+		t.Fatal(err)
+	}
+
+	const attempts = 40
+	for _, yield := range []bool{true, false} {
+		want := "caller"
+		if yield {
+			want = "delivered"
+		}
+		got := 0
+		var orders [][]string
+		for range attempts {
+			var p idlePoller
+			var mu sync.Mutex
+			var order []string
+			note := func(name string) {
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+			}
+			var wg sync.WaitGroup
+			wg.Add(1)
+			if _, err := p.wait(fd, func() { defer wg.Done(); note("delivered") }); err != nil {
+				t.Fatal(err)
+			}
+			// Stand-ins for the flood's goroutines, queued before the
+			// delivery (the poller's own goroutine, started by wait,
+			// queues too: it cannot deliver before pollNow).
+			for range 4 {
+				wg.Go(func() { note("queued") })
+			}
+			for p.waiters() != 0 {
+				p.lastPoll.Store(0) // not throttled
+				p.pollNow(yield)
+			}
+			note("caller")
+			wg.Wait()
+			if order[0] == want {
+				got++
+			} else if len(orders) < 3 {
+				orders = append(orders, order)
+			}
+		}
+		if got < attempts*3/4 {
+			t.Errorf("pollNow(%v): %q ran first in %d of %d attempts (want at least %d); run orders of some others: %v", yield, want, got, attempts, attempts*3/4, orders)
+		}
+	}
+}
+
+// TestStepsAside: a request steps aside for the neighbours' requests it
+// delivers only when its own instance is busy (more than fairLightStreams
+// requests in flight, its own included), never a light instance's request
+// giving its slot back while it waits for its app.
+func TestStepsAside(t *testing.T) {
+	inst := &routes.Instance{}
+	for n := 1; n <= fairLightStreams+2; n++ {
+		if !inst.Acquire() {
+			t.Fatal("no slot")
+		}
+		if got, want := stepsAside(inst), n > fairLightStreams; got != want {
+			t.Errorf("%d requests in flight: stepsAside %v, want %v", n, got, want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,8 +52,10 @@ const pollNowEvery = 20 * time.Microsecond
 // at most once per pollNowEvery, one epoll_wait. The busy path calls it
 // (fairpoll.go): Go polls the network only when its run queue is empty,
 // which behind a flood on one core can take milliseconds, and a quiet
-// connection's next request would wait for that.
-func (p *idlePoller) pollNow() {
+// connection's next request would wait for that. With yield, when it
+// delivered something, the caller steps aside so that the delivered
+// requests run before it goes on.
+func (p *idlePoller) pollNow(yield bool) {
 	now := int64(time.Since(pollEpoch))
 	last := p.lastPoll.Load()
 	if now-last < int64(pollNowEvery) || !p.lastPoll.CompareAndSwap(last, now) {
@@ -77,6 +80,14 @@ func (p *idlePoller) pollNow() {
 	}
 	for _, wake := range woke {
 		go wake()
+	}
+	if yield && len(woke) > 0 {
+		// The goroutine started last holds the processor's next place,
+		// which whatever the caller starts or wakes next would take,
+		// pushing it behind every goroutine already queued: the caller
+		// steps aside so that it runs now, and queues behind the others
+		// (runtime.Gosched puts it on the global run queue).
+		runtime.Gosched()
 	}
 }
 
