@@ -322,7 +322,7 @@ func appendRequestHead(dst []byte, r *request, fi *forwardInfo) []byte {
 // X-Forwarded-Host and X-Forwarded-Port, which then pass instead of the
 // listener's (a trusted X-Forwarded-Port also names the public port in
 // the listener's X-Forwarded-Host and Forwarded host=). Every app
-// protocol uses it (appendRequestHead for HTTP/1.1 apps, h2cRequestHeader
+// protocol uses it (appendRequestHead for HTTP/1.1 apps, h2cRequestFields
 // for h2c apps); what is protocol-specific stays with the caller: the
 // fields that Connection names (HTTP/1.1 only), and "TE: trailers", which
 // passes to h2c apps.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,8 +105,11 @@ func (st *h2Stream) proxyH2C() bool {
 	pool := s.h2cPoolOf(hc.route, bp)
 	fi := s.forwardInfo(bp, hc.sni, hc.peer, hc.trusted, publicPortOf(st.host), st.rec.id.bytes())
 	appPath := st.accessForwarding(&fi, bp.access)
-	clientHeader := h2cClientHeader(es.Header)
-	header := h2cRequestHeader(clientHeader, &fi)
+	var declared []string // the request trailers forwarded
+	if es.ContentLength != 0 {
+		declared = h2cDeclaredTrailers(es.Header, &fi)
+	}
+	reqFields := h2cRequestFields(make([]hpack.HeaderField, 0, len(es.Header)+10), es.Header, &fi, es.ContentLength, declared)
 	s.countDropped(&fi, hc.route)
 	authority := bp.hostHeader
 	if fi.preserve {
@@ -147,31 +151,22 @@ func (st *h2Stream) proxyH2C() bool {
 	if out.Path == "" {
 		out.Path = "/"
 	}
-	var declared []string // the request trailers forwarded
 	if es.ContentLength == 0 {
 		startClock()
 	} else {
 		body := &h2cBody{st: st, onEnd: startClock, access: fi.access}
 		out.Body = body
-		if list := clientHeader.Values("Trailer"); len(list) > 0 {
+		if len(declared) > 0 {
 			// Declared request trailers: the values are copied when the
 			// body ends.
-			body.trailer = make(http.Header)
-			for _, l := range list {
-				for k := range strings.SplitSeq(l, ",") {
-					k = http.CanonicalHeaderKey(strings.TrimSpace(k))
-					if k != "" && h2FieldError(k, "") == nil && fi.trailerForwarded([]byte(k)) {
-						if _, dup := body.trailer[k]; !dup {
-							declared = append(declared, k)
-						}
-						body.trailer[k] = nil
-					}
-				}
+			body.trailer = make(http.Header, len(declared))
+			for _, k := range declared {
+				body.trailer[k] = nil
 			}
 			out.Trailer = body.trailerFields
 		}
 	}
-	out.Header = h2cHeaderFields(header, es.ContentLength, declared)
+	out.Header = reqFields
 
 	resp, err := st.h2cRoundTrip(ctx, pool, out)
 	clock.stop()
@@ -294,21 +289,6 @@ func (w *h2cResponse) end(trailers []h2engine.HeaderField) error {
 	err := st.es.WriteTrailers(trailers)
 	st.ended = err == nil
 	return err
-}
-
-// h2cClientHeader returns the client's request fields as an http.Header
-// (canonical names; cookie crumbs joined with "; ", RFC 9113 8.2.3).
-func h2cClientHeader(fields []h2engine.HeaderField) http.Header {
-	h := make(http.Header, len(fields))
-	for _, f := range fields {
-		k := h2cCanonicalName(f.Name)
-		if k == "Cookie" && len(h[k]) > 0 {
-			h[k][0] += "; " + f.Value
-			continue
-		}
-		h[k] = append(h[k], f.Value)
-	}
-	return h
 }
 
 // h2cRoundTrip sends out through pool. A dial the app refuses (nothing
@@ -509,7 +489,7 @@ func (b *h2cBody) Buffered() (int, bool) { return b.st.es.Buffered() }
 func (b *h2cBody) trailerFields() []hpack.HeaderField {
 	var out []hpack.HeaderField
 	for k, vv := range b.trailer {
-		name := h2cLowerName(k)
+		name := httpgrammar.ToLower(k)
 		for _, v := range vv {
 			out = append(out, hpack.HeaderField{Name: name, Value: v})
 		}
@@ -543,153 +523,144 @@ func (c *h2cHeadClock) stop() {
 	}
 }
 
-// h2cRequestHeader returns the fields sent to an h2c app: the client's,
-// sanitised by the rules every app protocol shares (forwardClaims.keep:
-// hop-by-hop fields, '_' names and untrusted forwarding claims dropped),
-// except that "TE: trailers" passes (gRPC servers may require it), plus
-// the listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host,
-// X-Forwarded-Port, Forwarded and X-Request-Id, as appendRequestHead
-// writes them for HTTP/1.1 apps.
-func h2cRequestHeader(src http.Header, fi *forwardInfo) http.Header {
-	dst := make(http.Header, len(src)+4)
-	var claims forwardClaims
-	for name, vs := range src {
-		nb := []byte(name)
-		if httpgrammar.EqualFold(nb, "te") {
-			if teTrailers(vs) {
-				dst["Te"] = []string{"trailers"}
-			}
+// h2cDeclaredTrailers returns the request trailers a client declared
+// (Trailer) that are forwarded to an h2c app, canonical and once each, in
+// the order declared.
+func h2cDeclaredTrailers(src []h2engine.HeaderField, fi *forwardInfo) []string {
+	var declared []string
+	for i := range src {
+		if src[i].Name != "trailer" {
 			continue
 		}
-		// Each value has its own verdict (a consumed credential is one
-		// Authorization value among others) and is counted or collected.
-		kept := vs
-		for i, v := range vs {
-			if claims.keep(fi, nb, []byte(v)) {
-				if len(kept) < len(vs) {
-					kept = append(kept, v)
-				}
+		for k := range strings.SplitSeq(src[i].Value, ",") {
+			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
+			if k != "" && h2FieldError(k, "") == nil && fi.trailerForwarded([]byte(k)) && !slices.Contains(declared, k) {
+				declared = append(declared, k)
+			}
+		}
+	}
+	return declared
+}
+
+// h2cRequestFields appends to dst the request fields sent to an h2c app,
+// from the client's (src: HTTP/2 fields, lowercase names) in their order:
+// sanitised by the rules every app protocol shares (forwardClaims.keep:
+// hop-by-hop fields, '_' names, untrusted forwarding claims and the
+// listener's credentials dropped), except that "TE: trailers" passes
+// (gRPC servers may require it); cookie crumbs joined with "; " (RFC 9113
+// 8.2.3) and, on a route with an access policy, the listener's cookie and
+// token subprotocol taken out (accessForward.rewriteField); then the
+// listener's X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host,
+// X-Forwarded-Port, Forwarded, X-Request-Id and X-Forwarded-User, as
+// appendRequestHead writes them for HTTP/1.1 apps; the body's
+// content-length when the client declared one, and the trailers the
+// request will carry. Fields whose values are unique to one request (its
+// id, a gRPC deadline) are never indexed, so that they do not churn the
+// app connection's HPACK table. No User-Agent is added when the client
+// sent none.
+func h2cRequestFields(dst []hpack.HeaderField, src []h2engine.HeaderField, fi *forwardInfo, contentLength int64, trailers []string) []hpack.HeaderField {
+	var claims forwardClaims
+	tes, teOK := 0, false
+	cookies := 0
+	for i := range src {
+		if src[i].Name == "cookie" {
+			cookies++
+		}
+	}
+	for i := range src {
+		name, value := src[i].Name, src[i].Value
+		switch name {
+		case "te":
+			tes++
+			teOK = httpgrammar.EqualFold(httpgrammar.TrimOWS(value), "trailers")
+			continue
+		case "cookie":
+			if cookies == 0 {
+				continue // joined into the first crumb's field
+			}
+			if cookies > 1 {
+				value = h2cJoinCookies(src[i:])
+			}
+			cookies = 0
+		}
+		nb := []byte(name)
+		if !claims.keep(fi, nb, []byte(value)) {
+			continue
+		}
+		if fi.access != nil {
+			out, drop := fi.access.rewriteField(nb, []byte(value))
+			if drop {
 				continue
 			}
-			if len(kept) == len(vs) {
-				kept = append(make([]string, 0, len(vs)), vs[:i]...)
+			if len(out) != len(value) {
+				value = string(out)
 			}
 		}
-		if len(kept) > 0 {
-			dst[name] = kept
-		}
+		dst = append(dst, hpack.HeaderField{Name: name, Value: value, Sensitive: name == "grpc-timeout"})
 	}
-	if _, ok := dst["User-Agent"]; !ok {
-		// None is sent (net/http's transport, which h2c apps were
-		// reached with before, would have added its own).
-		dst["User-Agent"] = nil
+	if tes == 1 && teOK {
+		dst = append(dst, hpack.HeaderField{Name: "te", Value: "trailers"})
 	}
-	dst["X-Forwarded-For"] = []string{string(claims.appendForwardedFor(nil, fi))}
+
+	// The listener's own values, made in one buffer and one string.
+	var buf [512]byte
+	b := buf[:0]
+	var ends [4]int
+	b = claims.appendForwardedFor(b, fi)
+	ends[0] = len(b)
+	if !claims.haveHost {
+		b = claims.appendPublicHost(b, fi)
+	}
+	ends[1] = len(b)
+	b = claims.appendForwarded(b, fi)
+	ends[2] = len(b)
+	b = append(b, fi.requestID...)
+	ends[3] = len(b)
+	port := claims.forwardedPort(fi)
+	if port > 0 {
+		b = strconv.AppendInt(b, int64(port), 10)
+	}
+	all := string(b)
+	dst = append(dst, hpack.HeaderField{Name: "x-forwarded-for", Value: all[:ends[0]]})
 	if !claims.haveProto {
-		dst["X-Forwarded-Proto"] = []string{"https"}
+		dst = append(dst, hpack.HeaderField{Name: "x-forwarded-proto", Value: "https"})
 	}
 	if !claims.haveHost {
-		dst["X-Forwarded-Host"] = []string{string(claims.appendPublicHost(nil, fi))}
+		dst = append(dst, hpack.HeaderField{Name: "x-forwarded-host", Value: all[ends[0]:ends[1]]})
 	}
-	if p := claims.forwardedPort(fi); p > 0 {
-		dst["X-Forwarded-Port"] = []string{strconv.Itoa(p)}
+	if port > 0 {
+		dst = append(dst, hpack.HeaderField{Name: "x-forwarded-port", Value: all[ends[3]:]})
 	}
-	dst["Forwarded"] = []string{string(claims.appendForwarded(nil, fi))}
-	if len(fi.requestID) > 0 {
-		dst["X-Request-Id"] = []string{string(fi.requestID)}
+	dst = append(dst, hpack.HeaderField{Name: "forwarded", Value: all[ends[1]:ends[2]]})
+	if ends[3] > ends[2] {
+		dst = append(dst, hpack.HeaderField{Name: "x-request-id", Value: all[ends[2]:ends[3]], Sensitive: true})
 	}
-	if fi.access != nil {
-		for _, k := range []string{"Cookie", "Sec-Websocket-Protocol"} {
-			vs, ok := dst[k]
-			if !ok {
-				continue
-			}
-			kept := make([]string, 0, len(vs))
-			for _, v := range vs {
-				if out, drop := fi.access.rewriteField([]byte(k), []byte(v)); !drop {
-					kept = append(kept, string(out))
-				}
-			}
-			if len(kept) == 0 {
-				delete(dst, k)
-			} else {
-				dst[k] = kept
-			}
-		}
-		if fi.access.user != "" {
-			dst["X-Forwarded-User"] = []string{fi.access.user}
-		}
+	if fi.access != nil && fi.access.user != "" {
+		dst = append(dst, hpack.HeaderField{Name: "x-forwarded-user", Value: fi.access.user})
+	}
+	if contentLength > 0 {
+		dst = append(dst, hpack.HeaderField{Name: "content-length", Value: strconv.FormatInt(contentLength, 10)})
+	}
+	if len(trailers) > 0 {
+		dst = append(dst, hpack.HeaderField{Name: "trailer", Value: strings.Join(trailers, ",")})
 	}
 	return dst
 }
 
-// h2cHeaderFields returns the request fields for the app's client: names
-// lowercase, the body's content-length when the client declared one, and
-// the trailers the request will carry. Fields whose values are unique to
-// one request (its id, a gRPC deadline) are never indexed, so that they
-// do not churn the connection's HPACK table.
-func h2cHeaderFields(h http.Header, contentLength int64, trailers []string) []hpack.HeaderField {
-	n := 2
-	for _, vv := range h {
-		n += len(vv)
-	}
-	out := make([]hpack.HeaderField, 0, n)
-	for k, vv := range h {
-		name := h2cLowerName(k)
-		sensitive := name == "x-request-id" || name == "grpc-timeout"
-		for _, v := range vv {
-			out = append(out, hpack.HeaderField{Name: name, Value: v, Sensitive: sensitive})
+// h2cJoinCookies returns the values of the cookie fields among fields
+// joined with "; " (RFC 9113 8.2.3).
+func h2cJoinCookies(fields []h2engine.HeaderField) string {
+	var sb strings.Builder
+	for i := range fields {
+		if fields[i].Name != "cookie" {
+			continue
 		}
+		if sb.Len() > 0 {
+			sb.WriteString("; ")
+		}
+		sb.WriteString(fields[i].Value)
 	}
-	if contentLength > 0 {
-		out = append(out, hpack.HeaderField{Name: "content-length", Value: strconv.FormatInt(contentLength, 10)})
-	}
-	if len(trailers) > 0 {
-		out = append(out, hpack.HeaderField{Name: "trailer", Value: strings.Join(trailers, ",")})
-	}
-	return out
-}
-
-// h2cCommonNames are the field names an h2c exchange (gRPC's above all)
-// carries on every call, canonical and lowercase: h2cLowerName and
-// h2cCanonicalName find them without allocating.
-var h2cLowerNames, h2cCanonicalNames = func() (lower, canonical map[string]string) {
-	names := []string{
-		"Accept", "Accept-Encoding", "Access-Control-Allow-Credentials", "Access-Control-Allow-Origin",
-		"Authorization", "Cache-Control", "Content-Encoding", "Content-Length", "Content-Type", "Cookie",
-		"Date", "Forwarded", "Grpc-Accept-Encoding", "Grpc-Encoding", "Grpc-Message", "Grpc-Status",
-		"Grpc-Status-Details-Bin", "Grpc-Timeout", "Location", "Server", "Set-Cookie", "Te", "Trailer",
-		"Traceparent", "User-Agent", "Vary", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Port",
-		"X-Forwarded-Proto", "X-Forwarded-User", "X-Request-Id",
-	}
-	lower, canonical = make(map[string]string, len(names)), make(map[string]string, len(names))
-	for _, n := range names {
-		l := strings.ToLower(n)
-		lower[n], canonical[l] = l, n
-	}
-	return lower, canonical
-}()
-
-// h2cLowerName returns a canonical field name in lowercase (HTTP/2's).
-func h2cLowerName(k string) string {
-	if l, ok := h2cLowerNames[k]; ok {
-		return l
-	}
-	return httpgrammar.ToLower(k)
-}
-
-// h2cCanonicalName returns an HTTP/2 field name in canonical form.
-func h2cCanonicalName(name string) string {
-	if k, ok := h2cCanonicalNames[name]; ok {
-		return k
-	}
-	return http.CanonicalHeaderKey(name)
-}
-
-// teTrailers reports whether TE names exactly "trailers", the only value
-// HTTP/2 allows.
-func teTrailers(vs []string) bool {
-	return len(vs) == 1 && httpgrammar.EqualFold(httpgrammar.TrimOWS(vs[0]), "trailers")
+	return sb.String()
 }
 
 // h2cClientFields appends to dst an h2c app's response header fields

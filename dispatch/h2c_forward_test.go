@@ -58,14 +58,20 @@ func TestUnitH2CRequestHeaderMatchesHTTP1(t *testing.T) {
 				h1[k] = append(h1[k], f[1])
 			}
 
-			src := http.Header{}
+			var src []h2engine.HeaderField
 			for _, l := range lines {
 				name, value, _ := strings.Cut(l, ": ")
-				k := textproto.CanonicalMIMEHeaderKey(name) // as x/net keys them
-				src[k] = append(src[k], value)
+				src = append(src, h2engine.HeaderField{Name: strings.ToLower(name), Value: value})
 			}
 			fi2 := newFI()
-			h2 := h2cRequestHeader(src, fi2)
+			h2 := http.Header{}
+			for _, f := range h2cRequestFields(nil, src, fi2, 0, nil) {
+				if f.Name != strings.ToLower(f.Name) {
+					t.Errorf("field name %q not lowercase", f.Name)
+				}
+				k := textproto.CanonicalMIMEHeaderKey(f.Name)
+				h2[k] = append(h2[k], f.Value)
+			}
 			if fi1.dropped != fi2.dropped {
 				t.Errorf("dropped %d fields, HTTP/1.1 %d", fi2.dropped, fi1.dropped)
 			}
@@ -150,5 +156,70 @@ func TestUnitH2CConnectionNamedResponseField(t *testing.T) {
 	out := s.h2cClientFields(nil, in, false, "team--demo--plain.apps.test", 0, bp)
 	if len(out) != 1 || out[0].Name != "x-app" {
 		t.Errorf("fields %v reached the client; want x-app only", out)
+	}
+}
+
+// TestUnitH2CRequestFields: what h2cRequestFields does beyond the rules
+// shared with HTTP/1.1 apps (TestUnitH2CRequestHeaderMatchesHTTP1): the
+// client's fields keep their order; cookie crumbs become one field, where
+// the first one was, with the listener's access cookie taken out; TE
+// passes only as exactly one "trailers"; the request's id and a gRPC
+// deadline are never indexed; the body's length and the declared
+// trailers follow the listener's fields.
+func TestUnitH2CRequestFields(t *testing.T) {
+	fi := &forwardInfo{client: netip.MustParseAddr("203.0.113.7"), publicHost: testHost, backendHost: "127.0.0.1:8080",
+		publicPort: 443, requestID: []byte("0af7651916cd43dd8448eb211c80319c"), access: &accessForward{user: "alice"}}
+	src := []h2engine.HeaderField{
+		{Name: "content-type", Value: "application/grpc"},
+		{Name: "cookie", Value: "a=1"},
+		{Name: "grpc-timeout", Value: "5S"},
+		{Name: "te", Value: "trailers"},
+		{Name: "cookie", Value: accessCookie + "=secret"},
+		{Name: "x-b", Value: "2"},
+		{Name: "cookie", Value: "c=3"},
+		{Name: "x-a", Value: "1"},
+	}
+	got := h2cRequestFields(nil, src, fi, 12, []string{"X-Checksum"})
+	var lines []string
+	for _, f := range got {
+		l := f.Name + ": " + f.Value
+		if f.Sensitive {
+			l += " (never indexed)"
+		}
+		lines = append(lines, l)
+	}
+	want := []string{
+		"content-type: application/grpc",
+		"cookie: a=1; c=3",
+		"grpc-timeout: 5S (never indexed)",
+		"x-b: 2",
+		"x-a: 1",
+		"te: trailers",
+		"x-forwarded-for: 203.0.113.7",
+		"x-forwarded-proto: https",
+		"x-forwarded-host: " + testHost,
+		"x-forwarded-port: 443",
+		"forwarded: for=203.0.113.7;host=" + testHost + ";proto=https",
+		"x-request-id: 0af7651916cd43dd8448eb211c80319c (never indexed)",
+		"x-forwarded-user: alice",
+		"content-length: 12",
+		"trailer: X-Checksum",
+	}
+	if !slices.Equal(lines, want) {
+		t.Errorf("fields\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+
+	// Two TE fields, or one that is not "trailers": none passes. Only the
+	// access cookie: no cookie field at all.
+	for _, te := range [][]h2engine.HeaderField{
+		{{Name: "te", Value: "trailers"}, {Name: "te", Value: "trailers"}},
+		{{Name: "te", Value: "gzip"}},
+		{{Name: "cookie", Value: accessCookie + "=secret"}},
+	} {
+		for _, f := range h2cRequestFields(nil, te, fi, 0, nil) {
+			if f.Name == "te" || f.Name == "cookie" {
+				t.Errorf("%v: %s: %s sent", te, f.Name, f.Value)
+			}
+		}
 	}
 }
