@@ -713,11 +713,12 @@ const watchAfter = time.Second
 // and the instance's stream slot is freed) instead of holding it until the
 // response-header timeout.
 func (c *clientConn) awaitResponse(bc *backendConn) error {
-	// Both deadlines count from the request's write: connect may have
-	// waited for the answer already (exchange.awaitFor), up to the first.
+	// Both deadlines count from the request's write. The first is the
+	// read deadline connect set for its wait for the answer
+	// (exchange.awaitFor: min(ResponseHeaderTimeout, watchAfter) from just
+	// before the write), which still holds.
 	sent := c.x.sentAt
 	deadline := sent.Add(c.s.cfg.ResponseHeaderTimeout)
-	_ = bc.conn.SetReadDeadline(sent.Add(min(c.s.cfg.ResponseHeaderTimeout, watchAfter)))
 	err := bc.in.fill()
 	if err == nil || !isTimeout(err) || !time.Now().Before(deadline) {
 		return err

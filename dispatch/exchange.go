@@ -51,6 +51,9 @@ type exchange struct {
 	// awaitUntil is when connect's wait for the answer ends (its read
 	// deadline, taken before the write): after it, the wait ran out.
 	awaitUntil time.Time
+	// deadlinesCleared: copyBody cleared bc's deadlines (no body copy
+	// writes on it), finish need not.
+	deadlinesCleared bool
 	// fairErr is why the exchange could not take its fair-admission slot
 	// back after waiting for the app (resumeFair): readHead returns it.
 	fairErr error
@@ -283,7 +286,11 @@ func (x *exchange) readHead(interim func(*response) error) error {
 	// there: no pause for it.
 	answered := x.awaitFor > 0 && !x.awaitRanOut()
 	for {
-		x.armHeadTimeout()
+		if !answered || x.body != nil || x.awaitFor < x.s.cfg.ResponseHeaderTimeout {
+			x.armHeadTimeout()
+		}
+		// (Else the wait ended with the answer, and its read deadline
+		// stands: the response-head timeout from the request's write.)
 		if x.fairErr != nil {
 			return x.fairErr
 		}
@@ -333,7 +340,14 @@ const maxResponseFields = 200
 // answered request.
 func (x *exchange) copyBody(w, big io.Writer, flush func() error, chunkedOut bool) error {
 	bc, resp := x.bc, &x.resp
-	_ = bc.conn.SetReadDeadline(time.Time{})
+	if x.body == nil {
+		// Nothing else writes on bc: both deadlines are cleared at once,
+		// as finish would.
+		_ = bc.conn.SetDeadline(time.Time{})
+		x.deadlinesCleared = true
+	} else {
+		_ = bc.conn.SetReadDeadline(time.Time{})
+	}
 	var n int64
 	var err error
 	switch resp.body {
@@ -375,7 +389,9 @@ func (x *exchange) finish(reusable bool) bool {
 		bc.close()
 		return false
 	}
-	_ = bc.conn.SetDeadline(time.Time{})
+	if !x.deadlinesCleared {
+		_ = bc.conn.SetDeadline(time.Time{})
+	}
 	x.pool.put(bc)
 	return true
 }
