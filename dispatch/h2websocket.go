@@ -426,7 +426,7 @@ func (hc *h2Conn) closeRevoked(cause error) {
 	}
 	hc.mu.Unlock()
 	if len(wss) == 0 {
-		_ = hc.raw.Close()
+		_ = hc.nc.Close()
 		return
 	}
 	for _, ws := range wss {
@@ -435,7 +435,7 @@ func (hc *h2Conn) closeRevoked(cause error) {
 	go func() {
 		t := time.NewTimer(hc.s.cfg.WebSocketCloseGrace + h2FlushWait)
 		defer t.Stop()
-		defer func() { _ = hc.raw.Close() }()
+		defer func() { _ = hc.nc.Close() }()
 		for _, ws := range wss {
 			select {
 			case <-ws.done:
