@@ -13,6 +13,32 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
+// tcpPairFD returns the client end of a loopback TCP connection and the
+// descriptor of its server end, both closed when the test ends.
+func tcpPairFD(t *testing.T) (net.Conn, int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Close() })
+	fd, ok := sock.FD(server)
+	if !ok {
+		t.Fatal("no descriptor")
+	}
+	return client, fd
+}
+
 // TestPollNowDelivers: pollNow hands a parked socket whose bytes arrived
 // to its wake without the poller's goroutine (none runs here), once, and
 // forgets the registration; with nothing parked, or within pollNowEvery of
@@ -25,25 +51,7 @@ func TestPollNowDelivers(t *testing.T) {
 	// No run goroutine: only pollNow can deliver. It retires the
 	// instance once nothing waits (closing it).
 	p := &idlePoller{ep: ep, waiting: make(map[uint64]idleWait)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = client.Close() }()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = server.Close() }()
-	fd, ok := sock.FD(server)
-	if !ok {
-		t.Fatal("no descriptor")
-	}
+	client, fd := tcpPairFD(t)
 	woke := make(chan struct{}, 2)
 	const id = 1
 	if err := ep.Add(fd, id); err != nil {
@@ -110,25 +118,7 @@ func TestPollNowRunsTheDeliveredFirstOnOneCore(t *testing.T) {
 		t.Skip("the race detector randomises the run order; `make test` runs this without it")
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = client.Close() }()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = server.Close() }()
-	fd, ok := sock.FD(server)
-	if !ok {
-		t.Fatal("no descriptor")
-	}
+	client, fd := tcpPairFD(t)
 	if _, err := client.Write([]byte("GET")); err != nil { // readable from now on
 		t.Fatal(err)
 	}
