@@ -552,19 +552,19 @@ func TestQuietConnParksAtOnce(t *testing.T) {
 	if err := <-send(b, "/fast"); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.srv.idleConns.waiters(); n != 0 {
+	if n := e.srv.idleH1.waiters(); n != 0 {
 		t.Fatalf("%d connections parked with nothing contended and an hour to wait first", n)
 	}
 	defer e.holdEverySlot()()
 	if err := <-send(b, "/fast"); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 5*time.Second, "B parked at once", func() bool { return e.srv.idleConns.waiters() == 1 })
+	testutil.Eventually(t, 5*time.Second, "B parked at once", func() bool { return e.srv.idleH1.waiters() == 1 })
 	for range 3 {
 		if err := <-send(b, "/fast"); err != nil {
 			t.Fatalf("a request of the parked connection: %v", err)
 		}
-		testutil.Eventually(t, 5*time.Second, "B parked again", func() bool { return e.srv.idleConns.waiters() == 1 })
+		testutil.Eventually(t, 5*time.Second, "B parked again", func() bool { return e.srv.idleH1.waiters() == 1 })
 	}
 }
 

@@ -55,7 +55,7 @@ func (c *clientConn) parkAtOnce(deadline time.Time) (n int, parked, ended bool) 
 // waits for its app) goes on, as yielding would put it behind them.
 func (s *Server) pollParked(inst *routes.Instance) {
 	if s.cfg.Fair.Contended() {
-		s.idleConns.pollNow(stepsAside(inst))
+		s.idleH1.pollNow(stepsAside(inst))
 	}
 }
 

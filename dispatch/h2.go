@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,10 +95,7 @@ func (s *Server) ServeH2(lc listener.Conn) {
 	// Deadlines left by the handshake would end the connection; the
 	// engine keeps its own (head, idle, ping, write).
 	_ = conn.SetDeadline(time.Time{})
-	nc := &h2NetConn{Conn: tc, raw: raw, poller: &s.idleConns}
-	nc.parksNow = func() bool {
-		return s.cfg.Fair.Contended() && route.Instance.Active() < fairLightStreams
-	}
+	nc := &h2NetConn{Conn: tc, raw: raw}
 	hc.nc = nc
 	// The instance's idle timeout, as it is when the connection starts.
 	ec := h2engine.NewConn(nc, s.h2Config(hc, route.Instance.IdleTimeout()), hc)
@@ -124,47 +120,9 @@ type h2NetConn struct {
 	raw net.Conn
 	// nextWrite is closed by the next write (afterNextWrite).
 	nextWrite atomic.Pointer[chan struct{}]
-
-	// The wait for the client with the idle poller (h2park.go): parksNow
-	// reports whether the connection's instance is light while fair
-	// admission is contended; bounded: the engine has set a read deadline
-	// (only the reader sets it, and reads).
-	poller   *idlePoller
-	parksNow func() bool
-	bounded  bool
-	// parkMu guards the registration of a waiting reader (parkID, whose
-	// wake closes parkWoke) against Close; closed: no new one.
-	parkMu   sync.Mutex
-	parkID   uint64
-	parkWoke chan struct{}
-	closed   bool
-	parks    atomic.Int64 // waits with the idle poller (tests)
 }
 
-// Close closes the TCP connection, after taking a waiting reader's
-// registration with the idle poller.
-func (c *h2NetConn) Close() error {
-	c.unpark()
-	return c.raw.Close()
-}
-
-// Read reads for the engine; a read that may wait for the client waits
-// with the idle poller while parksNow says so (h2park.go).
-func (c *h2NetConn) Read(p []byte) (int, error) {
-	if !c.bounded && c.parksNow != nil && c.parksNow() {
-		if n, err, done := c.readParked(p); done {
-			return n, err
-		}
-	}
-	return c.Conn.Read(p)
-}
-
-// SetReadDeadline sets the engine's read deadline and notes whether one
-// is set (a bounded read does not park).
-func (c *h2NetConn) SetReadDeadline(t time.Time) error {
-	c.bounded = !t.IsZero()
-	return c.Conn.SetReadDeadline(t)
-}
+func (c *h2NetConn) Close() error { return c.raw.Close() }
 
 // Write writes the engine's frames and wakes afterNextWrite's waiters.
 func (c *h2NetConn) Write(p []byte) (int, error) {

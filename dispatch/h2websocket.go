@@ -426,7 +426,7 @@ func (hc *h2Conn) closeRevoked(cause error) {
 	}
 	hc.mu.Unlock()
 	if len(wss) == 0 {
-		_ = hc.nc.Close()
+		_ = hc.raw.Close()
 		return
 	}
 	for _, ws := range wss {
@@ -435,7 +435,7 @@ func (hc *h2Conn) closeRevoked(cause error) {
 	go func() {
 		t := time.NewTimer(hc.s.cfg.WebSocketCloseGrace + h2FlushWait)
 		defer t.Stop()
-		defer func() { _ = hc.nc.Close() }()
+		defer func() { _ = hc.raw.Close() }()
 		for _, ws := range wss {
 			select {
 			case <-ws.done:

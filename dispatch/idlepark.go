@@ -74,7 +74,7 @@ func (c *clientConn) park(deadline time.Time) bool {
 	if c.revoked != nil || c.closing {
 		return false
 	}
-	id, err := c.s.idleConns.wait(fd, c.resume)
+	id, err := c.s.idleH1.wait(fd, c.resume)
 	if err != nil {
 		return false
 	}
@@ -121,7 +121,7 @@ func (c *clientConn) parkExpired() {
 	c.mu.Lock()
 	id := c.unparkLocked()
 	c.mu.Unlock()
-	if id != 0 && c.s.idleConns.cancel(id) {
+	if id != 0 && c.s.idleH1.cancel(id) {
 		c.end()
 	}
 }
@@ -138,7 +138,7 @@ func (c *clientConn) unparkLocked() uint64 {
 // Revoke and closeIfIdle run under locks that ending takes) and true is
 // returned. False: it was not parked, or resume is starting and ends it.
 func (c *clientConn) ownParked(id uint64) bool {
-	if id == 0 || !c.s.idleConns.cancel(id) {
+	if id == 0 || !c.s.idleH1.cancel(id) {
 		return false
 	}
 	go c.end()

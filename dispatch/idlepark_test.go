@@ -44,7 +44,7 @@ func openIdleH1(t *testing.T, e *h2Env, n int) []*h1Conn {
 
 // parkedH1 is the condition: want connections parked, none with a goroutine.
 func parkedH1(e *h2Env, want int) func() bool {
-	return func() bool { return e.srv.idleConns.waiters() == want && serveGoroutines() == 0 }
+	return func() bool { return e.srv.idleH1.waiters() == want && serveGoroutines() == 0 }
 }
 
 // waitClosed reads from c until the server closes it (EOF or reset).
@@ -104,7 +104,7 @@ func TestH1IdleParksWithoutGoroutines(t *testing.T) {
 		waitClosed(t, c)
 	}
 	testutil.Eventually(t, 5*time.Second, "revoked connections released", func() bool {
-		return e.srv.Connections() == 0 && e.srv.idleConns.waiters() == 0
+		return e.srv.Connections() == 0 && e.srv.idleH1.waiters() == 0
 	})
 }
 
@@ -120,7 +120,7 @@ func TestH1IdleParkedTimeoutAndDrain(t *testing.T) {
 			waitClosed(t, c)
 		}
 		testutil.Eventually(t, 5*time.Second, "released", func() bool {
-			return e.srv.Connections() == 0 && e.srv.idleConns.waiters() == 0
+			return e.srv.Connections() == 0 && e.srv.idleH1.waiters() == 0
 		})
 	})
 	t.Run("drain", func(t *testing.T) {
@@ -135,7 +135,7 @@ func TestH1IdleParkedTimeoutAndDrain(t *testing.T) {
 		for _, c := range conns {
 			waitClosed(t, c)
 		}
-		if w := e.srv.idleConns.waiters(); w != 0 {
+		if w := e.srv.idleH1.waiters(); w != 0 {
 			t.Fatalf("%d still parked after the drain", w)
 		}
 	})
@@ -195,7 +195,7 @@ func BenchmarkIdleH1ConnMemory(b *testing.B) {
 			_ = resp.Body.Close()
 			conns[i] = c
 		}
-		for deadline := time.Now().Add(5 * time.Second); srv.idleConns.waiters() < n && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); srv.idleH1.waiters() < n && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond) // benchmark only: no test asserts on it
 		}
 		time.Sleep(2 * parkAfter) // without parking: past parkAfter all the same

@@ -48,7 +48,7 @@ var pollEpoch = time.Now()
 const pollNowEvery = 20 * time.Microsecond
 
 // pollNow delivers the events pending now, without waiting and without
-// the runtime's poller (each wake runs as run's do);
+// the runtime's poller (each wake runs in a new goroutine, as run's do);
 // at most once per pollNowEvery, one epoll_wait. The busy path calls it
 // (fairpoll.go): Go polls the network only when its run queue is empty,
 // which behind a flood on one core can take milliseconds, and a quiet
@@ -61,7 +61,7 @@ func (p *idlePoller) pollNow(yield bool) {
 	if now-last < int64(pollNowEvery) || !p.lastPoll.CompareAndSwap(last, now) {
 		return
 	}
-	var buf [16]idleWait
+	var buf [16]func()
 	woke := buf[:0]
 	p.mu.Lock()
 	if p.ep != nil && len(p.waiting) > 0 {
@@ -69,7 +69,7 @@ func (p *idlePoller) pollNow(yield bool) {
 			if w, ok := p.waiting[id]; ok {
 				delete(p.waiting, id)
 				p.ep.Remove(w.fd)
-				woke = append(woke, w)
+				woke = append(woke, w.wake)
 			}
 		}
 	}
@@ -78,7 +78,9 @@ func (p *idlePoller) pollNow(yield bool) {
 	if retired != nil {
 		_ = retired.Close() // its goroutine ends
 	}
-	deliver(woke)
+	for _, wake := range woke {
+		go wake()
+	}
 	if yield && len(woke) > 0 {
 		// The goroutine started last holds the processor's next place,
 		// which whatever the caller starts or wakes next would take,
@@ -92,20 +94,6 @@ func (p *idlePoller) pollNow(yield bool) {
 type idleWait struct {
 	fd   int
 	wake func()
-	// inline: wake runs on the delivering goroutine, not a new one (it
-	// must not block: it wakes a waiting goroutine).
-	inline bool
-}
-
-// deliver runs the wakes taken from the poller.
-func deliver(woke []idleWait) {
-	for _, w := range woke {
-		if w.inline {
-			w.wake()
-		} else {
-			go w.wake()
-		}
-	}
 }
 
 // waiters returns how many registrations are waiting.
@@ -118,17 +106,6 @@ func (p *idlePoller) waiters() int {
 // wait registers fd; wake then runs in a new goroutine once fd is readable,
 // has hung up or failed. It returns the registration's id for cancel.
 func (p *idlePoller) wait(fd int, wake func()) (uint64, error) {
-	return p.register(fd, idleWait{fd: fd, wake: wake})
-}
-
-// waitInline is wait with a wake that runs on the goroutine delivering the
-// event: it must not block (it wakes a goroutine waiting for it).
-func (p *idlePoller) waitInline(fd int, wake func()) (uint64, error) {
-	return p.register(fd, idleWait{fd: fd, wake: wake, inline: true})
-}
-
-// register adds w for fd (wait, waitInline).
-func (p *idlePoller) register(fd int, w idleWait) (uint64, error) {
 	p.mu.Lock()
 	if p.ep == nil {
 		ep, err := sock.OpenEpoll()
@@ -152,7 +129,7 @@ func (p *idlePoller) register(fd int, w idleWait) (uint64, error) {
 		}
 		return 0, err
 	}
-	p.waiting[id] = w
+	p.waiting[id] = idleWait{fd: fd, wake: wake}
 	p.mu.Unlock()
 	return id, nil
 }
@@ -187,22 +164,24 @@ func (p *idlePoller) closeIfEmptyLocked() *sock.Epoll {
 
 // run delivers the events of epoll instance ep until it is closed.
 func (p *idlePoller) run(ep *sock.Epoll) {
-	var woke []idleWait
-	take := func(ids []uint64) {
+	var woke []func()
+	deliver := func(ids []uint64) {
 		p.mu.Lock()
 		for _, id := range ids {
 			if w, ok := p.waiting[id]; ok {
 				delete(p.waiting, id)
 				ep.Remove(w.fd)
-				woke = append(woke, w)
+				woke = append(woke, w.wake)
 			}
 		}
 		p.mu.Unlock()
 	}
 	for {
 		woke = woke[:0]
-		err := ep.Wait(take)
-		deliver(woke)
+		err := ep.Wait(deliver)
+		for _, wake := range woke {
+			go wake()
+		}
 		if err != nil {
 			return // ep was closed
 		}

@@ -308,7 +308,7 @@ func TestPanicResumedParkedHTTP1Conn(t *testing.T) {
 		t.Fatalf("victim before parking: %d %q", status, body)
 	}
 	// Both keep-alive connections (victim and bystander) park.
-	testutil.Eventually(t, 5*time.Second, "the idle connections parked", func() bool { return e.srv.idleConns.waiters() == 2 })
+	testutil.Eventually(t, 5*time.Second, "the idle connections parked", func() bool { return e.srv.idleH1.waiters() == 2 })
 	before := panicguard.Count(panicguard.HTTP1Conn)
 	injectPanic(t, panicguard.HTTP1Conn, panicVictimHost)
 	_, _ = io.WriteString(c.conn, "GET /?b HTTP/1.1\r\nHost: "+panicVictimHost+"\r\n\r\n")

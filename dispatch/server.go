@@ -234,10 +234,8 @@ type Server struct {
 	idleCh   chan struct{} // signalled when a connection ends during drain
 
 	idle idlePoller // idle WebSocket directions (idlepoll.go)
-	// idleConns holds the idle HTTP/1.1 keep-alive connections
-	// (idlepark.go) and, while fair admission is contended, the waits of
-	// light HTTP/2 connections' readers (h2park.go).
-	idleConns idlePoller
+	// idleH1 holds the idle HTTP/1.1 keep-alive connections (idlepark.go).
+	idleH1 idlePoller
 	// appHangups notes the app connections that apps closed (apphangup.go).
 	appHangups appHangups
 }
