@@ -20,7 +20,14 @@ for b in $bins; do [ -x "$dir/$b" ] || missing=1; done
 if [ ! -s "$dir/kwok.yaml" ]; then
 	# kwok alone (without kwokctl) needs its stages: the node and Pod
 	# lifecycles kwokctl uses by default, from the kwok module tools/k8s pins.
+	# (`go list -m` names no directory for a module not yet downloaded: on
+	# a fresh machine it is downloaded first.)
+	(cd tools/k8s && GOFLAGS=-mod=readonly "$GO" mod download sigs.k8s.io/kwok)
 	kwok_dir=$(cd tools/k8s && GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+	if [ -z "$kwok_dir" ] || [ ! -d "$kwok_dir/kustomize/stage" ]; then
+		echo "k8s-bins: the kwok module's stages are not at '$kwok_dir/kustomize/stage'" >&2
+		exit 1
+	fi
 	mkdir -p "$dir"
 	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
 		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
