@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -122,6 +123,18 @@ func (a *h2App) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
 		_, _ = io.WriteString(w, "after hints")
+	case "/halfhead":
+		// An app that sends part of its response head and stalls, until
+		// the listener closes the connection (or 10 s).
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/pl")
+		_ = bw.Flush()
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = conn.Read(make([]byte, 1))
+		_ = conn.Close()
 	case "/switch":
 		// An app that switches protocols on a plain request.
 		conn, bw, err := http.NewResponseController(w).Hijack()
@@ -822,6 +835,53 @@ func TestH2ResponseHeadTimeout(t *testing.T) {
 	h2RecvArrival(t, e.web)
 	// The connection carries on.
 	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+}
+
+// TestResponseHeadTimeoutPartialHead: an app whose answer starts within
+// the response-head timeout but whose head never completes gets 504 at
+// the timeout counted from the request's write, on both protocols (the
+// read of the rest of the head keeps the deadline of the wait for the
+// answer's first bytes).
+func TestResponseHeadTimeoutPartialHead(t *testing.T) {
+	h2Verify(t)
+	const timeout = time.Second
+	e := newH2Env(t, 0, Config{ResponseHeaderTimeout: timeout})
+	check := func(proto string, status int, body string, d time.Duration) {
+		t.Helper()
+		if status != 504 || !strings.Contains(body, reasonRespTimeout) {
+			t.Errorf("%s: a head that never completes: %d %q, want 504", proto, status, body)
+		}
+		if d < timeout || d >= 2*timeout {
+			t.Errorf("%s: 504 after %v, want the timeout %v", proto, d, timeout)
+		}
+	}
+
+	cc := e.dial(h2WebHost)
+	start := time.Now()
+	res := h2Do(cc, h2Req(t, "GET", h2WebHost, "/halfhead", nil))
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	check("HTTP/2", res.status, res.body, time.Since(start))
+	h2MustDo(t, cc, h2Req(t, "GET", h2WebHost, "/", nil), 200)
+
+	tc, err := tls.Dial("tcp", e.ln.Addr().String(), &tls.Config{ServerName: h2WebHost, RootCAs: e.ca.Pool(), NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tc.Close() }()
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	start = time.Now()
+	if _, err := fmt.Fprintf(tc, "GET /halfhead HTTP/1.1\r\nHost: %s\r\n\r\n", h2WebHost); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	check("HTTP/1.1", resp.StatusCode, string(b), time.Since(start))
 }
 
 // TestH2HeaderLimits: the header list is bounded by Config.MaxHeaderBytes
