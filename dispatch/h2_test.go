@@ -126,28 +126,32 @@ func (a *h2App) serve(w http.ResponseWriter, r *http.Request) {
 	case "/halfhead":
 		// An app that sends part of its response head and stalls, until
 		// the listener closes the connection (or 10 s).
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
+		if conn := hijackWrite(w, "HTTP/1.1 200 OK\r\nContent-Type: text/pl"); conn != nil {
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, _ = conn.Read(make([]byte, 1))
+			_ = conn.Close()
 		}
-		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/pl")
-		_ = bw.Flush()
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		_, _ = conn.Read(make([]byte, 1))
-		_ = conn.Close()
 	case "/switch":
 		// An app that switches protocols on a plain request.
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
+		if conn := hijackWrite(w, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"); conn != nil {
+			_ = conn.Close()
 		}
-		_, _ = bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		_ = bw.Flush()
-		_ = conn.Close()
 	default:
 		w.Header().Set("X-App", a.name)
 		_, _ = fmt.Fprintf(w, "%s %s", a.name, r.URL.RawQuery)
 	}
+}
+
+// hijackWrite takes the app's connection from net/http and writes raw on
+// it; nil when it cannot be taken.
+func hijackWrite(w http.ResponseWriter, raw string) net.Conn {
+	conn, bw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil
+	}
+	_, _ = bw.WriteString(raw)
+	_ = bw.Flush()
+	return conn
 }
 
 // h2Env plays the listener: TLS with ALPN h2/http1.1, SNI lookup in a real

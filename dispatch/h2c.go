@@ -583,12 +583,12 @@ func h2cRequestFields(dst []hpack.HeaderField, src []h2engine.HeaderField, fi *f
 			}
 			cookies = 0
 		}
-		nb := []byte(name)
-		if !claims.keep(fi, nb, []byte(value)) {
+		nb, vb := []byte(name), []byte(value)
+		if !claims.keep(fi, nb, vb) {
 			continue
 		}
 		if fi.access != nil {
-			out, drop := fi.access.rewriteField(nb, []byte(value))
+			out, drop := fi.access.rewriteField(nb, vb)
 			if drop {
 				continue
 			}
