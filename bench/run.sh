@@ -1462,8 +1462,10 @@ noisy_quiet_hosts() { # count
 quiet_lg() { # http1|h2 hosts duration: one JSON line
 	local port=$PORT
 	[[ $1 != h2 ]] || port=$H2PORT
+	local qlog=()
+	[[ -z ${NOISY_QLOG:-} ]] || qlog=(-log "$NOISY_QLOG")
 	PIN_SCHED=$QUIET_SCHED PIN_PRIO=$QUIET_PRIO PIN_NICE=$QUIET_NICE run_pinned "$PROXY_CPU" "$TMP/loadgen" quiet -proto "$1" -addr "127.0.0.1:$port" \
-		-sni "$SNI" -hosts "$2" -rate "$NOISY_RATE" -duration "${3}s" -warmup 1s 2>>"$TMP/loadgen.err" |
+		-sni "$SNI" -hosts "$2" -rate "$NOISY_RATE" -duration "${3}s" -warmup 1s "${qlog[@]}" 2>>"$TMP/loadgen.err" |
 		tee -a "$TMP/loadgen.log" | tail -n 1 || true
 }
 noisy_flood_start() { # h1|h2 seconds: floods A in the background -> FLOOD_PID
@@ -1506,7 +1508,9 @@ wl_noisy() { # round duration h1|h2 name quiet-count
 	c0=$(cpu_ticks) t0=$(now)
 	noisy_flood_start "$proto" $((d + 3))
 	sleep 1
+	noisy_profile_start "$name" "$r" "$d"
 	j2=$(quiet_lg "$lp" "$hosts" "$d")
+	noisy_profile_wait
 	noisy_flood_wait "$proto" "$name"
 	c1=$(cpu_ticks) t1=$(now)
 	spin_stop
@@ -1515,6 +1519,7 @@ wl_noisy() { # round duration h1|h2 name quiet-count
 	record "$TARGET" "${name}_a_rps" "$r" "$FLOOD_RPS"
 	busy=$(calc "($c1 - $c0) / $CLK_TCK / ($t1 - $t0) * 100")
 	record "$TARGET" "${name}_busy_pct" "$r" "$busy"
+	[[ -z $FLOOD_RPS || $FLOOD_RPS == 0 ]] || record "$TARGET" "${name}_us_per_req" "$r" "$(calc "$busy / 100 * 1000000 / $FLOOD_RPS")"
 	if [[ $SCHED == rr ]] && awk -v b="$busy" 'BEGIN{exit !(b >= 93)}'; then
 		note "$TARGET $name round $r: the proxy was ${busy} % busy under the flood; at over 95 % the real-time throttle stops it for 50 ms a second, which shows in B's max and p99"
 	fi
@@ -1542,6 +1547,39 @@ wl_noisy() { # round duration h1|h2 name quiet-count
 			'[range(0; $a.per_host | length) | select($a.per_host[.].p99_ms > 0) | $b.per_host[.].p99_ms / $a.per_host[.].p99_ms] | max // empty' 2>/dev/null)"
 	fi
 	echo "$TARGET $name round $r: alone $(jq -c 'del(.per_host)' <<<"$j1"); flood $(jq -c 'del(.per_host)' <<<"$j2"); A $FLOOD_RPS req/s" >>"$TMP/noisy.log"
+}
+# noisy_profile_start / noisy_profile_wait (BENCH_NOISY_PROFILE=1, the
+# applistener targets): a CPU profile of the proxy over the quiet client's
+# measured run under the flood (BENCH_NOISY_TRACE=1: an execution trace of
+# 2 s of it instead, for `go tool trace -pprof=sched`, where goroutines
+# waited to run), and the quiet client's requests one by one (*.quiet.tsv:
+# host, send and done times, status, to set beside the proxy's access log,
+# bench/noisy_join.py), for where the flood's extra CPU per request
+# goes, and the proxy's metrics before and after it; written to the
+# results' profiles/ as <workload>-<target>-r<round>.*.
+noisy_profile_start() { # name round seconds
+	NOISY_PROF_PID=""
+	[[ ${BENCH_NOISY_PROFILE:-0} == 1 && $TARGET == applistener* ]] || return 0
+	mkdir -p "$RESULTS/profiles"
+	local out=$RESULTS/profiles/$1-$TARGET-r$2
+	if [[ ${BENCH_NOISY_TRACE:-0} == 1 ]]; then # an execution trace of 2 s instead
+		(sleep 1; curl -fs -o "$out.trace" "http://127.0.0.1:$P_ADMIN/debug/pprof/trace?seconds=2") &
+	else
+		(sleep 1; curl -fs -o "$out.pprof" "http://127.0.0.1:$P_ADMIN/debug/pprof/profile?seconds=$(($3 - 1))" &&
+			go tool pprof -top -nodecount=40 "$TMP/applistener" "$out.pprof" >"$out.txt" 2>&1) &
+	fi
+	NOISY_PROF_PID=$!
+	NOISY_PROF_OUT=$out
+	NOISY_QLOG=$out.quiet.tsv
+	curl -fs "http://127.0.0.1:$P_ADMIN/metrics" >"$out.metrics.before" || true
+}
+noisy_profile_wait() {
+	[[ -n ${NOISY_PROF_PID:-} ]] || return 0
+	curl -fs "http://127.0.0.1:$P_ADMIN/metrics" >"$NOISY_PROF_OUT.metrics.after" || true
+	wait "$NOISY_PROF_PID" || true
+	# The quiet instances' access-log lines, for noisy_join.py.
+	grep -F 'msg=access' "$TMP/applistener.log" 2>/dev/null | grep -F ' sandbox=b' >"$NOISY_PROF_OUT.access" || true
+	NOISY_PROF_PID="" NOISY_QLOG=""
 }
 wl_noisy_h1() { wl_noisy "$1" "$2" h1 noisy_h1 1; }
 wl_noisy_h2() { wl_noisy "$1" "$2" h2 noisy_h2 1; }

@@ -126,6 +126,7 @@ func noisyMetrics(w, proto, flood string) []metric {
 		{w + "_alone_max_ms", w, "  B's max alone", "ms", "lower", false},
 		{w + "_flood_max_ms", w, "  B's max flooded", "ms", "lower", false},
 		{w + "_busy_pct", w, "  proxy core busy during the flood", "%", "info", false},
+		{w + "_us_per_req", w, "  proxy CPU per flood request (busy ÷ A's req/s; the quiet requests' share included)", "µs", "lower", false},
 		{w + "_late_ms", w, "  quiet client's own send lateness p99 under the flood (the generator, not the proxy)", "ms", "info", false},
 	}
 }
@@ -143,6 +144,7 @@ func noisy10Metrics(w, proto, flood string) []metric {
 		{w + "_median_ratio", w, "  median p99 flooded ÷ median p99 alone", "×", "lower", false},
 		{w + "_a_rps", w, "  A's req/s under the flood", "req/s", "higher", false},
 		{w + "_busy_pct", w, "  proxy core busy during the flood", "%", "info", false},
+		{w + "_us_per_req", w, "  proxy CPU per flood request (busy ÷ A's req/s; the quiet requests' share included)", "µs", "lower", false},
 		{w + "_late_ms", w, "  quiet clients' own send lateness p99 under the flood (the generator, not the proxy)", "ms", "info", false},
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -44,6 +45,7 @@ func runQuiet(args []string) error {
 	duration := fs.Duration("duration", 10*time.Second, "measured duration")
 	warmup := fs.Duration("warmup", time.Second, "unrecorded warm-up before the measurement")
 	watch := watchFlag(fs)
+	reqLog := fs.String("log", "", "append each measured request to this file: host, send and done times (Unix ns), status; for joining with the proxy's access log")
 	_ = fs.Parse(args)
 	w := newWatcher(*watch)
 	if *proto != "http1" && *proto != "h2" {
@@ -91,6 +93,12 @@ func runQuiet(args []string) error {
 		maxAtFromWindow   time.Duration
 	}
 	results := make([]result, len(hosts))
+	// Per-request records (-log), one slice per host, written at the end.
+	type reqRecord struct {
+		sent, done time.Time
+		status     int
+	}
+	records := make([][]reqRecord, len(hosts))
 	var wg sync.WaitGroup
 	time.AfterFunc(time.Until(measureFrom), w.start)
 	for i := range clients {
@@ -136,6 +144,9 @@ func runQuiet(args []string) error {
 						r.maxAtFromWindow = next.Sub(measureFrom)
 					}
 					r.lat.record(lat)
+					if *reqLog != "" {
+						records[i] = append(records[i], reqRecord{sent, done, st})
+					}
 					r.strict.record(done.Sub(next))
 					if sent != next {
 						r.late.record(sent.Sub(next))
@@ -146,6 +157,17 @@ func runQuiet(args []string) error {
 		}(i)
 	}
 	wg.Wait()
+	if *reqLog != "" {
+		var b strings.Builder
+		for i, rs := range records {
+			for _, r := range rs {
+				fmt.Fprintf(&b, "%s\t%d\t%d\t%d\n", hosts[i], r.sent.UnixNano(), r.done.UnixNano(), r.status)
+			}
+		}
+		if err := appendFile(*reqLog, b.String()); err != nil {
+			return fmt.Errorf("-log: %w", err)
+		}
+	}
 
 	out := map[string]any{}
 	w.stop(out)
@@ -336,4 +358,17 @@ func (q *quietH2) close() {
 		_ = q.cc.Close()
 		q.cc = nil
 	}
+}
+
+// appendFile appends text to the file at path, creating it.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
