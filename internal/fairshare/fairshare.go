@@ -114,6 +114,9 @@ type Flow struct {
 	// number of its waiters (changed under Scheduler.mu).
 	held   atomic.Int32
 	queued atomic.Int32
+	// queuedAt is when an admission of the flow last queued (the
+	// scheduler's now() nanoseconds; 0: never), for RecentlyQueued.
+	queuedAt atomic.Int64
 	// Counters, read by the instance metrics.
 	waits     atomic.Uint64
 	waitNanos atomic.Int64
@@ -160,6 +163,9 @@ type Config struct {
 	// that hold no slot: 0 for Slots / ReservePerSlots (none below 9
 	// slots), negative for none.
 	Reserve int
+	// BusyHold is how long after an admission last queued Busy and
+	// RecentlyQueued still report it (0: DefaultBusyHold).
+	BusyHold time.Duration
 	// SoloWindow, when positive, lets a flow that has been the only one
 	// admitted for that long be admitted at once even when every slot is
 	// taken (with the zero Ticket): with nobody else to be fair to,
@@ -172,9 +178,10 @@ type Config struct {
 // Scheduler admits work across flows. Its methods are safe for concurrent
 // use; a nil *Scheduler admits everything at once.
 type Scheduler struct {
-	n     int
-	full  uint64
-	lease int64
+	n        int
+	full     uint64
+	lease    int64
+	busyHold int64
 	// heavyMax is the most slots taken (n minus the reserve) at which a
 	// slot may go to a flow that already holds one while others queue.
 	heavyMax int
@@ -197,6 +204,10 @@ type Scheduler struct {
 
 	m      *metrics
 	waiter sync.Pool
+
+	// queuedAt is when an admission last queued (now() nanoseconds; 0:
+	// never), for Busy.
+	queuedAt atomic.Int64
 
 	// Solo admission (Config.SoloWindow): the flow of the last Admit and
 	// when a different flow was last seen (now() nanoseconds).
@@ -229,7 +240,11 @@ func New(cfg Config) *Scheduler {
 		reserve = n / ReservePerSlots
 	}
 	reserve = min(max(reserve, 0), n-1)
-	s := &Scheduler{n: n, heavyMax: n - reserve, lease: int64(lease), now: monotonic, timer: realTimer, m: newMetrics(cfg.Registerer),
+	busyHold := cfg.BusyHold
+	if busyHold <= 0 {
+		busyHold = DefaultBusyHold
+	}
+	s := &Scheduler{n: n, heavyMax: n - reserve, lease: int64(lease), busyHold: int64(busyHold), now: monotonic, timer: realTimer, m: newMetrics(cfg.Registerer),
 		solo: int64(max(cfg.SoloWindow, 0))}
 	if n == MaxSlots {
 		s.full = ^uint64(0)
@@ -251,6 +266,42 @@ func (s *Scheduler) Lease() time.Duration { return time.Duration(s.lease) }
 // units (WebSocket chunks) admit only when it is true.
 func (s *Scheduler) Contended() bool {
 	return s != nil && (s.waiting.Load() > 0 || s.taken.Load() == s.full)
+}
+
+// DefaultBusyHold is how long after an admission last queued Busy still
+// reports the scheduler busy (Config.BusyHold): longer than the gaps in a
+// flood, during which its waiters have all been admitted while its next
+// requests are still on the way.
+const DefaultBusyHold = 10 * time.Millisecond
+
+// Busy reports whether the scheduler is contended now or an admission
+// queued within the last busy hold (Config.BusyHold). Contended alone flickers under a
+// flood: its queue empties for a moment whenever its requests in flight
+// wait on the network, and work that keeps a neighbour's requests ahead
+// of the flood's (the listener's early parking of idle connections) would
+// stop and start with it. With nothing queued for the hold it costs what
+// Contended does and one atomic load.
+func (s *Scheduler) Busy() bool {
+	if s.Contended() {
+		return true
+	}
+	if s == nil {
+		return false
+	}
+	at := s.queuedAt.Load()
+	return at != 0 && s.now()-at < s.busyHold
+}
+
+// RecentlyQueued reports whether an admission of flow f queued within
+// the last busy hold (Config.BusyHold): f is a flood's, or was lately. A flow that has
+// never had to queue, or not for that long, is light, however much it
+// has in flight for a moment.
+func (s *Scheduler) RecentlyQueued(f *Flow) bool {
+	if s == nil || f == nil {
+		return false
+	}
+	at := f.queuedAt.Load()
+	return at != 0 && s.now()-at < s.busyHold
 }
 
 // Waiting returns the number of queued waiters.
@@ -431,6 +482,8 @@ func (s *Scheduler) wait(f *Flow, kind Kind, done, also <-chan struct{}, timeout
 		s.mu.Unlock()
 		return t, nil
 	}
+	s.queuedAt.Store(max(start, 1))
+	f.queuedAt.Store(max(start, 1))
 	w := s.waiter.Get().(*waiter)
 	w.flow = f
 	s.enqueueLocked(w)

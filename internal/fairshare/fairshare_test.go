@@ -749,3 +749,50 @@ func TestTakeoverEndsHolding(t *testing.T) {
 		t.Fatalf("b holds %d after its release", b.held.Load())
 	}
 }
+
+// TestBusyHoldsAfterTheQueueEmpties: Busy is false before anything ever
+// queued, true while contended, and stays true for BusyHold after the last
+// admission queued, though the queue is empty and slots are free again;
+// RecentlyQueued holds as long for the flow that queued, never for one
+// that did not.
+func TestBusyHoldsAfterTheQueueEmpties(t *testing.T) {
+	s, clock, _ := newTest(t, 1)
+	var nilSched *Scheduler
+	if nilSched.Busy() {
+		t.Error("a nil scheduler is busy")
+	}
+	held, _ := s.TryAdmit()
+	if !s.Busy() {
+		t.Error("not busy with every slot taken")
+	}
+	s.Release(held)
+	if s.Busy() {
+		t.Error("busy though nothing ever queued")
+	}
+	held, _ = s.TryAdmit()
+	var f Flow
+	var wg sync.WaitGroup
+	q := enqueue(t, s, &f, "w", nil, 1, &wg)
+	s.Release(held)
+	tk := <-q.got
+	wg.Wait()
+	s.Release(tk)
+	if s.Contended() {
+		t.Fatal("still contended after every release")
+	}
+	var other Flow
+	if !s.Busy() || !s.RecentlyQueued(&f) {
+		t.Error("not busy, or f not recently queued, right after its admission queued")
+	}
+	if s.RecentlyQueued(&other) || s.RecentlyQueued(nil) || nilSched.RecentlyQueued(&f) {
+		t.Error("recently queued: a flow that never queued, no flow, or on a nil scheduler")
+	}
+	clock.advance(DefaultBusyHold - time.Microsecond)
+	if !s.Busy() || !s.RecentlyQueued(&f) {
+		t.Errorf("not busy, or f not recently queued, %v after its admission queued", DefaultBusyHold-time.Microsecond)
+	}
+	clock.advance(time.Microsecond)
+	if s.Busy() || s.RecentlyQueued(&f) {
+		t.Errorf("still busy, or f recently queued, %v after the last admission queued", DefaultBusyHold)
+	}
+}
