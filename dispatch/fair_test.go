@@ -96,7 +96,9 @@ func newFairEnvWith(t *testing.T, slots int, lease time.Duration, configure func
 		t.Fatalf("Apply = %+v", res)
 	}
 	e.reg = prometheus.NewRegistry()
-	e.sched = fairshare.New(fairshare.Config{Slots: slots, Lease: lease, Registerer: e.reg})
+	// A busy hold of an hour: a test that makes an instance queue sees it
+	// as a flood's for as long as it runs, however slow the machine.
+	e.sched = fairshare.New(fairshare.Config{Slots: slots, Lease: lease, Registerer: e.reg, BusyHold: time.Hour})
 	srv := New(Config{Fair: e.sched, Logger: discard, Registerer: e.reg})
 	configure(srv)
 	e.srv = srv
@@ -565,6 +567,33 @@ func TestQuietConnParksAtOnce(t *testing.T) {
 			t.Fatalf("a request of the parked connection: %v", err)
 		}
 		testutil.Eventually(t, 5*time.Second, "B parked again", func() bool { return e.srv.idleH1.waiters() == 1 })
+	}
+
+	// An instance whose admissions queued lately is a flood's, however few
+	// requests it has in flight for a moment: its connection does not park
+	// at once (it would be delivered ahead of its neighbours').
+	inst := e.table.Lookup(fairHostB).Instance
+	beyond, ok := e.sched.TryAdmitFlow(&inst.Fair) // light B: beyond the slots
+	if !ok {
+		t.Fatal("light B not admitted beyond the slots")
+	}
+	if _, err := e.sched.Admit(&inst.Fair, fairshare.KindRequest, nil, time.Millisecond); err == nil {
+		t.Fatal("admitted with every slot held and B holding its one beyond them")
+	}
+	e.sched.Release(beyond)
+	if !e.sched.RecentlyQueued(&inst.Fair) {
+		t.Fatal("B's admission queued, yet not recently queued")
+	}
+	if err := <-send(b, "/fast"); err != nil {
+		t.Fatalf("a request of the parked connection: %v", err)
+	}
+	// Its response is read: the connection goes idle, in place.
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := e.srv.idleH1.waiters(); n != 0 {
+			t.Fatalf("a connection of an instance that queued lately parked at once (%d parked)", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -23,10 +23,19 @@ import (
 var longAgo = time.Unix(1, 0)
 
 // parksAtOnce reports whether the connection should park with the idle
-// poller as soon as it is idle: fair admission is contended and its
-// instance is light.
+// poller as soon as it is idle: fair admission is busy and its instance
+// is light: fewer than fairLightStreams requests in flight, and none of
+// its admissions queued lately. A flood's connection whose instance has
+// few requests in flight for a moment (its clients are slow to send the
+// next) would otherwise park too, and then be delivered at the front of
+// the run queue like a neighbour's, ahead of the neighbours' own.
 func (c *clientConn) parksAtOnce() bool {
-	return c.s.cfg.Fair.Contended() && c.route != nil && c.route.Instance.Active() < fairLightStreams
+	fair := c.s.cfg.Fair
+	if !fair.Busy() || c.route == nil {
+		return false
+	}
+	inst := c.route.Instance
+	return inst.Active() < fairLightStreams && !fair.RecentlyQueued(&inst.Fair)
 }
 
 // parkAtOnce parks c until deadline unless a request is at hand: TLS may
@@ -46,16 +55,22 @@ func (c *clientConn) parkAtOnce(deadline time.Time) (n int, parked, ended bool) 
 	return 0, c.park(deadline), false
 }
 
-// pollParked delivers parked connections' requests that have arrived,
-// while fair admission is contended (see above). The caller's request is
-// inst's. When inst is busy (a flood: more than fairLightStreams requests
-// in flight), its goroutine steps aside for the requests delivered, which
-// then run at once instead of behind the flood's queued goroutines; a
-// light instance's request (a neighbour's, giving its slot back while it
-// waits for its app) goes on, as yielding would put it behind them.
+// pollParked delivers a parked connection's request that has arrived,
+// while fair admission is busy (see above), when the caller's request (of
+// inst) is a flood's: inst has more than fairLightStreams requests in
+// flight. Its goroutine then steps aside, and the request delivered runs
+// at once instead of behind the flood's queued goroutines. A light
+// instance's request delivers nothing: it would not step aside (for a
+// neighbour's request giving its slot back while it waits for its app,
+// that would put it behind the flood), and whatever it wakes before it
+// blocks (its access-log writer, a flood's waiter it hands its slot to)
+// would push the request delivered behind the whole run queue. Measured
+// on one core, nine quiet instances beside a 100-connection flood with
+// 17 slots: a delivered request's start p99 0.55 ms (max 6.4 ms) when
+// every release delivered.
 func (s *Server) pollParked(inst *routes.Instance) {
-	if s.cfg.Fair.Contended() {
-		s.idleH1.pollNow(stepsAside(inst))
+	if stepsAside(inst) && s.cfg.Fair.Busy() {
+		s.idleH1.pollNow(true)
 	}
 }
 

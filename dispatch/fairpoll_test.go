@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
+	"github.com/applistener/applistener/internal/fairshare"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -103,6 +104,55 @@ func TestPollNowDelivers(t *testing.T) {
 	}
 }
 
+// TestPollNowDeliversOneAtATime: with several parked sockets readable at
+// once, each pollNow delivers one of them (pollNowMax), the others stay
+// parked for the next look: a second goroutine started with the first
+// would wait behind the whole run queue.
+func TestPollNowDeliversOneAtATime(t *testing.T) {
+	ep, err := sock.OpenEpoll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &idlePoller{ep: ep, waiting: make(map[uint64]idleWait)} // no run goroutine
+	const n = 3
+	woke := make(chan uint64, n)
+	for id := uint64(1); id <= n; id++ {
+		client, fd := tcpPairFD(t)
+		if err := ep.Add(fd, id); err != nil {
+			t.Fatal(err)
+		}
+		p.waiting[id] = idleWait{fd: fd, wake: func() { woke <- id }}
+		if _, err := client.Write([]byte("GET")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for want := n - 1; want >= 0; want-- {
+		deadline := time.Now().Add(5 * time.Second)
+		for p.waiters() > want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d parked, want %d", p.waiters(), want)
+			}
+			p.lastPoll.Store(0) // not throttled
+			p.pollNow(false)
+			if got := p.waiters(); got < want {
+				t.Fatalf("one pollNow delivered %d sockets", want+1-got)
+			}
+		}
+	}
+	seen := map[uint64]bool{}
+	for range n {
+		select {
+		case id := <-woke:
+			seen[id] = true
+		case <-time.After(5 * time.Second):
+			t.Fatal("a wake did not run")
+		}
+	}
+	if len(seen) != n {
+		t.Errorf("woken %v, want each of the %d once", seen, n)
+	}
+}
+
 // TestPollNowRunsTheDeliveredFirstOnOneCore: on one core (GOMAXPROCS=1, as
 // the bench pins the listener), a request pollNow(true) delivers (a flood's
 // request steps aside) runs before its caller goes on, ahead of the
@@ -182,5 +232,49 @@ func TestStepsAside(t *testing.T) {
 		if got, want := stepsAside(inst), n > fairLightStreams; got != want {
 			t.Errorf("%d requests in flight: stepsAside %v, want %v", n, got, want)
 		}
+	}
+}
+
+// TestQueueingDelivers: a request about to queue for admission delivers a
+// parked connection's request that has arrived (pollBeforeQueueing), so a
+// flood whose requests queue and wait for their apps, none of them ending,
+// still delivers its neighbours'. The poller has no goroutine of its own
+// here: only the admission can deliver.
+func TestQueueingDelivers(t *testing.T) {
+	sched := fairshare.New(fairshare.Config{Slots: 1, Lease: time.Hour})
+	defer sched.Close()
+	s := &Server{cfg: Config{Fair: sched}}
+	ep, err := sock.OpenEpoll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.idleH1.ep, s.idleH1.waiting = ep, make(map[uint64]idleWait)
+	client, fd := tcpPairFD(t)
+	woke := make(chan struct{}, 1)
+	if err := ep.Add(fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	s.idleH1.waiting[1] = idleWait{fd: fd, wake: func() { woke <- struct{}{} }}
+	// On loopback the bytes are in the socket's queue, and its epoll
+	// event pending, once Write returns.
+	if _, err := client.Write([]byte("GET")); err != nil {
+		t.Fatal(err)
+	}
+
+	held, _ := sched.TryAdmit() // the one slot: the next admission queues
+	var flood routes.Instance
+	admitted := make(chan bool, 1)
+	go func() {
+		_, ok := s.admitFair(&flood, nil)
+		admitted <- ok
+	}()
+	select {
+	case <-woke:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a request queueing for admission did not deliver the parked connection")
+	}
+	sched.Release(held)
+	if !<-admitted {
+		t.Fatal("the queued request was not admitted")
 	}
 }

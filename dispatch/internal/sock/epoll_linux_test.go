@@ -91,7 +91,7 @@ func TestEpollPoll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if ids := ep.Poll(); len(ids) != 0 {
+	if ids := ep.Poll(16); len(ids) != 0 {
 		t.Fatalf("Poll with nothing readable = %v", ids)
 	}
 	if _, err := busyPeer.Write([]byte("x")); err != nil {
@@ -99,7 +99,7 @@ func TestEpollPoll(t *testing.T) {
 	}
 	var got []uint64
 	for deadline := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
-		got = slices.Clone(ep.Poll())
+		got = slices.Clone(ep.Poll(16))
 		if len(got) == 0 {
 			time.Sleep(time.Millisecond)
 		}
@@ -107,7 +107,52 @@ func TestEpollPoll(t *testing.T) {
 	if !slices.Equal(got, []uint64{busyID}) {
 		t.Fatalf("Poll = %v, want [%d]", got, uint64(busyID))
 	}
-	if ids := ep.Poll(); len(ids) != 0 {
+	if ids := ep.Poll(16); len(ids) != 0 {
 		t.Fatalf("a one-shot event delivered twice: %v", ids)
+	}
+}
+
+// TestEpollPollAtMost: Poll(max) returns no more than max events and
+// leaves the others pending for the next Poll.
+func TestEpollPollAtMost(t *testing.T) {
+	ep, err := OpenEpoll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ep.Close() }()
+	var peers []net.Conn
+	for id := uint64(1); id <= 3; id++ {
+		c, peer := tcpPair(t)
+		fd, ok := FD(c)
+		if !ok {
+			t.Fatal("no descriptor")
+		}
+		if err := ep.Add(fd, id); err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, peer)
+	}
+	if ids := ep.Poll(0); ids != nil {
+		t.Fatalf("Poll(0) = %v", ids)
+	}
+	for _, p := range peers {
+		if _, err := p.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []uint64
+	for deadline := time.Now().Add(5 * time.Second); len(got) < 3 && time.Now().Before(deadline); {
+		ids := ep.Poll(1)
+		if len(ids) > 1 {
+			t.Fatalf("Poll(1) = %v", ids)
+		}
+		if len(ids) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		got = append(got, ids...)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("three Poll(1) delivered %v, want each of [1 2 3] once", got)
 	}
 }

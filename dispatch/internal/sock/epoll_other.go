@@ -27,4 +27,4 @@ func (e *Epoll) Close() error { return nil }
 func (e *Epoll) Wait(func([]uint64)) error { return errNoEpoll }
 
 // Poll has nothing pending.
-func (e *Epoll) Poll() []uint64 { return nil }
+func (e *Epoll) Poll(int) []uint64 { return nil }
