@@ -172,7 +172,7 @@ func resumeFailure(lease <-chan struct{}) error {
 
 // appAnswerSpin is how long a light instance's request (one that gave its
 // slot back for the wait, pauseFair) polls for its app's answer before it
-// parks, while the scheduler is contended. A parked goroutine is woken by
+// parks, while the scheduler is busy. A parked goroutine is woken by
 // Go's network poller only once the run queue is empty, which behind a
 // neighbour's flood on one core takes up to milliseconds; an app that
 // answers within the spin skips that wait. A light instance has at most
@@ -187,7 +187,7 @@ func (c *clientConn) answerSpin() time.Duration { return c.s.answerSpin(c.fairPa
 func (st *h2Stream) answerSpin() time.Duration { return st.s.answerSpin(st.fairPaused) }
 
 // answerSpin is appAnswerSpin for a request that gave its slot back for
-// the app wait (paused) while the scheduler is contended, else 0.
+// the app wait (paused) while the scheduler is busy, else 0.
 func (s *Server) answerSpin(paused bool) time.Duration {
 	if paused && s.cfg.Fair.Busy() {
 		return appAnswerSpin

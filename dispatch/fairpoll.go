@@ -6,14 +6,15 @@ import (
 	"github.com/applistener/applistener/routes"
 )
 
-// While fair admission is contended (a neighbour's flood fills the slots),
-// an HTTP/1.1 keep-alive connection of a light instance (fewer than
-// fairLightStreams requests in flight) parks with the idle poller as soon
-// as its response is written, instead of after parkAfter, and every
-// request that gives back a slot looks for parked connections whose next
-// request has arrived (idlePoller.pollNow, at most every 20 µs): their
-// goroutines start right behind it, and a flood's request steps aside for
-// them (pollParked). Go's own poller looks for network events only when
+// While fair admission is busy (a neighbour's flood fills the slots, or
+// queued lately: fairshare.Scheduler.Busy), an HTTP/1.1 keep-alive
+// connection of a light instance (fewer than fairLightStreams requests in
+// flight, none queued lately) parks with the idle poller as soon as its
+// response is written, instead of after parkAfter, and every request of a
+// flood that gives back a slot, or is about to queue for one, looks for a
+// parked connection whose next request has arrived (idlePoller.pollNow,
+// at most every 20 µs, one at a time) and steps aside for it (pollParked,
+// pollBeforeQueueing). Go's own poller looks for network events only when
 // its run queue is empty, which behind a flood on one core can take
 // milliseconds; the flood's own progress now delivers its neighbours'
 // requests. A flooding instance's connections wait as before.

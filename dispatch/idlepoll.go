@@ -54,14 +54,12 @@ const pollNowEvery = 20 * time.Microsecond
 // to spare it. The next event waits for the next pollNow instead (at
 // most pollNowEvery later while the flood runs), or for the runtime's
 // poller once the run queue is empty (run delivers everything pending).
-// Measured on one core, nine quiet instances beside a 100-connection
-// flood: see CHANGELOG.
 const pollNowMax = 1
 
 // pollNow delivers an event pending now (pollNowMax), without waiting
 // and without the runtime's poller (the wake runs in a new goroutine, as
-// run's do); at most once per pollNowEvery, one epoll_wait. The busy path calls it
-// (fairpoll.go): Go polls the network only when its run queue is empty,
+// run's do); at most once per pollNowEvery, one epoll_wait. A flood's
+// requests call it (fairpoll.go): Go polls the network only when its run queue is empty,
 // which behind a flood on one core can take milliseconds, and a quiet
 // connection's next request would wait for that. With yield, when it
 // delivered something, the caller steps aside so that the delivered
