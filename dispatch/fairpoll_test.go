@@ -11,6 +11,7 @@ import (
 
 	"github.com/applistener/applistener/dispatch/internal/sock"
 	"github.com/applistener/applistener/internal/fairshare"
+	"github.com/applistener/applistener/internal/testutil"
 	"github.com/applistener/applistener/routes"
 )
 
@@ -183,13 +184,8 @@ func TestPollNowRunsTheDeliveredFirstOnOneCore(t *testing.T) {
 		var orders [][]string
 		for range attempts {
 			var p idlePoller
-			var mu sync.Mutex
-			var order []string
-			note := func(name string) {
-				mu.Lock()
-				order = append(order, name)
-				mu.Unlock()
-			}
+			var ran testutil.RunOrder
+			note := ran.Note
 			var wg sync.WaitGroup
 			wg.Add(1)
 			if _, err := p.wait(fd, func() { defer wg.Done(); note("delivered") }); err != nil {
@@ -207,6 +203,7 @@ func TestPollNowRunsTheDeliveredFirstOnOneCore(t *testing.T) {
 			}
 			note("caller")
 			wg.Wait()
+			order := ran.Names()
 			if order[0] == want {
 				got++
 			} else if len(orders) < 3 {

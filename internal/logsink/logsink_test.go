@@ -255,20 +255,15 @@ func TestWakeKeepsTheNextPlaceOnOneCore(t *testing.T) {
 	var orders [][]string
 	for range 5 {
 		runtime.GC()
-		var mu sync.Mutex
-		var order []string
-		note := func(name string) {
-			mu.Lock()
-			order = append(order, name)
-			mu.Unlock()
-		}
+		var ran testutil.RunOrder
 		var wg sync.WaitGroup
 		for range 8 {
-			wg.Go(func() { note("waiting") })
+			wg.Go(func() { ran.Note("waiting") })
 		}
-		wg.Go(func() { note("started") }) // takes the processor's next place
-		_, _ = w.Write(line)              // wakes the drain goroutine
+		wg.Go(func() { ran.Note("started") }) // takes the processor's next place
+		_, _ = w.Write(line)                  // wakes the drain goroutine
 		wg.Wait()
+		order := ran.Names()
 		if order[0] == "started" {
 			return
 		}

@@ -1,10 +1,11 @@
 // Package testutil holds the helpers that the tests of several packages
 // share: Eventually polls for a condition, VerifyNone checks that a test
-// leaves no goroutine behind. Only _test.go files import it, so it and
+// leaves no goroutine behind, RunOrder records which goroutine ran first. Only _test.go files import it, so it and
 // goleak stay out of the binaries.
 package testutil
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -63,4 +64,25 @@ func VerifyNone(t testing.TB, opts ...goleak.Option) {
 			}
 		}
 	})
+}
+
+// RunOrder records the order in which goroutines reach a point, for the
+// tests of run order on one core. Its methods are safe for concurrent use.
+type RunOrder struct {
+	mu    sync.Mutex
+	names []string
+}
+
+// Note records that name got here.
+func (o *RunOrder) Note(name string) {
+	o.mu.Lock()
+	o.names = append(o.names, name)
+	o.mu.Unlock()
+}
+
+// Names returns the names noted so far, in order.
+func (o *RunOrder) Names() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.names...)
 }

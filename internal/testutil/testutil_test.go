@@ -188,3 +188,15 @@ func TestVerifyNoneWaitsForEndingGoroutines(t *testing.T) {
 	}
 	<-ended
 }
+
+// TestRunOrder: Names returns what Note recorded, in order, as a copy.
+func TestRunOrder(t *testing.T) {
+	var o RunOrder
+	o.Note("a")
+	o.Note("b")
+	got := o.Names()
+	got[0] = "changed"
+	if names := o.Names(); len(names) != 2 || names[0] != "a" || names[1] != "b" {
+		t.Errorf("Names = %v, want [a b]", names)
+	}
+}
