@@ -25,7 +25,7 @@ func (s *Server) admitFair(inst *routes.Instance, done <-chan struct{}) (fairsha
 		return t, true
 	}
 	s.pollBeforeQueueing()
-	t, err := fair.Admit(&inst.Fair, fairshare.KindRequest, done, 0)
+	t, err := fair.Queue(&inst.Fair, fairshare.KindRequest, done, nil)
 	return t, err == nil
 }
 
@@ -65,7 +65,7 @@ func (st *h2Stream) admitFair(inst *routes.Instance) bool {
 	if !ok {
 		st.s.pollBeforeQueueing()
 		var err error
-		t, err = fair.AdmitEither(&inst.Fair, fairshare.KindRequest, st.es.Done(), st.hc.route.Lease.Done())
+		t, err = fair.Queue(&inst.Fair, fairshare.KindRequest, st.es.Done(), st.hc.route.Lease.Done())
 		if err != nil {
 			st.deny(denyRevoked)
 			return false

@@ -282,11 +282,11 @@ const DefaultBusyHold = 10 * time.Millisecond
 // stop and start with it. With nothing queued for the hold it costs what
 // Contended does and one atomic load.
 func (s *Scheduler) Busy() bool {
-	if s.Contended() {
-		return true
-	}
 	if s == nil {
 		return false
+	}
+	if s.Contended() {
+		return true
 	}
 	at := s.queuedAt.Load()
 	return at != 0 && s.now()-at < s.busyHold
@@ -464,6 +464,13 @@ func (s *Scheduler) noteFlow(f *Flow) {
 // for the solo window: it is admitted without queueing.
 func (s *Scheduler) alone() bool {
 	return s.solo > 0 && s.waiting.Load() == 0 && s.now()-s.flowSince.Load() >= s.solo
+}
+
+// Queue waits for flow f's turn, for a caller whose TryAdmitFlow has just
+// failed (and that had something to do first, before it queues): Admit
+// without its fast path, cancelled when done or also closes.
+func (s *Scheduler) Queue(f *Flow, kind Kind, done, also <-chan struct{}) (Ticket, error) {
+	return s.wait(f, kind, done, also, 0)
 }
 
 // AdmitEither is Admit cancelled when either done or also closes (a

@@ -796,3 +796,40 @@ func TestBusyHoldsAfterTheQueueEmpties(t *testing.T) {
 		t.Errorf("still busy, or f recently queued, %v after the last admission queued", DefaultBusyHold)
 	}
 }
+
+// TestQueue: Queue waits for the flow's turn (no fast path of its own: its
+// caller's TryAdmitFlow failed) and is cancelled by either channel.
+func TestQueue(t *testing.T) {
+	s, _, _ := newTest(t, 1)
+	held, _ := s.TryAdmit()
+	var f Flow
+	got := make(chan error, 1)
+	go func() {
+		tk, err := s.Queue(&f, KindRequest, nil, nil)
+		if err == nil && !tk.Valid() {
+			err = errors.New("no ticket")
+		}
+		if err == nil {
+			s.Release(tk)
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return s.Waiting() == 1 })
+	s.Release(held)
+	if err := <-got; err != nil {
+		t.Fatalf("Queue after the slot was released: %v", err)
+	}
+
+	held, _ = s.TryAdmit()
+	defer s.Release(held)
+	also := make(chan struct{})
+	go func() {
+		_, err := s.Queue(&f, KindRequest, nil, also)
+		got <- err
+	}()
+	waitFor(t, func() bool { return s.Waiting() == 1 })
+	close(also)
+	if err := <-got; !errors.Is(err, ErrCancelled) {
+		t.Fatalf("Queue cancelled by its second channel: %v, want ErrCancelled", err)
+	}
+}

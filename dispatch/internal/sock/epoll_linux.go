@@ -70,18 +70,18 @@ func (e *Epoll) Remove(fd int) {
 // Close closes the instance; a Wait in progress returns its error.
 func (e *Epoll) Close() error { return e.f.Close() }
 
-// Poll returns the ids of at most max (1 to 16) events pending now,
+// Poll returns the ids of at most limit (1 to 16) events pending now,
 // without waiting: one epoll_wait with a zero timeout, outside the
-// runtime's poller; events beyond max stay pending for the next Poll or
+// runtime's poller; events beyond limit stay pending for the next Poll or
 // Wait. The slice is valid until the next Poll. It may run alongside Wait
 // (registrations are one-shot: an event goes to one of them); its callers
 // serialise Poll among themselves and against Close.
-func (e *Epoll) Poll(max int) []uint64 {
-	max = min(len(e.pollEvents), max)
-	if max <= 0 {
+func (e *Epoll) Poll(limit int) []uint64 {
+	limit = min(len(e.pollEvents), limit)
+	if limit <= 0 {
 		return nil
 	}
-	n, err := unix.EpollWait(e.fd, e.pollEvents[:max], 0)
+	n, err := unix.EpollWait(e.fd, e.pollEvents[:limit], 0)
 	if err != nil || n <= 0 {
 		return nil
 	}
