@@ -275,33 +275,28 @@ func (s *Scheduler) Contended() bool {
 const DefaultBusyHold = 10 * time.Millisecond
 
 // Busy reports whether the scheduler is contended now or an admission
-// queued within the last busy hold (Config.BusyHold). Contended alone flickers under a
-// flood: its queue empties for a moment whenever its requests in flight
-// wait on the network, and work that keeps a neighbour's requests ahead
-// of the flood's (the listener's early parking of idle connections) would
-// stop and start with it. With nothing queued for the hold it costs what
-// Contended does and one atomic load.
+// queued within the last busy hold (Config.BusyHold). Contended alone
+// flickers under a flood: its queue empties for a moment whenever its
+// requests in flight wait on the network, and work that keeps a
+// neighbour's requests ahead of the flood's (the listener's early parking
+// of idle connections) would stop and start with it. With nothing queued
+// for the hold it costs what Contended does and one atomic load.
 func (s *Scheduler) Busy() bool {
-	if s == nil {
-		return false
-	}
-	if s.Contended() {
-		return true
-	}
-	at := s.queuedAt.Load()
-	return at != 0 && s.now()-at < s.busyHold
+	return s != nil && (s.Contended() || s.withinHold(s.queuedAt.Load()))
 }
 
 // RecentlyQueued reports whether an admission of flow f queued within
-// the last busy hold (Config.BusyHold): f is a flood's, or was lately. A flow that has
-// never had to queue, or not for that long, is light, however much it
-// has in flight for a moment.
+// the last busy hold (Config.BusyHold): f is a flood's, or was lately. A
+// flow that has never had to queue, or not for that long, is light,
+// however much it has in flight for a moment.
 func (s *Scheduler) RecentlyQueued(f *Flow) bool {
-	if s == nil || f == nil {
-		return false
-	}
-	at := f.queuedAt.Load()
-	return at != 0 && s.now()-at < s.busyHold
+	return s != nil && f != nil && s.withinHold(f.queuedAt.Load())
+}
+
+// withinHold reports whether queuedAt (a queuedAt value; 0: never) lies
+// within the busy hold before now.
+func (s *Scheduler) withinHold(queuedAt int64) bool {
+	return queuedAt != 0 && s.now()-queuedAt < s.busyHold
 }
 
 // Waiting returns the number of queued waiters.
