@@ -79,14 +79,7 @@ func TestChartLivenessStaysGreenThroughGatewayOutage(t *testing.T) {
 	c := supervisorContainer(t, supervisorDeployment(t, r))
 	ports := containerPorts(t, c)
 	dir := t.TempDir()
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = l.Close() }()
-		return l.Addr().String()
-	}
+	free := freeAddrs(t)
 
 	// The gateway, on the memory store, granting the supervisor id the
 	// chart gives ($(POD_NAME), here 127.0.0.1) one route.
@@ -206,5 +199,28 @@ func writeFile(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// freeAddrs returns a function that gives loopback addresses nobody
+// listens on, never one it gave before: the kernel may hand out a port it
+// just freed again, and two of the supervisor's listeners on one port
+// fail to start (it did once, in CI: --address and --app-address got one
+// port).
+func freeAddrs(t *testing.T) func() string {
+	given := map[string]bool{}
+	return func() string {
+		for {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			_ = l.Close()
+			if !given[addr] {
+				given[addr] = true
+				return addr
+			}
+		}
 	}
 }

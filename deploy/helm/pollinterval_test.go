@@ -1,7 +1,6 @@
 package helm_test
 
 import (
-	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -21,14 +20,7 @@ func TestChartShortFreshnessWithoutPollInterval(t *testing.T) {
 	tokenFile := filepath.Join(dir, "token")
 	writeFile(t, tokenFile, "chart-poll-token\n")
 	tlsDir, _ := writeWildcard(t, filepath.Join(dir, "tls"), domain)
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = l.Close() }()
-		return l.Addr().String()
-	}
+	free := freeAddrs(t)
 	for _, c := range []struct {
 		name, pollInterval string
 		wantOK             bool

@@ -58,14 +58,7 @@ func TestChartArgsRunTheBinary(t *testing.T) {
 	if err := os.WriteFile(routesFile, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = l.Close() }()
-		return l.Addr().String()
-	}
+	free := freeAddrs(t)
 	local := map[string]string{} // flag → local value, for the flags Kubernetes supplies
 	var run []string
 	for _, a := range c.Args[1:] {
